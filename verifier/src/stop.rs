@@ -1,0 +1,90 @@
+//! Stop sequences over streamed text. Text that could still turn into a stop sequence is
+//! held back, so a client never sees the first half of a stop string.
+
+/// Tracks emitted text against a set of stop strings.
+#[derive(Debug, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+/// What to do with a piece of text.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StopResult {
+    /// Emit this text (possibly empty) and go on.
+    Continue(String),
+    /// Emit this text, then stop: a stop sequence was hit.
+    Stop(String),
+}
+
+impl StopMatcher {
+    /// A matcher for these stop strings (empty ones are ignored).
+    pub fn new(stops: Vec<String>) -> Self {
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+    }
+
+    /// Feeds a text delta.
+    pub fn push(&mut self, delta: &str) -> StopResult {
+        if self.stops.is_empty() {
+            return StopResult::Continue(delta.to_string());
+        }
+        self.held.push_str(delta);
+        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..pos].to_string();
+            self.held.clear();
+            return StopResult::Stop(out);
+        }
+        // Hold back the longest tail that is a proper prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in s.char_indices().skip(1) {
+                if i > keep && self.held.ends_with(&s[..i]) {
+                    keep = i;
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        StopResult::Continue(out)
+    }
+
+    /// The held text at the end of a generation that did not hit a stop sequence.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_split_across_deltas() {
+        let mut m = StopMatcher::new(vec!["\n\n".into(), "END".into()]);
+        assert_eq!(m.push("hello\n"), StopResult::Continue("hello".into()));
+        assert_eq!(m.push("\nworld"), StopResult::Stop("".into()));
+    }
+
+    #[test]
+    fn held_prefix_released_when_not_a_stop() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("an E"), StopResult::Continue("an ".into()));
+        assert_eq!(m.push("Nx"), StopResult::Continue("ENx".into()));
+        assert_eq!(m.push("EN"), StopResult::Continue("".into()));
+        assert_eq!(m.finish(), "EN");
+    }
+
+    #[test]
+    fn no_stops_passes_through() {
+        let mut m = StopMatcher::new(vec![]);
+        assert_eq!(m.push("abc"), StopResult::Continue("abc".into()));
+    }
+
+    #[test]
+    fn multibyte_stop() {
+        let mut m = StopMatcher::new(vec!["ü!".into()]);
+        assert_eq!(m.push("aü"), StopResult::Continue("a".into()));
+        assert_eq!(m.push("!b"), StopResult::Stop("".into()));
+    }
+}

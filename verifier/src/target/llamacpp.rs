@@ -1,0 +1,76 @@
+//! llama.cpp `llama-server`: `POST /completion` with a token-array prompt, `cache_prompt`
+//! (reuses the common prefix of consecutive calls) and `return_tokens`.
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, http_client, join, post_json};
+use crate::error::TargetError;
+
+/// Client for llama.cpp's native API.
+#[derive(Debug, Clone)]
+pub struct LlamaCppTarget {
+    cfg: TargetConfig,
+    http: reqwest::Client,
+}
+
+impl LlamaCppTarget {
+    /// A client for `cfg.base_url` (the server root, without `/v1`).
+    pub fn new(cfg: TargetConfig) -> Result<Self, TargetError> {
+        Ok(Self { http: http_client(&cfg)?, cfg })
+    }
+}
+
+#[async_trait]
+impl TargetClient for LlamaCppTarget {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        let s = &req.sampling;
+        let mut body = json!({
+            "prompt": req.prefix,
+            "n_predict": req.max_tokens,
+            "temperature": s.temperature.max(0.0),
+            "top_p": s.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "cache_prompt": true,
+            "return_tokens": true,
+            "stream": false,
+        });
+        if let Some(seed) = s.seed {
+            body["seed"] = json!(seed);
+        }
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body).await?;
+        let tokens: Vec<u32> = v["tokens"]
+            .as_array()
+            .ok_or_else(|| TargetError::Protocol("no `tokens` in /completion answer".into()))?
+            .iter()
+            .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))?;
+        let stopped_on_eos = v["stop_type"].as_str() == Some("eos");
+        let cached = v["tokens_cached"].as_u64().and_then(|x| u32::try_from(x).ok());
+        let cached_prompt = v["timings"]["cache_n"].as_u64().and_then(|x| u32::try_from(x).ok()).or(cached);
+        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached_prompt })
+    }
+
+    async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        let body = json!({"content": text, "add_special": false, "parse_special": true});
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "tokenize"), &body).await?;
+        let ids = v["tokens"]
+            .as_array()
+            .ok_or_else(|| TargetError::Protocol("no `tokens` in /tokenize answer".into()))?
+            .iter()
+            .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))?;
+        Ok(Some(ids))
+    }
+
+    async fn healthy(&self) -> bool {
+        let mut rb = self.http.get(join(&self.cfg.base_url, "health"));
+        if let Some(k) = &self.cfg.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        rb.send().await.is_ok_and(|r| r.status().is_success())
+    }
+}

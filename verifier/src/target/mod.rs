@@ -1,0 +1,152 @@
+//! Target clients: the remote model that is called only when the verifier rejects. One
+//! trait, two implementations (llama.cpp's `/completion` and OpenAI-style `/v1/completions`
+//! with a token-id prompt, as vLLM serves), one shared test suite in `tests/`.
+
+pub mod llamacpp;
+pub mod openai;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::TargetError;
+use crate::sampling::SamplingParams;
+
+pub use llamacpp::LlamaCppTarget;
+pub use openai::OpenAiCompletionsTarget;
+
+/// Ask the target to continue an exact token prefix.
+#[derive(Debug, Clone)]
+pub struct ContinuationRequest {
+    /// Prompt tokens plus every token emitted so far.
+    pub prefix: Vec<u32>,
+    /// How many tokens to generate at most.
+    pub max_tokens: u32,
+    /// Same parameters the draft uses.
+    pub sampling: SamplingParams,
+}
+
+/// The target's continuation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Continuation {
+    /// Generated token ids (an end-of-sequence token is included when the target stopped on it).
+    pub tokens: Vec<u32>,
+    /// True when the target stopped because it produced end-of-sequence.
+    pub stopped_on_eos: bool,
+    /// Prompt tokens the target reports it served from its prompt cache, when it says.
+    pub cached_prompt_tokens: Option<u32>,
+}
+
+/// Connection settings shared by all clients.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8081` (llama.cpp) or `http://host:8000/v1` (OpenAI-style).
+    pub base_url: String,
+    /// Bearer token, if the target needs one. Never logged.
+    pub api_key: Option<String>,
+    /// Model name sent in OpenAI-style requests.
+    pub model: String,
+    /// Per-attempt timeout.
+    pub timeout: Duration,
+    /// Attempts after the first on connect errors and 5xx.
+    pub retries: u32,
+    /// First backoff; doubled for each further retry.
+    pub backoff: Duration,
+}
+
+/// A model server that can continue a token prefix.
+#[async_trait]
+pub trait TargetClient: Send + Sync + std::fmt::Debug {
+    /// Continues `req.prefix`.
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError>;
+    /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
+    async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
+    /// True when the target answers its health check.
+    async fn healthy(&self) -> bool;
+}
+
+/// The kinds a policy can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    /// llama.cpp `llama-server`.
+    LlamaCpp,
+    /// Any OpenAI-compatible server with token-id prompts on `/v1/completions` (vLLM).
+    OpenAi,
+}
+
+/// Builds a client of the given kind.
+pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn TargetClient>, TargetError> {
+    Ok(match kind {
+        TargetKind::LlamaCpp => std::sync::Arc::new(LlamaCppTarget::new(cfg)?),
+        TargetKind::OpenAi => std::sync::Arc::new(OpenAiCompletionsTarget::new(cfg)?),
+    })
+}
+
+pub(crate) fn http_client(cfg: &TargetConfig) -> Result<reqwest::Client, TargetError> {
+    reqwest::Client::builder()
+        .timeout(cfg.timeout)
+        .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| TargetError::Protocol(format!("cannot build HTTP client: {e}")))
+}
+
+/// POSTs JSON with bounded retries and exponential backoff on connect errors, timeouts and
+/// 5xx. 4xx answers are not retried: the same request would fail the same way.
+pub(crate) async fn post_json(
+    http: &reqwest::Client,
+    cfg: &TargetConfig,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, TargetError> {
+    let mut attempt = 0u32;
+    loop {
+        let mut rb = http.post(url).json(body);
+        if let Some(k) = &cfg.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        let err = match rb.send().await {
+            Ok(resp) if resp.status().is_success() => {
+                return resp.json().await.map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")));
+            }
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let text: String = resp.text().await.unwrap_or_default().chars().take(500).collect();
+                let e = TargetError::Status { status, body: text };
+                if status < 500 {
+                    return Err(e);
+                }
+                e
+            }
+            Err(e) if e.is_timeout() => TargetError::Timeout(cfg.timeout),
+            Err(e) => TargetError::Unreachable { url: url.to_string(), reason: without_url(&e) },
+        };
+        if attempt >= cfg.retries {
+            return Err(err);
+        }
+        tracing::warn!(attempt, error = %err, "target call failed; retrying");
+        tokio::time::sleep(cfg.backoff * 2u32.saturating_pow(attempt)).await;
+        attempt += 1;
+    }
+}
+
+/// reqwest errors print the URL, which may carry credentials in its userinfo; drop it.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(u) = e.url() {
+        s = s.replace(u.as_str(), "<target>");
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+pub(crate) fn join(base: &str, path: &str) -> String {
+    format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
+}

@@ -1,0 +1,79 @@
+//! OpenAI-compatible `POST /v1/completions` with a token-id prompt (vLLM and others). Token
+//! ids of the answer come from `choices[0].token_ids` (vLLM's `return_token_ids`); a server
+//! that returns only text cannot be used for exact-prefix continuation and is reported as a
+//! protocol error rather than guessed at.
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, http_client, join, post_json};
+use crate::error::TargetError;
+
+/// Client for OpenAI-style completions with token ids.
+#[derive(Debug, Clone)]
+pub struct OpenAiCompletionsTarget {
+    cfg: TargetConfig,
+    http: reqwest::Client,
+}
+
+impl OpenAiCompletionsTarget {
+    /// A client for `cfg.base_url`, which ends in `/v1`.
+    pub fn new(cfg: TargetConfig) -> Result<Self, TargetError> {
+        Ok(Self { http: http_client(&cfg)?, cfg })
+    }
+
+    fn root(&self) -> String {
+        self.cfg.base_url.trim_end_matches('/').trim_end_matches("/v1").to_string()
+    }
+}
+
+fn ids(v: &serde_json::Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+}
+
+#[async_trait]
+impl TargetClient for OpenAiCompletionsTarget {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        let s = &req.sampling;
+        let mut body = json!({
+            "model": self.cfg.model,
+            "prompt": req.prefix,
+            "max_tokens": req.max_tokens,
+            "temperature": s.temperature.max(0.0),
+            "top_p": s.top_p,
+            "return_token_ids": true,
+            "skip_special_tokens": false,
+            "stream": false,
+        });
+        if let Some(seed) = s.seed {
+            body["seed"] = json!(seed);
+        }
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body).await?;
+        let choice = &v["choices"][0];
+        let mut tokens = ids(&choice["token_ids"])
+            .or_else(|| ids(&v["tokens"]))
+            .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
+        let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop") && (tokens.len() as u32) < req.max_tokens;
+        tokens.truncate(req.max_tokens as usize);
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().and_then(|x| u32::try_from(x).ok());
+        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached })
+    }
+
+    async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        // vLLM serves /tokenize at the root; servers without it just cannot be checked.
+        let body = json!({"model": self.cfg.model, "prompt": text, "add_special_tokens": false});
+        match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body).await {
+            Ok(v) => Ok(ids(&v["tokens"])),
+            Err(TargetError::Status { status: 404 | 405, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn healthy(&self) -> bool {
+        let mut rb = self.http.get(join(&self.cfg.base_url, "models"));
+        if let Some(k) = &self.cfg.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        rb.send().await.is_ok_and(|r| r.status().is_success())
+    }
+}

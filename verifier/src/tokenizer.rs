@@ -1,0 +1,95 @@
+//! The draft's tokenizer (`tokenizer.json`) and incremental detokenisation that never emits
+//! half a UTF-8 character.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::EngineError;
+
+/// A shared, thread-safe tokenizer.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("vocab", &self.inner.get_vocab_size(true)).finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self, EngineError> {
+        let t = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self { inner: Arc::new(t) })
+    }
+
+    /// Text to ids. Special tokens written in the text (such as `<|im_start|>` from a chat
+    /// template) are recognised, which is what the template needs.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Ids to text, special tokens skipped.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Id of a token given by its text, if it is in the vocabulary.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+/// Turns a growing list of token ids into text deltas. A token may end in the middle of a
+/// multi-byte character (byte-level BPE); such a tail decodes to U+FFFD and is held back
+/// until the following tokens complete it.
+#[derive(Debug)]
+pub struct StreamDecoder {
+    tokenizer: Tokenizer,
+    ids: Vec<u32>,
+    /// Start of the window that is re-decoded for context.
+    prefix_offset: usize,
+    /// Ids before this offset have had their text emitted.
+    read_offset: usize,
+}
+
+impl StreamDecoder {
+    /// A decoder with no tokens yet.
+    pub fn new(tokenizer: Tokenizer) -> Self {
+        Self { tokenizer, ids: Vec::new(), prefix_offset: 0, read_offset: 0 }
+    }
+
+    /// Adds one token and returns the text it completes (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String, EngineError> {
+        self.ids.push(id);
+        let prefix = self.tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self.tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+            let delta = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(delta)
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// Everything still held back (at the end of a stream: an incomplete character, shown as
+    /// the replacement character rather than dropped silently).
+    pub fn flush(&mut self) -> Result<String, EngineError> {
+        let prefix = self.tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self.tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
+    }
+
+    /// All ids pushed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+}

@@ -1,0 +1,227 @@
+//! The learned verifier head, loaded from a JSON training artifact: logistic regression or a
+//! one-hidden-layer MLP over normalised [logit statistics, hidden state]. The artifact names
+//! the sha256 of the draft model it was trained for; any other draft is refused at load.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::features::{Features, STAT_NAMES};
+use super::Verifier;
+use crate::error::EngineError;
+
+/// Artifact format tag.
+pub const FORMAT: &str = "approxy-verifier/1";
+
+/// Which inputs the head reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSpec {
+    /// Logit statistics by name, a subset of [`STAT_NAMES`], in input order.
+    pub stats: Vec<String>,
+    /// Whether the hidden-state row follows the statistics.
+    pub hidden: bool,
+    /// Width of the hidden-state row when `hidden`.
+    pub hidden_size: usize,
+}
+
+/// A dense layer: `out = W x + b`, `W` row-major `[out][in]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dense {
+    /// Weights, one row per output.
+    pub weights: Vec<Vec<f32>>,
+    /// Biases.
+    pub bias: Vec<f32>,
+}
+
+/// The artifact as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    /// Must be [`FORMAT`].
+    pub format: String,
+    /// `logistic` (one layer) or `mlp` (hidden ReLU layer, then output).
+    pub kind: String,
+    /// sha256 of the draft model the head was trained on.
+    pub draft_sha256: String,
+    /// Inputs.
+    pub features: FeatureSpec,
+    /// Per-input mean subtracted before the head.
+    pub mean: Vec<f32>,
+    /// Per-input standard deviation divided by before the head.
+    pub std: Vec<f32>,
+    /// Layers; the last has one output, squashed by a sigmoid.
+    pub layers: Vec<Dense>,
+}
+
+/// A validated, ready-to-score head.
+#[derive(Debug, Clone)]
+pub struct LearnedVerifier {
+    artifact: Artifact,
+    stat_idx: Vec<usize>,
+}
+
+impl LearnedVerifier {
+    /// Loads and validates an artifact for the draft whose sha256 is `draft_sha256`.
+    pub fn load(path: &Path, draft_sha256: &str) -> Result<Self, EngineError> {
+        let bytes = std::fs::read(path).map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
+        let a: Artifact =
+            serde_json::from_slice(&bytes).map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
+        Self::from_artifact(a, draft_sha256).map_err(|e| match e {
+            EngineError::Artifact(m) => EngineError::Artifact(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Validates an in-memory artifact.
+    pub fn from_artifact(a: Artifact, draft_sha256: &str) -> Result<Self, EngineError> {
+        let bad = |m: String| Err(EngineError::Artifact(m));
+        if a.format != FORMAT {
+            return bad(format!("format {:?}, expected {FORMAT:?}", a.format));
+        }
+        if !a.draft_sha256.eq_ignore_ascii_case(draft_sha256) {
+            return bad(format!(
+                "trained for draft model sha256 {}, but the configured draft is {draft_sha256}; retrain with `approxy train` or use the confidence verifier",
+                a.draft_sha256
+            ));
+        }
+        let stat_idx: Vec<usize> = a
+            .features
+            .stats
+            .iter()
+            .map(|s| STAT_NAMES.iter().position(|n| n == s).ok_or_else(|| EngineError::Artifact(format!("unknown feature {s:?}"))))
+            .collect::<Result<_, _>>()?;
+        let width = stat_idx.len() + if a.features.hidden { a.features.hidden_size } else { 0 };
+        if a.mean.len() != width || a.std.len() != width {
+            return bad(format!("normalisation has {} / {} entries, inputs are {width}", a.mean.len(), a.std.len()));
+        }
+        let expected_layers = match a.kind.as_str() {
+            "logistic" => 1,
+            "mlp" => 2,
+            k => return bad(format!("unknown kind {k:?}")),
+        };
+        if a.layers.len() != expected_layers {
+            return bad(format!("{} needs {expected_layers} layers, has {}", a.kind, a.layers.len()));
+        }
+        let mut fan_in = width;
+        for (i, l) in a.layers.iter().enumerate() {
+            if l.weights.is_empty() || l.weights.len() != l.bias.len() || l.weights.iter().any(|r| r.len() != fan_in) {
+                return bad(format!("layer {i} does not take {fan_in} inputs"));
+            }
+            fan_in = l.weights.len();
+        }
+        if fan_in != 1 {
+            return bad(format!("last layer has {fan_in} outputs, expected 1"));
+        }
+        Ok(Self { artifact: a, stat_idx })
+    }
+
+    /// The artifact (for reports).
+    pub fn artifact(&self) -> &Artifact {
+        &self.artifact
+    }
+
+    fn inputs(&self, f: &Features) -> Vec<f32> {
+        let a = &self.artifact;
+        let mut x: Vec<f32> = self.stat_idx.iter().map(|&i| f.stats[i]).collect();
+        if a.features.hidden {
+            x.extend(f.hidden.iter().take(a.features.hidden_size));
+            x.resize(self.stat_idx.len() + a.features.hidden_size, 0.0);
+        }
+        for ((v, m), s) in x.iter_mut().zip(&a.mean).zip(&a.std) {
+            *v = (*v - m) / if *s > 1e-12 { *s } else { 1.0 };
+        }
+        x
+    }
+}
+
+fn dense(l: &Dense, x: &[f32]) -> Vec<f32> {
+    l.weights.iter().zip(&l.bias).map(|(row, b)| row.iter().zip(x).map(|(w, v)| w * v).sum::<f32>() + b).collect()
+}
+
+impl Verifier for LearnedVerifier {
+    fn p_accept(&self, f: &Features) -> f32 {
+        let mut x = self.inputs(f);
+        let n = self.artifact.layers.len();
+        for (i, l) in self.artifact.layers.iter().enumerate() {
+            x = dense(l, &x);
+            if i + 1 < n {
+                x.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+        }
+        let z = x.first().copied().unwrap_or(0.0);
+        1.0 / (1.0 + (-z).exp())
+    }
+    fn kind(&self) -> &'static str {
+        "learned"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logistic(sha: &str) -> Artifact {
+        Artifact {
+            format: FORMAT.into(),
+            kind: "logistic".into(),
+            draft_sha256: sha.into(),
+            features: FeatureSpec { stats: vec!["top1_prob".into()], hidden: true, hidden_size: 2 },
+            mean: vec![0.5, 0.0, 0.0],
+            std: vec![0.5, 1.0, 1.0],
+            layers: vec![Dense { weights: vec![vec![4.0, 1.0, 0.0]], bias: vec![0.0] }],
+        }
+    }
+
+    fn feats(p: f32, hidden: Vec<f32>) -> Features {
+        Features { top1: 0, top1_prob: p, stats: [p, 0.0, 0.0, 0.0], hidden }
+    }
+
+    #[test]
+    fn logistic_scores_monotone_in_confidence() -> Result<(), EngineError> {
+        let v = LearnedVerifier::from_artifact(logistic("ab"), "AB")?;
+        let lo = v.p_accept(&feats(0.1, vec![0.0, 0.0]));
+        let hi = v.p_accept(&feats(0.9, vec![0.0, 0.0]));
+        assert!(lo < 0.5 && hi > 0.5 && (0.0..=1.0).contains(&lo) && (0.0..=1.0).contains(&hi));
+        // x = [(0.5-0.5)/0.5, 2, 0] -> z = 2
+        let mid = v.p_accept(&feats(0.5, vec![2.0, 9.0]));
+        assert!((mid - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6);
+        Ok(())
+    }
+
+    #[test]
+    fn refuses_other_draft() {
+        let e = LearnedVerifier::from_artifact(logistic("aaaa"), "bbbb").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("trained for draft model sha256 aaaa"), "{e}");
+    }
+
+    #[test]
+    fn refuses_shape_errors() {
+        let mut a = logistic("x");
+        a.layers[0].weights[0].pop();
+        assert!(LearnedVerifier::from_artifact(a, "x").is_err());
+        let mut a = logistic("x");
+        a.features.stats.push("nonsense".into());
+        assert!(LearnedVerifier::from_artifact(a, "x").is_err());
+        let mut a = logistic("x");
+        a.kind = "mlp".into();
+        assert!(LearnedVerifier::from_artifact(a, "x").is_err());
+    }
+
+    #[test]
+    fn mlp_applies_relu() -> Result<(), EngineError> {
+        let mut a = logistic("x");
+        a.kind = "mlp".into();
+        a.layers = vec![
+            Dense { weights: vec![vec![1.0, 0.0, 0.0], vec![-1.0, 0.0, 0.0]], bias: vec![0.0, 0.0] },
+            Dense { weights: vec![vec![1.0, 1.0]], bias: vec![0.0] },
+        ];
+        let v = LearnedVerifier::from_artifact(a, "x")?;
+        // top1_prob 1.0 -> x0 = 1 -> hidden [1, 0] -> z = 1; 0.0 -> x0 = -1 -> hidden [0, 1] -> z = 1
+        let p1 = v.p_accept(&feats(1.0, vec![0.0, 0.0]));
+        let p0 = v.p_accept(&feats(0.0, vec![0.0, 0.0]));
+        assert!((p1 - p0).abs() < 1e-6 && p1 > 0.7);
+        Ok(())
+    }
+}

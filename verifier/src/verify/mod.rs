@@ -1,0 +1,65 @@
+//! Verifiers: given the draft's features at a position, the probability that the target
+//! would have produced the draft's token there. Two kinds behind one trait: the baseline
+//! "draft top-1 probability" and a small learned head loaded from a training artifact.
+
+pub mod features;
+pub mod learned;
+
+pub use features::Features;
+pub use learned::LearnedVerifier;
+
+/// Scores draft tokens.
+pub trait Verifier: Send + Sync + std::fmt::Debug {
+    /// p_accept in [0, 1].
+    fn p_accept(&self, f: &Features) -> f32;
+    /// A short name for stats and logs.
+    fn kind(&self) -> &'static str;
+}
+
+/// The baseline: p_accept is the draft's own top-1 probability.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConfidenceVerifier;
+
+impl Verifier for ConfidenceVerifier {
+    fn p_accept(&self, f: &Features) -> f32 {
+        f.top1_prob
+    }
+    fn kind(&self) -> &'static str {
+        "confidence"
+    }
+}
+
+/// The threshold rule, exactly: `threshold <= 0` accepts everything, `threshold >= 1` rejects
+/// everything, otherwise accept when `p_accept >= threshold`. The two ends are decided
+/// without looking at `p` so that the dial's ends mean "draft only" and "target only" even
+/// for a verifier that can output exactly 0 or 1.
+pub fn accepts(p_accept: f32, threshold: f32) -> bool {
+    if threshold <= 0.0 {
+        true
+    } else if threshold >= 1.0 {
+        false
+    } else {
+        p_accept >= threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threshold_ends_are_absolute() {
+        assert!(accepts(0.0, 0.0));
+        assert!(accepts(0.0, -1.0));
+        assert!(!accepts(1.0, 1.0));
+        assert!(!accepts(1.0, 2.0));
+        assert!(accepts(0.5, 0.5));
+        assert!(!accepts(0.49, 0.5));
+    }
+
+    #[test]
+    fn confidence_is_top1_prob() {
+        let f = Features { top1: 3, top1_prob: 0.8, stats: [0.8, 0.5, 0.7, 10.0], hidden: vec![] };
+        assert_eq!(ConfidenceVerifier.p_accept(&f), 0.8);
+    }
+}
