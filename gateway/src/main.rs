@@ -1,6 +1,20 @@
 //! The `approxy` binary: `serve`, `setup`, `check`.
 
+mod approx;
+mod calibration;
+mod error;
+mod middleware;
+mod openai;
+mod passthrough;
+mod policy;
+mod server;
 mod setup;
+mod state;
+mod telemetry;
+mod template;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
@@ -13,11 +27,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the OpenAI-compatible API.
+    Serve {
+        /// Policy file.
+        #[arg(long, default_value = "policies/default.toml", env = "APPROXY_POLICY")]
+        policy: PathBuf,
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:8080", env = "APPROXY_LISTEN")]
+        listen: SocketAddr,
+        /// Draft workers (overrides the policy).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
     /// Provide every model, binary and library approxy needs, under $APPROXY_HOME.
     Setup {
         /// Keep the (large) conversion venv after converting the draft model.
         #[arg(long)]
         keep_convert_env: bool,
+    },
+    /// Validate a policy file; exits non-zero listing every problem.
+    Check {
+        /// Policy file.
+        #[arg(long)]
+        policy: PathBuf,
     },
 }
 
@@ -26,12 +58,37 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Cmd::Setup { keep_convert_env } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env })),
+        Cmd::Check { policy } => check(&policy),
+        Cmd::Serve { policy, listen, workers } => {
+            telemetry::install_logging();
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(server::serve(server::ServeOptions { policy, listen, workers })))
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<()> {
+    match policy::Policy::load(path) {
+        Ok(p) => {
+            println!("{}: ok ({} model entries, target {})", path.display(), p.models.len(), p.target.base_url);
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("{}: {} problem(s)", e.path, e.problems.len());
+            for p in &e.problems {
+                eprintln!("  - {p}");
+            }
+            anyhow::bail!("invalid policy")
         }
     }
 }

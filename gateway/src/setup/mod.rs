@@ -13,55 +13,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+pub use approxy_verifier::home::Home;
 pub use manifest::Manifest;
-
-/// Well-known paths inside `$APPROXY_HOME`.
-#[derive(Debug, Clone)]
-pub struct Home {
-    /// The root.
-    pub root: PathBuf,
-}
-
-impl Home {
-    /// `$APPROXY_HOME`, else `~/.cache/approxy`.
-    pub fn from_env() -> anyhow::Result<Self> {
-        if let Some(p) = std::env::var_os("APPROXY_HOME").filter(|p| !p.is_empty()) {
-            return Ok(Self { root: PathBuf::from(p) });
-        }
-        let home = std::env::var_os("HOME")
-            .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))?;
-        Ok(Self { root: PathBuf::from(home).join(".cache").join("approxy") })
-    }
-
-    /// The target GGUF.
-    pub fn target_gguf(&self) -> PathBuf {
-        self.root.join("models").join(assets::TARGET_MODEL.file_name)
-    }
-    /// The draft GGUF.
-    pub fn draft_gguf(&self) -> PathBuf {
-        self.root.join("models").join(assets::DRAFT_MODEL.file_name)
-    }
-    /// Directory with the draft ONNX model, tokenizer.json and chat template.
-    pub fn draft_onnx_dir(&self) -> PathBuf {
-        self.root.join("models").join("draft-onnx")
-    }
-    /// The `llama-server` binary.
-    pub fn llama_server(&self) -> PathBuf {
-        self.root.join("bin").join("llama-server")
-    }
-    /// The ONNX Runtime shared library.
-    pub fn onnxruntime_lib(&self) -> PathBuf {
-        self.root.join("lib").join(assets::ONNXRUNTIME_LIB)
-    }
-    /// Where step logs go.
-    pub fn log(&self, step: &str) -> PathBuf {
-        self.root.join("logs").join(format!("{step}.log"))
-    }
-    /// Scratch space for downloads and builds, removed by each step when it succeeds.
-    pub fn work(&self, step: &str) -> PathBuf {
-        self.root.join("work").join(step)
-    }
-}
 
 /// What `approxy setup` should do.
 #[derive(Debug, Clone, Default)]

@@ -88,10 +88,11 @@ impl DraftSession {
             return Err(EngineError::Draft("empty prompt".into()));
         }
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        if common == prompt.len() && self.tokens.len() == prompt.len() {
-            if let Some(last) = &self.last {
-                return Ok(last.clone());
-            }
+        if common == prompt.len()
+            && self.tokens.len() == prompt.len()
+            && let Some(last) = &self.last
+        {
+            return Ok(last.clone());
         }
         // Keep at most len-1 so the last prompt position is run and yields its output.
         let keep = common.min(prompt.len() - 1);

@@ -1,0 +1,307 @@
+//! Runs a generation on the engine and turns its token events into an OpenAI response:
+//! SSE chunks when streaming, one JSON body otherwise. Both carry `usage.approxy` with the
+//! cost estimate; non-streaming responses repeat it in `x-approxy-*` headers.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use approxy_verifier::{DraftLease, FinishReason, GenerateRequest, Stats, TokenEvent, Verifier};
+
+use crate::error::ApiError;
+use crate::openai::{Endpoint, ValidRequest};
+use crate::policy::ModelPolicy;
+use crate::state::Runtime;
+
+/// What the approximate answer and the same answer straight from the target would cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostEstimate {
+    /// USD with approxy.
+    pub approxy: f64,
+    /// USD sending the request to the target directly.
+    pub passthrough: f64,
+}
+
+/// Costs from engine stats and a price table (USD per million tokens). With approxy the
+/// target is paid for every call's re-sent prefix (a prompt cache makes the part it has seen
+/// before cheaper) and for the tokens it generates; direct use pays the prompt once and
+/// every output token.
+pub fn estimate_cost(s: &Stats, p: &crate::policy::Price) -> CostEstimate {
+    let m = 1e6;
+    let fresh = s.target_input_tokens.saturating_sub(s.target_cacheable_input_tokens) as f64;
+    let cached = s.target_cacheable_input_tokens as f64;
+    CostEstimate {
+        approxy: (fresh * p.input + cached * p.cached_input + f64::from(s.target_tokens) * p.output) / m,
+        passthrough: (f64::from(s.prompt_tokens) * p.input + f64::from(s.completion_tokens) * p.output) / m,
+    }
+}
+
+fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "approxy": {
+            "mode": "approximate",
+            "verifier": verifier,
+            "threshold": threshold,
+            "draft_tokens": s.draft_tokens,
+            "target_tokens": s.target_tokens,
+            "target_calls": s.target_calls,
+            "verifier_rejections": s.verifier_rejections,
+            "bailed_out": s.bailed_out,
+            "estimated_cost_usd": cost.approxy,
+            "estimated_passthrough_cost_usd": cost.passthrough,
+        }
+    })
+}
+
+fn finish_str(r: Option<FinishReason>) -> &'static str {
+    match r {
+        Some(FinishReason::Length) => "length",
+        _ => "stop",
+    }
+}
+
+fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
+    metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => outcome).increment(1);
+    metrics::counter!("approxy_tokens_total", "source" => "draft").increment(u64::from(s.draft_tokens));
+    metrics::counter!("approxy_tokens_total", "source" => "target").increment(u64::from(s.target_tokens));
+    metrics::counter!("approxy_target_calls_total").increment(u64::from(s.target_calls));
+    metrics::counter!("approxy_verifier_rejections_total").increment(u64::from(s.verifier_rejections));
+    if s.bailed_out {
+        metrics::counter!("approxy_bailouts_total").increment(1);
+    }
+    // The metrics facade's counters are integers; a gauge that only grows carries the dollars.
+    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy").increment(cost.approxy);
+    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough").increment(cost.passthrough);
+    if s.completion_tokens > 0 {
+        metrics::histogram!("approxy_time_to_first_token_seconds").record(s.time_to_first_token.as_secs_f64());
+    }
+    for &r in &s.accepted_runs {
+        metrics::histogram!("approxy_accepted_run_length").record(f64::from(r));
+    }
+}
+
+struct Ids {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+}
+
+impl Ids {
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = json!({});
+                if first {
+                    delta["role"] = json!("assistant");
+                }
+                if let Some(t) = text {
+                    delta["content"] = json!(t);
+                }
+                json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+            }
+            Endpoint::Completions => json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                       "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]}),
+        }
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Runs the generation and answers the client.
+pub async fn approximate(
+    rt: Arc<Runtime>,
+    valid: ValidRequest,
+    mp: ModelPolicy,
+    verifier: Arc<dyn Verifier>,
+    lease: DraftLease,
+    request: GenerateRequest,
+) -> Result<Response, ApiError> {
+    let threshold = request.threshold;
+    let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
+    let engine = rt.engine.clone();
+    let v2 = Arc::clone(&verifier);
+    // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
+    // dropped (client gone), which also frees the worker.
+    let task = tokio::spawn(async move { engine.generate(&lease, v2.as_ref(), request, tx).await });
+    let prefix = if valid.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    let ids = Ids {
+        id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        model: valid.model.clone(),
+        endpoint: valid.endpoint,
+    };
+    // Wait for the first token before committing to a 200: a target that is down at the
+    // first rejection then gets a proper error status instead of a broken stream.
+    let first = rx.recv().await;
+    if first.is_none() {
+        let stats = task.await.map_err(|e| ApiError::Internal(e.to_string()))?.inspect_err(|_| {
+            metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
+        })?;
+        return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
+    }
+    if valid.stream {
+        Ok(stream(ids, first, rx, task, mp, threshold, verifier.kind(), valid.include_usage))
+    } else {
+        let mut text = String::new();
+        let mut last = Instant::now();
+        if let Some(ev) = first {
+            text.push_str(&ev.text);
+        }
+        while let Some(ev) = rx.recv().await {
+            metrics::histogram!("approxy_inter_token_latency_seconds").record(last.elapsed().as_secs_f64());
+            last = Instant::now();
+            text.push_str(&ev.text);
+        }
+        let stats = task.await.map_err(|e| ApiError::Internal(e.to_string()))?.inspect_err(|_| {
+            metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
+        })?;
+        Ok(complete(&ids, text, &stats, &mp, threshold, verifier.kind()))
+    }
+}
+
+fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32, verifier: &str) -> Response {
+    let cost = estimate_cost(s, &mp.price);
+    record_metrics(s, cost, "ok");
+    let finish = finish_str(s.finish_reason);
+    let choice = match ids.endpoint {
+        Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
+        Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+    };
+    let object = if ids.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+    let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
+                      "choices": [choice], "usage": usage(s, cost, threshold, verifier)});
+    let mut resp = axum::Json(body).into_response();
+    let h = resp.headers_mut();
+    let mut put = |k: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    };
+    put("x-approxy-mode", "approximate".into());
+    put("x-approxy-draft-tokens", s.draft_tokens.to_string());
+    put("x-approxy-target-tokens", s.target_tokens.to_string());
+    put("x-approxy-target-calls", s.target_calls.to_string());
+    put("x-approxy-verifier-rejections", s.verifier_rejections.to_string());
+    put("x-approxy-bailed-out", s.bailed_out.to_string());
+    put("x-approxy-threshold", threshold.to_string());
+    put("x-approxy-estimated-cost-usd", format!("{:.8}", cost.approxy));
+    put("x-approxy-estimated-passthrough-cost-usd", format!("{:.8}", cost.passthrough));
+    resp
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    ids: Ids,
+    first: Option<TokenEvent>,
+    mut rx: mpsc::Receiver<TokenEvent>,
+    task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>,
+    mp: ModelPolicy,
+    threshold: f32,
+    verifier: &'static str,
+    include_usage: bool,
+) -> Response {
+    let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut first_chunk = true;
+        let mut last = Instant::now();
+        let mut pending = first;
+        loop {
+            let ev = match pending.take() {
+                Some(ev) => ev,
+                None => match rx.recv().await {
+                    Some(ev) => {
+                        metrics::histogram!("approxy_inter_token_latency_seconds").record(last.elapsed().as_secs_f64());
+                        last = Instant::now();
+                        ev
+                    }
+                    None => break,
+                },
+            };
+            if ev.text.is_empty() && !first_chunk {
+                continue;
+            }
+            let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
+            first_chunk = false;
+            // The client is gone: dropping `rx` (by returning) stops the engine.
+            if body_tx.send(Ok(sse(&chunk))).await.is_err() {
+                return;
+            }
+        }
+        match task.await {
+            Ok(Ok(stats)) => {
+                let cost = estimate_cost(&stats, &mp.price);
+                record_metrics(&stats, cost, "ok");
+                let mut out = vec![sse(&ids.chunk(None, Some(finish_str(stats.finish_reason)), false))];
+                if include_usage {
+                    let mut u = ids.chunk(None, None, false);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage(&stats, cost, threshold, verifier);
+                    out.push(sse(&u));
+                }
+                out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                for b in out {
+                    if body_tx.send(Ok(b)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
+                let err = ApiError::from(e);
+                tracing::error!(error = ?err, "generation failed mid-stream");
+                let _ = body_tx.send(Ok(sse(&err.body()))).await;
+            }
+            Err(e) => {
+                let err = ApiError::Internal(e.to_string());
+                tracing::error!(error = ?err, "generation task failed mid-stream");
+                let _ = body_tx.send(Ok(sse(&err.body()))).await;
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-approxy-mode", HeaderValue::from_static("approximate"));
+    if let Ok(v) = HeaderValue::from_str(&threshold.to_string()) {
+        h.insert("x-approxy-threshold", v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Price;
+
+    #[test]
+    fn cost_counts_resent_prefixes_and_cache_discount() {
+        let s = Stats {
+            prompt_tokens: 100,
+            completion_tokens: 50,
+            target_tokens: 5,
+            target_input_tokens: 1000,
+            target_cacheable_input_tokens: 800,
+            ..Stats::default()
+        };
+        let p = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
+        let c = estimate_cost(&s, &p);
+        assert!((c.approxy - (200.0 + 80.0 + 10.0) / 1e6).abs() < 1e-12);
+        assert!((c.passthrough - (100.0 + 100.0) / 1e6).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,146 @@
+//! The gateway's error type and the one place errors become HTTP responses, in the OpenAI
+//! shape `{"error":{"message","type","param","code"}}`. 5xx messages are fixed texts: they
+//! never carry upstream bodies, URLs or keys.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use approxy_verifier::{EngineError, TargetError};
+
+/// Errors a request can end with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed JSON or an invalid parameter.
+    #[error("{message}")]
+    BadRequest {
+        /// What is wrong, for the client.
+        message: String,
+        /// The offending field.
+        param: Option<String>,
+    },
+    /// Missing or wrong gateway key.
+    #[error("invalid or missing API key")]
+    Unauthorized,
+    /// No such route.
+    #[error("not found")]
+    NotFound,
+    /// Body over the limit.
+    #[error("request body exceeds {0} bytes")]
+    PayloadTooLarge(usize),
+    /// Too many requests in flight.
+    #[error("the gateway is at capacity; retry shortly")]
+    Overloaded,
+    /// The target could not be reached or kept failing.
+    #[error("the target model server is unavailable")]
+    BadGateway,
+    /// The target did not answer in time.
+    #[error("the target model server timed out")]
+    GatewayTimeout,
+    /// The target rejected the request (4xx): its status is passed on.
+    #[error("the target model server rejected the request (HTTP {0})")]
+    UpstreamRejected(u16),
+    /// Anything else; details go to the log only.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 naming the field.
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: Some(param.to_string()) }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", Some("invalid_api_key")),
+            ApiError::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found")),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("payload_too_large")),
+            ApiError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("overloaded")),
+            ApiError::BadGateway => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_unavailable")),
+            ApiError::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_error", Some("target_timeout")),
+            ApiError::UpstreamRejected(s) => (
+                StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
+                "invalid_request_error",
+                Some("target_rejected"),
+            ),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
+        }
+    }
+
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The OpenAI-shaped body, also used for SSE error events.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, code) = self.parts();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl From<TargetError> for ApiError {
+    fn from(e: TargetError) -> Self {
+        match e {
+            TargetError::Timeout(_) => ApiError::GatewayTimeout,
+            TargetError::Status { status, .. } if (400..500).contains(&status) => ApiError::UpstreamRejected(status),
+            TargetError::Unreachable { .. } | TargetError::Status { .. } | TargetError::Protocol(_) => ApiError::BadGateway,
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Target(t) => t.into(),
+            EngineError::Saturated => ApiError::Overloaded,
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = ?self, "request failed");
+        }
+        metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string()).increment(1);
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if matches!(self, ApiError::Overloaded) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_and_statuses() {
+        let e = ApiError::bad("temperature", "must be in [0, 2]");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["param"], "temperature");
+        assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        assert_eq!(ApiError::Overloaded.into_response().headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn upstream_details_never_leak() {
+        let e: ApiError = TargetError::Status { status: 500, body: "secret-key-123 stack trace".into() }.into();
+        assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+        assert!(!e.body().to_string().contains("secret"));
+        let e: ApiError = TargetError::Unreachable { url: "http://user:pw@host".into(), reason: "refused".into() }.into();
+        assert!(!e.body().to_string().contains("pw"));
+        let e: ApiError = EngineError::Draft("onnx internals".into()).into();
+        assert!(!e.body().to_string().contains("onnx"));
+    }
+}

@@ -1,0 +1,215 @@
+//! Builds the router and runs the server: loads the draft workers, serves until SIGINT or
+//! SIGTERM (then drains in-flight requests), and reloads the policy on file change or SIGHUP.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
+
+use crate::approx::ApproxVerifyLayer;
+use crate::error::ApiError;
+use crate::middleware;
+use crate::passthrough::Passthrough;
+use crate::policy::Policy;
+use crate::setup::Home;
+use crate::state::{AppState, Runtime, Shared};
+use crate::template::ChatTemplate;
+
+/// `approxy serve` options.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Policy file.
+    pub policy: PathBuf,
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Override of the draft workers from the policy.
+    pub workers: Option<usize>,
+}
+
+#[derive(Clone, Default)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        axum::http::HeaderValue::from_str(&format!("req-{:024x}", rand::random::<u128>() >> 32)).ok().map(RequestId::new)
+    }
+}
+
+/// The router. Layer order, outermost first (a request passes them top to bottom):
+/// 1. request id: set `x-request-id` (or keep the client's) and echo it on the response;
+/// 2. tracing: one span per request carrying that id;
+/// 3. auth: reject before spending anything on an unauthenticated request;
+/// 4. body limit: refuse oversize bodies by their declared length;
+/// 5. concurrency limit with load shedding: 429 at once when full, permit held until the body ends;
+/// 6. timeout: bound the time to a response head;
+/// 7. metrics: count what actually ran (shed and unauthenticated requests are counted where refused);
+/// 8. ApproxVerifyLayer over the passthrough service.
+pub fn router(state: AppState) -> Router {
+    let api = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(from_fn_with_state(state.clone(), middleware::auth))
+        .layer(from_fn_with_state(state.clone(), middleware::body_limit))
+        .layer(from_fn_with_state(state.clone(), middleware::concurrency))
+        .layer(from_fn_with_state(state.clone(), middleware::timeout))
+        .layer(from_fn(middleware::request_metrics))
+        .layer(ApproxVerifyLayer::new(state.clone()))
+        .service(Passthrough::new(state.clone()));
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(prometheus))
+        .route_service("/v1/{*rest}", api)
+        .fallback(|| async { ApiError::NotFound })
+        .with_state(state)
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    let rt = state.runtime();
+    let target = rt.engine.target().healthy().await;
+    let body = json!({
+        "draft_workers": state.shared.draft.workers(),
+        "draft_workers_idle": state.shared.draft.idle(),
+        "target_reachable": target,
+    });
+    let status = if target { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn prometheus(State(state): State<AppState>) -> Response {
+    state.shared.prometheus.render().into_response()
+}
+
+/// Loads everything and builds the state (used by `serve` and by tests).
+pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metrics_exporter_prometheus::PrometheusHandle) -> anyhow::Result<AppState> {
+    let policy = Policy::load(policy_path)?;
+    let home = Home::from_env()?;
+    let model_dir = policy.draft.model_dir.clone().unwrap_or_else(|| home.draft_onnx_dir());
+    let cfg = DraftConfig {
+        model_dir: model_dir.clone(),
+        onnxruntime_lib: std::env::var_os("APPROXY_ONNXRUNTIME_LIB").map(PathBuf::from).unwrap_or_else(|| home.onnxruntime_lib()),
+        workers: workers.unwrap_or(policy.draft.workers),
+        threads_per_worker: policy.draft.threads_per_worker,
+    };
+    if !model_dir.join("model.onnx").is_file() {
+        anyhow::bail!("no draft model at {}; run `approxy setup` first", model_dir.display());
+    }
+    let tokenizer = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
+    let template = ChatTemplate::from_file(&model_dir.join("chat_template.jinja"))?;
+    let eos: Vec<u32> = ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_id(t)).collect();
+    let draft = DraftPool::start(&cfg)?;
+    let shared = Arc::new(Shared {
+        draft,
+        tokenizer,
+        template,
+        eos,
+        draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| crate::setup::assets::DRAFT_MODEL.sha256.to_string()),
+        http: reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(60)).build()?,
+        prometheus,
+        inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
+        policy_path: policy_path.to_path_buf(),
+    });
+    let runtime = Runtime::build(policy, &shared)?;
+    Ok(AppState::new(shared, runtime))
+}
+
+/// Runs the server until a shutdown signal, then drains.
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let prometheus = crate::telemetry::install_metrics()?;
+    let policy_path = opts.policy.clone();
+    let workers = opts.workers;
+    let state = tokio::task::spawn_blocking(move || build_state(&policy_path, workers, prometheus)).await??;
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, policy = %opts.policy.display(), "approxy listening");
+    // A line on stdout that scripts and tests wait for.
+    println!("approxy listening on http://{addr}");
+    tokio::spawn(watch_policy(state.clone()));
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("drained; bye");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutdown signal: finishing in-flight requests");
+}
+
+fn fingerprint(p: &Path) -> Option<(SystemTime, u64, Vec<u8>)> {
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.modified().ok()?, m.len(), std::fs::read(p).ok()?))
+}
+
+/// Reloads the policy when its file changes (polled each second) or on SIGHUP. A file that
+/// fails validation is reported and ignored: the running policy stays.
+async fn watch_policy(state: AppState) {
+    let path = state.shared.policy_path.clone();
+    let mut seen = fingerprint(&path);
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let forced = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            Some(_) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+        };
+        let now = fingerprint(&path);
+        if !forced && now.as_ref().map(|f| &f.2) == seen.as_ref().map(|f| &f.2) {
+            continue;
+        }
+        seen = now;
+        reload(&state, &path);
+    }
+}
+
+/// Validates the file and swaps the runtime in; returns whether it was applied.
+pub fn reload(state: &AppState, path: &Path) -> bool {
+    let result = Policy::load(path).map_err(anyhow::Error::from).and_then(|p| {
+        let old = state.runtime();
+        if p.draft != old.policy.draft {
+            tracing::warn!("[draft] changes take effect at the next restart");
+        }
+        Runtime::build(p, &state.shared)
+    });
+    match result {
+        Ok(rt) => {
+            state.replace(rt);
+            metrics::counter!("approxy_policy_reloads_total", "outcome" => "applied").increment(1);
+            tracing::info!(policy = %path.display(), "policy reloaded");
+            true
+        }
+        Err(e) => {
+            metrics::counter!("approxy_policy_reloads_total", "outcome" => "rejected").increment(1);
+            tracing::error!(error = %e, "new policy rejected; keeping the running one");
+            false
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Gateway state. [`Shared`] is fixed for the life of the process (draft workers, tokenizer,
+//! chat template, metrics); [`Runtime`] is built from a policy and swapped as a whole when
+//! the policy file changes, so a request keeps the runtime it started with.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, EngineError, LearnedVerifier, TargetConfig, Tokenizer, Verifier};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::policy::{Policy, VerifierChoice};
+use crate::template::ChatTemplate;
+
+/// Process-wide parts.
+pub struct Shared {
+    /// Draft workers.
+    pub draft: Arc<DraftPool>,
+    /// Draft tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Chat template.
+    pub template: ChatTemplate,
+    /// Ids that end a generation.
+    pub eos: Vec<u32>,
+    /// Identity of the draft model, checked against learned verifier artifacts.
+    pub draft_sha256: String,
+    /// HTTP client for passthrough.
+    pub http: reqwest::Client,
+    /// Prometheus renderer.
+    pub prometheus: PrometheusHandle,
+    /// Requests in flight (permits live as long as the response body).
+    pub inflight: Arc<Semaphore>,
+    /// Policy file watched for changes.
+    pub policy_path: PathBuf,
+}
+
+/// Outcome of the draft/target tokenizer comparison, done once per runtime.
+#[derive(Debug, Clone)]
+pub enum TokenizerCheck {
+    /// Identical on the probe text.
+    Same,
+    /// The target has no tokenize endpoint; approximate mode is trusted to the operator.
+    Unchecked,
+    /// Different: approximate mode refused.
+    Different(String),
+}
+
+/// Everything derived from one policy.
+pub struct Runtime {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// Engine (draft tokenizer + target client).
+    pub engine: Engine,
+    /// Verifier per model id.
+    pub verifiers: HashMap<String, Arc<dyn Verifier>>,
+    /// The target's API key, from the environment. Never logged.
+    pub target_key: Option<String>,
+    /// Client keys; empty means no auth.
+    pub client_keys: Vec<String>,
+    /// Lazily computed tokenizer comparison.
+    pub tokenizer_check: OnceCell<TokenizerCheck>,
+}
+
+impl Runtime {
+    /// Builds a runtime; fails when a verifier artifact cannot be used.
+    pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
+        let target_key = policy.target.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+        let client_keys: Vec<String> = policy
+            .gateway
+            .api_keys_env
+            .as_ref()
+            .and_then(|v| std::env::var(v).ok())
+            .map(|s| s.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .unwrap_or_default();
+        let cfg = TargetConfig {
+            base_url: policy.target.base_url.clone(),
+            api_key: target_key.clone(),
+            model: policy.models.keys().find(|k| *k != "*").cloned().unwrap_or_default(),
+            timeout: policy.target.timeout,
+            retries: policy.target.retries,
+            backoff: policy.target.backoff,
+        };
+        let target = approxy_verifier::target::build(policy.target.kind, cfg)?;
+        let engine = Engine::new(shared.tokenizer.clone(), target, shared.eos.clone());
+        let mut verifiers: HashMap<String, Arc<dyn Verifier>> = HashMap::new();
+        for (id, m) in &policy.models {
+            let v: Arc<dyn Verifier> = match &m.verifier {
+                VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
+                VerifierChoice::Learned(p) => Arc::new(LearnedVerifier::load(p, &shared.draft_sha256)?),
+            };
+            verifiers.insert(id.clone(), v);
+        }
+        Ok(Self { policy: Arc::new(policy), engine, verifiers, target_key, client_keys, tokenizer_check: OnceCell::new() })
+    }
+
+    /// Compares tokenizers once; target errors are not cached (the target may come up later).
+    pub async fn tokenizer_check(&self) -> Result<&TokenizerCheck, EngineError> {
+        self.tokenizer_check
+            .get_or_try_init(|| async {
+                match self.engine.check_tokenizer().await {
+                    Ok(true) => Ok(TokenizerCheck::Same),
+                    Ok(false) => Ok(TokenizerCheck::Unchecked),
+                    Err(EngineError::TokenizerMismatch(m)) => {
+                        tracing::error!(%m, "approximate mode refused");
+                        Ok(TokenizerCheck::Different(m))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+}
+
+/// Shared state handed to every handler and layer.
+#[derive(Clone)]
+pub struct AppState {
+    /// Fixed parts.
+    pub shared: Arc<Shared>,
+    runtime: Arc<RwLock<Arc<Runtime>>>,
+}
+
+impl AppState {
+    /// State with an initial runtime.
+    pub fn new(shared: Arc<Shared>, runtime: Runtime) -> Self {
+        Self { shared, runtime: Arc::new(RwLock::new(Arc::new(runtime))) }
+    }
+
+    /// The current runtime; the caller keeps it for the whole request.
+    pub fn runtime(&self) -> Arc<Runtime> {
+        match self.runtime.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Swaps in a new runtime; requests in flight keep the old one.
+    pub fn replace(&self, rt: Runtime) {
+        let new = Arc::new(rt);
+        match self.runtime.write() {
+            Ok(mut g) => *g = new,
+            Err(poisoned) => *poisoned.into_inner() = new,
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Chat messages to prompt text with the model's own chat template (the Jinja template that
+//! ships in the GGUF, extracted by setup), rendered by minijinja with Python-style string
+//! methods, as Hugging Face's `apply_chat_template` does.
+
+use std::path::Path;
+
+use minijinja::{Environment, Error, ErrorKind, context};
+
+use crate::openai::ChatMessage;
+
+/// A loaded chat template.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+fn raise_exception(msg: String) -> Result<String, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Loads a template file.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let source = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Self::from_source(source)
+    }
+
+    /// Compiles template source.
+    pub fn from_source(source: String) -> anyhow::Result<Self> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_template_owned("chat", source)?;
+        Ok(Self { env })
+    }
+
+    /// Renders the conversation followed by the assistant turn opener.
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, Error> {
+        self.env.get_template("chat")?.render(context! {
+            messages => messages,
+            add_generation_prompt => true,
+            tools => (),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_like_template_renders() -> anyhow::Result<()> {
+        let src = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let t = ChatTemplate::from_source(src.to_string())?;
+        let out = t.render(&[ChatMessage { role: "user".into(), content: " hi ".into() }])?;
+        assert_eq!(out, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        Ok(())
+    }
+}

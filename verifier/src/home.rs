@@ -1,0 +1,60 @@
+//! Where approxy's cached assets live: `$APPROXY_HOME`, default `~/.cache/approxy`. Shared
+//! by `approxy setup` (which fills it), the gateway and the tests (which read it).
+
+use std::path::PathBuf;
+
+/// File name of the target GGUF under `models/`.
+pub const TARGET_GGUF_NAME: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+/// File name of the draft GGUF under `models/`.
+pub const DRAFT_GGUF_NAME: &str = "qwen2.5-coder-0.5b-instruct.gguf";
+/// File name of the ONNX Runtime library under `lib/`.
+pub const ONNXRUNTIME_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
+
+/// Well-known paths inside `$APPROXY_HOME`.
+#[derive(Debug, Clone)]
+pub struct Home {
+    /// The root.
+    pub root: PathBuf,
+}
+
+impl Home {
+    /// `$APPROXY_HOME`, else `~/.cache/approxy`.
+    pub fn from_env() -> anyhow::Result<Self> {
+        if let Some(p) = std::env::var_os("APPROXY_HOME").filter(|p| !p.is_empty()) {
+            return Ok(Self { root: PathBuf::from(p) });
+        }
+        let home = std::env::var_os("HOME")
+            .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))?;
+        Ok(Self { root: PathBuf::from(home).join(".cache").join("approxy") })
+    }
+
+    /// The target GGUF.
+    pub fn target_gguf(&self) -> PathBuf {
+        self.root.join("models").join(TARGET_GGUF_NAME)
+    }
+    /// The draft GGUF.
+    pub fn draft_gguf(&self) -> PathBuf {
+        self.root.join("models").join(DRAFT_GGUF_NAME)
+    }
+    /// Directory with the draft ONNX model, tokenizer.json and chat template.
+    pub fn draft_onnx_dir(&self) -> PathBuf {
+        self.root.join("models").join("draft-onnx")
+    }
+    /// The `llama-server` binary.
+    pub fn llama_server(&self) -> PathBuf {
+        self.root.join("bin").join("llama-server")
+    }
+    /// The ONNX Runtime shared library.
+    pub fn onnxruntime_lib(&self) -> PathBuf {
+        self.root.join("lib").join(ONNXRUNTIME_LIB_NAME)
+    }
+    /// Where step logs go.
+    pub fn log(&self, step: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{step}.log"))
+    }
+    /// Scratch space for downloads and builds, removed by each step when it succeeds.
+    pub fn work(&self, step: &str) -> PathBuf {
+        self.root.join("work").join(step)
+    }
+}
+

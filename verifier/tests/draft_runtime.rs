@@ -1,0 +1,77 @@
+//! The ONNX draft runtime on the real converted model: decoding, KV-cache rollback and
+//! prefix reuse must give the same numbers as running from scratch.
+
+mod common;
+
+use approxy_verifier::draft::PositionOutput;
+use approxy_verifier::draft::session::DraftSession;
+use approxy_verifier::sampling::argmax;
+
+fn session() -> DraftSession {
+    let h = common::home();
+    DraftSession::load(&h.onnxruntime_lib(), &h.draft_onnx_dir(), common::meta(), 2).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn max_diff(a: &PositionOutput, b: &PositionOutput) -> f32 {
+    a.logits.iter().zip(&b.logits).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn greedy_decode_writes_python() {
+    let mut s = session();
+    let mut out = s.prefill(&common::chat_prompt("Write a Python function add(a, b) that returns a + b.")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.hidden.len(), common::meta().hidden_size);
+    assert_eq!(out.logits.len(), common::meta().vocab_size);
+    let mut ids = Vec::new();
+    for _ in 0..24 {
+        let t = argmax(&out.logits).0 as u32;
+        ids.push(t);
+        out = s.extend(&[t], false).unwrap_or_else(|e| panic!("{e}")).remove(0);
+    }
+    let text = common::tokenizer().decode(&ids).unwrap_or_else(|e| panic!("{e}"));
+    assert!(text.contains("def add"), "draft wrote: {text:?}");
+}
+
+#[test]
+fn rollback_then_rerun_matches() {
+    let mut s = session();
+    let prompt = common::chat_prompt("Say hello.");
+    s.prefill(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    let extra = common::tokenizer().encode("Hello there, friend").unwrap_or_else(|e| panic!("{e}"));
+    assert!(extra.len() >= 3);
+    let first = s.extend(&extra, true).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first.len(), extra.len());
+    assert_eq!(s.tokens().len(), prompt.len() + extra.len());
+    s.rollback(2);
+    assert_eq!(s.tokens().len(), prompt.len() + extra.len() - 2);
+    let again = s.extend(&extra[extra.len() - 2..], true).unwrap_or_else(|e| panic!("{e}"));
+    for (a, b) in first[first.len() - 2..].iter().zip(&again) {
+        assert!(max_diff(a, b) < 1e-2, "logits differ by {}", max_diff(a, b));
+        assert_eq!(argmax(&a.logits).0, argmax(&b.logits).0);
+    }
+}
+
+#[test]
+fn prefill_reuses_common_prefix() {
+    let mut warm = session();
+    let a = common::chat_prompt("What is 2 + 2?");
+    let b = common::chat_prompt("What is 2 + 3?");
+    warm.prefill(&a).unwrap_or_else(|e| panic!("{e}"));
+    let reused = warm.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    let mut cold = session();
+    let fresh = cold.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert!(max_diff(&reused, &fresh) < 1e-2, "diff {}", max_diff(&reused, &fresh));
+    // The identical prompt again is answered from the cached last output.
+    let same = warm.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(same.logits, reused.logits);
+}
+
+#[test]
+fn long_prompt_is_chunked() {
+    let mut s = session();
+    let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(20));
+    assert!(long.len() > 150);
+    let out = s.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.tokens().len(), long.len());
+    assert!(out.logits.iter().all(|x| x.is_finite()));
+}
