@@ -32,8 +32,8 @@ pub enum Source {
 /// One streamed token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenEvent {
-    /// Token id.
-    pub id: u32,
+    /// Token id; `None` for the final event that releases held-back text.
+    pub id: Option<u32>,
     /// Text this token completes (empty while a character or a possible stop string is incomplete).
     pub text: String,
     /// Producer.
@@ -315,7 +315,7 @@ impl<'a> Run<'a> {
                 StopResult::Continue(t) => (t, false),
                 StopResult::Stop(t) => (t, true),
             };
-            if self.tx.send(TokenEvent { id, text, source }).await.is_err() {
+            if self.tx.send(TokenEvent { id: Some(id), text, source }).await.is_err() {
                 return Ok(Some(FinishReason::Cancelled));
             }
             if stop {
@@ -369,8 +369,8 @@ impl<'a> Run<'a> {
                 StopResult::Continue(t) => t + &self.stop.finish(),
                 StopResult::Stop(t) => t,
             };
-            if let (false, Some(&id)) = (text.is_empty(), self.emitted.last()) {
-                let _ = self.tx.send(TokenEvent { id, text, source: self.last_source }).await;
+            if !text.is_empty() {
+                let _ = self.tx.send(TokenEvent { id: None, text, source: self.last_source }).await;
             }
         }
         self.stats.finish_reason = Some(reason);

@@ -48,3 +48,87 @@ pub fn target_url() -> String {
 pub fn lib_path() -> PathBuf {
     home().onnxruntime_lib()
 }
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
+use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
+
+pub fn target_config(url: &str) -> TargetConfig {
+    TargetConfig {
+        base_url: url.to_string(),
+        api_key: None,
+        model: "target".into(),
+        timeout: Duration::from_secs(120),
+        retries: 1,
+        backoff: Duration::from_millis(20),
+    }
+}
+
+/// The real llama-server target.
+pub fn llama_target() -> LlamaCppTarget {
+    LlamaCppTarget::new(target_config(&target_url())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Wraps a target and counts calls, to see what the engine really asks for.
+#[derive(Debug)]
+pub struct Counting<T> {
+    pub inner: T,
+    pub calls: AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl<T: TargetClient> TargetClient for Counting<T> {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.continue_tokens(req).await
+    }
+    async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        self.inner.tokenize(text).await
+    }
+    async fn healthy(&self) -> bool {
+        self.inner.healthy().await
+    }
+}
+
+pub fn eos(tok: &Tokenizer) -> Vec<u32> {
+    ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tok.token_id(t)).collect()
+}
+
+pub fn engine_with(target: Arc<dyn TargetClient>) -> Engine {
+    let tok = tokenizer();
+    let eos = eos(&tok);
+    Engine::new(tok, target, eos)
+}
+
+pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: vec![],
+        threshold,
+        correction_tokens: 1,
+        bailout: None,
+    }
+}
+
+/// Runs one generation to the end; returns the emitted ids and the stats.
+pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -> Result<(Vec<u32>, String, Stats), approxy_verifier::EngineError> {
+    let lease = pool.try_lease().unwrap_or_else(|| panic!("no idle draft worker"));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1024);
+    let collect = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            ids.extend(ev.id);
+            text.push_str(&ev.text);
+        }
+        (ids, text)
+    });
+    let stats = engine.generate(&lease, &ConfidenceVerifier, req, tx).await;
+    let (mut ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
+    Ok((ids, text, stats?))
+}

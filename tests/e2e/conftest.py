@@ -1,0 +1,180 @@
+"""End-to-end fixtures: real `approxy serve` processes in front of the real llama-server target
+started by deploy/test-all.sh (APPROXY_TEST_TARGET_URL), and a small fault-injecting proxy for
+the failure tests (the one place a stand-in upstream is the point)."""
+import http.server
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import httpx
+import openai
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("APPROXY_BIN", str(REPO / "target" / "release" / "approxy"))
+TARGET = os.environ.get("APPROXY_TEST_TARGET_URL")
+MODEL = os.environ.get("APPROXY_TARGET_ALIAS", "qwen2.5-coder-1.5b-instruct")
+
+if not TARGET:
+    raise RuntimeError("APPROXY_TEST_TARGET_URL is not set: run ./deploy/test-all.sh (the README's test command)")
+
+
+def policy_text(base_url=TARGET, **over):
+    """policies/default.toml pointed at `base_url`, with `key = value` lines replaced."""
+    text = (REPO / "policies" / "default.toml").read_text()
+    text = re.sub(r'^base_url = .*$', f'base_url = "{base_url}"', text, flags=re.M)
+    for key, value in over.items():
+        text, n = re.subn(rf'^{key} = .*$', f"{key} = {value}", text, flags=re.M)
+        assert n == 1, f"no line for {key}"
+    return text
+
+
+class Gateway:
+    def __init__(self, tmp: pathlib.Path, text: str, env=None):
+        self.policy = tmp / "policy.toml"
+        self.policy.write_text(text)
+        self.log = open(tmp / "gateway.log", "w+")
+        e = dict(os.environ)
+        e.update(env or {})
+        e.setdefault("RUST_LOG", "info")
+        self.proc = subprocess.Popen([BIN, "serve", "--policy", str(self.policy), "--listen", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=e)
+        line = ""
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("approxy listening on "):
+                break
+            if self.proc.poll() is not None:
+                break
+        if not line.startswith("approxy listening on "):
+            self.stop()
+            self.log.seek(0)
+            raise RuntimeError("gateway did not start:\n" + self.log.read()[-3000:])
+        self.url = line.split()[-1]
+        self.base_url = self.url + "/v1"
+
+    def client(self, **kw):
+        kw.setdefault("api_key", "unused")
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("timeout", 300)
+        return openai.OpenAI(base_url=self.base_url, **kw)
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_gateway(tmp_path_factory):
+    started = []
+
+    def start(text=None, env=None):
+        g = Gateway(tmp_path_factory.mktemp("gw"), text or policy_text(), env)
+        started.append(g)
+        return g
+
+    yield start
+    for g in started:
+        g.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    g = Gateway(tmp_path_factory.mktemp("gw"), policy_text())
+    yield g
+    g.stop()
+
+
+class FaultProxy:
+    """Forwards to the real target; after `fail_after` /completion calls answers them with
+    HTTP 500 (mode "error") or holds them for `delay` seconds (mode "slow")."""
+
+    def __init__(self, fail_after=0, mode="error", delay=5.0):
+        self.fail_after, self.mode, self.delay = fail_after, mode, delay
+        self.completions = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _forward(self, body):
+                req = urllib.request.Request(TARGET + self.path, data=body, method=self.command,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        data, status = r.read(), r.status
+                except urllib.error.HTTPError as e:
+                    data, status = e.read(), e.code
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._forward(None)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.startswith("/completion"):
+                    proxy.completions += 1
+                    if proxy.completions > proxy.fail_after:
+                        if proxy.mode == "slow":
+                            time.sleep(proxy.delay)
+                        else:
+                            msg = b'{"error":"injected failure with secret-upstream-detail"}'
+                            self.send_response(500)
+                            self.send_header("Content-Length", str(len(msg)))
+                            self.end_headers()
+                            self.wfile.write(msg)
+                            return
+                self._forward(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def fault_proxy():
+    made = []
+
+    def make(**kw):
+        p = FaultProxy(**kw)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def raw_post(url, path, body=None, content=None, headers=None, timeout=300):
+    return httpx.post(url + path, json=body, content=content, headers=headers or {}, timeout=timeout)
+
+
+def approxy_usage(raw):
+    """`usage.approxy` from a raw openai response."""
+    return json.loads(raw.http_response.text)["usage"]["approxy"]

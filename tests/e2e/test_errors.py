@@ -1,0 +1,104 @@
+"""Every error row: OpenAI error shape, right status, nothing leaked."""
+import threading
+
+import openai
+import pytest
+
+from conftest import MODEL, policy_text, raw_post
+
+MSG = [{"role": "user", "content": "Say hi."}]
+
+
+def shape(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert err["param"] == param
+    return err
+
+
+def test_malformed_json_and_bad_params(gateway):
+    shape(raw_post(gateway.url, "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL}), 400, "messages")
+    shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "temperature": 9}), 400, "temperature")
+    shape(raw_post(gateway.url, "/v1/completions", {"model": MODEL, "prompt": 42}), 400, "prompt")
+    shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": -1}), 400, "max_tokens")
+    with pytest.raises(openai.BadRequestError) as e:
+        gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "x"}])
+    assert "role" in str(e.value)
+
+
+def test_threshold_header_out_of_range(start_gateway):
+    g = start_gateway(policy_text(threshold_override="[0.5, 0.9]"))
+    err = shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4},
+                         headers={"x-approxy-threshold": "0.2"}), 400, "x-approxy-threshold")
+    assert "[0.5, 0.9]" in err["message"]
+    shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}, headers={"x-approxy-threshold": "lots"}), 400)
+
+
+def test_body_over_limit(gateway):
+    big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
+    shape(raw_post(gateway.url, "/v1/chat/completions", big), 413)
+
+
+def test_auth(start_gateway):
+    g = start_gateway(env={"APPROXY_API_KEYS": "k-one, k-two"})
+    shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}), 401)
+    shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}, headers={"authorization": "Bearer nope"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        g.client(api_key="wrong").models.list()
+    r = g.client(api_key="k-two").chat.completions.create(model=MODEL, messages=MSG, max_tokens=4)
+    assert r.choices[0].message.content is not None
+
+
+def test_overload_sheds_with_retry_after(start_gateway):
+    g = start_gateway(policy_text(max_concurrent_requests="1"))
+    c = g.client()
+    stream = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=200, stream=True,
+                                       extra_headers={"x-approxy-threshold": "0"})
+    next(iter(stream))  # the one slot is now held by an open stream
+    r = raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4})
+    shape(r, 429)
+    assert r.headers["retry-after"] == "1"
+    stream.close()
+
+
+def test_target_unreachable_is_502(start_gateway):
+    g = start_gateway(policy_text(base_url="http://127.0.0.1:9", retries="1", backoff='"10ms"'))
+    err = shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4}), 502)
+    assert "127.0.0.1" not in err["message"]
+    shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}), 502)
+
+
+def test_target_timeout_is_504(start_gateway, fault_proxy):
+    p = fault_proxy(fail_after=0, mode="slow", delay=5)
+    g = start_gateway(policy_text(base_url=p.url, timeout='"1s"', retries="0"))
+    shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4},
+                   headers={"x-approxy-threshold": "1"}), 504)
+
+
+def test_target_5xx_after_retries_is_502_without_leaking(start_gateway, fault_proxy):
+    p = fault_proxy(fail_after=0)
+    g = start_gateway(policy_text(base_url=p.url, retries="2", backoff='"10ms"'))
+    r = raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4}, headers={"x-approxy-threshold": "1"})
+    shape(r, 502)
+    assert "secret" not in r.text
+    assert p.completions == 3, "one try plus two retries"
+
+
+def test_failure_mid_stream_is_error_event_then_close(start_gateway, fault_proxy):
+    p = fault_proxy(fail_after=3)
+    g = start_gateway(policy_text(base_url=p.url, retries="0"))
+    stream = g.client().chat.completions.create(model=MODEL, messages=MSG, max_tokens=40, stream=True,
+                                                extra_headers={"x-approxy-threshold": "1"})
+    got = ""
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            if chunk.choices:
+                got += chunk.choices[0].delta.content or ""
+    assert got, "tokens before the failure must arrive"
+    assert "secret" not in str(e.value)
+    # The gateway stays healthy afterwards.
+    assert raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 2},
+                    headers={"x-approxy-threshold": "0"}).status_code == 200

@@ -1,0 +1,84 @@
+"""The official openai client, with only base_url changed, against approxy in front of the real
+target: chat and completions, streaming and not, and the approxy usage report."""
+from conftest import MODEL, approxy_usage
+
+CHAT = [{"role": "user", "content": "Explain what a Python list comprehension is, with an example."}]
+
+
+def test_chat_non_streaming_reports_usage(gateway):
+    raw = gateway.client().chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=64, temperature=0)
+    resp = raw.parse()
+    assert resp.choices[0].message.role == "assistant"
+    assert len(resp.choices[0].message.content) > 20
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    u = approxy_usage(raw)
+    assert u["mode"] == "approximate"
+    assert u["target_calls"] > 0, u
+    assert u["draft_tokens"] + u["target_tokens"] == resp.usage.completion_tokens
+    assert u["estimated_cost_usd"] < u["estimated_passthrough_cost_usd"], u
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert raw.headers["x-approxy-mode"] == "approximate"
+    assert int(raw.headers["x-approxy-target-calls"]) == u["target_calls"]
+
+
+def test_threshold_zero_never_calls_target(gateway):
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=32, temperature=0, extra_headers={"x-approxy-threshold": "0"})
+    u = approxy_usage(raw)
+    assert u["target_tokens"] == 0 and u["target_calls"] == 0, u
+    assert u["draft_tokens"] == raw.parse().usage.completion_tokens
+
+
+def test_chat_streaming_with_usage(gateway):
+    stream = gateway.client().chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=48, temperature=0, stream=True, stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert len(text) > 20 and finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens > 0
+    assert usage.model_extra["approxy"]["mode"] == "approximate"
+
+
+def test_streamed_text_equals_non_streamed(gateway):
+    c = gateway.client()
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a haiku about rust, the metal."}], max_tokens=40, temperature=0)
+    whole = c.chat.completions.create(**kw).choices[0].message.content
+    parts = "".join((ch.choices[0].delta.content or "") for ch in c.chat.completions.create(stream=True, **kw) if ch.choices)
+    assert parts == whole
+
+
+def test_completions_both_ways(gateway):
+    c = gateway.client()
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    resp = c.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
+    assert resp.object == "text_completion" and len(resp.choices[0].text) > 5
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stream=True) if ch.choices)
+    assert streamed == resp.choices[0].text
+
+
+def test_stop_sequence_and_seeded_sampling(gateway):
+    c = gateway.client()
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count from 1 to 10 separated by spaces."}],
+                                  max_tokens=40, temperature=0, stop=["6"])
+    assert "6" not in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    kw = dict(model=MODEL, messages=CHAT, max_tokens=24, temperature=0.8, seed=7)
+    assert c.chat.completions.create(**kw).choices[0].message.content == c.chat.completions.create(**kw).choices[0].message.content
+
+
+def test_models_health_ready_metrics(gateway):
+    ids = [m.id for m in gateway.client().models.list()]
+    assert MODEL in ids
+    import httpx
+    assert httpx.get(gateway.url + "/health").json()["status"] == "ok"
+    ready = httpx.get(gateway.url + "/ready")
+    assert ready.status_code == 200 and ready.json()["target_reachable"] is True
+    text = httpx.get(gateway.url + "/metrics").text
+    for name in ["approxy_tokens_total", "approxy_target_calls_total", "approxy_requests_total",
+                 "approxy_estimated_cost_usd_total", "approxy_time_to_first_token_seconds_bucket",
+                 "approxy_inter_token_latency_seconds_bucket", "approxy_accepted_run_length_bucket"]:
+        assert name in text, name

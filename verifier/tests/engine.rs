@@ -1,0 +1,165 @@
+//! The decode loop end to end: real ONNX draft, real llama-server target.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
+use approxy_verifier::{BailoutBudget, DraftPool, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
+use common::Counting;
+
+const PROMPTS: [&str; 5] = [
+    "Write a Python function that reverses a string.",
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Rust function that returns the larger of two i32 values.",
+    "List three primary colors.",
+    "Explain in two sentences what a hash map is.",
+];
+
+fn pool() -> Arc<DraftPool> {
+    DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What the target writes on its own: one greedy call for the whole answer.
+async fn target_greedy(t: &LlamaCppTarget, prompt: &[u32], n: u32) -> Vec<u32> {
+    let req = ContinuationRequest { prefix: prompt.to_vec(), max_tokens: n, sampling: SamplingParams::default() };
+    t.continue_tokens(&req).await.unwrap_or_else(|e| panic!("{e}")).tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_everything_equals_target_greedy() {
+    let pool = pool();
+    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let engine = common::engine_with(target.clone());
+    let eos = common::eos(engine.tokenizer());
+    for p in PROMPTS {
+        let prompt = common::chat_prompt(p);
+        let n = 24;
+        let mut expected = target_greedy(&target.inner, &prompt, n).await;
+        expected.retain(|t| !eos.contains(t));
+        let before = target.calls.load(Ordering::SeqCst);
+        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, n, 1.0)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ids, expected, "prompt {p:?}");
+        assert_eq!(stats.draft_tokens, 0);
+        assert_eq!(stats.target_tokens as usize, expected.len());
+        assert_eq!(stats.verifier_rejections, stats.target_calls);
+        assert_eq!(target.calls.load(Ordering::SeqCst) - before, stats.target_calls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_everything_equals_draft_greedy_without_target() {
+    let pool = pool();
+    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let engine = common::engine_with(target.clone());
+    let eos = common::eos(engine.tokenizer());
+    for p in PROMPTS {
+        let prompt = common::chat_prompt(p);
+        // Draft-only greedy reference, straight on the worker.
+        let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
+        let mut out = lease.prefill(prompt.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut expected = Vec::new();
+        for _ in 0..24 {
+            let t = approxy_verifier::sampling::argmax(&out.logits).0 as u32;
+            if eos.contains(&t) {
+                break;
+            }
+            expected.push(t);
+            out = lease.extend(vec![t], false).await.unwrap_or_else(|e| panic!("{e}")).remove(0);
+        }
+        drop(lease);
+        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, 24, 0.0)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ids, expected, "prompt {p:?}");
+        assert_eq!(stats.target_calls, 0);
+        assert_eq!(stats.target_tokens, 0);
+    }
+    assert_eq!(target.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn middle_threshold_mixes_sources_and_bails_out() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let prompt = common::chat_prompt(PROMPTS[0]);
+    let (ids, text, stats) = common::run(&engine, &pool, common::greedy(prompt.clone(), 48, 0.7)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ids.len() as u32, stats.completion_tokens);
+    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens);
+    assert!(stats.draft_tokens > stats.target_tokens, "{stats:?}");
+    assert!(text.contains("def"), "{text:?}");
+    // A budget nobody can meet: the first rejection window hands the rest to the target.
+    let mut req = common::greedy(prompt, 48, 1.0);
+    req.bailout = Some(BailoutBudget { window: 2, max_rejection_rate: 0.4 });
+    let (_, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(stats.bailed_out);
+    assert_eq!(stats.target_calls, 2, "one correction, then one call for the rest: {stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_sampling_repeats() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let prompt = common::chat_prompt("Tell me a one-line joke about computers.");
+    let mut req = common::greedy(prompt, 24, 0.5);
+    req.sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42) };
+    let a = common::run(&engine, &pool, req.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+    let b = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.0, b.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sequence_ends_generation() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let prompt = common::chat_prompt("Count from 1 to 20, separated by commas.");
+    let mut req = common::greedy(prompt, 80, 0.0);
+    req.stop = vec!["5".into()];
+    let (_, text, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stats.finish_reason, Some(FinishReason::Stop));
+    assert!(!text.contains('5') && text.contains('4'), "{text:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_stops_target_calls() {
+    let pool = pool();
+    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let engine = common::engine_with(target.clone());
+    let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1);
+    let req = common::greedy(common::chat_prompt(PROMPTS[4]), 200, 1.0);
+    let task = tokio::spawn(async move { engine.generate(&lease, &approxy_verifier::ConfidenceVerifier, req, tx).await });
+    for _ in 0..3 {
+        let ev = rx.recv().await.unwrap_or_else(|| panic!("stream ended early"));
+        assert_eq!(ev.source, Source::Target);
+    }
+    drop(rx);
+    let stats = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .unwrap_or_else(|_| panic!("generation did not stop after cancellation"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stats.finish_reason, Some(FinishReason::Cancelled));
+    let calls = target.calls.load(Ordering::SeqCst);
+    assert!(calls <= 5, "{calls} target calls for 3 received tokens");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(target.calls.load(Ordering::SeqCst), calls, "calls continued after cancellation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_down_is_a_typed_error() {
+    let pool = pool();
+    // Port 9 (discard) is closed on loopback here: connection refused at once.
+    let down = LlamaCppTarget::new(common::target_config("http://127.0.0.1:9")).unwrap_or_else(|e| panic!("{e}"));
+    let engine = common::engine_with(Arc::new(down));
+    let started = std::time::Instant::now();
+    let r = common::run(&engine, &pool, common::greedy(common::chat_prompt("hi"), 8, 1.0)).await;
+    assert!(matches!(r, Err(EngineError::Target(TargetError::Unreachable { .. }))), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizers_agree_with_target() {
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    assert!(engine.check_tokenizer().await.unwrap_or_else(|e| panic!("{e}")));
+}
