@@ -1,6 +1,7 @@
 //! The `approxy` binary: `serve`, `setup`, `check`.
 
 mod approx;
+mod bench;
 mod calibration;
 mod error;
 mod middleware;
@@ -45,11 +46,32 @@ enum Cmd {
         #[arg(long)]
         keep_convert_env: bool,
     },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
     /// Validate a policy file; exits non-zero listing every problem.
     Check {
         /// Policy file.
         #[arg(long)]
         policy: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Draft decode speed (prefill and ms per token) on this machine.
+    Draft {
+        /// Tokens decoded per run.
+        #[arg(long, default_value_t = 128)]
+        tokens: usize,
+        /// Runs (plus one warm-up).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Intra-op threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
     },
 }
 
@@ -59,6 +81,9 @@ fn main() -> std::process::ExitCode {
         Cmd::Setup { keep_convert_env } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env })),
         Cmd::Check { policy } => check(&policy),
+        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads } } => {
+            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads })
+        }
         Cmd::Serve { policy, listen, workers } => {
             telemetry::install_logging();
             tokio::runtime::Builder::new_multi_thread()

@@ -26,7 +26,7 @@ use crate::middleware;
 use crate::passthrough::Passthrough;
 use crate::policy::Policy;
 use crate::setup::Home;
-use crate::state::{AppState, Runtime, Shared};
+use crate::state::{AppState, Runtime, Shared, TokenizerCheck};
 use crate::template::ChatTemplate;
 
 /// `approxy serve` options.
@@ -86,7 +86,14 @@ async fn health() -> Response {
 async fn ready(State(state): State<AppState>) -> Response {
     let rt = state.runtime();
     let target = rt.engine.target().healthy().await;
+    let tokenizer = match rt.tokenizer_check.get() {
+        None => json!("not checked yet"),
+        Some(TokenizerCheck::Same) => json!("same"),
+        Some(TokenizerCheck::Unchecked) => json!("target cannot tokenize; unchecked"),
+        Some(TokenizerCheck::Different(m)) => json!(format!("different: {m}")),
+    };
     let body = json!({
+        "tokenizer_check": tokenizer,
         "draft_workers": state.shared.draft.workers(),
         "draft_workers_idle": state.shared.draft.idle(),
         "target_reachable": target,

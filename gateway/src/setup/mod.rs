@@ -8,7 +8,7 @@ pub mod manifest;
 mod process;
 mod steps;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};

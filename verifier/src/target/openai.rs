@@ -1,7 +1,8 @@
 //! OpenAI-compatible `POST /v1/completions` with a token-id prompt (vLLM and others). Token
-//! ids of the answer come from `choices[0].token_ids` (vLLM's `return_token_ids`); a server
-//! that returns only text cannot be used for exact-prefix continuation and is reported as a
-//! protocol error rather than guessed at.
+//! ids of the answer come from `choices[0].token_ids` (vLLM's `return_token_ids`) or from
+//! `__verbose.tokens` (llama.cpp's server with `verbose` and `return_tokens`). A server that
+//! returns only text cannot be used for exact-prefix continuation (re-tokenising text need
+//! not give back the ids the model produced), so that is a protocol error, not a guess.
 
 use async_trait::async_trait;
 use serde_json::json;
@@ -42,6 +43,8 @@ impl TargetClient for OpenAiCompletionsTarget {
             "temperature": s.temperature.max(0.0),
             "top_p": s.top_p,
             "return_token_ids": true,
+            "return_tokens": true,
+            "verbose": true,
             "skip_special_tokens": false,
             "stream": false,
         });
@@ -51,9 +54,9 @@ impl TargetClient for OpenAiCompletionsTarget {
         let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body).await?;
         let choice = &v["choices"][0];
         let mut tokens = ids(&choice["token_ids"])
-            .or_else(|| ids(&v["tokens"]))
+            .or_else(|| ids(&v["__verbose"]["tokens"]))
             .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
-        let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop") && (tokens.len() as u32) < req.max_tokens;
+        let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop");
         tokens.truncate(req.max_tokens as usize);
         let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().and_then(|x| u32::try_from(x).ok());
         Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached })

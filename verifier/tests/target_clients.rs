@@ -1,0 +1,142 @@
+//! One test suite that every target client passes, run against the real llama-server (native
+//! and OpenAI-style endpoints), plus fault injection through a stub server.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, OpenAiCompletionsTarget, TargetClient, TargetConfig};
+use approxy_verifier::{SamplingParams, TargetError};
+
+fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
+    let mut oa = common::target_config(&format!("{url}/v1"));
+    oa.model = "target".into();
+    vec![
+        ("llama_cpp", Box::new(LlamaCppTarget::new(common::target_config(url)).unwrap_or_else(|e| panic!("{e}")))),
+        ("openai", Box::new(OpenAiCompletionsTarget::new(oa).unwrap_or_else(|e| panic!("{e}")))),
+    ]
+}
+
+fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
+    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default() }
+}
+
+/// The contract every client must meet.
+async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
+    assert!(c.healthy().await, "{name}: not healthy");
+    let tok = common::tokenizer();
+    let prompt = common::chat_prompt("Write a Python function that squares a number.");
+    let long = c.continue_tokens(&req(prompt.clone(), 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(long.tokens.len(), 12, "{name}: wrong count");
+    assert!(!long.stopped_on_eos);
+    // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives the rest.
+    let mut prefix = prompt.clone();
+    prefix.extend_from_slice(&long.tokens[..5]);
+    let rest = c.continue_tokens(&req(prefix, 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(rest.tokens, long.tokens[5..], "{name}: prefix continuation differs");
+    // A short answer ends on end-of-sequence.
+    let short = c
+        .continue_tokens(&req(common::chat_prompt("Reply with the single word OK."), 40))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(short.stopped_on_eos, "{name}: {short:?}");
+    // Tokenizer agreement when the target can tokenize.
+    if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
+        assert_eq!(ids, tok.encode("fn main() { println!(\"héllo 🚀\"); }").unwrap_or_default(), "{name}");
+    }
+    long.tokens
+}
+
+#[tokio::test]
+async fn every_client_passes_the_suite_on_the_real_target() {
+    let url = common::target_url();
+    let mut outputs = Vec::new();
+    for (name, c) in clients(&url) {
+        outputs.push(suite(name, c.as_ref()).await);
+    }
+    assert_eq!(outputs[0], outputs[1], "the two endpoints disagree");
+}
+
+/// A stub upstream: answers every request with `status` after `delay`, counting calls.
+async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let app = axum::Router::new().fallback(move || {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            (axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::IM_A_TEAPOT), "{\"error\":\"stub\"}")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), calls)
+}
+
+fn cfg(url: &str, timeout: Duration, retries: u32) -> TargetConfig {
+    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5) }
+}
+
+fn both(c: TargetConfig) -> Vec<Box<dyn TargetClient>> {
+    vec![
+        Box::new(LlamaCppTarget::new(c.clone()).unwrap_or_else(|e| panic!("{e}"))),
+        Box::new(OpenAiCompletionsTarget::new(c).unwrap_or_else(|e| panic!("{e}"))),
+    ]
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_then_typed() {
+    for i in 0..2 {
+        let (url, calls) = stub(503, Duration::ZERO).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let r = c.continue_tokens(&req(vec![1, 2, 3], 1)).await;
+        assert!(matches!(r, Err(TargetError::Status { status: 503, .. })), "{r:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+}
+
+#[tokio::test]
+async fn client_errors_are_not_retried() {
+    for i in 0..2 {
+        let (url, calls) = stub(400, Duration::ZERO).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 3))[i];
+        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        assert!(matches!(r, Err(TargetError::Status { status: 400, .. })), "{r:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[tokio::test]
+async fn slow_target_times_out() {
+    for i in 0..2 {
+        let (url, _) = stub(200, Duration::from_secs(10)).await;
+        let c = &both(cfg(&url, Duration::from_millis(200), 0))[i];
+        let t = Instant::now();
+        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        assert!(matches!(r, Err(TargetError::Timeout(_))), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}
+
+#[tokio::test]
+async fn refused_connection_is_unreachable() {
+    for c in both(cfg("http://127.0.0.1:9", Duration::from_secs(2), 1)) {
+        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        assert!(matches!(r, Err(TargetError::Unreachable { .. })), "{r:?}");
+        assert!(!c.healthy().await);
+    }
+}
+
+#[tokio::test]
+async fn malformed_answer_is_a_protocol_error() {
+    for i in 0..2 {
+        let (url, _) = stub(200, Duration::ZERO).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 0))[i];
+        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        assert!(matches!(r, Err(TargetError::Protocol(_))), "{r:?}");
+    }
+}
