@@ -13,7 +13,7 @@ export APPROXY_TARGET_ALIAS="$TARGET_ALIAS"
 
 echo "==> Rust unit and integration tests"
 # One test thread: the draft and the target share this machine's cores.
-cargo test --release --locked --workspace -- --test-threads=1
+cargo test --release --locked --workspace --no-fail-fast -- --test-threads=1
 
 echo "==> end-to-end tests (openai Python client)"
 VENV="$APPROXY_HOME/venv/e2e"

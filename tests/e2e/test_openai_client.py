@@ -82,3 +82,18 @@ def test_models_health_ready_metrics(gateway):
                  "approxy_estimated_cost_usd_total", "approxy_time_to_first_token_seconds_bucket",
                  "approxy_inter_token_latency_seconds_bucket", "approxy_accepted_run_length_bucket"]:
         assert name in text, name
+
+
+def test_chat_template_matches_target(gateway):
+    """The gateway renders chat messages with the model's template exactly as the target does:
+    the prompt token count of an approximate answer equals the target's own count (a
+    passthrough request, forced by logprobs, is counted by llama-server)."""
+    c = gateway.client()
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hi there!"},
+            {"role": "assistant", "content": "Hello. What do you need?"},
+            {"role": "user", "content": "Name a prime number above 10 — just the number, ünïcödé 🚀 welcome."}]
+    ours = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0)
+    theirs = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0, logprobs=True)
+    assert ours.headers["x-approxy-mode"] == "approximate" and theirs.headers["x-approxy-mode"] == "passthrough"
+    assert ours.parse().usage.prompt_tokens == theirs.parse().usage.prompt_tokens

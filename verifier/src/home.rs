@@ -48,6 +48,10 @@ impl Home {
     pub fn onnxruntime_lib(&self) -> PathBuf {
         self.root.join("lib").join(ONNXRUNTIME_LIB_NAME)
     }
+    /// HumanEval problems (gzipped JSONL), the evaluation set.
+    pub fn human_eval(&self) -> PathBuf {
+        self.root.join("data").join("HumanEval.jsonl.gz")
+    }
     /// Where step logs go.
     pub fn log(&self, step: &str) -> PathBuf {
         self.root.join("logs").join(format!("{step}.log"))

