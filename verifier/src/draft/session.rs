@@ -41,6 +41,9 @@ pub struct DraftSession {
     tokens: Vec<u32>,
     /// Output of the last position run, so a fully cached prompt needs no recomputation.
     last: Option<PositionOutput>,
+    /// Leading positions whose keys and values came from full prefill chunks aligned to
+    /// multiples of `PREFILL_CHUNK`: exactly what a cold prefill computes, so reusable.
+    aligned_upto: usize,
     kv_names: Vec<(String, String, String, String)>,
 }
 
@@ -65,7 +68,7 @@ impl DraftSession {
             })
             .collect();
         let kv = KvCache::new(meta.num_hidden_layers, meta.num_key_value_heads, meta.head_dim);
-        Ok(Self { session, meta, kv, tokens: Vec::new(), last: None, kv_names })
+        Ok(Self { session, meta, kv, tokens: Vec::new(), last: None, aligned_upto: 0, kv_names })
     }
 
     /// Tokens currently cached.
@@ -77,28 +80,35 @@ impl DraftSession {
     pub fn rollback(&mut self, n: usize) {
         self.kv.rollback(n);
         self.tokens.truncate(self.kv.len());
+        self.aligned_upto = self.aligned_upto.min(self.kv.len());
         self.last = None;
     }
 
     /// Makes the cache hold exactly `prompt` and returns the output at its last position.
-    /// Reuses the longest cached prefix (rolling back what differs), so a follow-up turn of a
-    /// conversation only runs its new tokens.
+    ///
+    /// The result depends on the prompt only, never on what was cached before: ONNX Runtime's
+    /// int4 kernels give slightly different numbers for different batch shapes, and near-ties
+    /// in the logits would otherwise make the same request answer differently depending on
+    /// history. So the prompt runs in chunks aligned to absolute multiples of `PREFILL_CHUNK`,
+    /// the last position always runs alone (as decode steps do), and only whole aligned chunks
+    /// computed this way are reused from a previous prompt.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<PositionOutput, EngineError> {
-        if prompt.is_empty() {
+        let Some((&last, body)) = prompt.split_last() else {
             return Err(EngineError::Draft("empty prompt".into()));
-        }
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        if common == prompt.len()
-            && self.tokens.len() == prompt.len()
-            && let Some(last) = &self.last
+        };
+        if self.tokens == prompt
+            && let Some(out) = &self.last
         {
-            return Ok(last.clone());
+            return Ok(out.clone());
         }
-        // Keep at most len-1 so the last prompt position is run and yields its output.
-        let keep = common.min(prompt.len() - 1);
+        let common = self.tokens.iter().zip(body).take_while(|(a, b)| a == b).count();
+        let keep = common.min(self.aligned_upto) / PREFILL_CHUNK * PREFILL_CHUNK;
         self.rollback(self.tokens.len() - keep);
-        let mut out = self.extend(&prompt[keep..], false)?;
-        out.pop().ok_or_else(|| EngineError::Draft("no output".into()))
+        for chunk in body[keep..].chunks(PREFILL_CHUNK) {
+            self.run(chunk, false)?;
+        }
+        self.aligned_upto = body.len() / PREFILL_CHUNK * PREFILL_CHUNK;
+        self.run(&[last], false)?.pop().ok_or_else(|| EngineError::Draft("no output".into()))
     }
 
     /// Runs `tokens` after what is cached, appends them to the cache and returns the output

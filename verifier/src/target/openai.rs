@@ -63,8 +63,16 @@ impl TargetClient for OpenAiCompletionsTarget {
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
-        // vLLM serves /tokenize at the root; servers without it just cannot be checked.
-        let body = json!({"model": self.cfg.model, "prompt": text, "add_special_tokens": false});
+        // vLLM serves /tokenize at the root and reads `prompt`; llama.cpp's server reads
+        // `content`. Servers without the endpoint just cannot be checked.
+        let body = json!({
+            "model": self.cfg.model,
+            "prompt": text,
+            "content": text,
+            "add_special_tokens": false,
+            "add_special": false,
+            "parse_special": true,
+        });
         match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body).await {
             Ok(v) => Ok(ids(&v["tokens"])),
             Err(TargetError::Status { status: 404 | 405, .. }) => Ok(None),
