@@ -77,12 +77,23 @@ pub fn llama_target() -> LlamaCppTarget {
 pub struct Counting<T> {
     pub inner: T,
     pub calls: AtomicU32,
+    /// Sampling parameters of every call, in order.
+    pub sampling: std::sync::Mutex<Vec<SamplingParams>>,
+}
+
+impl<T> Counting<T> {
+    pub fn new(inner: T) -> Self {
+        Self { inner, calls: AtomicU32::new(0), sampling: Default::default() }
+    }
 }
 
 #[async_trait::async_trait]
 impl<T: TargetClient> TargetClient for Counting<T> {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut v) = self.sampling.lock() {
+            v.push(req.sampling);
+        }
         self.inner.continue_tokens(req).await
     }
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

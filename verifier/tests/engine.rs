@@ -31,7 +31,7 @@ async fn target_greedy(t: &LlamaCppTarget, prompt: &[u32], n: u32) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reject_everything_equals_target_greedy() {
     let pool = pool();
-    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
     for p in PROMPTS {
@@ -52,7 +52,7 @@ async fn reject_everything_equals_target_greedy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_everything_equals_draft_greedy_without_target() {
     let pool = pool();
-    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
     for p in PROMPTS {
@@ -97,15 +97,26 @@ async fn middle_threshold_mixes_sources_and_bails_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seeded_sampling_repeats() {
+async fn seeded_sampling_repeats_and_reaches_the_target() {
     let pool = pool();
-    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let target = Arc::new(Counting::new(common::llama_target()));
+    let engine = common::engine_with(target.clone());
     let prompt = common::chat_prompt("Tell me a one-line joke about computers.");
-    let mut req = common::greedy(prompt, 24, 0.5);
-    req.sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42) };
+    let sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42) };
+    // Draft side: the same seed gives the same tokens (threshold 0 keeps the target out, whose
+    // prompt cache makes it only approximately repeatable).
+    let mut req = common::greedy(prompt.clone(), 24, 0.0);
+    req.sampling = sampling;
     let a = common::run(&engine, &pool, req.clone()).await.unwrap_or_else(|e| panic!("{e}"));
     let b = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.0, b.0);
+    req = common::greedy(prompt, 6, 1.0);
+    req.sampling = SamplingParams { seed: Some(43), ..sampling };
+    let c = common::run(&engine, &pool, req.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+    // Target side: every call carries the same sampling parameters.
+    let seen = target.sampling.lock().map(|v| v.clone()).unwrap_or_default();
+    assert_eq!(seen.len() as u32, c.2.target_calls);
+    assert!(seen.iter().all(|s| *s == req.sampling), "{seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +134,7 @@ async fn stop_sequence_ends_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_stops_target_calls() {
     let pool = pool();
-    let target = Arc::new(Counting { inner: common::llama_target(), calls: Default::default() });
+    let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1);
