@@ -23,7 +23,7 @@ pub struct DraftBenchOptions {
 /// Runs the benchmark and prints a JSON report.
 pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let cfg = DraftConfig { model_dir: home.draft_onnx_dir(), onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: opts.threads };
+    let cfg = DraftConfig { model_dir: home.draft_onnx_dir(), onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: opts.threads, spin_wait: false };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let pool = DraftPool::start(&cfg)?;

@@ -13,6 +13,7 @@ mod setup;
 mod state;
 mod telemetry;
 mod template;
+mod train;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,11 +52,50 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// Verifier training: collect labels from a real target, then fit and calibrate.
+    Train {
+        #[command(subcommand)]
+        what: TrainCmd,
+    },
     /// Validate a policy file; exits non-zero listing every problem.
     Check {
         /// Policy file.
         #[arg(long)]
         policy: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TrainCmd {
+    /// Target answers + teacher-forced draft features, stored as safetensors shards (resumable).
+    Collect {
+        /// Root URL of the llama-server target.
+        #[arg(long, default_value = "http://127.0.0.1:8081")]
+        target_url: String,
+        /// Prompt corpus (JSONL).
+        #[arg(long, default_value = "training/data/prompts.jsonl")]
+        corpus: PathBuf,
+        /// Shard directory (default: $APPROXY_HOME/training/rows).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Prompts to use, half code and half chat.
+        #[arg(long, default_value_t = 240)]
+        prompts: usize,
+        /// Longest target answer per prompt.
+        #[arg(long, default_value_t = 48)]
+        max_answer_tokens: u32,
+    },
+    /// Fit logistic and MLP heads, keep the better, write artifact, calibration and report.
+    Fit {
+        /// Shard directory (default: $APPROXY_HOME/training/rows).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "policies/verifier")]
+        out_dir: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
     },
 }
 
@@ -77,10 +117,18 @@ enum BenchCmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Cmd::Train { .. }) {
+        telemetry::install_logging();
+    }
     let result = match cli.command {
         Cmd::Setup { keep_convert_env } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env })),
         Cmd::Check { policy } => check(&policy),
+        Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens } } => train::default_data_dir()
+            .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens })),
+        Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
+            train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
+        }
         Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads } } => {
             bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads })
         }

@@ -116,6 +116,7 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
         onnxruntime_lib: std::env::var_os("APPROXY_ONNXRUNTIME_LIB").map(PathBuf::from).unwrap_or_else(|| home.onnxruntime_lib()),
         workers: workers.unwrap_or(policy.draft.workers),
         threads_per_worker: policy.draft.threads_per_worker,
+        spin_wait: policy.draft.spin_wait,
     };
     if !model_dir.join("model.onnx").is_file() {
         anyhow::bail!("no draft model at {}; run `approxy setup` first", model_dir.display());

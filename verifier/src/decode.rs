@@ -377,3 +377,22 @@ impl<'a> Run<'a> {
         Ok(self.stats)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_window_needs_a_full_window_over_budget() {
+        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
+        // Three rejections, but the window is not full yet.
+        assert!(!w.push(true) && !w.push(true) && !w.push(true));
+        // Full: 3 of 4 rejected > 0.5 * 4.
+        assert!(w.push(false));
+        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
+        // Exactly at the budget (2 of 4) is allowed; old decisions slide out.
+        assert!(!w.push(true) && !w.push(false) && !w.push(true) && !w.push(false));
+        assert!(!w.push(false) && !w.push(true) && !w.push(true), "false, false, true, true is at the budget");
+        assert!(w.push(true), "false, true, true, true is over it");
+    }
+}

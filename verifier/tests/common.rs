@@ -1,9 +1,10 @@
 //! Shared helpers for the verifier's integration tests: real assets from `$APPROXY_HOME`
 //! (provided by `approxy setup`) and, where needed, a real `llama-server` target.
 
-#![allow(dead_code)]
+// Tests fail by panicking; helpers here are test code too.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+#![allow(dead_code)]
 
 use approxy_verifier::home::Home;
 use approxy_verifier::{DraftConfig, DraftMeta, Tokenizer};
@@ -19,15 +20,18 @@ pub fn home() -> Home {
     h
 }
 
+/// Draft pool settings for tests: `workers` sessions of 2 threads, no spinning.
 pub fn draft_config(workers: usize) -> DraftConfig {
     let h = home();
-    DraftConfig { model_dir: h.draft_onnx_dir(), onnxruntime_lib: h.onnxruntime_lib(), workers, threads_per_worker: 2 }
+    DraftConfig { model_dir: h.draft_onnx_dir(), onnxruntime_lib: h.onnxruntime_lib(), workers, threads_per_worker: 2, spin_wait: false }
 }
 
+/// The converted draft's shape facts.
 pub fn meta() -> DraftMeta {
     DraftMeta::load(&home().draft_onnx_dir()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The draft's tokenizer.
 pub fn tokenizer() -> Tokenizer {
     Tokenizer::from_file(&home().draft_onnx_dir().join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -45,10 +49,6 @@ pub fn target_url() -> String {
         .unwrap_or_else(|_| panic!("APPROXY_TEST_TARGET_URL is not set: run the README's test command, which starts llama-server"))
 }
 
-pub fn lib_path() -> PathBuf {
-    home().onnxruntime_lib()
-}
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -56,6 +56,7 @@ use std::time::Duration;
 use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
 use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
 
+/// Client settings for a target at `url`: generous timeout, one quick retry.
 pub fn target_config(url: &str) -> TargetConfig {
     TargetConfig {
         base_url: url.to_string(),
@@ -75,13 +76,16 @@ pub fn llama_target() -> LlamaCppTarget {
 /// Wraps a target and counts calls, to see what the engine really asks for.
 #[derive(Debug)]
 pub struct Counting<T> {
+    /// The wrapped client.
     pub inner: T,
+    /// Continuation calls so far.
     pub calls: AtomicU32,
     /// Sampling parameters of every call, in order.
     pub sampling: std::sync::Mutex<Vec<SamplingParams>>,
 }
 
 impl<T> Counting<T> {
+    /// Wraps `inner` with zero counts.
     pub fn new(inner: T) -> Self {
         Self { inner, calls: AtomicU32::new(0), sampling: Default::default() }
     }
@@ -104,16 +108,19 @@ impl<T: TargetClient> TargetClient for Counting<T> {
     }
 }
 
+/// End-of-sequence ids of the Qwen tokenizer.
 pub fn eos(tok: &Tokenizer) -> Vec<u32> {
     ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tok.token_id(t)).collect()
 }
 
+/// An engine with the draft tokenizer and the given target.
 pub fn engine_with(target: Arc<dyn TargetClient>) -> Engine {
     let tok = tokenizer();
     let eos = eos(&tok);
     Engine::new(tok, target, eos)
 }
 
+/// A greedy request with one correction token and no bail-out.
 pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequest {
     GenerateRequest {
         prompt,
@@ -140,6 +147,6 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
         (ids, text)
     });
     let stats = engine.generate(&lease, &ConfidenceVerifier, req, tx).await;
-    let (mut ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
+    let (ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
     Ok((ids, text, stats?))
 }

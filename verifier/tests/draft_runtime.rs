@@ -1,6 +1,9 @@
 //! The ONNX draft runtime on the real converted model: decoding, KV-cache rollback and
 //! prefix reuse must give the same numbers as running from scratch.
 
+// Tests fail by panicking; helpers here are test code too.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use approxy_verifier::draft::PositionOutput;
@@ -9,7 +12,7 @@ use approxy_verifier::sampling::argmax;
 
 fn session() -> DraftSession {
     let h = common::home();
-    DraftSession::load(&h.onnxruntime_lib(), &h.draft_onnx_dir(), common::meta(), 2).unwrap_or_else(|e| panic!("{e}"))
+    DraftSession::load(&h.onnxruntime_lib(), &h.draft_onnx_dir(), common::meta(), 2, false).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn max_diff(a: &PositionOutput, b: &PositionOutput) -> f32 {

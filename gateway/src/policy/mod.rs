@@ -78,6 +78,8 @@ pub struct DraftPolicy {
     pub workers: usize,
     /// Threads per worker.
     pub threads_per_worker: usize,
+    /// Spin-wait between runs.
+    pub spin_wait: bool,
 }
 
 /// Which verifier a model uses.
@@ -266,6 +268,7 @@ impl Validator {
             model_sha256: d.model_sha256,
             workers: d.workers.unwrap_or(1),
             threads_per_worker: d.threads_per_worker.unwrap_or(2),
+            spin_wait: d.spin_wait.unwrap_or(false),
         };
         if draft.workers == 0 || draft.workers > 64 {
             self.err("draft.workers: must be in 1..=64");

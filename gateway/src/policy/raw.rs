@@ -70,6 +70,8 @@ pub struct RawDraft {
     pub workers: Option<usize>,
     /// Intra-op threads per worker.
     pub threads_per_worker: Option<usize>,
+    /// Spin-wait between runs (only worth it when the draft has cores of its own).
+    pub spin_wait: Option<bool>,
 }
 
 /// `[models."<id>"]`.

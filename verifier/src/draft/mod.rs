@@ -47,6 +47,9 @@ pub struct DraftConfig {
     pub workers: usize,
     /// Intra-op threads per session.
     pub threads_per_worker: usize,
+    /// Let idle intra-op threads spin-wait (lower latency on dedicated cores; starves a
+    /// target that shares the cores).
+    pub spin_wait: bool,
 }
 
 /// The draft's output at one position.

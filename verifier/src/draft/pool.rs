@@ -45,11 +45,11 @@ impl DraftPool {
         for i in 0..cfg.workers.max(1) {
             let (tx, rx) = mpsc::channel::<Job>(4);
             let (rtx, rrx) = std::sync::mpsc::channel();
-            let (lib, dir, m, threads) =
-                (cfg.onnxruntime_lib.clone(), cfg.model_dir.clone(), meta.clone(), cfg.threads_per_worker.max(1));
+            let (lib, dir, m, threads, spin) =
+                (cfg.onnxruntime_lib.clone(), cfg.model_dir.clone(), meta.clone(), cfg.threads_per_worker.max(1), cfg.spin_wait);
             std::thread::Builder::new()
                 .name(format!("draft-worker-{i}"))
-                .spawn(move || match DraftSession::load(&lib, &dir, m, threads) {
+                .spawn(move || match DraftSession::load(&lib, &dir, m, threads, spin) {
                     Ok(session) => {
                         let _ = rtx.send(Ok(()));
                         worker_loop(session, rx);

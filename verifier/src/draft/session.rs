@@ -48,12 +48,17 @@ pub struct DraftSession {
 }
 
 impl DraftSession {
-    /// Loads `model.onnx` from `dir` with `threads` intra-op threads.
-    pub fn load(lib: &Path, dir: &Path, meta: DraftMeta, threads: usize) -> Result<Self, EngineError> {
+    /// Loads `model.onnx` from `dir` with `threads` intra-op threads. With `spin` false the
+    /// threads sleep between runs instead of spin-waiting: when the draft shares cores with a
+    /// local target, spinning threads starve it (measured here: llama-server fell from about
+    /// 13 to under 2 tokens/s per slot while a draft worker spun).
+    pub fn load(lib: &Path, dir: &Path, meta: DraftMeta, threads: usize, spin: bool) -> Result<Self, EngineError> {
         let env = environment(lib)?;
         let session = Session::builder(&env)
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .with_intra_threads(threads)
+            .map_err(|e| EngineError::Draft(e.to_string()))?
+            .with_intra_op_spinning(spin)
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .commit_from_file(dir.join("model.onnx"))
             .map_err(|e| EngineError::Draft(format!("{}: {e}", dir.join("model.onnx").display())))?;

@@ -1,0 +1,257 @@
+//! `approxy train`: collect labels from a real target, fit the verifier, write the calibration
+//! report. The heavy lifting lives in the `approxy-training` crate; this module wires it to
+//! the draft runtime, the chat template and the command line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use approxy_training::collect::{CollectItem, CollectOptions, collect};
+use approxy_training::dataset::{Rows, load_dir};
+use approxy_training::fit::{FitOptions, HeadKind, fit, is_held_out, raw_input};
+use approxy_training::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
+use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
+use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
+
+use crate::openai::ChatMessage;
+use crate::setup::Home;
+use crate::template::ChatTemplate;
+
+/// `approxy train collect` options.
+#[derive(Debug, Clone)]
+pub struct CollectArgs {
+    /// llama-server root URL of the target.
+    pub target_url: String,
+    /// Corpus JSONL.
+    pub corpus: PathBuf,
+    /// Output directory for shards.
+    pub data: PathBuf,
+    /// Prompts to use (half code, half chat).
+    pub prompts: usize,
+    /// Longest target answer.
+    pub max_answer_tokens: u32,
+}
+
+/// Collects training rows.
+pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
+    let home = Home::from_env()?;
+    let dir = home.draft_onnx_dir();
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+    let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"))?;
+    let corpus = approxy_training::corpus::load(&a.corpus)?;
+    let half = a.prompts / 2;
+    let code = corpus.iter().filter(|p| p.kind == "code").take(a.prompts - half);
+    let chat = corpus.iter().filter(|p| p.kind == "chat").take(half);
+    let mut items = Vec::new();
+    for p in code.chain(chat) {
+        let text = template.render(&[ChatMessage { role: "user".into(), content: p.prompt.clone() }])?;
+        items.push(CollectItem { id: p.id, kind: u8::from(p.kind == "chat"), prompt: tok.encode(&text)? });
+    }
+    let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false })?;
+    let target = Arc::new(LlamaCppTarget::new(TargetConfig {
+        base_url: a.target_url.clone(),
+        api_key: None,
+        model: String::new(),
+        timeout: Duration::from_secs(300),
+        retries: 3,
+        backoff: Duration::from_millis(500),
+    })?);
+    let pb = ProgressBar::new(items.len() as u64);
+    pb.set_style(ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let started = Instant::now();
+    let opts = CollectOptions { max_answer_tokens: a.max_answer_tokens, shard_prompts: 20, concurrency: 2 };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let s = rt.block_on(collect(pool, target, &items, &a.data, &opts, &pb))?;
+    pb.finish();
+    eprintln!(
+        "collected {} rows in {} new shards ({} shards already there) in {:.0?}",
+        s.rows, s.shards_written, s.shards_skipped, started.elapsed()
+    );
+    Ok(())
+}
+
+/// `approxy train fit` options.
+#[derive(Debug, Clone)]
+pub struct FitArgs {
+    /// Shard directory.
+    pub data: PathBuf,
+    /// Where the artifact, calibration and report go.
+    pub out_dir: PathBuf,
+    /// Seed for split, initialisation and shuffling.
+    pub seed: u64,
+}
+
+fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
+    let mut b = baseline(rows, idx);
+    b.scores = idx
+        .iter()
+        .map(|&i| {
+            let x = raw_input(rows, i);
+            let mut stats = [0f32; 4];
+            stats.copy_from_slice(&x[..4]);
+            v.p_accept(&Features { top1: 0, top1_prob: stats[0], stats, hidden: x[4..].to_vec() })
+        })
+        .collect();
+    b
+}
+
+fn aucs(s: &Scored) -> serde_json::Value {
+    let sub = |k: Option<u8>| {
+        let (sc, lb): (Vec<f32>, Vec<bool>) =
+            (0..s.scores.len()).filter(|&i| k.is_none_or(|k| s.kinds[i] == k)).map(|i| (s.scores[i], s.labels[i])).unzip();
+        roc_auc(&sc, &lb)
+    };
+    json!({"all": sub(None), "code": sub(Some(0)), "chat": sub(Some(1))})
+}
+
+/// Fits both heads, picks the better on held-out AUC, writes artifact + calibration + report.
+pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let rows = load_dir(&a.data)?;
+    let (held, train): (Vec<usize>, Vec<usize>) = (0..rows.len()).partition(|&i| is_held_out(rows.prompt_ids[i], a.seed));
+    eprintln!("{} rows: {} train, {} held out", rows.len(), train.len(), held.len());
+    let draft_sha = crate::setup::assets::DRAFT_MODEL.sha256;
+    let base = baseline(&rows, &held);
+    let key = |v: &serde_json::Value| v["all"].as_f64().unwrap_or(0.0);
+    // Weight decay is picked on a validation fifth of the training prompts (never the held-out
+    // split), then the head is refitted on all training rows.
+    let (val, fit_rows): (Vec<usize>, Vec<usize>) = train.iter().partition(|&&i| is_held_out(rows.prompt_ids[i], a.seed.wrapping_add(1)));
+    let mut candidates = Vec::new();
+    for (name, kind) in [("logistic", HeadKind::Logistic), ("mlp", HeadKind::Mlp(4))] {
+        let opts = |wd: f32| FitOptions { kind, epochs: 20, batch: 128, learning_rate: 0.003, weight_decay: wd, seed: a.seed };
+        let mut best = (f64::NEG_INFINITY, 0.0f32);
+        for wd in [1e-3f32, 1e-2, 1e-1, 0.3, 1.0] {
+            let v = LearnedVerifier::from_artifact(fit(&rows, &fit_rows, &opts(wd), draft_sha), draft_sha)?;
+            let auc = key(&aucs(&scored(&v, &rows, &val)));
+            if auc > best.0 {
+                best = (auc, wd);
+            }
+        }
+        let art = fit(&rows, &train, &opts(best.1), draft_sha);
+        let v = LearnedVerifier::from_artifact(art.clone(), draft_sha)?;
+        let s = scored(&v, &rows, &held);
+        let auc = aucs(&s);
+        eprintln!("{name}: weight decay {} (validation AUC {:.4}); held-out AUC {auc}", best.1, best.0);
+        candidates.push((name, art, s, auc));
+    }
+    let base_auc = aucs(&base);
+    eprintln!("confidence baseline: held-out AUC {base_auc}");
+    candidates.sort_by(|x, y| key(&y.3).total_cmp(&key(&x.3)));
+    let (best_name, best_art, best_scores, best_auc) = candidates.swap_remove(0);
+    let learned_wins = key(&best_auc) > key(&base_auc);
+    let chosen = if learned_wins { best_name } else { "confidence" };
+    let chosen_scores = if learned_wins { &best_scores } else { &base };
+    let th = standard_thresholds();
+    let by_kind = |s: &Scored, k: u8| grid(s, |i| s.kinds[i] == k, &th);
+    let calibration = json!({
+        "format": "approxy-calibration/1",
+        "chosen_verifier": chosen,
+        "artifact": if learned_wins { json!("default.json") } else { json!(null) },
+        "draft_sha256": draft_sha,
+        "data": {
+            "rows": rows.len(), "train_rows": train.len(), "held_out_rows": held.len(),
+            "held_out_code_rows": base.kinds.iter().filter(|k| **k == 0).count(),
+            "held_out_chat_rows": base.kinds.iter().filter(|k| **k == 1).count(),
+            "held_out_agreement": base.labels.iter().filter(|l| **l).count() as f64 / base.labels.len().max(1) as f64,
+            "seed": a.seed,
+        },
+        "auc": {"learned": best_auc, "learned_kind": best_name, "confidence": base_auc,
+                "other_learned": candidates.iter().map(|c| json!({"kind": c.0, "auc": c.3})).collect::<Vec<_>>()},
+        "thresholds": grid(chosen_scores, |_| true, &th),
+        "by_kind": {
+            "code": {"learned": by_kind(&best_scores, 0), "confidence": by_kind(&base, 0)},
+            "chat": {"learned": by_kind(&best_scores, 1), "confidence": by_kind(&base, 1)},
+        },
+        "learned_thresholds": grid(&best_scores, |_| true, &th),
+        "confidence_thresholds": grid(&base, |_| true, &th),
+        "fit_seconds": started.elapsed().as_secs_f64(),
+    });
+    std::fs::create_dir_all(&a.out_dir)?;
+    charts(&a.out_dir, best_name, &best_scores, &base, &th);
+    std::fs::write(a.out_dir.join("default.json"), serde_json::to_vec(&best_art)?)?;
+    std::fs::write(a.out_dir.join("calibration.json"), serde_json::to_vec_pretty(&calibration)?)?;
+    std::fs::write(a.out_dir.join("report.md"), markdown(&calibration))?;
+    eprintln!("wrote {}/{{default.json,calibration.json,report.md,roc.png,thresholds.png}}; chosen: {chosen}", a.out_dir.display());
+    Ok(())
+}
+
+/// ROC and threshold charts, split by prompt kind; skipped with a warning when no font exists.
+fn charts(dir: &std::path::Path, learned: &str, l: &Scored, b: &Scored, th: &[f32]) {
+    use approxy_training::charts;
+    use approxy_training::report::roc_curve;
+    if !charts::register_font() {
+        eprintln!("warning: no DejaVu Sans font found; PNG charts skipped");
+        return;
+    }
+    let part = |s: &Scored, k: u8| -> (Vec<f32>, Vec<bool>) {
+        (0..s.scores.len()).filter(|&i| s.kinds[i] == k).map(|i| (s.scores[i], s.labels[i])).unzip()
+    };
+    let mut curves = Vec::new();
+    let mut grids = Vec::new();
+    for (kname, k) in [("code", 0u8), ("chat", 1u8)] {
+        for (vname, s) in [(learned, l), ("confidence", b)] {
+            let (sc, lb) = part(s, k);
+            curves.push((format!("{vname}, {kname} (AUC {:.3})", roc_auc(&sc, &lb).unwrap_or(f64::NAN)), roc_curve(&sc, &lb)));
+            grids.push((format!("{vname}, {kname}"), grid(s, |i| s.kinds[i] == k, th)));
+        }
+    }
+    if let Err(e) = charts::roc(&dir.join("roc.png"), "Verifier ROC on held-out prompts", &curves) {
+        eprintln!("warning: roc.png: {e}");
+    }
+    if let Err(e) = charts::thresholds(&dir.join("thresholds.png"), "False-accept rate and target calls against threshold", &grids) {
+        eprintln!("warning: thresholds.png: {e}");
+    }
+}
+
+fn f(v: &serde_json::Value) -> String {
+    v.as_f64().map_or("n/a".into(), |x| format!("{x:.4}"))
+}
+
+/// The Markdown report, generated from the calibration JSON.
+pub fn markdown(c: &serde_json::Value) -> String {
+    let mut s = String::new();
+    let a = &c["auc"];
+    s.push_str("# Verifier calibration report\n\nGenerated by `approxy train fit` from the rows that `approxy train collect` gathered (see `deploy/train-default.sh`). ");
+    s.push_str(&format!(
+        "{} rows, {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions.\n\n",
+        c["data"]["rows"], c["data"]["held_out_rows"], c["data"]["held_out_code_rows"], c["data"]["held_out_chat_rows"],
+        c["data"]["held_out_agreement"].as_f64().unwrap_or(0.0) * 100.0
+    ));
+    s.push_str("## ROC AUC on the held-out split\n\n| verifier | all | code | chat |\n|---|---|---|---|\n");
+    s.push_str(&format!("| learned ({}) | {} | {} | {} |\n", a["learned_kind"].as_str().unwrap_or("?"), f(&a["learned"]["all"]), f(&a["learned"]["code"]), f(&a["learned"]["chat"])));
+    s.push_str(&format!("| draft confidence (baseline) | {} | {} | {} |\n", f(&a["confidence"]["all"]), f(&a["confidence"]["code"]), f(&a["confidence"]["chat"])));
+    for k in ["all", "code", "chat"] {
+        let (l, b) = (a["learned"][k].as_f64(), a["confidence"][k].as_f64());
+        if let (Some(l), Some(b)) = (l, b) {
+            let verdict = if l > b { "higher" } else if l == b { "equal" } else { "LOWER" };
+            s.push_str(&format!("\nOn {k} prompts the learned verifier's AUC is {verdict} than the baseline's by {:+.4}.", l - b));
+        }
+    }
+    s.push_str(&format!("\n\nChosen for the default policy: **{}**.\n", c["chosen_verifier"].as_str().unwrap_or("?")));
+    s.push_str("\n![ROC curves](roc.png)\n\n![False-accept rate and target calls against threshold](thresholds.png)\n");
+    for (title, key) in [("code", "code"), ("chat", "chat")] {
+        s.push_str(&format!(
+            "\n## Thresholds on {title} prompts\n\nFAR = false-accept rate: share of accepted draft tokens the target would not have produced. Calls = target calls per 100 output tokens (one correction token per rejection, no bail-out).\n\n| threshold | learned accept | learned FAR | learned calls | baseline accept | baseline FAR | baseline calls |\n|---|---|---|---|---|---|---|\n"
+        ));
+        let l = c["by_kind"][key]["learned"].as_array().cloned().unwrap_or_default();
+        let b = c["by_kind"][key]["confidence"].as_array().cloned().unwrap_or_default();
+        for (x, y) in l.iter().zip(&b) {
+            s.push_str(&format!(
+                "| {:.2} | {:.3} | {:.4} | {:.1} | {:.3} | {:.4} | {:.1} |\n",
+                x["threshold"].as_f64().unwrap_or(0.0), x["accept_rate"].as_f64().unwrap_or(0.0), x["false_accept_rate"].as_f64().unwrap_or(0.0),
+                x["target_calls_per_100_tokens"].as_f64().unwrap_or(0.0), y["accept_rate"].as_f64().unwrap_or(0.0),
+                y["false_accept_rate"].as_f64().unwrap_or(0.0), y["target_calls_per_100_tokens"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    s
+}
+
+/// Default data directory for collected rows.
+pub fn default_data_dir() -> anyhow::Result<PathBuf> {
+    Ok(Home::from_env()?.root.join("training").join("rows"))
+}

@@ -1,0 +1,163 @@
+//! Collected training rows: at every answer position, the draft's features (the same
+//! [`Features`](approxy_verifier::verify::Features) the serving path computes) and the label
+//! "the draft's top token equals the target's token". Stored as safetensors shards, one per
+//! batch of prompts, so collection can stop and resume.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+/// Number of logit statistics per row (see `approxy_verifier::verify::features::STAT_NAMES`).
+pub const N_STATS: usize = 4;
+
+/// Rows of one or more prompts, column-wise.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    /// Width of the hidden-state part of a row.
+    pub hidden_size: usize,
+    /// `[n][N_STATS]` row-major.
+    pub stats: Vec<f32>,
+    /// `[n][hidden_size]` row-major.
+    pub hidden: Vec<f32>,
+    /// 1 when the draft's top token is the target's token.
+    pub labels: Vec<u8>,
+    /// Prompt id of each row.
+    pub prompt_ids: Vec<u32>,
+    /// 0 = code, 1 = chat.
+    pub kinds: Vec<u8>,
+}
+
+impl Rows {
+    /// Empty rows of the given hidden width.
+    pub fn new(hidden_size: usize) -> Self {
+        Self { hidden_size, ..Self::default() }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Appends one row.
+    pub fn push(&mut self, stats: &[f32; N_STATS], hidden: &[f32], label: bool, prompt_id: u32, kind: u8) {
+        self.stats.extend_from_slice(stats);
+        self.hidden.extend(hidden.iter().take(self.hidden_size));
+        self.hidden.resize(self.labels.len() * self.hidden_size + self.hidden_size, 0.0);
+        self.labels.push(u8::from(label));
+        self.prompt_ids.push(prompt_id);
+        self.kinds.push(kind);
+    }
+
+    /// Appends all rows of `other`.
+    pub fn extend(&mut self, other: &Rows) {
+        self.stats.extend_from_slice(&other.stats);
+        self.hidden.extend_from_slice(&other.hidden);
+        self.labels.extend_from_slice(&other.labels);
+        self.prompt_ids.extend_from_slice(&other.prompt_ids);
+        self.kinds.extend_from_slice(&other.kinds);
+    }
+
+    /// Row `i`'s statistics.
+    pub fn stats_of(&self, i: usize) -> &[f32] {
+        &self.stats[i * N_STATS..(i + 1) * N_STATS]
+    }
+
+    /// Row `i`'s hidden state.
+    pub fn hidden_of(&self, i: usize) -> &[f32] {
+        &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+    }
+
+    /// Writes a shard atomically.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        let n = self.len();
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let stats = f32s(&self.stats);
+        let hidden = f32s(&self.hidden);
+        let ids: Vec<u8> = self.prompt_ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let views = vec![
+            ("stats", TensorView::new(Dtype::F32, vec![n, N_STATS], &stats)?),
+            ("hidden", TensorView::new(Dtype::F32, vec![n, self.hidden_size], &hidden)?),
+            ("labels", TensorView::new(Dtype::U8, vec![n], &self.labels)?),
+            ("prompt_ids", TensorView::new(Dtype::U32, vec![n], &ids)?),
+            ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
+        ];
+        let mut meta = std::collections::HashMap::new();
+        meta.insert("format".to_string(), "approxy-rows/1".to_string());
+        let bytes = safetensors::tensor::serialize(views, Some(meta))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    /// Reads a shard.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let bytes = std::fs::read(path)?;
+        let st = SafeTensors::deserialize(&bytes)?;
+        let f32s = |name: &str| -> anyhow::Result<Vec<f32>> {
+            Ok(st.tensor(name)?.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        };
+        let hidden_t = st.tensor("hidden")?;
+        let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
+        Ok(Self {
+            hidden_size,
+            stats: f32s("stats")?,
+            hidden: f32s("hidden")?,
+            labels: st.tensor("labels")?.data().to_vec(),
+            prompt_ids: st.tensor("prompt_ids")?.data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            kinds: st.tensor("kinds")?.data().to_vec(),
+        })
+    }
+}
+
+/// Shard file of batch `i` in a data directory.
+pub fn shard_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("shard-{i:05}.safetensors"))
+}
+
+/// Loads every shard in a directory, in order.
+pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
+    let mut shards = BTreeMap::new();
+    for e in std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))? {
+        let p = e?.path();
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with("shard-") && name.ends_with(".safetensors") {
+            shards.insert(name, p);
+        }
+    }
+    let mut all: Option<Rows> = None;
+    for p in shards.values() {
+        let r = Rows::load(p)?;
+        match &mut all {
+            None => all = Some(r),
+            Some(a) => a.extend(&r),
+        }
+    }
+    all.ok_or_else(|| anyhow::anyhow!("no shards in {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_round_trip() -> anyhow::Result<()> {
+        let mut r = Rows::new(3);
+        r.push(&[0.9, 0.5, 0.3, 12.0], &[1.0, 2.0, 3.0], true, 7, 0);
+        r.push(&[0.2, 0.1, 2.3, 8.0], &[4.0, 5.0], false, 8, 1);
+        let dir = std::env::temp_dir().join(format!("approxy-rows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        r.save(&shard_path(&dir, 0))?;
+        let back = load_dir(&dir)?;
+        std::fs::remove_dir_all(&dir)?;
+        assert_eq!(back, Rows { hidden: vec![1.0, 2.0, 3.0, 4.0, 5.0, 0.0], ..r.clone() });
+        assert_eq!(back.hidden_of(1), &[4.0, 5.0, 0.0]);
+        Ok(())
+    }
+}
