@@ -18,12 +18,14 @@ pub struct DraftBenchOptions {
     pub runs: usize,
     /// Intra-op threads.
     pub threads: usize,
+    /// Let idle threads spin-wait.
+    pub spin: bool,
 }
 
 /// Runs the benchmark and prints a JSON report.
 pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let cfg = DraftConfig { model_dir: home.draft_onnx_dir(), onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: opts.threads, spin_wait: false };
+    let cfg = DraftConfig { model_dir: home.draft_onnx_dir(), onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: opts.threads, spin_wait: opts.spin };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let pool = DraftPool::start(&cfg)?;
@@ -55,6 +57,7 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
         "benchmark": "draft_decode",
         "model_dir": cfg.model_dir,
         "threads": opts.threads,
+        "spin_wait": opts.spin,
         "prompt_tokens": prompt.len(),
         "decode_tokens_per_run": opts.tokens,
         "runs": step_ms.len(),

@@ -112,6 +112,9 @@ enum BenchCmd {
         /// Intra-op threads.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Let idle draft threads spin-wait (as with `spin_wait = true` in a policy).
+        #[arg(long)]
+        spin: bool,
     },
 }
 
@@ -129,8 +132,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
             train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
         }
-        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads } } => {
-            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads })
+        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin } } => {
+            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin })
         }
         Cmd::Serve { policy, listen, workers } => {
             telemetry::install_logging();

@@ -90,7 +90,7 @@ fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
     b.scores = idx
         .iter()
         .map(|&i| {
-            let x = raw_input(rows, i);
+            let x = raw_input(rows, i, true);
             let mut stats = [0f32; 4];
             stats.copy_from_slice(&x[..4]);
             v.p_accept(&Features { top1: 0, top1_prob: stats[0], stats, hidden: x[4..].to_vec() })
@@ -121,10 +121,16 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     // split), then the head is refitted on all training rows.
     let (val, fit_rows): (Vec<usize>, Vec<usize>) = train.iter().partition(|&&i| is_held_out(rows.prompt_ids[i], a.seed.wrapping_add(1)));
     let mut candidates = Vec::new();
-    for (name, kind) in [("logistic", HeadKind::Logistic), ("mlp", HeadKind::Mlp(4))] {
-        let opts = |wd: f32| FitOptions { kind, epochs: 20, batch: 128, learning_rate: 0.003, weight_decay: wd, seed: a.seed };
+    let heads = [
+        ("logistic", HeadKind::Logistic, true),
+        ("mlp", HeadKind::Mlp(4), true),
+        ("logistic-stats", HeadKind::Logistic, false),
+        ("mlp-stats", HeadKind::Mlp(8), false),
+    ];
+    for (name, kind, use_hidden) in heads {
+        let opts = |wd: f32| FitOptions { kind, epochs: 20, batch: 128, learning_rate: 0.003, weight_decay: wd, seed: a.seed, use_hidden };
         let mut best = (f64::NEG_INFINITY, 0.0f32);
-        for wd in [1e-3f32, 1e-2, 1e-1, 0.3, 1.0] {
+        for wd in [0.0f32, 1e-3, 1e-2, 1e-1, 0.3, 1.0] {
             let v = LearnedVerifier::from_artifact(fit(&rows, &fit_rows, &opts(wd), draft_sha), draft_sha)?;
             let auc = key(&aucs(&scored(&v, &rows, &val)));
             if auc > best.0 {
@@ -136,12 +142,13 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         let s = scored(&v, &rows, &held);
         let auc = aucs(&s);
         eprintln!("{name}: weight decay {} (validation AUC {:.4}); held-out AUC {auc}", best.1, best.0);
-        candidates.push((name, art, s, auc));
+        candidates.push((name, art, s, auc, best.0));
     }
     let base_auc = aucs(&base);
     eprintln!("confidence baseline: held-out AUC {base_auc}");
-    candidates.sort_by(|x, y| key(&y.3).total_cmp(&key(&x.3)));
-    let (best_name, best_art, best_scores, best_auc) = candidates.swap_remove(0);
+    // The learned head is chosen on validation AUC; the held-out split only judges it.
+    candidates.sort_by(|x, y| y.4.total_cmp(&x.4));
+    let (best_name, best_art, best_scores, best_auc, _) = candidates.remove(0);
     let learned_wins = key(&best_auc) > key(&base_auc);
     let chosen = if learned_wins { best_name } else { "confidence" };
     let chosen_scores = if learned_wins { &best_scores } else { &base };

@@ -36,6 +36,8 @@ pub struct FitOptions {
     pub weight_decay: f32,
     /// Seed for initialisation and shuffling.
     pub seed: u64,
+    /// Feed the hidden state as well as the logit statistics.
+    pub use_hidden: bool,
 }
 
 /// True for rows held out for evaluation: a fixed fifth of the prompts, chosen by id and seed,
@@ -47,20 +49,23 @@ pub fn is_held_out(prompt_id: u32, seed: u64) -> bool {
     (z ^ (z >> 31)).is_multiple_of(5)
 }
 
-/// Input vector of row `i`, unnormalised: statistics then hidden state.
-pub fn raw_input(rows: &Rows, i: usize) -> Vec<f32> {
+/// Input vector of row `i`, unnormalised: statistics, then the hidden state when `hidden`.
+pub fn raw_input(rows: &Rows, i: usize, hidden: bool) -> Vec<f32> {
     let mut x = rows.stats_of(i).to_vec();
-    x.extend_from_slice(rows.hidden_of(i));
+    if hidden {
+        x.extend_from_slice(rows.hidden_of(i));
+    }
     x
 }
 
 /// Fits a head on the rows at `train` and returns it as a serving artifact.
 pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) -> Artifact {
-    let width = N_STATS + rows.hidden_size;
-    let (mean, std) = standardisation(rows, train, width);
+    let hidden_size = if opts.use_hidden { rows.hidden_size } else { 0 };
+    let width = N_STATS + hidden_size;
+    let (mean, std) = standardisation(rows, train, width, opts.use_hidden);
     let xs: Vec<Vec<f32>> = train
         .iter()
-        .map(|&i| raw_input(rows, i).iter().zip(&mean).zip(&std).map(|((v, m), s)| (v - m) / s).collect())
+        .map(|&i| raw_input(rows, i, opts.use_hidden).iter().zip(&mean).zip(&std).map(|((v, m), s)| (v - m) / s).collect())
         .collect();
     let ys: Vec<f32> = train.iter().map(|&i| f32::from(rows.labels[i])).collect();
     let mut rng = StdRng::seed_from_u64(opts.seed);
@@ -93,19 +98,19 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
             HeadKind::Mlp(_) => "mlp".into(),
         },
         draft_sha256: draft_sha256.to_string(),
-        features: FeatureSpec { stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(), hidden: true, hidden_size: rows.hidden_size },
+        features: FeatureSpec { stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(), hidden: opts.use_hidden, hidden_size },
         mean,
         std,
         layers,
     }
 }
 
-fn standardisation(rows: &Rows, train: &[usize], width: usize) -> (Vec<f32>, Vec<f32>) {
+fn standardisation(rows: &Rows, train: &[usize], width: usize, hidden: bool) -> (Vec<f32>, Vec<f32>) {
     let n = train.len().max(1) as f64;
     let mut sum = vec![0f64; width];
     let mut sq = vec![0f64; width];
     for &i in train {
-        for (k, v) in raw_input(rows, i).iter().enumerate() {
+        for (k, v) in raw_input(rows, i, hidden).iter().enumerate() {
             sum[k] += f64::from(*v);
             sq[k] += f64::from(*v) * f64::from(*v);
         }
@@ -239,7 +244,7 @@ mod tests {
         let rows = synthetic(2000);
         let idx: Vec<usize> = (0..rows.len()).collect();
         for kind in [HeadKind::Logistic, HeadKind::Mlp(4)] {
-            let opts = FitOptions { kind, epochs: 30, batch: 64, learning_rate: 0.02, weight_decay: 0.0, seed: 3 };
+            let opts = FitOptions { kind, epochs: 30, batch: 64, learning_rate: 0.02, weight_decay: 0.0, seed: 3, use_hidden: true };
             let a = fit(&rows, &idx, &opts, "sha");
             let again = fit(&rows, &idx, &opts, "sha");
             assert_eq!(a.layers[0].weights, again.layers[0].weights, "not deterministic");

@@ -417,6 +417,17 @@ correction_tokens = 0
     }
 
     #[test]
+    fn shipped_policies_validate() -> Result<(), PolicyError> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("policies");
+        for name in ["default.toml", "strict.toml", "economy.toml"] {
+            let p = Policy::load(&dir.join(name))?;
+            let m = p.model("any-model").map(|m| (m.mode, m.threshold));
+            assert!(matches!(m, Some((Mode::Approximate, t)) if (0.0..=1.0).contains(&t)), "{name}: {m:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
