@@ -31,12 +31,17 @@ async fn target_greedy(t: &LlamaCppTarget, prompt: &[u32], n: u32) -> Vec<u32> {
     t.continue_tokens(&req).await.unwrap_or_else(|e| panic!("{e}")).tokens
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reject_everything_equals_target_greedy() {
-    let pool = pool();
+/// A draft pool and an engine whose real target counts its calls; plus the EOS ids.
+fn counted_setup() -> (Arc<DraftPool>, Arc<Counting<LlamaCppTarget>>, approxy_verifier::Engine, Vec<u32>) {
     let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
+    (pool(), target, engine, eos)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_everything_equals_target_greedy() {
+    let (pool, target, engine, eos) = counted_setup();
     for p in PROMPTS {
         let prompt = common::chat_prompt(p);
         let n = 24;
@@ -54,10 +59,7 @@ async fn reject_everything_equals_target_greedy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_everything_equals_draft_greedy_without_target() {
-    let pool = pool();
-    let target = Arc::new(Counting::new(common::llama_target()));
-    let engine = common::engine_with(target.clone());
-    let eos = common::eos(engine.tokenizer());
+    let (pool, target, engine, eos) = counted_setup();
     for p in PROMPTS {
         let prompt = common::chat_prompt(p);
         // Draft-only greedy reference, straight on the worker.
