@@ -115,6 +115,10 @@ enum BenchCmd {
         /// Let idle draft threads spin-wait (as with `spin_wait = true` in a policy).
         #[arg(long)]
         spin: bool,
+        /// Root URL of a running llama-server with the target model: its decode speed calibrates
+        /// this machine against the one the reference figures come from.
+        #[arg(long)]
+        target_url: Option<String>,
     },
 }
 
@@ -132,8 +136,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
             train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
         }
-        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin } } => {
-            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin })
+        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin, target_url } } => {
+            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin, target_url })
         }
         Cmd::Serve { policy, listen, workers } => {
             telemetry::install_logging();
