@@ -76,6 +76,8 @@ impl Runtime {
         let cfg = TargetConfig {
             base_url: policy.target.base_url.clone(),
             api_key: target_key.clone(),
+            // Calls name the client's model id; this is only the fallback for calls made
+            // outside a request.
             model: policy.models.keys().find(|k| *k != "*").cloned().unwrap_or_default(),
             timeout: policy.target.timeout,
             retries: policy.target.retries,

@@ -75,6 +75,7 @@ pub async fn collect(
                 prefix: item.prompt.clone(),
                 max_tokens: opts.max_answer_tokens,
                 sampling: SamplingParams::default(),
+                model: None,
             };
             async move { (item, target.continue_tokens(&req).await) }
         }))

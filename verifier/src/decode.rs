@@ -78,6 +78,8 @@ pub struct GenerateRequest {
     pub correction_tokens: u32,
     /// Bail-out budget; `None` never bails out.
     pub bailout: Option<BailoutBudget>,
+    /// Model id the client asked for, passed on to the target.
+    pub model: Option<String>,
 }
 
 /// What one generation cost.
@@ -339,7 +341,7 @@ impl<'a> Run<'a> {
         self.stats.target_input_tokens += len;
         self.stats.target_cacheable_input_tokens += self.last_prefix_len.min(len);
         self.last_prefix_len = len;
-        let creq = ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling };
+        let creq = ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling, model: self.req.model.clone() };
         let t = Instant::now();
         let cont = tokio::select! {
             c = self.engine.target.continue_tokens(&creq) => c?,

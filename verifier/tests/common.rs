@@ -130,6 +130,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         threshold,
         correction_tokens: 1,
         bailout: None,
+        model: None,
     }
 }
 

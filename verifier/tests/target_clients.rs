@@ -23,7 +23,7 @@ fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
 }
 
 fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
-    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default() }
+    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default(), model: None }
 }
 
 /// The contract every client must meet.
@@ -142,4 +142,29 @@ async fn malformed_answer_is_a_protocol_error() {
         let r = c.continue_tokens(&req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Protocol(_))), "{r:?}");
     }
+}
+
+#[tokio::test]
+async fn openai_calls_name_the_requested_model() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let app = axum::Router::new().fallback(move |body: String| {
+        let s2 = s2.clone();
+        async move {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if let Ok(mut s) = s2.lock() {
+                s.push(v["model"].as_str().unwrap_or_default().to_string());
+            }
+            axum::Json(serde_json::json!({"choices": [{"token_ids": [7, 8], "finish_reason": "length"}]}))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{}/v1", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let c = OpenAiCompletionsTarget::new(cfg(&url, Duration::from_secs(5), 0)).unwrap_or_else(|e| panic!("{e}"));
+    let mut r = req(vec![1, 2], 2);
+    assert_eq!(c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}")).tokens, vec![7, 8]);
+    r.model = Some("client-model".into());
+    c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(*seen.lock().unwrap_or_else(|e| panic!("{e}")), vec!["m".to_string(), "client-model".to_string()]);
 }

@@ -185,6 +185,7 @@ fn generation(state: &AppState, v: &ValidRequest, mp: &ModelPolicy, threshold: f
         threshold,
         correction_tokens: mp.correction_tokens,
         bailout: mp.bailout,
+        model: Some(v.model.clone()),
     })
 }
 

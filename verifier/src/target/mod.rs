@@ -25,6 +25,8 @@ pub struct ContinuationRequest {
     pub max_tokens: u32,
     /// Same parameters the draft uses.
     pub sampling: SamplingParams,
+    /// Model id to name in the call (OpenAI-style targets); `None` uses the configured one.
+    pub model: Option<String>,
 }
 
 /// The target's continuation.

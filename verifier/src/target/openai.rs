@@ -37,7 +37,7 @@ impl TargetClient for OpenAiCompletionsTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
         let s = &req.sampling;
         let mut body = json!({
-            "model": self.cfg.model,
+            "model": req.model.as_deref().unwrap_or(&self.cfg.model),
             "prompt": req.prefix,
             "max_tokens": req.max_tokens,
             "temperature": s.temperature.max(0.0),
