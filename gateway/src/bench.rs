@@ -29,10 +29,13 @@ pub struct DraftBenchOptions {
 const FACTS_DRAFT_MS_PER_TOKEN: f64 = 21.8;
 const FACTS_TARGET_TOKENS_PER_SECOND: f64 = 13.5;
 
+/// The prompt both the draft and the yardstick target decode after.
+const PROMPT: &str = "<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n";
+
 /// Greedy 128-token decode speed of a llama-server, from its own timings.
 async fn target_tokens_per_second(url: &str) -> anyhow::Result<f64> {
     let body = json!({
-        "prompt": "<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n",
+        "prompt": PROMPT,
         "n_predict": 128, "temperature": 0, "cache_prompt": false,
     });
     let v: serde_json::Value = reqwest::Client::new().post(format!("{}/completion", url.trim_end_matches('/'))).json(&body).send().await?.json().await?;
@@ -46,7 +49,7 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let pool = DraftPool::start(&cfg)?;
-    let prompt = tok.encode("<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n")?;
+    let prompt = tok.encode(PROMPT)?;
     let mut prefill_ms = Vec::new();
     let mut step_ms = Vec::new();
     rt.block_on(async {

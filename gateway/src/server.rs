@@ -123,7 +123,7 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
     }
     let tokenizer = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
     let template = ChatTemplate::from_file(&model_dir.join("chat_template.jinja"))?;
-    let eos: Vec<u32> = ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_id(t)).collect();
+    let eos = tokenizer.end_of_sequence_ids();
     let draft = DraftPool::start(&cfg)?;
     let shared = Arc::new(Shared {
         draft,

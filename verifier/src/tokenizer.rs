@@ -38,6 +38,12 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// Ids that end a generation: ChatML's end of turn and the end-of-text token (the Qwen
+    /// family's), those of them the vocabulary has.
+    pub fn end_of_sequence_ids(&self) -> Vec<u32> {
+        ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| self.token_id(t)).collect()
+    }
+
     /// Id of a token given by its text, if it is in the vocabulary.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

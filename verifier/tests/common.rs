@@ -110,7 +110,7 @@ impl<T: TargetClient> TargetClient for Counting<T> {
 
 /// End-of-sequence ids of the Qwen tokenizer.
 pub fn eos(tok: &Tokenizer) -> Vec<u32> {
-    ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tok.token_id(t)).collect()
+    tok.end_of_sequence_ids()
 }
 
 /// An engine with the draft tokenizer and the given target.

@@ -148,9 +148,7 @@ pub async fn approximate(
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;
     if first.is_none() {
-        let stats = task.await.map_err(|e| ApiError::Internal(e.to_string()))?.inspect_err(|_| {
-            metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
-        })?;
+        let stats = finished(task).await?;
         return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
     }
     if valid.stream {
@@ -166,11 +164,17 @@ pub async fn approximate(
             last = Instant::now();
             text.push_str(&ev.text);
         }
-        let stats = task.await.map_err(|e| ApiError::Internal(e.to_string()))?.inspect_err(|_| {
-            metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
-        })?;
+        let stats = finished(task).await?;
         Ok(complete(&ids, text, &stats, &mp, threshold, verifier.kind()))
     }
+}
+
+/// Waits for the generation task; a failure is counted here, where it ends the request.
+async fn finished(task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>) -> Result<Stats, ApiError> {
+    task.await.map_err(|e| ApiError::Internal(e.to_string()))?.map_err(|e| {
+        metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
+        ApiError::from(e)
+    })
 }
 
 fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32, verifier: &str) -> Response {

@@ -39,7 +39,9 @@ pub struct DraftSession {
     kv: KvCache,
     /// Tokens whose keys and values are in `kv`, in order.
     tokens: Vec<u32>,
-    /// Output of the last position run, so a fully cached prompt needs no recomputation.
+    /// Output at the last position of the most recent prefill, while nothing has run since:
+    /// the same prompt again is answered without recomputation, and with exactly the numbers a
+    /// fresh prefill gives.
     last: Option<PositionOutput>,
     /// Leading positions whose keys and values came from full prefill chunks aligned to
     /// multiples of `PREFILL_CHUNK`: exactly what a cold prefill computes, so reusable.
@@ -113,7 +115,9 @@ impl DraftSession {
             self.run(chunk, false)?;
         }
         self.aligned_upto = body.len() / PREFILL_CHUNK * PREFILL_CHUNK;
-        self.run(&[last], false)?.pop().ok_or_else(|| EngineError::Draft("no output".into()))
+        let out = self.run(&[last], false)?.pop().ok_or_else(|| EngineError::Draft("no output".into()))?;
+        self.last = Some(out.clone());
+        Ok(out)
     }
 
     /// Runs `tokens` after what is cached, appends them to the cache and returns the output
@@ -174,7 +178,7 @@ impl DraftSession {
         drop(outputs);
         self.tokens.extend_from_slice(chunk);
         self.kv.adopt(present, total).inspect_err(|_| self.tokens.clear())?;
-        self.last = outs.last().cloned();
+        self.last = None;
         Ok(outs)
     }
 }
