@@ -1,4 +1,4 @@
-//! The `approxy` binary: `serve`, `setup`, `check`.
+//! The `approxy` binary: `serve`, `setup`, `check`, `train`, `bench`.
 
 mod approx;
 mod bench;
@@ -81,9 +81,15 @@ enum TrainCmd {
         /// Prompts to use, half code and half chat.
         #[arg(long, default_value_t = 240)]
         prompts: usize,
-        /// Longest target answer per prompt.
+        /// Longest answer per prompt.
         #[arg(long, default_value_t = 48)]
         max_answer_tokens: u32,
+        /// Instead of teacher forcing on the target's answer, record the positions the live
+        /// decode loop visits at this threshold (confidence verifier), each labelled with the
+        /// target's greedy token after that prefix. Written as live-*.safetensors beside the
+        /// teacher-forced shards; `train fit` reads both.
+        #[arg(long)]
+        live_threshold: Option<f32>,
     },
     /// Fit logistic and MLP heads, keep the better, write artifact, calibration and report.
     Fit {
@@ -120,25 +126,104 @@ enum BenchCmd {
         #[arg(long)]
         target_url: Option<String>,
     },
+    /// HumanEval pass@1, speed and cost of every configuration (starts its own servers).
+    Quality {
+        /// Problems per configuration, spread evenly over HumanEval (0 = all 164).
+        #[arg(long, default_value_t = 0)]
+        problems: usize,
+        /// Core layouts, comma-separated: shared, pinned.
+        #[arg(long, default_value = "shared,pinned", value_delimiter = ',')]
+        layouts: Vec<String>,
+        /// Only these configuration ids, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results")]
+        out: PathBuf,
+        /// Output limit per problem.
+        #[arg(long, default_value_t = 384)]
+        max_tokens: u32,
+        /// Seconds a problem's tests may run.
+        #[arg(long, default_value_t = 10)]
+        exec_timeout: u64,
+        /// Calibration that names the levels.
+        #[arg(long, default_value = "policies/verifier/calibration.json")]
+        calibration: PathBuf,
+        /// Learned verifier artifact.
+        #[arg(long, default_value = "policies/verifier/default.json")]
+        learned: PathBuf,
+        /// Policy whose "*" entry gives bail-out, correction tokens and prices.
+        #[arg(long, default_value = "policies/default.toml")]
+        base_policy: PathBuf,
+        /// Ignore results saved by an earlier, interrupted run.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// Latency the gateway adds in passthrough mode over a fast stub upstream, under load.
+    Overhead {
+        /// Offered request rates, comma-separated.
+        #[arg(long, default_value = "100,500,1000,2000", value_delimiter = ',')]
+        rates: Vec<u32>,
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 10)]
+        seconds: u32,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = 50)]
+        connections: u32,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results")]
+        out: PathBuf,
+    },
+    /// Rewrite the README's results section from the JSON the benchmarks wrote.
+    Report {
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results")]
+        out: PathBuf,
+        /// README to update (between its bench-results markers).
+        #[arg(long, default_value = "README.md")]
+        readme: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Cmd::Train { .. }) {
+    if matches!(cli.command, Cmd::Train { .. } | Cmd::Bench { what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } }) {
         telemetry::install_logging();
     }
     let result = match cli.command {
         Cmd::Setup { keep_convert_env } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env })),
         Cmd::Check { policy } => check(&policy),
-        Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens } } => train::default_data_dir()
-            .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens })),
+        Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens, live_threshold } } => train::default_data_dir()
+            .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens, live_threshold })),
         Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
             train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
         }
         Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin, target_url } } => {
             bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin, target_url })
         }
+        Cmd::Bench { what: BenchCmd::Quality { problems, layouts, only, out, max_tokens, exec_timeout, calibration, learned, base_policy, fresh } } => {
+            layouts.iter().map(|l| bench::servers::Layout::parse(l)).collect::<anyhow::Result<Vec<_>>>().and_then(|layouts| {
+                let opts = bench::quality::QualityOptions {
+                    problems,
+                    layouts,
+                    only,
+                    out,
+                    max_tokens,
+                    exec_timeout: std::time::Duration::from_secs(exec_timeout),
+                    request_timeout: std::time::Duration::from_secs(900),
+                    calibration,
+                    learned,
+                    base_policy,
+                    fresh,
+                };
+                block_on(bench::quality::run(&opts))
+            })
+        }
+        Cmd::Bench { what: BenchCmd::Overhead { rates, seconds, connections, out } } => {
+            block_on(bench::overhead::run(&bench::overhead::OverheadOptions { rates, seconds, connections, out }))
+        }
+        Cmd::Bench { what: BenchCmd::Report { out, readme } } => bench::report::update_readme(&out, &readme),
         Cmd::Serve { policy, listen, workers } => {
             telemetry::install_logging();
             tokio::runtime::Builder::new_multi_thread()
@@ -155,6 +240,11 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `f` on a fresh multi-threaded runtime.
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {

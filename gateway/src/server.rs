@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use axum::serve::ListenerExt;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -131,7 +132,7 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
         template,
         eos,
         draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| crate::setup::assets::DRAFT_MODEL.sha256.to_string()),
-        http: reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(60)).build()?,
+        http: reqwest::Client::builder().pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT).build()?,
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
         policy_path: policy_path.to_path_buf(),
@@ -152,6 +153,13 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests wait for.
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
+    // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks) waits
+    // on the client's delayed ACK: milliseconds per request, and per SSE token.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("drained; bye");
     Ok(())

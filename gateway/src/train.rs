@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use approxy_training::collect::{CollectItem, CollectOptions, collect};
+use approxy_training::collect::{CollectItem, CollectOptions, LiveOptions, collect, collect_live};
 use approxy_training::dataset::{Rows, load_dir};
 use approxy_training::fit::{FitOptions, HeadKind, fit, is_held_out, raw_input};
 use approxy_training::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
 use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
 use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
-use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
+use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
 
 use crate::openai::ChatMessage;
 use crate::setup::Home;
@@ -32,8 +32,11 @@ pub struct CollectArgs {
     pub data: PathBuf,
     /// Prompts to use (half code, half chat).
     pub prompts: usize,
-    /// Longest target answer.
+    /// Longest target answer (teacher mode) or live answer (live mode).
     pub max_answer_tokens: u32,
+    /// `Some(threshold)`: record the positions the live decode loop visits at that threshold
+    /// (with the confidence verifier) instead of teacher forcing.
+    pub live_threshold: Option<f32>,
 }
 
 /// Collects training rows.
@@ -51,8 +54,9 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         let text = template.render(&[ChatMessage { role: "user".into(), content: p.prompt.clone() }])?;
         items.push(CollectItem { id: p.id, kind: u8::from(p.kind == "chat"), prompt: tok.encode(&text)? });
     }
+    let eos = tok.end_of_sequence_ids();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false })?;
-    let target = Arc::new(LlamaCppTarget::new(TargetConfig {
+    let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(TargetConfig {
         base_url: a.target_url.clone(),
         api_key: None,
         model: String::new(),
@@ -63,9 +67,19 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
     let pb = ProgressBar::new(items.len() as u64);
     pb.set_style(ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let started = Instant::now();
-    let opts = CollectOptions { max_answer_tokens: a.max_answer_tokens, shard_prompts: 20, concurrency: 2 };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let s = rt.block_on(collect(pool, target, &items, &a.data, &opts, &pb))?;
+    let s = match a.live_threshold {
+        None => {
+            let opts = CollectOptions { max_answer_tokens: a.max_answer_tokens, shard_prompts: 20, concurrency: 2 };
+            rt.block_on(collect(pool, target, &items, &a.data, &opts, &pb))?
+        }
+        Some(threshold) => {
+            anyhow::ensure!((0.0..=1.0).contains(&threshold), "--live-threshold {threshold} is outside [0, 1]");
+            let engine = Engine::new(tok, target, eos);
+            let opts = LiveOptions { max_tokens: a.max_answer_tokens, threshold, shard_prompts: 20, concurrency: 2 };
+            rt.block_on(collect_live(pool, &engine, &ConfidenceVerifier, &items, &a.data, &opts, &pb))?
+        }
+    };
     pb.finish();
     eprintln!(
         "collected {} rows in {} new shards ({} shards already there) in {:.0?}",

@@ -1,8 +1,11 @@
-//! Label collection: for each prompt, the target's own greedy answer from its API, then the
-//! draft teacher-forced over prompt + answer. At every answer position the row holds the
-//! draft's features and whether the draft's top token equals the target's token there.
-//! Target calls run two at a time (a llama-server with two slots) while the draft works on
-//! the answer that arrived before, and every finished shard is skipped on a rerun.
+//! Label collection, in two modes. Teacher forcing: for each prompt, the target's own greedy
+//! answer from its API, then the draft teacher-forced over prompt + answer; at every answer
+//! position the row holds the draft's features and whether the draft's top token equals the
+//! target's token there. Live: the real decode loop runs with a verifier and a threshold, and
+//! the rows are the positions it visits, including those after a wrongly accepted draft token
+//! that teacher forcing never sees; each is labelled with the target's greedy token after
+//! exactly that prefix. Target calls run two at a time (a llama-server with two slots), and
+//! every finished shard is skipped on a rerun.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,11 +13,12 @@ use std::sync::Arc;
 use futures::StreamExt;
 use indicatif::ProgressBar;
 
+use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::verify::Features;
-use approxy_verifier::{DraftPool, SamplingParams};
+use approxy_verifier::{DraftLease, DraftPool, Engine, GenerateRequest, SamplingParams, Source, Verifier};
 
-use crate::dataset::{Rows, shard_path};
+use crate::dataset::{Rows, live_shard_path, shard_path};
 
 /// One prompt to collect on.
 #[derive(Debug, Clone)]
@@ -97,17 +101,127 @@ pub async fn collect(
 
 /// Runs the draft over prompt + answer and appends one row per answer position.
 pub async fn teacher_force(pool: &Arc<DraftPool>, item: &CollectItem, answer: &[u32], rows: &mut Rows) -> anyhow::Result<()> {
-    let Some((_, feed)) = answer.split_last() else { return Ok(()) };
     let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
-    // The output at the last prompt position predicts answer[0]; feeding answer[..n-1]
-    // gives the outputs that predict answer[1..].
-    let mut outs = vec![lease.prefill(item.prompt.clone()).await?];
-    if !feed.is_empty() {
-        outs.extend(lease.extend(feed.to_vec(), true).await?);
-    }
+    let outs = draft_outputs(&lease, &item.prompt, answer).await?;
     for (out, &truth) in outs.iter().zip(answer) {
         let f = Features::from_output(out);
         rows.push(&f.stats, &f.hidden, f.top1 == truth, item.id, item.kind);
     }
     Ok(())
+}
+
+/// The draft's output at every answer position: the one that predicts `answer[i]`.
+async fn draft_outputs(lease: &DraftLease, prompt: &[u32], answer: &[u32]) -> anyhow::Result<Vec<PositionOutput>> {
+    let Some((_, feed)) = answer.split_last() else { return Ok(Vec::new()) };
+    // The output at the last prompt position predicts answer[0]; feeding answer[..n-1]
+    // gives the outputs that predict answer[1..].
+    let mut outs = vec![lease.prefill(prompt.to_vec()).await?];
+    if !feed.is_empty() {
+        outs.extend(lease.extend(feed.to_vec(), true).await?);
+    }
+    Ok(outs)
+}
+
+/// Live-decode collection settings.
+#[derive(Debug, Clone)]
+pub struct LiveOptions {
+    /// Longest live answer per prompt.
+    pub max_tokens: u32,
+    /// Threshold the live loop decides with.
+    pub threshold: f32,
+    /// Prompts per shard file.
+    pub shard_prompts: usize,
+    /// Target calls in flight while labelling.
+    pub concurrency: usize,
+}
+
+/// The second mode: rows at the positions the live decode loop visits (greedy, one
+/// correction token per rejection, no bail-out, so every position is a verifier decision).
+/// Features come from the draft run over the live answer, which gives exactly the numbers
+/// the loop saw (the draft's prefill is deterministic whatever its history).
+pub async fn collect_live(
+    pool: Arc<DraftPool>,
+    engine: &Engine,
+    verifier: &dyn Verifier,
+    items: &[CollectItem],
+    out: &Path,
+    opts: &LiveOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<CollectSummary> {
+    std::fs::create_dir_all(out)?;
+    let mut summary = CollectSummary::default();
+    let hidden_size = pool.meta().hidden_size;
+    for (i, chunk) in items.chunks(opts.shard_prompts.max(1)).enumerate() {
+        let path = live_shard_path(out, i);
+        if path.exists() {
+            summary.shards_skipped += 1;
+            pb.inc(chunk.len() as u64);
+            continue;
+        }
+        let mut rows = Rows::new(hidden_size);
+        for item in chunk {
+            let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
+            let visited = live_decode(engine, &lease, verifier, item, opts).await?;
+            let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
+            let outs = draft_outputs(&lease, &item.prompt, &tokens).await?;
+            drop(lease);
+            let truths = label_visited(engine.target(), &item.prompt, &visited, opts.concurrency).await?;
+            for (out, truth) in outs.iter().zip(truths) {
+                let f = Features::from_output(out);
+                rows.push(&f.stats, &f.hidden, truth == Some(f.top1), item.id, item.kind);
+            }
+            pb.inc(1);
+        }
+        rows.save(&path)?;
+        summary.shards_written += 1;
+        summary.rows += rows.len();
+        tracing::info!(shard = i, rows = rows.len(), done = pb.position(), of = pb.length().unwrap_or(0), "live shard written");
+    }
+    Ok(summary)
+}
+
+/// Runs the live loop once; returns each emitted token and who produced it.
+async fn live_decode(engine: &Engine, lease: &DraftLease, verifier: &dyn Verifier, item: &CollectItem, opts: &LiveOptions) -> anyhow::Result<Vec<(u32, Source)>> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
+    let req = GenerateRequest {
+        prompt: item.prompt.clone(),
+        max_tokens: opts.max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        threshold: opts.threshold,
+        correction_tokens: 1,
+        bailout: None,
+        model: None,
+    };
+    let drain = async move {
+        let mut v = Vec::new();
+        while let Some(e) = rx.recv().await {
+            if let Some(id) = e.id {
+                v.push((id, e.source));
+            }
+        }
+        v
+    };
+    let (stats, visited) = tokio::join!(engine.generate(lease, verifier, req, tx), drain);
+    stats?;
+    Ok(visited)
+}
+
+/// The target's greedy token after each visited prefix. Where the loop rejected, the target
+/// already answered (the emitted token); elsewhere one single-token call asks it. `None`
+/// means the target would have ended the answer there.
+async fn label_visited(target: &Arc<dyn TargetClient>, prompt: &[u32], visited: &[(u32, Source)], concurrency: usize) -> anyhow::Result<Vec<Option<u32>>> {
+    let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
+    let calls = visited.iter().enumerate().map(|(i, &(id, source))| {
+        let target = Arc::clone(target);
+        let prefix = [prompt, &tokens[..i]].concat();
+        async move {
+            if source == Source::Target {
+                return anyhow::Ok(Some(id));
+            }
+            let req = ContinuationRequest { prefix, max_tokens: 1, sampling: SamplingParams::default(), model: None };
+            Ok(target.continue_tokens(&req).await?.tokens.first().copied())
+        }
+    });
+    futures::stream::iter(calls).buffered(concurrency.max(1)).collect::<Vec<_>>().await.into_iter().collect()
 }

@@ -27,6 +27,12 @@ pub struct HumanEvalProblem {
     pub prompt: String,
     /// Function name.
     pub entry_point: String,
+    /// Reference body (used to check the pass@1 harness itself).
+    #[serde(default)]
+    pub canonical_solution: String,
+    /// Test code defining `check(candidate)`.
+    #[serde(default)]
+    pub test: String,
 }
 
 /// Reads a JSONL corpus.
@@ -117,6 +123,8 @@ mod tests {
             task_id: "HumanEval/0".into(),
             prompt: "def has_close_elements(numbers, threshold):\n    \"\"\" Check if in given list of numbers, are any two numbers closer to each other than given threshold.\"\"\"".into(),
             entry_point: "has_close_elements".into(),
+            canonical_solution: String::new(),
+            test: String::new(),
         }];
         let corpus = vec![
             CorpusPrompt { id: 1, kind: "code".into(), prompt: "Write has_close_elements for me".into() },

@@ -121,13 +121,19 @@ pub fn shard_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("shard-{i:05}.safetensors"))
 }
 
-/// Loads every shard in a directory, in order.
+/// Path of live-decode shard `i` (kept apart from the teacher-forced shards so either mode
+/// resumes on its own; [`load_dir`] reads both).
+pub fn live_shard_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("live-{i:05}.safetensors"))
+}
+
+/// Loads every shard in a directory (teacher-forced and live), in name order.
 pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
     let mut shards = BTreeMap::new();
     for e in std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))? {
         let p = e?.path();
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if name.starts_with("shard-") && name.ends_with(".safetensors") {
+        if (name.starts_with("shard-") || name.starts_with("live-")) && name.ends_with(".safetensors") {
             shards.insert(name, p);
         }
     }

@@ -44,6 +44,10 @@ impl Home {
     pub fn llama_server(&self) -> PathBuf {
         self.root.join("bin").join("llama-server")
     }
+    /// The `hey` HTTP load generator (for `approxy bench overhead`).
+    pub fn hey(&self) -> PathBuf {
+        self.root.join("bin").join("hey")
+    }
     /// The ONNX Runtime shared library.
     pub fn onnxruntime_lib(&self) -> PathBuf {
         self.root.join("lib").join(ONNXRUNTIME_LIB_NAME)

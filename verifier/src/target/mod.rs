@@ -86,11 +86,17 @@ pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn T
     })
 }
 
+/// How long an idle connection to the target is kept for reuse. Shorter than the 5 s
+/// keep-alive of llama-server (cpp-httplib) and of uvicorn (vLLM): a connection the server
+/// has already closed would otherwise be picked for the next request, which then fails with
+/// nothing sent back (seen as a 502 under the quality benchmark).
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
 pub(crate) fn http_client(cfg: &TargetConfig) -> Result<reqwest::Client, TargetError> {
     reqwest::Client::builder()
         .timeout(cfg.timeout)
         .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
-        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .build()
         .map_err(|e| TargetError::Protocol(format!("cannot build HTTP client: {e}")))
 }

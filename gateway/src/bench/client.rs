@@ -1,0 +1,194 @@
+//! The benchmark's client: one streaming `/v1/completions` call, timed the way a chat app
+//! feels it (time to the first text, then to the last byte), with the usage the server
+//! reports (approxy's own accounting, or llama.cpp's speculative-decoding counters).
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What approxy reports in `usage.approxy`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ApproxyUsage {
+    /// Draft tokens emitted.
+    pub draft_tokens: u64,
+    /// Target tokens emitted.
+    pub target_tokens: u64,
+    /// Target calls.
+    pub target_calls: u64,
+    /// Input tokens sent to the target over all calls.
+    pub target_input_tokens: u64,
+    /// Of those, the part a prompt cache could reuse.
+    pub target_cacheable_input_tokens: u64,
+    /// The target finished the answer after too many rejections.
+    pub bailed_out: bool,
+}
+
+/// One timed generation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Generation {
+    /// Text produced.
+    pub text: String,
+    /// Prompt tokens (server's count).
+    pub prompt_tokens: u64,
+    /// Output tokens (server's count).
+    pub completion_tokens: u64,
+    /// Request start to last byte.
+    pub seconds: f64,
+    /// Request start to the first non-empty text.
+    pub ttft: Option<f64>,
+    /// `stop` or `length`.
+    pub finish_reason: Option<String>,
+    /// approxy's accounting, when the server is approxy in approximate mode.
+    pub approxy: Option<ApproxyUsage>,
+    /// llama.cpp speculative decoding: tokens drafted.
+    pub draft_n: Option<u64>,
+    /// llama.cpp speculative decoding: drafted tokens the target accepted.
+    pub draft_n_accepted: Option<u64>,
+    /// Set when the call failed; the rest is what arrived before.
+    pub error: Option<String>,
+}
+
+/// One completion request.
+#[derive(Debug, Clone)]
+pub struct Ask<'a> {
+    /// `/v1/completions` URL.
+    pub url: &'a str,
+    /// Model id (selects the policy entry at approxy).
+    pub model: &'a str,
+    /// Prompt text.
+    pub prompt: &'a str,
+    /// Output limit.
+    pub max_tokens: u32,
+    /// Stop strings.
+    pub stop: &'a [&'a str],
+    /// `x-approxy-threshold`.
+    pub threshold: Option<f32>,
+    /// Whole-request limit.
+    pub timeout: Duration,
+}
+
+/// Runs one greedy streaming completion; failures are recorded in the result, not returned.
+pub async fn complete(http: &reqwest::Client, ask: &Ask<'_>) -> Generation {
+    let start = Instant::now();
+    let mut g = Generation::default();
+    if let Err(e) = tokio::time::timeout(ask.timeout, stream_into(http, ask, start, &mut g)).await.unwrap_or_else(|_| Err(format!("timed out after {:?}", ask.timeout))) {
+        g.error = Some(e);
+    }
+    g.seconds = start.elapsed().as_secs_f64();
+    g
+}
+
+async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &mut Generation) -> Result<(), String> {
+    let body = json!({
+        "model": ask.model,
+        "prompt": ask.prompt,
+        "max_tokens": ask.max_tokens,
+        "temperature": 0,
+        "stop": ask.stop,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let mut rb = http.post(ask.url).json(&body);
+    if let Some(t) = ask.threshold {
+        rb = rb.header("x-approxy-threshold", t.to_string());
+    }
+    let resp = rb.send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        return Err(format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()));
+    }
+    let mut bytes = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = bytes.next().await {
+        buf.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+        while let Some(end) = find_event_end(&buf) {
+            let event: Vec<u8> = buf.drain(..end.0 + end.1).collect();
+            let text = String::from_utf8_lossy(&event[..end.0]).into_owned();
+            for line in text.lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    let data = data.trim();
+                    if data == "[DONE]" {
+                        return Ok(());
+                    }
+                    let v: Value = serde_json::from_str(data).map_err(|e| format!("bad event {data}: {e}"))?;
+                    absorb(&v, start, g)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// End of the first complete SSE event in `buf`: (its length, separator length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+fn absorb(v: &Value, start: Instant, g: &mut Generation) -> Result<(), String> {
+    if let Some(err) = v.get("error") {
+        return Err(format!("error event: {err}"));
+    }
+    if let Some(choice) = v["choices"].get(0) {
+        if let Some(t) = choice["text"].as_str().filter(|t| !t.is_empty()) {
+            if g.ttft.is_none() {
+                g.ttft = Some(start.elapsed().as_secs_f64());
+            }
+            g.text.push_str(t);
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            g.finish_reason = Some(f.to_string());
+        }
+    }
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        g.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+        g.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+        if let Some(a) = u.get("approxy") {
+            g.approxy = Some(serde_json::from_value(a.clone()).map_err(|e| format!("usage.approxy: {e}"))?);
+        }
+    }
+    if let Some(t) = v.get("timings") {
+        g.draft_n = t["draft_n"].as_u64().or(g.draft_n);
+        g.draft_n_accepted = t["draft_n_accepted"].as_u64().or(g.draft_n_accepted);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_on_blank_lines() {
+        assert_eq!(find_event_end(b"data: 1\n\ndata: 2"), Some((7, 2)));
+        assert_eq!(find_event_end(b"data: 1\r\n\r\n"), Some((7, 4)));
+        assert_eq!(find_event_end(b"data: 1\n"), None);
+    }
+
+    #[test]
+    fn usage_text_and_errors_are_absorbed() {
+        let start = Instant::now();
+        let mut g = Generation::default();
+        absorb(&json!({"choices": [{"text": ""}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        assert!(g.ttft.is_none(), "empty text is not a first token");
+        absorb(&json!({"choices": [{"text": "ab"}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        absorb(&json!({"choices": [{"text": "c", "finish_reason": "stop"}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        let usage = json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
+            "approxy": {"draft_tokens": 2, "target_tokens": 1, "target_calls": 1, "target_input_tokens": 7,
+                        "target_cacheable_input_tokens": 0, "bailed_out": false, "mode": "approximate"}}});
+        absorb(&usage, start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(g.text, "abc");
+        assert!(g.ttft.is_some());
+        assert_eq!(g.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(g.completion_tokens, 3);
+        assert_eq!(g.approxy.as_ref().map(|a| a.target_input_tokens), Some(7));
+        assert!(absorb(&json!({"error": {"message": "boom"}}), start, &mut g).is_err());
+    }
+}

@@ -1,0 +1,22 @@
+//! `approxy bench`: speed, quality and cost measurements that anyone can rerun. Goals live
+//! here, never in timed tests.
+//!
+//! - `draft`: decode speed of the ONNX draft alone.
+//! - `quality`: HumanEval through every configuration (target only, approxy at the calibrated
+//!   levels, the confidence baseline at matching accept rates, draft only, llama.cpp's own
+//!   speculative decoding), on shared and on pinned cores.
+//! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
+//! - `report`: the Markdown results and the README section, from the JSON the others wrote.
+
+pub mod draft;
+mod chart;
+mod client;
+mod humaneval;
+mod levels;
+pub mod overhead;
+pub mod quality;
+pub mod report;
+pub mod servers;
+mod stats;
+
+pub use draft::{DraftBenchOptions, draft};

@@ -1,0 +1,257 @@
+//! `approxy bench overhead`: what the gateway adds in passthrough mode. A stub upstream that
+//! answers a chat completion at once is loaded by `hey` at fixed request rates, first
+//! directly and then through `approxy serve`; the difference in latency quantiles is the
+//! gateway's cost. Then an unthrottled run finds the rate it sustains, and the gateway's
+//! resident memory is read from `/proc`. With two cores or more the gateway gets core 1 to
+//! itself and the load generator and stub share core 0, so the gateway's cost is not mixed
+//! up with theirs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use super::report::Machine;
+use super::servers::{self, Layout};
+use super::stats::{mean, quantile};
+use crate::setup::Home;
+
+/// Options for `approxy bench overhead`.
+#[derive(Debug, Clone)]
+pub struct OverheadOptions {
+    /// Offered request rates (req/s).
+    pub rates: Vec<u32>,
+    /// Seconds per rate.
+    pub seconds: u32,
+    /// Concurrent connections (hey workers).
+    pub connections: u32,
+    /// Results directory.
+    pub out: PathBuf,
+}
+
+/// One load run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Load {
+    /// Responses received.
+    pub requests: usize,
+    /// Non-200 responses and transport errors.
+    pub errors: usize,
+    /// Requests per second completed.
+    pub achieved_rps: f64,
+    /// Median latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile latency, ms.
+    pub p99_ms: f64,
+    /// Mean latency, ms.
+    pub mean_ms: f64,
+}
+
+/// One offered rate, direct and through the gateway.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RateRun {
+    /// Offered req/s (0 = unthrottled).
+    pub rate: u32,
+    /// Straight to the stub.
+    pub direct: Load,
+    /// Through approxy.
+    pub gateway: Load,
+    /// Gateway p50 minus direct p50, ms.
+    pub added_p50_ms: f64,
+    /// Gateway p99 minus direct p99, ms.
+    pub added_p99_ms: f64,
+}
+
+/// Everything `overhead.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OverheadReport {
+    /// When (UTC).
+    pub generated_at: String,
+    /// Where.
+    pub machine: Machine,
+    /// Load generator and version.
+    pub load_generator: String,
+    /// Gateway on a core of its own (load generator and stub on another).
+    pub pinned: bool,
+    /// Seconds per rate.
+    pub seconds_per_rate: u32,
+    /// Connections.
+    pub connections: u32,
+    /// Fixed-rate runs.
+    pub rates: Vec<RateRun>,
+    /// The unthrottled run.
+    pub max: RateRun,
+    /// Gateway resident memory once started, MiB.
+    pub rss_after_start_mib: f64,
+    /// Gateway peak resident memory over the whole benchmark, MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// The stub's answer: a typical small chat completion.
+const STUB_BODY: &str = r#"{"id":"chatcmpl-stub","object":"chat.completion","created":1700000000,"model":"stub","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}"#;
+
+/// The request every run sends.
+const REQUEST_BODY: &str = r#"{"model":"stub","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
+
+async fn start_stub() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let app = Router::new()
+        .route("/v1/chat/completions", post(|| async { ([("content-type", "application/json")], STUB_BODY) }))
+        .route("/v1/models", get(|| async { ([("content-type", "application/json")], r#"{"object":"list","data":[]}"#) }))
+        .route("/health", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "stub upstream stopped");
+        }
+    });
+    Ok((url, task))
+}
+
+fn passthrough_policy(stub: &str) -> String {
+    format!(
+        "# Written by `approxy bench overhead`.\n[target]\nkind = \"openai\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\n\n\
+         [gateway]\nmax_concurrent_requests = 1024\n\n[draft]\nworkers = 1\nthreads_per_worker = 1\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+    )
+}
+
+/// Parses hey's CSV (`response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset`).
+pub fn parse_hey_csv(csv: &str, seconds: f64) -> Load {
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for line in csv.lines().skip(1) {
+        let cols: Vec<&str> = line.split(',').collect();
+        let (Some(t), Some(status)) = (cols.first().and_then(|s| s.parse::<f64>().ok()), cols.get(6)) else {
+            continue;
+        };
+        if status.trim() == "200" {
+            lat.push(t * 1e3);
+        } else {
+            errors += 1;
+        }
+    }
+    let requests = lat.len() + errors;
+    Load {
+        requests,
+        errors,
+        achieved_rps: requests as f64 / seconds.max(1e-9),
+        p50_ms: quantile(&lat, 0.5).unwrap_or(0.0),
+        p99_ms: quantile(&lat, 0.99).unwrap_or(0.0),
+        mean_ms: mean(&lat).unwrap_or(0.0),
+    }
+}
+
+/// Core the load generator and the stub run on when the gateway has one of its own.
+const LOAD_CORE: &str = "0";
+
+/// Pins every thread of this process (the stub) to [`LOAD_CORE`].
+async fn pin_self() -> bool {
+    tokio::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", LOAD_CORE, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+async fn hey(bin: &Path, url: &str, rate: u32, seconds: u32, connections: u32, body: &Path, pinned: bool) -> anyhow::Result<Load> {
+    let mut cmd = if pinned {
+        let mut c = tokio::process::Command::new("taskset");
+        c.args(["-c", LOAD_CORE]).arg(bin);
+        c
+    } else {
+        tokio::process::Command::new(bin)
+    };
+    cmd.args(["-z", &format!("{seconds}s"), "-c", &connections.to_string(), "-m", "POST", "-T", "application/json", "-o", "csv", "-t", "10"]);
+    if rate > 0 {
+        // hey's rate is per worker.
+        cmd.args(["-q", &format!("{}", f64::from(rate) / f64::from(connections))]);
+    }
+    cmd.arg("-D").arg(body).arg(url);
+    let out = cmd.kill_on_drop(true).output().await.with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(out.status.success(), "hey failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(parse_hey_csv(&String::from_utf8_lossy(&out.stdout), f64::from(seconds)))
+}
+
+async fn both(bin: &Path, direct: &str, gateway: &str, rate: u32, opts: &OverheadOptions, body: &Path, pinned: bool) -> anyhow::Result<RateRun> {
+    let d = hey(bin, direct, rate, opts.seconds, opts.connections, body, pinned).await?;
+    let g = hey(bin, gateway, rate, opts.seconds, opts.connections, body, pinned).await?;
+    tracing::info!(rate, direct_p99_ms = d.p99_ms, gateway_p99_ms = g.p99_ms, gateway_rps = g.achieved_rps, errors = g.errors, "rate done");
+    Ok(RateRun { rate, added_p50_ms: g.p50_ms - d.p50_ms, added_p99_ms: g.p99_ms - d.p99_ms, direct: d, gateway: g })
+}
+
+/// Runs the benchmark; writes `overhead.json` and `overhead.md` under `out`.
+pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
+    let home = Home::from_env()?;
+    let bin = home.hey();
+    anyhow::ensure!(bin.exists(), "{} is missing: run `approxy setup`", bin.display());
+    let exe = std::env::current_exe()?;
+    let work = home.work("bench-overhead");
+    std::fs::create_dir_all(&work)?;
+    let body = work.join("request.json");
+    std::fs::write(&body, REQUEST_BODY)?;
+    // Read before pinning: afterwards this process sees one core.
+    let machine = Machine::read();
+    let pinned = machine.cores >= 2 && pin_self().await;
+    let layout = if pinned { Layout::Pinned } else { Layout::Shared };
+    let (stub, stub_task) = start_stub().await?;
+    let policy = work.join("policy.toml");
+    std::fs::write(&policy, passthrough_policy(&stub))?;
+    let gateway = servers::start_gateway(&exe, &policy, layout, &home.log("bench").with_extension("d")).await?;
+    let pid = gateway.pid().context("gateway has no pid")?;
+    let rss_after_start = servers::rss_bytes(pid).unwrap_or(0);
+    let direct_url = format!("{stub}/v1/chat/completions");
+    let gateway_url = format!("{}/v1/chat/completions", gateway.url);
+    // Warm both paths (connection pools, lazy initialisation) before anything is measured.
+    hey(&bin, &direct_url, 200, 2, opts.connections, &body, pinned).await?;
+    hey(&bin, &gateway_url, 200, 2, opts.connections, &body, pinned).await?;
+    let mut rates = Vec::new();
+    for &rate in &opts.rates {
+        rates.push(both(&bin, &direct_url, &gateway_url, rate, opts, &body, pinned).await?);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let max = both(&bin, &direct_url, &gateway_url, 0, opts, &body, pinned).await?;
+    let peak = servers::peak_rss_bytes(pid).unwrap_or(0);
+    gateway.stop().await;
+    stub_task.abort();
+    let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
+    let report = OverheadReport {
+        generated_at: super::report::utc_now(),
+        machine,
+        load_generator: format!("hey {} (Debian)", crate::setup::assets::HEY_DEB.1),
+        seconds_per_rate: opts.seconds,
+        connections: opts.connections,
+        pinned,
+        rates,
+        max,
+        rss_after_start_mib: mib(rss_after_start),
+        peak_rss_mib: mib(peak),
+    };
+    std::fs::create_dir_all(&opts.out)?;
+    std::fs::write(opts.out.join("overhead.json"), serde_json::to_vec_pretty(&report)?)?;
+    std::fs::write(opts.out.join("overhead.md"), super::report::overhead_markdown(&report))?;
+    println!("{}", opts.out.join("overhead.md").display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hey_csv_counts_errors_and_quantiles() {
+        let mut csv = String::from("response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset\n");
+        for i in 1..=100 {
+            csv.push_str(&format!("{:.4},0,0,0,0,0,200,{i}\n", f64::from(i) / 1000.0));
+        }
+        csv.push_str("0.5000,0,0,0,0,0,502,101\n");
+        let l = parse_hey_csv(&csv, 2.0);
+        assert_eq!(l.requests, 101);
+        assert_eq!(l.errors, 1);
+        assert!((l.achieved_rps - 50.5).abs() < 1e-9);
+        assert!((l.p50_ms - 50.0).abs() < 1e-6);
+        assert!((l.p99_ms - 99.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,302 @@
+//! Benchmark write-ups: the machine they ran on, the Markdown tables, and the README's
+//! results section, regenerated from `quality.json` and `overhead.json` so the README never
+//! carries a number no command produced.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::overhead::OverheadReport;
+use super::quality::{QualityReport, Route, RunSummary};
+
+/// What the numbers were measured on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Machine {
+    /// CPU model name.
+    pub cpu: String,
+    /// Cores this process may use.
+    pub cores: usize,
+    /// Physical memory, GiB.
+    pub memory_gib: f64,
+}
+
+impl Machine {
+    /// Reads `/proc`.
+    pub fn read() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or_else(|| "unknown".to_string(), |s| s.trim().to_string());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let kb: f64 = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        Self { cpu, cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), memory_gib: kb / 1024.0 / 1024.0 }
+    }
+
+    fn line(&self) -> String {
+        format!("{} cores of {}, {:.0} GiB, no GPU", self.cores, self.cpu, self.memory_gib)
+    }
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Cost of a run scaled to 1,000 problems, in USD.
+fn per_1k(usd: f64, problems: usize) -> f64 {
+    if problems == 0 { 0.0 } else { usd * 1000.0 / problems as f64 }
+}
+
+fn layout_note(layout: &str) -> &'static str {
+    match layout {
+        "pinned" => "target on core 0, draft and gateway on core 1, one thread each",
+        _ => "draft, gateway and target all share both cores",
+    }
+}
+
+/// The Markdown for `quality.md`.
+pub fn quality_markdown(r: &QualityReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "HumanEval, {} of {} problems{}, greedy, at most {} output tokens, stops {:?}; pass@1 = the completion passes the problem's tests \
+         (each run in its own `python3` subprocess, {:.0} s timeout, {}). Measured {} on {}.\n\n",
+        r.problems,
+        r.problems_total,
+        if r.problems < r.problems_total { " spread evenly over the set" } else { "" },
+        r.max_tokens,
+        r.stop,
+        r.exec_timeout_secs,
+        match r.sandbox {
+            super::humaneval::Sandbox::NetworkNamespace => "no network",
+            super::humaneval::Sandbox::SubprocessOnly => "network not isolated on this machine",
+        },
+        r.generated_at,
+        r.machine.line(),
+    ));
+    s.push_str(
+        "The draft and the target share this one machine, unlike a deployment where the target is a remote GPU server: \
+         every target call here competes with the draft for the same two cores. Each layout is reported separately.\n\n",
+    );
+    let layouts: Vec<&str> = {
+        let mut v: Vec<&str> = r.runs.iter().map(|x| x.layout.as_str()).collect();
+        v.dedup();
+        v
+    };
+    for layout in layouts {
+        let rows: Vec<&RunSummary> = r.runs.iter().filter(|x| x.layout == layout).collect();
+        s.push_str(&format!("#### Cores {layout}: {}\n\n", layout_note(layout)));
+        s.push_str("| configuration | pass@1 | output tok/s | TTFT p50 | target calls / 100 tok | target-generated / 100 tok | tokens the target processed | USD / 1k problems | USD / 1k, prompt cache |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|\n");
+        for x in &rows {
+            let m = &x.summary;
+            let errors = if m.errors > 0 { format!(" ({} errors)", m.errors) } else { String::new() };
+            s.push_str(&format!(
+                "| {} | {:.1} %{errors} | {:.2} | {:.2} s | {:.1} | {:.1} | {} | {:.4} | {:.4} |\n",
+                x.config.label,
+                m.pass_at_1,
+                m.tokens_per_second,
+                m.ttft_p50,
+                m.target_calls_per_100,
+                m.target_tokens_per_100,
+                m.target_processed_tokens,
+                per_1k(m.cost_usd, m.problems),
+                per_1k(m.cost_usd_cached, m.problems),
+            ));
+        }
+        let minutes: f64 = rows.iter().map(|x| x.summary.generation_seconds).sum::<f64>() / 60.0;
+        s.push_str(&format!("\nGeneration time for these {} configurations: {minutes:.0} min.\n\n", rows.len()));
+        s.push_str(&goals(&rows));
+    }
+    s.push_str("#### Levels\n\nThe calibration (`policies/verifier/calibration.json`) names the thresholds; the confidence baseline runs at the accept rate the learned verifier has.\n\n");
+    s.push_str("| level | max false-accept rate | learned threshold | learned accept / FAR | confidence threshold | confidence accept / FAR |\n|---|---|---|---|---|---|\n");
+    let cell = |o: Option<super::levels::Operating>| {
+        o.map_or_else(|| ("unreachable".to_string(), "–".to_string()), |o| (format!("{:.2}", o.threshold), format!("{:.3} / {:.3}", o.accept_rate, o.false_accept_rate)))
+    };
+    for l in &r.levels {
+        let (lt, la) = cell(l.learned);
+        let (ct, ca) = cell(l.confidence);
+        s.push_str(&format!("| {} | {:.2} | {lt} | {la} | {ct} | {ca} |\n", l.name, l.max_false_accept_rate));
+    }
+    for l in r.levels.iter().filter(|l| l.learned.is_none()) {
+        s.push_str(&format!(
+            "\n{}: no learned-verifier threshold below 1 reaches a false-accept rate of {:.2} on the held-out data, so the level is not run \
+             (at threshold 1 the target decides every token, one call each, which passthrough does better).\n",
+            l.name, l.max_false_accept_rate
+        ));
+    }
+    s.push_str(&format!(
+        "\nPrices (USD per million tokens, from `{}`): input {}, re-sent input with a prompt cache {}, output {}. \
+         approxy takes {} target token(s) per rejection{}. llama.cpp speculative: `{}`. \
+         Tokens the target processed = every input token sent (approxy re-sends the growing prefix on each call) plus every token it generated.\n",
+        r.approxy_settings.from.display(),
+        r.price.input,
+        r.price.cached_input,
+        r.price.output,
+        r.approxy_settings.correction_tokens,
+        match (r.approxy_settings.bailout_window, r.approxy_settings.bailout_max_rejection_rate) {
+            (Some(w), Some(m)) => format!(" and hands the rest of an answer to the target once more than {:.0} % of the last {w} decisions were rejections", 100.0 * m),
+            _ => String::new(),
+        },
+        r.llama_speculative_args.join(" "),
+    ));
+    s
+}
+
+/// Where the run stands against the project's goals (reported, never tuned for).
+fn goals(rows: &[&RunSummary]) -> String {
+    let find = |id: &str| rows.iter().find(|x| x.config.id == id).map(|x| &x.summary);
+    let (Some(target), spec) = (find("target-only"), find("llama-speculative")) else {
+        return String::new();
+    };
+    let mut s = String::from("Goals (pass@1 within 2 points of target only while the target generates at most 10 % of output tokens; output tok/s at least 2x target only and 2x llama.cpp speculative):\n\n");
+    for x in rows.iter().filter(|x| x.config.route == Route::Approximate) {
+        let m = &x.summary;
+        let quality = m.pass_at_1 >= target.pass_at_1 - 2.0 && m.target_tokens_per_100 <= 10.0;
+        let vs_target = m.tokens_per_second / target.tokens_per_second.max(1e-9);
+        let vs_spec = spec.map_or(f64::NAN, |sp| m.tokens_per_second / sp.tokens_per_second.max(1e-9));
+        s.push_str(&format!(
+            "- {}: pass@1 {:+.1} points, target generated {:.1} % → quality goal {}; speed {:.2}x target only, {:.2}x llama.cpp speculative → speed goal {}\n",
+            x.config.id,
+            m.pass_at_1 - target.pass_at_1,
+            m.target_tokens_per_100,
+            if quality { "met" } else { "not met" },
+            vs_target,
+            vs_spec,
+            if vs_target >= 2.0 && vs_spec >= 2.0 { "met" } else { "not met" },
+        ));
+    }
+    if let Some(a) = spec.and_then(|sp| sp.llama_draft_acceptance) {
+        s.push_str(&format!("- llama.cpp's own draft acceptance: {:.1} %\n", 100.0 * a));
+    }
+    s.push('\n');
+    s
+}
+
+/// The Markdown for `overhead.md`.
+pub fn overhead_markdown(r: &OverheadReport) -> String {
+    let mut s = format!(
+        "`approxy serve` in passthrough mode in front of a stub upstream that answers at once; load from {}, {} s per rate, {} connections; \
+         {}. Measured {} on {}.\n\n",
+        r.load_generator,
+        r.seconds_per_rate,
+        r.connections,
+        if r.pinned {
+            "the gateway runs alone on core 1, the load generator and the stub share core 0 (in both the direct and the gateway runs)"
+        } else {
+            "the load generator, the stub and the gateway share the machine's cores"
+        },
+        r.generated_at,
+        r.machine.line(),
+    );
+    s.push_str("| offered rate (req/s) | achieved via gateway | errors | stub p50 | stub p99 | gateway p50 | gateway p99 | added p50 | added p99 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for x in &r.rates {
+        s.push_str(&format!(
+            "| {} | {:.0} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |\n",
+            x.rate, x.gateway.achieved_rps, x.gateway.errors, x.direct.p50_ms, x.direct.p99_ms, x.gateway.p50_ms, x.gateway.p99_ms, x.added_p50_ms, x.added_p99_ms
+        ));
+    }
+    s.push_str(&format!(
+        "\nUnthrottled ({} connections): {:.0} req/s through the gateway with {} errors ({:.0} req/s straight to the stub). \
+         Gateway memory: {:.0} MiB resident after start-up (the ONNX draft is loaded even for passthrough), peak {:.0} MiB under load.\n",
+        r.connections, r.max.gateway.achieved_rps, r.max.gateway.errors, r.max.direct.achieved_rps, r.rss_after_start_mib, r.peak_rss_mib
+    ));
+    let at_1000 = r.rates.iter().find(|x| x.rate == 1000);
+    if let Some(x) = at_1000 {
+        s.push_str(&format!(
+            "\nGoal (added p99 under 1 ms at 1,000 req/s): {} ({:.3} ms).\n",
+            if x.added_p99_ms < 1.0 && x.gateway.errors == 0 { "met" } else { "not met" },
+            x.added_p99_ms
+        ));
+    }
+    s
+}
+
+const BEGIN: &str = "<!-- bench-results:begin (generated by `approxy bench report`; do not edit) -->";
+const END: &str = "<!-- bench-results:end -->";
+
+/// Rewrites the README's results section from the reports under `out`.
+pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
+    let mut section = String::from("\n");
+    match std::fs::read(out.join("quality.json")) {
+        Ok(b) => {
+            let q: QualityReport = serde_json::from_slice(&b).context("quality.json")?;
+            section.push_str("### Quality, speed and cost on HumanEval (`approxy bench quality`)\n\n");
+            section.push_str(&quality_markdown(&q));
+            section.push_str(&format!("\n![pass@1 against cost, Pareto front marked]({}/quality.png)\n\n", rel(out)));
+        }
+        Err(_) => section.push_str("No quality results yet: run `./deploy/bench.sh`.\n\n"),
+    }
+    match std::fs::read(out.join("overhead.json")) {
+        Ok(b) => {
+            let o: OverheadReport = serde_json::from_slice(&b).context("overhead.json")?;
+            section.push_str("### Gateway overhead in passthrough (`approxy bench overhead`)\n\n");
+            section.push_str(&overhead_markdown(&o));
+        }
+        Err(_) => section.push_str("No overhead results yet: run `./deploy/bench.sh`.\n"),
+    }
+    let text = std::fs::read_to_string(readme).with_context(|| format!("{}", readme.display()))?;
+    let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
+        anyhow::bail!("{} has no `{BEGIN}` … `{END}` block", readme.display());
+    };
+    anyhow::ensure!(a < b, "{}: results markers out of order", readme.display());
+    let new = format!("{}{BEGIN}\n{section}{}", &text[..a], &text[b..]);
+    std::fs::write(readme, new)?;
+    Ok(())
+}
+
+/// `out` as the README links it (relative to the repository root when it is inside it).
+fn rel(out: &Path) -> String {
+    let s = out.display().to_string();
+    std::env::current_dir().ok().and_then(|cwd| out.strip_prefix(cwd).ok().map(|p| p.display().to_string())).unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_413), (2025, 11, 21));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn readme_block_is_replaced_in_place() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let readme = dir.path().join("README.md");
+        std::fs::write(&readme, format!("# x\n\n{BEGIN}\nold\n{END}\n\nafter\n")).unwrap_or_else(|e| panic!("{e}"));
+        update_readme(dir.path(), &readme).unwrap_or_else(|e| panic!("{e}"));
+        let t = std::fs::read_to_string(&readme).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!t.contains("old"));
+        assert!(t.contains("No quality results yet"));
+        assert!(t.starts_with("# x\n\n") && t.ends_with(&format!("{END}\n\nafter\n")));
+        std::fs::write(&readme, "no markers").unwrap_or_else(|e| panic!("{e}"));
+        assert!(update_readme(dir.path(), &readme).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The processes a benchmark runs against: llama-server (plain, or with its own speculative
+//! decoding) and `approxy serve`, each started on a free port in one of two core layouts and
+//! killed when dropped, so an aborted run leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+use crate::setup::Home;
+
+/// How draft and target share this machine's cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Every process may use both cores (2 threads each), as an unconfigured box would.
+    Shared,
+    /// Target on core 0, draft (and the gateway around it) on core 1, one thread each: the
+    /// closest this machine gets to a remote target with hardware of its own.
+    Pinned,
+}
+
+impl Layout {
+    /// Parses `shared` or `pinned`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "shared" => Ok(Self::Shared),
+            "pinned" => Ok(Self::Pinned),
+            other => bail!("unknown layout `{other}` (shared, pinned)"),
+        }
+    }
+
+    /// Its name in reports and file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Pinned => "pinned",
+        }
+    }
+
+    /// Threads the target (and, in llama.cpp's speculative mode, its draft) computes with.
+    pub fn target_threads(self) -> usize {
+        match self {
+            Self::Shared => 2,
+            Self::Pinned => 1,
+        }
+    }
+
+    /// Threads the ONNX draft computes with.
+    pub fn draft_threads(self) -> usize {
+        self.target_threads()
+    }
+
+    fn draft_cpus(self) -> Option<&'static str> {
+        match self {
+            Self::Shared => None,
+            Self::Pinned => Some("1"),
+        }
+    }
+
+    /// Cores this machine needs for the layout.
+    pub fn cores_needed(self) -> usize {
+        match self {
+            Self::Shared => 1,
+            Self::Pinned => 2,
+        }
+    }
+}
+
+/// A running server process; killed on drop.
+pub struct Server {
+    /// Root URL, e.g. `http://127.0.0.1:40123`.
+    pub url: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Process id (for memory readings).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Stops the process and waits for it.
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    async fn wait_healthy(&mut self, path: &str, limit: Duration) -> anyhow::Result<()> {
+        let http = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("{} exited ({status}) before it was ready; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log));
+            }
+            if http.get(format!("{}{path}", self.url)).send().await.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        bail!("{} was not ready after {limit:?}; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log))
+    }
+}
+
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// An unused loopback port.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// `program args...`, under `taskset -c cpus` when `cpus` is set.
+fn command(program: &Path, cpus: Option<&str>) -> Command {
+    match cpus {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(c).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+async fn spawn(mut cmd: Command, url: String, log: PathBuf, ready_path: &str) -> anyhow::Result<Server> {
+    if let Some(d) = log.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let out = std::fs::File::create(&log)?;
+    let err = out.try_clone()?;
+    let shown = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("could not start {shown}"))?;
+    let mut server = Server { url, child, log };
+    // Loading a model and (for the gateway) the draft takes seconds; a cold page cache more.
+    server.wait_healthy(ready_path, Duration::from_secs(300)).await?;
+    Ok(server)
+}
+
+/// llama.cpp's speculative decoding settings the benchmark compares against (FACTS.md).
+pub const LLAMA_SPEC_ARGS: [&str; 6] = ["--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.5"];
+
+/// Starts llama-server with the target model; `speculative` adds the draft GGUF as its own
+/// speculative draft. Pinned, the target runs on core 0 and llama.cpp's draft on core 1.
+pub async fn start_llama(home: &Home, layout: Layout, speculative: bool, logs: &Path) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let threads = layout.target_threads().to_string();
+    let mut cmd = Command::new(home.llama_server());
+    cmd.arg("-m").arg(home.target_gguf());
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "8192", "-np", "1", "-t", &threads, "-tb", &threads]);
+    if layout == Layout::Pinned {
+        // llama.cpp pins its own threads: hex masks, core 0 = 0x1, core 1 = 0x2.
+        cmd.args(["-C", "1", "--cpu-strict", "1"]);
+    }
+    if speculative {
+        cmd.arg("-md").arg(home.draft_gguf());
+        cmd.args(LLAMA_SPEC_ARGS);
+        cmd.args(["-td", &threads, "-tbd", &threads]);
+        if layout == Layout::Pinned {
+            cmd.args(["-Cd", "2", "--cpu-strict-draft", "1"]);
+        }
+    }
+    let name = if speculative { "llama-speculative" } else { "llama-target" };
+    let log = logs.join(format!("{name}-{}.log", layout.name()));
+    spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
+}
+
+/// Starts `approxy serve` with `policy`; pinned, on core 1 with the draft.
+pub async fn start_gateway(exe: &Path, policy: &Path, layout: Layout, logs: &Path) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let mut cmd = command(exe, layout.draft_cpus());
+    cmd.arg("serve").arg("--policy").arg(policy).arg("--listen").arg(format!("127.0.0.1:{port}"));
+    cmd.env("RUST_LOG", "warn");
+    let log = logs.join(format!("gateway-{}.log", layout.name()));
+    spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
+}
+
+/// Peak resident memory (VmHWM) of a process, in bytes.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Current resident memory (VmRSS) of a process, in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

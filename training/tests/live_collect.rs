@@ -1,0 +1,59 @@
+//! The live-decode collection mode against the real draft and the real llama-server target
+//! (`APPROXY_TEST_TARGET_URL`, started by the README's test command).
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use approxy_training::collect::{CollectItem, LiveOptions, collect_live};
+use approxy_training::dataset::{live_shard_path, load_dir};
+use approxy_verifier::home::Home;
+use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
+use indicatif::ProgressBar;
+
+fn prompt(tok: &Tokenizer, user: &str) -> Vec<u32> {
+    let text = format!("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    tok.encode(&text).unwrap()
+}
+
+/// Rows land at the visited positions, one per emitted token, and their labels line up with
+/// the target: on code prompts the draft agrees with the target at most positions, which a
+/// label shifted by one position (or taken from the wrong prefix) would not show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_rows_follow_the_decode_loop() {
+    let home = Home::from_env().unwrap();
+    let url = std::env::var("APPROXY_TEST_TARGET_URL").expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
+    let dir = home.draft_onnx_dir();
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let items: Vec<CollectItem> = [
+        "Write a Python function that returns the sum of a list of integers.",
+        "Write a Python function that reverses a string.",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p) })
+    .collect();
+    let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
+    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50) };
+    let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
+    let eos = tok.end_of_sequence_ids();
+    let engine = Engine::new(tok, target, eos);
+    let out = tempfile::tempdir().unwrap();
+    let opts = LiveOptions { max_tokens: 24, threshold: 0.7, shard_prompts: 20, concurrency: 2 };
+    let s = collect_live(Arc::clone(&pool), &engine, &ConfidenceVerifier, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+    assert_eq!(s.shards_written, 1);
+    assert!(live_shard_path(out.path(), 0).is_file());
+    let rows = load_dir(out.path()).unwrap();
+    assert_eq!(rows.len(), s.rows);
+    for id in 0..2u32 {
+        let n = rows.prompt_ids.iter().filter(|&&p| p == id).count();
+        assert!(n > 0 && n <= 24, "prompt {id}: {n} rows for at most 24 visited positions");
+    }
+    let agree = rows.labels.iter().filter(|&&l| l == 1).count() as f64 / rows.len() as f64;
+    assert!(agree > 0.5, "draft agreed with the target at only {:.0} % of visited code positions", 100.0 * agree);
+    // A rerun finds the shard and does no work.
+    let again = collect_live(pool, &engine, &ConfidenceVerifier, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+    assert_eq!((again.shards_written, again.shards_skipped), (0, 1));
+}
