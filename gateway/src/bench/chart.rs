@@ -51,13 +51,19 @@ pub fn pareto(path: &Path, r: &QualityReport) -> Result<(), Err> {
             .draw_series(LineSeries::new(front.iter().map(|&i| pts[i]), RED.mix(0.6).stroke_width(2)))?
             .label("Pareto front")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+        let xspan = xmax;
+        let mut placed: Vec<(f64, f64)> = Vec::new();
         for (i, (x, p)) in rows.iter().zip(&pts).enumerate() {
             let on_front = front.contains(&i);
             let color = if on_front { RED.to_rgba() } else { BLUE.mix(0.7) };
             chart.draw_series(std::iter::once(Circle::new(*p, if on_front { 7 } else { 5 }, color.filled())))?;
-            // Neighbours often sit close together: alternate labels above and below.
-            let dy = if i % 2 == 0 { 3.5 } else { -2.0 };
-            chart.draw_series(std::iter::once(Text::new(x.config.id.clone(), (p.0, p.1 + dy), ("sans-serif", 14))))?;
+            // Points at (nearly) the same place stack their labels instead of overprinting.
+            let mut label = (p.0, p.1 + 3.5);
+            while placed.iter().any(|q| (q.0 - label.0).abs() < 0.12 * xspan && (q.1 - label.1).abs() < 3.0) {
+                label.1 -= 3.5;
+            }
+            placed.push(label);
+            chart.draw_series(std::iter::once(Text::new(x.config.id.clone(), label, ("sans-serif", 14))))?;
         }
         chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
     }

@@ -84,7 +84,7 @@ pub fn quality_markdown(r: &QualityReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "HumanEval, {} of {} problems{}, greedy, at most {} output tokens, stops {:?}; pass@1 = the completion passes the problem's tests \
-         (each run in its own `python3` subprocess, {:.0} s timeout, {}). Measured {} on {}.\n\n",
+         (each run in its own `python3` subprocess, {:.0} s timeout, {}). Report assembled {} from the runs saved under `raw/`, on {}.\n\n",
         r.problems,
         r.problems_total,
         if r.problems < r.problems_total { " spread evenly over the set" } else { "" },
@@ -114,7 +114,11 @@ pub fn quality_markdown(r: &QualityReport) -> String {
         s.push_str("|---|---|---|---|---|---|---|---|---|\n");
         for x in &rows {
             let m = &x.summary;
-            let errors = if m.errors > 0 { format!(" ({} errors)", m.errors) } else { String::new() };
+            let errors = match m.errors {
+                0 => String::new(),
+                1 => " (1 failed call)".to_string(),
+                n => format!(" ({n} failed calls)"),
+            };
             s.push_str(&format!(
                 "| {} | {:.1} %{errors} | {:.2} | {:.2} s | {:.1} | {:.1} | {} | {:.4} | {:.4} |\n",
                 x.config.label,
