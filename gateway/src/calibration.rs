@@ -6,10 +6,13 @@ use std::path::Path;
 use serde::Deserialize;
 
 /// One row of the calibration grid.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct CalibrationPoint {
     /// Threshold.
     pub threshold: f32,
+    /// Fraction of draft tokens accepted, on held-out data.
+    #[serde(default)]
+    pub accept_rate: f32,
     /// Fraction of accepted draft tokens that disagree with the target, on held-out data.
     pub false_accept_rate: f32,
 }
@@ -17,8 +20,22 @@ pub struct CalibrationPoint {
 /// The part of the calibration file the gateway reads.
 #[derive(Debug, Deserialize)]
 pub struct Calibration {
-    /// Grid, any order.
+    /// Grid of the chosen verifier, any order.
     pub thresholds: Vec<CalibrationPoint>,
+    /// Grid of the learned verifier (the benchmark compares both).
+    #[serde(default)]
+    pub learned_thresholds: Vec<CalibrationPoint>,
+    /// Grid of the draft-confidence baseline.
+    #[serde(default)]
+    pub confidence_thresholds: Vec<CalibrationPoint>,
+}
+
+impl Calibration {
+    /// Reads a calibration file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
 }
 
 /// The lowest threshold (the one that accepts most, so costs least) whose measured
@@ -27,17 +44,15 @@ pub fn threshold_for(path: &Path, max_far: f32) -> Result<f32, String> {
     if !(0.0..=1.0).contains(&max_far) {
         return Err(format!("max_false_accept_rate {max_far} is outside [0, 1]"));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let c: Calibration = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    pick(&c, max_far).ok_or_else(|| format!("{}: no threshold reaches a false-accept rate of {max_far}", path.display()))
+    let c = Calibration::load(path)?;
+    pick(&c.thresholds, max_far)
+        .map(|p| p.threshold)
+        .ok_or_else(|| format!("{}: no threshold reaches a false-accept rate of {max_far}", path.display()))
 }
 
-fn pick(c: &Calibration, max_far: f32) -> Option<f32> {
-    c.thresholds
-        .iter()
-        .filter(|p| p.false_accept_rate <= max_far)
-        .map(|p| p.threshold)
-        .min_by(f32::total_cmp)
+/// The grid point with the lowest threshold whose false-accept rate is within `max_far`.
+pub fn pick<'a>(grid: impl IntoIterator<Item = &'a CalibrationPoint>, max_far: f32) -> Option<&'a CalibrationPoint> {
+    grid.into_iter().filter(|p| p.false_accept_rate <= max_far).min_by(|a, b| a.threshold.total_cmp(&b.threshold))
 }
 
 #[cfg(test)]
@@ -46,15 +61,11 @@ mod tests {
 
     #[test]
     fn picks_cheapest_threshold_within_target() {
-        let c = Calibration {
-            thresholds: vec![
-                CalibrationPoint { threshold: 0.3, false_accept_rate: 0.05 },
-                CalibrationPoint { threshold: 0.5, false_accept_rate: 0.01 },
-                CalibrationPoint { threshold: 0.9, false_accept_rate: 0.001 },
-            ],
-        };
-        assert_eq!(pick(&c, 0.02), Some(0.5));
-        assert_eq!(pick(&c, 0.1), Some(0.3));
-        assert_eq!(pick(&c, 0.0001), None);
+        let p = |threshold, false_accept_rate| CalibrationPoint { threshold, accept_rate: 0.0, false_accept_rate };
+        let grid = [p(0.3, 0.05), p(0.5, 0.01), p(0.9, 0.001)];
+        let t = |far| pick(&grid, far).map(|p| p.threshold);
+        assert_eq!(t(0.02), Some(0.5));
+        assert_eq!(t(0.1), Some(0.3));
+        assert_eq!(t(0.0001), None);
     }
 }

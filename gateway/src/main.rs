@@ -226,11 +226,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Bench { what: BenchCmd::Report { out, readme } } => bench::report::update_readme(&out, &readme),
         Cmd::Serve { policy, listen, workers } => {
             telemetry::install_logging();
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(server::serve(server::ServeOptions { policy, listen, workers })))
+            block_on(server::serve(server::ServeOptions { policy, listen, workers }))
         }
     };
     match result {

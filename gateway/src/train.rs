@@ -113,10 +113,14 @@ fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
     b
 }
 
+/// Scores and labels of one prompt kind (`None`: all).
+fn of_kind(s: &Scored, k: Option<u8>) -> (Vec<f32>, Vec<bool>) {
+    (0..s.scores.len()).filter(|&i| k.is_none_or(|k| s.kinds[i] == k)).map(|i| (s.scores[i], s.labels[i])).unzip()
+}
+
 fn aucs(s: &Scored) -> serde_json::Value {
     let sub = |k: Option<u8>| {
-        let (sc, lb): (Vec<f32>, Vec<bool>) =
-            (0..s.scores.len()).filter(|&i| k.is_none_or(|k| s.kinds[i] == k)).map(|i| (s.scores[i], s.labels[i])).unzip();
+        let (sc, lb) = of_kind(s, k);
         roc_auc(&sc, &lb)
     };
     json!({"all": sub(None), "code": sub(Some(0)), "chat": sub(Some(1))})
@@ -208,14 +212,11 @@ fn charts(dir: &std::path::Path, learned: &str, l: &Scored, b: &Scored, th: &[f3
         eprintln!("warning: no DejaVu Sans font found; PNG charts skipped");
         return;
     }
-    let part = |s: &Scored, k: u8| -> (Vec<f32>, Vec<bool>) {
-        (0..s.scores.len()).filter(|&i| s.kinds[i] == k).map(|i| (s.scores[i], s.labels[i])).unzip()
-    };
     let mut curves = Vec::new();
     let mut grids = Vec::new();
     for (kname, k) in [("code", 0u8), ("chat", 1u8)] {
         for (vname, s) in [(learned, l), ("confidence", b)] {
-            let (sc, lb) = part(s, k);
+            let (sc, lb) = of_kind(s, Some(k));
             curves.push((format!("{vname}, {kname} (AUC {:.3})", roc_auc(&sc, &lb).unwrap_or(f64::NAN)), roc_curve(&sc, &lb)));
             grids.push((format!("{vname}, {kname}"), grid(s, |i| s.kinds[i] == k, th)));
         }

@@ -7,7 +7,8 @@
 //! exactly that prefix. Target calls run two at a time (a llama-server with two slots), and
 //! every finished shard is skipped on a rerun.
 
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -53,7 +54,40 @@ pub struct CollectSummary {
     pub rows: usize,
 }
 
-/// Collects rows for `items` into shards under `out`.
+/// The shard loop both modes share: `items` in shards of `shard_prompts` under `out`, a
+/// shard already on disk skipped (so a rerun resumes), each new one filled by `fill` and saved.
+async fn write_shards<'a, F, Fut>(
+    items: &'a [CollectItem],
+    out: &Path,
+    shard_prompts: usize,
+    path_of: fn(&Path, usize) -> PathBuf,
+    pb: &ProgressBar,
+    mut fill: F,
+) -> anyhow::Result<CollectSummary>
+where
+    F: FnMut(&'a [CollectItem]) -> Fut,
+    Fut: Future<Output = anyhow::Result<Rows>>,
+{
+    std::fs::create_dir_all(out)?;
+    let mut summary = CollectSummary::default();
+    for (i, chunk) in items.chunks(shard_prompts.max(1)).enumerate() {
+        let path = path_of(out, i);
+        if path.exists() {
+            summary.shards_skipped += 1;
+            pb.inc(chunk.len() as u64);
+            continue;
+        }
+        let rows = fill(chunk).await?;
+        rows.save(&path)?;
+        summary.shards_written += 1;
+        summary.rows += rows.len();
+        // The progress bar hides itself off a terminal; logs still show progress.
+        tracing::info!(shard = %path.display(), rows = rows.len(), done = pb.position(), of = pb.length().unwrap_or(0), "shard written");
+    }
+    Ok(summary)
+}
+
+/// Collects teacher-forced rows for `items` into shards under `out`.
 pub async fn collect(
     pool: Arc<DraftPool>,
     target: Arc<dyn TargetClient>,
@@ -62,19 +96,12 @@ pub async fn collect(
     opts: &CollectOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<CollectSummary> {
-    std::fs::create_dir_all(out)?;
-    let mut summary = CollectSummary::default();
     let hidden_size = pool.meta().hidden_size;
-    for (i, chunk) in items.chunks(opts.shard_prompts.max(1)).enumerate() {
-        let path = shard_path(out, i);
-        if path.exists() {
-            summary.shards_skipped += 1;
-            pb.inc(chunk.len() as u64);
-            continue;
-        }
+    let (pool, target) = (&pool, &target);
+    write_shards(items, out, opts.shard_prompts, shard_path, pb, |chunk| async move {
         let mut rows = Rows::new(hidden_size);
         let answers = futures::stream::iter(chunk.iter().map(|item| {
-            let target = Arc::clone(&target);
+            let target = Arc::clone(target);
             let req = ContinuationRequest {
                 prefix: item.prompt.clone(),
                 max_tokens: opts.max_answer_tokens,
@@ -87,16 +114,12 @@ pub async fn collect(
         futures::pin_mut!(answers);
         while let Some((item, answer)) = answers.next().await {
             let answer = answer?.tokens;
-            teacher_force(&pool, item, &answer, &mut rows).await?;
+            teacher_force(pool, item, &answer, &mut rows).await?;
             pb.inc(1);
         }
-        rows.save(&path)?;
-        summary.shards_written += 1;
-        summary.rows += rows.len();
-        // The progress bar hides itself off a terminal; logs still show progress.
-        tracing::info!(shard = i, rows = rows.len(), done = pb.position(), of = pb.length().unwrap_or(0), "shard written");
-    }
-    Ok(summary)
+        Ok(rows)
+    })
+    .await
 }
 
 /// Runs the draft over prompt + answer and appends one row per answer position.
@@ -148,16 +171,9 @@ pub async fn collect_live(
     opts: &LiveOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<CollectSummary> {
-    std::fs::create_dir_all(out)?;
-    let mut summary = CollectSummary::default();
     let hidden_size = pool.meta().hidden_size;
-    for (i, chunk) in items.chunks(opts.shard_prompts.max(1)).enumerate() {
-        let path = live_shard_path(out, i);
-        if path.exists() {
-            summary.shards_skipped += 1;
-            pb.inc(chunk.len() as u64);
-            continue;
-        }
+    let pool = &pool;
+    write_shards(items, out, opts.shard_prompts, live_shard_path, pb, |chunk| async move {
         let mut rows = Rows::new(hidden_size);
         for item in chunk {
             let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
@@ -172,12 +188,9 @@ pub async fn collect_live(
             }
             pb.inc(1);
         }
-        rows.save(&path)?;
-        summary.shards_written += 1;
-        summary.rows += rows.len();
-        tracing::info!(shard = i, rows = rows.len(), done = pb.position(), of = pb.length().unwrap_or(0), "live shard written");
-    }
-    Ok(summary)
+        Ok(rows)
+    })
+    .await
 }
 
 /// Runs the live loop once; returns each emitted token and who produced it.

@@ -42,7 +42,7 @@ pub fn pareto(path: &Path, r: &QualityReport) -> Result<(), Err> {
     let panels: [CostPanel; 2] =
         [("USD per 1,000 problems, no prompt-cache discount", |s| s.cost_usd), ("USD per 1,000 problems, re-sent input at the cached price", |s| s.cost_usd_cached)];
     for (area, (xlabel, cost)) in [&left, &right].into_iter().zip(panels) {
-        let pts: Vec<(f64, f64)> = rows.iter().map(|x| (cost(&x.summary) * 1000.0 / x.summary.problems.max(1) as f64, x.summary.pass_at_1)).collect();
+        let pts: Vec<(f64, f64)> = rows.iter().map(|x| (super::report::per_1k(cost(&x.summary), x.summary.problems), x.summary.pass_at_1)).collect();
         let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max) * 1.3 + 1e-9;
         let mut chart = ChartBuilder::on(area).margin(16).x_label_area_size(44).y_label_area_size(56).build_cartesian_2d(0f64..xmax, 0f64..100f64)?;
         chart.configure_mesh().x_desc(xlabel).y_desc("pass@1 (%)").draw()?;

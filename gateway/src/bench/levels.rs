@@ -7,25 +7,13 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
+
+use crate::calibration::{Calibration, CalibrationPoint, pick};
 
 /// Level name and the largest false-accept rate (share of accepted draft tokens the target
 /// would not have produced, on held-out data) it allows.
 pub const LEVELS: [(&str, f32); 3] = [("economy", 0.10), ("default", 0.05), ("strict", 0.02)];
-
-#[derive(Debug, Deserialize)]
-struct GridPoint {
-    threshold: f32,
-    accept_rate: f32,
-    false_accept_rate: f32,
-}
-
-#[derive(Debug, Deserialize)]
-struct CalibrationFile {
-    learned_thresholds: Vec<GridPoint>,
-    confidence_thresholds: Vec<GridPoint>,
-}
 
 /// One verifier at one threshold, with what the calibration expects of it.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -51,26 +39,26 @@ pub struct Level {
     pub confidence: Option<Operating>,
 }
 
-fn op(p: &GridPoint) -> Operating {
+fn op(p: &CalibrationPoint) -> Operating {
     Operating { threshold: p.threshold, accept_rate: p.accept_rate, false_accept_rate: p.false_accept_rate }
 }
 
 /// Resolves [`LEVELS`] from a calibration file.
 pub fn resolve(calibration: &Path) -> anyhow::Result<Vec<Level>> {
-    let bytes = std::fs::read(calibration).with_context(|| format!("{}", calibration.display()))?;
-    let c: CalibrationFile = serde_json::from_slice(&bytes).with_context(|| format!("{}", calibration.display()))?;
+    let c = Calibration::load(calibration).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !c.learned_thresholds.is_empty() && !c.confidence_thresholds.is_empty(),
+        "{}: no learned and confidence grids (written by `approxy train fit`)",
+        calibration.display()
+    );
     Ok(resolve_grid(&c))
 }
 
-fn resolve_grid(c: &CalibrationFile) -> Vec<Level> {
+fn resolve_grid(c: &Calibration) -> Vec<Level> {
     LEVELS
         .iter()
         .map(|&(name, max_far)| {
-            let learned = c
-                .learned_thresholds
-                .iter()
-                .filter(|p| p.threshold < 1.0 && p.false_accept_rate <= max_far)
-                .min_by(|a, b| a.threshold.total_cmp(&b.threshold));
+            let learned = pick(c.learned_thresholds.iter().filter(|p| p.threshold < 1.0), max_far);
             let confidence = learned.and_then(|l| {
                 c.confidence_thresholds.iter().filter(|p| p.threshold < 1.0).min_by(|a, b| {
                     let da = (a.accept_rate - l.accept_rate).abs();
@@ -88,13 +76,14 @@ fn resolve_grid(c: &CalibrationFile) -> Vec<Level> {
 mod tests {
     use super::*;
 
-    fn gp(threshold: f32, accept_rate: f32, false_accept_rate: f32) -> GridPoint {
-        GridPoint { threshold, accept_rate, false_accept_rate }
+    fn gp(threshold: f32, accept_rate: f32, false_accept_rate: f32) -> CalibrationPoint {
+        CalibrationPoint { threshold, accept_rate, false_accept_rate }
     }
 
     #[test]
     fn levels_pick_cheapest_learned_and_matching_baseline() {
-        let c = CalibrationFile {
+        let c = Calibration {
+            thresholds: Vec::new(),
             learned_thresholds: vec![gp(0.5, 0.8, 0.12), gp(0.6, 0.7, 0.08), gp(0.8, 0.55, 0.04), gp(1.0, 0.0, 0.0)],
             confidence_thresholds: vec![gp(0.5, 0.72, 0.1), gp(0.6, 0.6, 0.05), gp(0.7, 0.52, 0.03), gp(1.0, 0.0, 0.0)],
         };

@@ -157,13 +157,7 @@ async fn pin_self() -> bool {
 }
 
 async fn hey(bin: &Path, url: &str, rate: u32, seconds: u32, connections: u32, body: &Path, pinned: bool) -> anyhow::Result<Load> {
-    let mut cmd = if pinned {
-        let mut c = tokio::process::Command::new("taskset");
-        c.args(["-c", LOAD_CORE]).arg(bin);
-        c
-    } else {
-        tokio::process::Command::new(bin)
-    };
+    let mut cmd = servers::command(bin, pinned.then_some(LOAD_CORE));
     cmd.args(["-z", &format!("{seconds}s"), "-c", &connections.to_string(), "-m", "POST", "-T", "application/json", "-o", "csv", "-t", "10"]);
     if rate > 0 {
         // hey's rate is per worker.

@@ -68,7 +68,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 /// Cost of a run scaled to 1,000 problems, in USD.
-fn per_1k(usd: f64, problems: usize) -> f64 {
+pub fn per_1k(usd: f64, problems: usize) -> f64 {
     if problems == 0 { 0.0 } else { usd * 1000.0 / problems as f64 }
 }
 

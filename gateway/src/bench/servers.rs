@@ -119,7 +119,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 /// `program args...`, under `taskset -c cpus` when `cpus` is set.
-fn command(program: &Path, cpus: Option<&str>) -> Command {
+pub fn command(program: &Path, cpus: Option<&str>) -> Command {
     match cpus {
         Some(c) => {
             let mut cmd = Command::new("taskset");
@@ -188,18 +188,20 @@ pub async fn start_gateway(exe: &Path, policy: &Path, layout: Layout, logs: &Pat
     spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
 }
 
-/// Peak resident memory (VmHWM) of a process, in bytes.
-pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+/// A `/proc/PID/status` memory line (`VmHWM`, `VmRSS`, ...), in bytes.
+fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
 
+/// Peak resident memory (VmHWM) of a process, in bytes.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    proc_status_bytes(pid, "VmHWM")
+}
+
 /// Current resident memory (VmRSS) of a process, in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    proc_status_bytes(pid, "VmRSS")
 }
