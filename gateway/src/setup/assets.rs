@@ -83,8 +83,8 @@ pub const CONVERT_REQUIREMENTS: &[&str] = &[
     "gguf==0.19.0",
 ];
 
-/// llama.cpp CMake flags: portable AVX2/AVX512 without AMX, which these CPUs advertise but do
-/// not let a process use (`GGML_NATIVE=ON` dies with "Illegal instruction").
+/// llama.cpp CMake flags other than the instruction sets, which `cpu::llama_cpp_isa` chooses
+/// for the CPU at hand. Static, so the binary needs no shared libraries beside it.
 pub const LLAMA_CMAKE_FLAGS: &[&str] = &[
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -93,14 +93,6 @@ pub const LLAMA_CMAKE_FLAGS: &[&str] = &[
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_AVX512=ON",
-    "-DGGML_AMX_TILE=OFF",
-    "-DGGML_AMX_INT8=OFF",
-    "-DGGML_AMX_BF16=OFF",
 ];
 
 impl PartedModel {

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::cpu::{BuiltFor, CpuFeatures};
+
 /// One provided file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AssetFile {
@@ -29,6 +31,9 @@ pub struct Asset {
     pub method: String,
     /// The files.
     pub files: Vec<AssetFile>,
+    /// For native code: the instruction sets it was built for and the CPU it was verified on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub built_for: Option<BuiltFor>,
 }
 
 /// The whole manifest.
@@ -70,6 +75,23 @@ impl Manifest {
                 })
         })
     }
+
+    /// Why a recorded asset cannot run on `cpu`, if it cannot: it needs a feature this CPU
+    /// lacks, or it is CPU-specific and carries no record of what it was built for (a cache
+    /// from before the record existed).
+    pub fn cpu_mismatch(&self, key: &str, cpu: &CpuFeatures, cpu_specific: bool) -> Option<String> {
+        let asset = self.assets.get(key)?;
+        match &asset.built_for {
+            Some(b) => {
+                let missing = cpu.missing(&b.requires);
+                (!missing.is_empty()).then(|| {
+                    format!("it was built on {} for {}; this CPU ({}) lacks {}", b.verified_on, b.isa, cpu.model, missing.join(" "))
+                })
+            }
+            None if cpu_specific => Some("the cache does not record which CPU features it was built for".to_string()),
+            None => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -88,6 +110,7 @@ mod tests {
                 registry: "pypi".into(),
                 method: "test".into(),
                 files: vec![AssetFile { path: "a.bin".into(), size: 5, sha256: "00".into() }],
+                built_for: None,
             },
         );
         m.save(dir.path())?;
@@ -96,6 +119,39 @@ mod tests {
         assert!(!loaded.is_present(dir.path(), "b"));
         std::fs::write(dir.path().join("a.bin"), b"hell")?;
         assert!(!loaded.is_present(dir.path(), "a"), "truncated file must not count");
+        Ok(())
+    }
+
+    #[test]
+    fn a_native_asset_built_for_avx512_does_not_fit_an_avx2_cpu() -> anyhow::Result<()> {
+        let avx2 = CpuFeatures::parse(include_str!("cpuinfo/amd-epyc-avx2.txt"));
+        let xeon = CpuFeatures::parse(include_str!("cpuinfo/intel-xeon-avx512-amx.txt"));
+        let built = super::super::cpu::llama_cpp_isa(&xeon);
+        let asset = |built_for| Asset {
+            source_packages: vec![],
+            registry: "pypi".into(),
+            method: "built".into(),
+            files: vec![],
+            built_for,
+        };
+        let mut m = Manifest::default();
+        m.assets.insert(
+            "llama-server".into(),
+            asset(Some(BuiltFor { isa: "x".into(), requires: built.requires.clone(), verified_on: xeon.model.clone() })),
+        );
+        m.assets.insert("legacy".into(), asset(None));
+        let why = m.cpu_mismatch("llama-server", &avx2, true).unwrap_or_default();
+        assert!(why.contains("avx512f") && why.contains("AMD EPYC 7B13"), "{why}");
+        assert_eq!(m.cpu_mismatch("llama-server", &xeon, true), None);
+        assert!(m.cpu_mismatch("legacy", &xeon, true).is_some(), "no record means rebuild");
+        assert_eq!(m.cpu_mismatch("legacy", &xeon, false), None);
+        assert_eq!(m.cpu_mismatch("absent", &xeon, true), None);
+        // Round trip: old manifests without the field still load.
+        let json = serde_json::to_string(&m)?;
+        let back: Manifest = serde_json::from_str(&json)?;
+        assert_eq!(back.assets["llama-server"].built_for, m.assets["llama-server"].built_for);
+        let old = r#"{"assets":{"a":{"source_packages":[],"registry":"pypi","method":"m","files":[]}}}"#;
+        assert!(serde_json::from_str::<Manifest>(old)?.assets["a"].built_for.is_none());
         Ok(())
     }
 }

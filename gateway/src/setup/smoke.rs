@@ -1,0 +1,123 @@
+//! Runs each native asset once before setup accepts it. `--version` is not enough: a
+//! llama-server built for instructions this CPU lacks prints its version and dies only when
+//! its kernels first run, so the check generates a real token.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::cpu::CpuFeatures;
+
+/// What a process's end says about the CPU, for the error message.
+fn describe_exit(status: std::process::ExitStatus, cpu: &CpuFeatures) -> String {
+    match status.signal() {
+        // SIGILL: the binary uses an instruction this CPU does not have.
+        Some(4) => format!(
+            "died with \"Illegal instruction\" (SIGILL): it was built for instructions this CPU ({}) lacks; its SIMD features: {}",
+            cpu.model,
+            cpu.simd_summary()
+        ),
+        Some(sig) => format!("was killed by signal {sig} on {} ({})", cpu.model, cpu.simd_summary()),
+        None => format!("exited with {status}"),
+    }
+}
+
+/// Runs `cmd` to completion and fails only if it was killed by a signal (an exit code is fine:
+/// `hey -h` exits non-zero, but it ran).
+pub fn runs(cmd: &mut Command, cpu: &CpuFeatures) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("could not start {shown}"))?;
+    if status.signal().is_some() {
+        bail!("{shown} {}", describe_exit(status, cpu));
+    }
+    Ok(())
+}
+
+/// Kills the server when the check ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `llama-server` on `gguf`, waits for `/health`, asks `/completion` for one token and
+/// stops it. Returns the generated text.
+pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<String> {
+    let version = Command::new(bin).arg("--version").stdin(Stdio::null()).output().with_context(|| format!("could not start {}", bin.display()))?;
+    if !version.status.success() {
+        bail!("`llama-server --version` {}", describe_exit(version.status, cpu));
+    }
+    let port = free_port()?;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let mut server = Server(
+        Command::new(bin)
+            .arg("-m")
+            .arg(gguf)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "512", "-np", "1", "-t", "2"])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("could not start {}", bin.display()))?,
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let base = format!("http://127.0.0.1:{port}");
+    rt.block_on(async {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
+        let started = Instant::now();
+        loop {
+            if let Some(status) = server.0.try_wait()? {
+                bail!("llama-server {} while loading the model (log: {})", describe_exit(status, cpu), log.display());
+            }
+            if client.get(format!("{base}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                bail!("llama-server did not become healthy within 300 s (log: {})", log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let body = serde_json::json!({"prompt": "def add(a, b):", "n_predict": 1, "temperature": 0});
+        let reply = client.post(format!("{base}/completion")).json(&body).send().await;
+        if let Some(status) = server.0.try_wait()? {
+            bail!("llama-server {} while generating its first token (log: {})", describe_exit(status, cpu), log.display());
+        }
+        let reply: serde_json::Value = reply?.error_for_status()?.json().await?;
+        let predicted = reply.get("tokens_predicted").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        if predicted < 1 {
+            bail!("llama-server answered without generating a token: {reply}");
+        }
+        Ok(reply.get("content").and_then(serde_json::Value::as_str).unwrap_or_default().to_string())
+    })
+}
+
+/// Loads the ONNX draft through ONNX Runtime and runs one prefill: proves the runtime library
+/// and its kernels run on this CPU.
+pub fn draft_runs(onnxruntime_lib: &Path, model_dir: &Path) -> anyhow::Result<()> {
+    use approxy_verifier::draft::DraftMeta;
+    use approxy_verifier::draft::session::DraftSession;
+    let meta = DraftMeta::load(model_dir)?;
+    let vocab = meta.vocab_size;
+    let mut session = DraftSession::load(onnxruntime_lib, model_dir, meta, 2, false)?;
+    // "Hello" in the Qwen2 vocabulary, then a space; any valid ids would do.
+    let out = session.prefill(&[9707, 220])?;
+    if out.logits.len() != vocab || out.logits.iter().any(|x| !x.is_finite()) {
+        bail!("the draft model ran but gave {} logits (expected {vocab} finite values)", out.logits.len());
+    }
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
