@@ -34,6 +34,10 @@ pub enum ApiError {
     /// The target could not be reached or kept failing.
     #[error("the target model server is unavailable")]
     BadGateway,
+    /// The TLS connection to the target failed: its certificate is not trusted (see
+    /// `target.ca_file`), names another host, or the handshake was refused.
+    #[error("the gateway could not establish a trusted TLS connection to the target model server")]
+    TargetTls,
     /// The target did not answer in time.
     #[error("the target model server timed out")]
     GatewayTimeout,
@@ -59,6 +63,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("payload_too_large")),
             ApiError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("overloaded")),
             ApiError::BadGateway => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_unavailable")),
+            ApiError::TargetTls => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_tls_error")),
             ApiError::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_error", Some("target_timeout")),
             ApiError::UpstreamRejected(s) => (
                 StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
@@ -89,6 +94,7 @@ impl From<TargetError> for ApiError {
     fn from(e: TargetError) -> Self {
         match e {
             TargetError::Timeout(_) => ApiError::GatewayTimeout,
+            TargetError::Tls(_) => ApiError::TargetTls,
             TargetError::Status { status, .. } if (400..500).contains(&status) => ApiError::UpstreamRejected(status),
             TargetError::Unreachable { .. } | TargetError::Status { .. } | TargetError::Protocol(_) => ApiError::BadGateway,
         }

@@ -93,8 +93,7 @@ async fn forward(state: AppState, req: Request<Body>) -> Result<Response, ApiErr
     let started = Instant::now();
     let mut attempt = 0;
     let upstream = loop {
-        let sent = state
-            .shared
+        let sent = rt
             .http
             .request(parts.method.clone(), &url)
             .headers(headers.clone())
@@ -109,6 +108,11 @@ async fn forward(state: AppState, req: Request<Body>) -> Result<Response, ApiErr
                 attempt += 1;
             }
             Err(e) if e.is_timeout() => return Err(ApiError::GatewayTimeout),
+            Err(e) if approxy_verifier::target::tls_failure(&e).is_some() => {
+                let why = approxy_verifier::target::tls_failure(&e).unwrap_or_default();
+                tracing::error!(tls = %why, "passthrough: TLS with the target failed");
+                return Err(ApiError::TargetTls);
+            }
             Err(e) => {
                 tracing::warn!(error = %e.without_url(), "passthrough to target failed");
                 return Err(ApiError::BadGateway);

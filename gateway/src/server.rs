@@ -86,7 +86,11 @@ async fn health() -> Response {
 
 async fn ready(State(state): State<AppState>) -> Response {
     let rt = state.runtime();
-    let target = rt.engine.target().healthy().await;
+    // Bounded well below the target's call timeout: a probe must answer while the probe waits.
+    let target = match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer within 5 s".to_string()),
+    };
     let tokenizer = match rt.tokenizer_check.get() {
         None => json!("not checked yet"),
         Some(TokenizerCheck::Same) => json!("same"),
@@ -97,9 +101,10 @@ async fn ready(State(state): State<AppState>) -> Response {
         "tokenizer_check": tokenizer,
         "draft_workers": state.shared.draft.workers(),
         "draft_workers_idle": state.shared.draft.idle(),
-        "target_reachable": target,
+        "target_reachable": target.is_ok(),
+        "target_error": target.as_ref().err(),
     });
-    let status = if target { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if target.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, axum::Json(body)).into_response()
 }
 
@@ -132,7 +137,6 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
         template,
         eos,
         draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| crate::setup::assets::DRAFT_MODEL.sha256.to_string()),
-        http: reqwest::Client::builder().pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT).build()?,
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
         policy_path: policy_path.to_path_buf(),

@@ -25,8 +25,6 @@ pub struct Shared {
     pub eos: Vec<u32>,
     /// Identity of the draft model, checked against learned verifier artifacts.
     pub draft_sha256: String,
-    /// HTTP client for passthrough.
-    pub http: reqwest::Client,
     /// Prometheus renderer.
     pub prometheus: PrometheusHandle,
     /// Requests in flight (permits live as long as the response body).
@@ -54,6 +52,8 @@ pub struct Runtime {
     pub engine: Engine,
     /// Verifier per model id.
     pub verifiers: HashMap<String, Arc<dyn Verifier>>,
+    /// HTTP client for passthrough and readiness, with the policy's TLS settings.
+    pub http: reqwest::Client,
     /// The target's API key, from the environment. Never logged.
     pub target_key: Option<String>,
     /// Client keys; empty means no auth.
@@ -82,7 +82,9 @@ impl Runtime {
             timeout: policy.target.timeout,
             retries: policy.target.retries,
             backoff: policy.target.backoff,
+            ca_file: policy.target.ca_file.clone(),
         };
+        let http = approxy_verifier::target::http_client_builder(&cfg)?.build()?;
         let target = approxy_verifier::target::build(policy.target.kind, cfg)?;
         let engine = Engine::new(shared.tokenizer.clone(), target, shared.eos.clone());
         let mut verifiers: HashMap<String, Arc<dyn Verifier>> = HashMap::new();
@@ -93,7 +95,7 @@ impl Runtime {
             };
             verifiers.insert(id.clone(), v);
         }
-        Ok(Self { policy: Arc::new(policy), engine, verifiers, target_key, client_keys, tokenizer_check: OnceCell::new() })
+        Ok(Self { policy: Arc::new(policy), engine, verifiers, http, target_key, client_keys, tokenizer_check: OnceCell::new() })
     }
 
     /// Compares tokenizers once; target errors are not cached (the target may come up later).

@@ -63,6 +63,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(300),
         retries: 3,
         backoff: Duration::from_millis(500),
+        ca_file: None,
     })?);
     let pb = ProgressBar::new(items.len() as u64);
     pb.set_style(ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));

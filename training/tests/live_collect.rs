@@ -36,7 +36,7 @@ async fn live_rows_follow_the_decode_loop() {
     .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p) })
     .collect();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50) };
+    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None };
     let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
     let eos = tok.end_of_sequence_ids();
     let engine = Engine::new(tok, target, eos);

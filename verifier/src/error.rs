@@ -22,6 +22,10 @@ pub enum TargetError {
         /// Start of the body, for logs only; never sent to clients.
         body: String,
     },
+    /// The TLS connection to the target failed (untrusted certificate, name mismatch,
+    /// handshake refused). Not retried.
+    #[error("TLS with the target failed: {0}")]
+    Tls(String),
     /// The answer did not have the expected shape.
     #[error("target answer malformed: {0}")]
     Protocol(String),

@@ -65,6 +65,7 @@ pub fn target_config(url: &str) -> TargetConfig {
         timeout: Duration::from_secs(120),
         retries: 1,
         backoff: Duration::from_millis(20),
+        ca_file: None,
     }
 }
 
@@ -103,8 +104,8 @@ impl<T: TargetClient> TargetClient for Counting<T> {
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         self.inner.tokenize(text).await
     }
-    async fn healthy(&self) -> bool {
-        self.inner.healthy().await
+    async fn health(&self) -> Result<(), TargetError> {
+        self.inner.health().await
     }
 }
 

@@ -28,7 +28,7 @@ fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
 
 /// The contract every client must meet.
 async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
-    assert!(c.healthy().await, "{name}: not healthy");
+    c.health().await.unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
     let tok = common::tokenizer();
     let prompt = common::chat_prompt("Write a Python function that squares a number.");
     let long = c.continue_tokens(&req(prompt.clone(), 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -81,7 +81,7 @@ async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
 }
 
 fn cfg(url: &str, timeout: Duration, retries: u32) -> TargetConfig {
-    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5) }
+    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5), ca_file: None }
 }
 
 fn both(c: TargetConfig) -> Vec<Box<dyn TargetClient>> {
@@ -130,7 +130,7 @@ async fn refused_connection_is_unreachable() {
     for c in both(cfg("http://127.0.0.1:9", Duration::from_secs(2), 1)) {
         let r = c.continue_tokens(&req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Unreachable { .. })), "{r:?}");
-        assert!(!c.healthy().await);
+        assert!(c.health().await.is_err());
     }
 }
 

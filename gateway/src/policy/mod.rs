@@ -37,6 +37,8 @@ pub struct TargetPolicy {
     pub retries: u32,
     /// First backoff.
     pub backoff: Duration,
+    /// Extra CA certificates (PEM) trusted for the target.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl TargetPolicy {
@@ -227,8 +229,13 @@ impl Validator {
                 TargetKind::LlamaCpp
             }
         };
-        if !(t.base_url.starts_with("http://") || t.base_url.starts_with("https://")) {
-            self.err(format!("target.base_url: {:?} must start with http:// or https://", t.base_url));
+        match reqwest::Url::parse(&t.base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            Ok(u) => self.err(format!(
+                "target.base_url: scheme {:?} cannot be served; approxy speaks http:// and https:// (TLS by rustls)",
+                u.scheme()
+            )),
+            Err(e) => self.err(format!("target.base_url: {:?} is not a URL: {e}", t.base_url)),
         }
         if t.base_url.contains('@') {
             self.err("target.base_url: put credentials in the environment variable named by target.api_key_env, not in the URL");
@@ -240,7 +247,16 @@ impl Validator {
             timeout: self.duration("target.timeout", t.timeout, Duration::from_secs(120)),
             retries: t.retries.unwrap_or(2),
             backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
+            ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
         };
+        if let Some(ca) = &target.ca_file {
+            if let Err(e) = approxy_verifier::target::load_ca_file(ca) {
+                self.err(format!("target.ca_file: {e}"));
+            }
+            if !target.base_url.starts_with("https://") {
+                self.err("target.ca_file: set, but target.base_url is not https://");
+            }
+        }
         if target.retries > 10 {
             self.err("target.retries: at most 10");
         }

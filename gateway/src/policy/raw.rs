@@ -38,6 +38,8 @@ pub struct RawTarget {
     pub retries: Option<u32>,
     /// First retry backoff, e.g. "200ms".
     pub backoff: Option<String>,
+    /// PEM file of CA certificates to trust for an `https://` target with a private CA.
+    pub ca_file: Option<String>,
 }
 
 /// `[gateway]`.

@@ -5,6 +5,7 @@
 pub mod llamacpp;
 pub mod openai;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -55,6 +56,9 @@ pub struct TargetConfig {
     pub retries: u32,
     /// First backoff; doubled for each further retry.
     pub backoff: Duration,
+    /// PEM file of extra CA certificates trusted for the target (a private CA), beside the
+    /// webpki roots compiled in.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// A model server that can continue a token prefix.
@@ -64,8 +68,8 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError>;
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
-    /// True when the target answers its health check.
-    async fn healthy(&self) -> bool;
+    /// Ok when the target answers its health check; the error says why not.
+    async fn health(&self) -> Result<(), TargetError>;
 }
 
 /// The kinds a policy can name.
@@ -92,13 +96,83 @@ pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn T
 /// nothing sent back (seen as a 502 under the quality benchmark).
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// What every connection to a target shares, for engine calls, passthrough and health
+/// checks alike: TLS by rustls with the webpki roots plus `cfg.ca_file`, HTTP/2 where the
+/// server offers it by ALPN, gzip and brotli bodies, a bounded connect time, and an idle pool
+/// shorter than the servers' keep-alive. No overall timeout: callers set their own.
+pub fn http_client_builder(cfg: &TargetConfig) -> Result<reqwest::ClientBuilder, TargetError> {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT);
+    if let Some(path) = &cfg.ca_file {
+        for cert in load_ca_file(path)? {
+            b = b.add_root_certificate(cert);
+        }
+    }
+    Ok(b)
+}
+
+/// Reads a PEM bundle of CA certificates; a file that holds none is an error, not a silent
+/// fallback to the public roots.
+pub fn load_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, TargetError> {
+    let pem = std::fs::read(path).map_err(|e| TargetError::Tls(format!("cannot read CA file {}: {e}", path.display())))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| TargetError::Tls(format!("CA file {} is not a PEM certificate bundle: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(TargetError::Tls(format!("CA file {} holds no PEM certificate", path.display())));
+    }
+    Ok(certs)
+}
+
 pub(crate) fn http_client(cfg: &TargetConfig) -> Result<reqwest::Client, TargetError> {
-    reqwest::Client::builder()
+    http_client_builder(cfg)?
         .timeout(cfg.timeout)
-        .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .build()
         .map_err(|e| TargetError::Protocol(format!("cannot build HTTP client: {e}")))
+}
+
+/// The TLS failure inside a request error, if that is what it was (an untrusted certificate,
+/// a name mismatch, a handshake the server refused). rustls' error sits inside nested
+/// `io::Error`s, whose `source()` skips the error they wrap, so each link is opened with
+/// `get_ref` as well.
+pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<rustls::Error>() {
+            return Some(t.to_string());
+        }
+        cur = match err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
+/// Maps a failed send to the error the engine reports.
+pub(crate) fn send_error(e: &reqwest::Error, cfg: &TargetConfig, url: &str) -> TargetError {
+    if let Some(t) = tls_failure(e) {
+        TargetError::Tls(t)
+    } else if e.is_timeout() {
+        TargetError::Timeout(cfg.timeout)
+    } else {
+        TargetError::Unreachable { url: url.to_string(), reason: without_url(e) }
+    }
+}
+
+/// GETs `url` and wants a 2xx: the health checks.
+pub(crate) async fn get_ok(http: &reqwest::Client, cfg: &TargetConfig, url: &str) -> Result<(), TargetError> {
+    let mut rb = http.get(url);
+    if let Some(k) = &cfg.api_key {
+        rb = rb.bearer_auth(k);
+    }
+    let resp = rb.send().await.map_err(|e| send_error(&e, cfg, url))?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(TargetError::Status { status: resp.status().as_u16(), body: String::new() })
+    }
 }
 
 /// POSTs JSON with bounded retries and exponential backoff on connect errors, timeouts and
@@ -128,8 +202,11 @@ pub(crate) async fn post_json(
                 }
                 e
             }
-            Err(e) if e.is_timeout() => TargetError::Timeout(cfg.timeout),
-            Err(e) => TargetError::Unreachable { url: url.to_string(), reason: without_url(&e) },
+            Err(e) => match send_error(&e, cfg, url) {
+                // A certificate that is not trusted now will not be trusted on a retry.
+                tls @ TargetError::Tls(_) => return Err(tls),
+                other => other,
+            },
         };
         if attempt >= cfg.retries {
             return Err(err);

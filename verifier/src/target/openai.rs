@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use serde_json::json;
 
-use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, http_client, join, post_json};
+use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, get_ok, http_client, join, post_json};
 use crate::error::TargetError;
 
 /// Client for OpenAI-style completions with token ids.
@@ -80,11 +80,7 @@ impl TargetClient for OpenAiCompletionsTarget {
         }
     }
 
-    async fn healthy(&self) -> bool {
-        let mut rb = self.http.get(join(&self.cfg.base_url, "models"));
-        if let Some(k) = &self.cfg.api_key {
-            rb = rb.bearer_auth(k);
-        }
-        rb.send().await.is_ok_and(|r| r.status().is_success())
+    async fn health(&self) -> Result<(), TargetError> {
+        get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await
     }
 }
