@@ -46,6 +46,9 @@ enum Cmd {
         /// Keep the (large) conversion venv after converting the draft model.
         #[arg(long)]
         keep_convert_env: bool,
+        /// Also provide the vLLM test target (about 8.5 GB more; the test command uses it).
+        #[arg(long)]
+        vllm: bool,
     },
     /// Benchmarks.
     Bench {
@@ -191,8 +194,8 @@ fn main() -> std::process::ExitCode {
         telemetry::install_logging();
     }
     let result = match cli.command {
-        Cmd::Setup { keep_convert_env } => setup::Home::from_env()
-            .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env })),
+        Cmd::Setup { keep_convert_env, vllm } => setup::Home::from_env()
+            .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env, vllm })),
         Cmd::Check { policy } => check(&policy),
         Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens, live_threshold } } => train::default_data_dir()
             .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens, live_threshold })),

@@ -2,6 +2,8 @@
 
 Run by `approxy setup` inside its conversion venv; not imported by anything else.
 Usage: convert_draft_onnx.py GGUF_PATH OUT_DIR WORK_DIR
+       convert_draft_onnx.py --dequantize-only GGUF_PATH HF_DIR
+         (step 1 alone: the float32 checkpoint a vLLM target serves)
 
 Steps (recipe from shared/FACTS.md):
 1. transformers dequantises the GGUF into a float32 Hugging Face checkpoint (offline).
@@ -16,20 +18,11 @@ import subprocess
 import sys
 
 
-def main() -> int:
-    gguf_path, out_dir, work_dir = sys.argv[1:4]
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+def dequantize(gguf_path: str, hf_dir: str):
+    """Step 1: the GGUF as a float32 Hugging Face checkpoint in hf_dir; returns the tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src_dir, name = os.path.split(os.path.abspath(gguf_path))
-    hf_dir = os.path.join(work_dir, "hf")
-    tmp_out = os.path.join(work_dir, "onnx")
-    cache_dir = os.path.join(work_dir, "cache")
-    for d in (hf_dir, tmp_out, cache_dir):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-
     print("loading GGUF", flush=True)
     tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype="float32")
@@ -41,6 +34,36 @@ def main() -> int:
     model.save_pretrained(hf_dir)
     tok.save_pretrained(hf_dir)
     del model
+    return tok
+
+
+def dequantize_only(gguf_path: str, hf_dir: str) -> int:
+    tmp = hf_dir + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    dequantize(gguf_path, tmp)
+    # Publish atomically, like the ONNX directory.
+    shutil.rmtree(hf_dir, ignore_errors=True)
+    shutil.move(tmp, hf_dir)
+    print("done", flush=True)
+    return 0
+
+
+def main() -> int:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if sys.argv[1] == "--dequantize-only":
+        return dequantize_only(*sys.argv[2:4])
+    gguf_path, out_dir, work_dir = sys.argv[1:4]
+    name = os.path.basename(gguf_path)
+    hf_dir = os.path.join(work_dir, "hf")
+    tmp_out = os.path.join(work_dir, "onnx")
+    cache_dir = os.path.join(work_dir, "cache")
+    for d in (hf_dir, tmp_out, cache_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+
+    tok = dequantize(gguf_path, hf_dir)
 
     print("building int4 ONNX", flush=True)
     subprocess.run(

@@ -40,6 +40,14 @@ impl Home {
     pub fn draft_onnx_dir(&self) -> PathBuf {
         self.root.join("models").join("draft-onnx")
     }
+    /// The draft as a float32 Hugging Face checkpoint, served by the vLLM test target.
+    pub fn draft_hf_dir(&self) -> PathBuf {
+        self.root.join("models").join("draft-hf")
+    }
+    /// The venv with vLLM's CPU build.
+    pub fn vllm_venv(&self) -> PathBuf {
+        self.root.join("venv").join("vllm")
+    }
     /// The `llama-server` binary.
     pub fn llama_server(&self) -> PathBuf {
         self.root.join("bin").join("llama-server")

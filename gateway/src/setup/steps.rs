@@ -19,7 +19,7 @@ use super::{Home, SetupOptions, bytes_style, sha256_file};
 /// The conversion script, shipped inside the binary so setup needs only the binary itself.
 const CONVERT_SCRIPT: &str = include_str!("../../../verifier/scripts/convert_draft_onnx.py");
 
-fn python() -> String {
+pub(super) fn python() -> String {
     std::env::var("APPROXY_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
@@ -27,7 +27,7 @@ fn rel(home: &Home, p: &Path) -> String {
     p.strip_prefix(&home.root).unwrap_or(p).to_string_lossy().into_owned()
 }
 
-fn record(home: &Home, files: &[PathBuf], pb: &ProgressBar) -> anyhow::Result<Vec<AssetFile>> {
+pub(super) fn record(home: &Home, files: &[PathBuf], pb: &ProgressBar) -> anyhow::Result<Vec<AssetFile>> {
     files
         .iter()
         .map(|p| {
@@ -356,17 +356,33 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     Ok(())
 }
 
-/// Converts the draft GGUF into int4 ONNX with hidden states.
-pub fn draft_onnx(home: &Home, manifest: &mut Manifest, opts: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
-    let key = "draft-onnx";
-    if !manifest.is_present(&home.root, "draft-gguf") {
-        bail!("the draft GGUF is missing; it is provided by an earlier step");
-    }
-    let dir = ensure_venv(home, key, "convert", assets::CONVERT_REQUIREMENTS, pb)?;
+/// The conversion venv (torch, transformers, the ONNX builder), created when first needed and
+/// removed at the end of setup.
+pub(super) fn convert_venv(home: &Home, key: &str, pb: &ProgressBar) -> anyhow::Result<PathBuf> {
+    ensure_venv(home, key, CONVERT_VENV, assets::CONVERT_REQUIREMENTS, pb)
+}
+
+/// Name of the conversion venv under `venv/`.
+pub(super) const CONVERT_VENV: &str = "convert";
+
+/// Writes the conversion script into the step's work directory.
+pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<PathBuf> {
     let work = home.work(key);
     std::fs::create_dir_all(&work)?;
     let script = work.join("convert_draft_onnx.py");
     std::fs::write(&script, CONVERT_SCRIPT)?;
+    Ok(script)
+}
+
+/// Converts the draft GGUF into int4 ONNX with hidden states.
+pub fn draft_onnx(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "draft-onnx";
+    if !manifest.is_present(&home.root, "draft-gguf") {
+        bail!("the draft GGUF is missing; it is provided by an earlier step");
+    }
+    let dir = convert_venv(home, key, pb)?;
+    let work = home.work(key);
+    let script = write_convert_script(home, key)?;
     let out = home.draft_onnx_dir();
     pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
     let mut cmd = Command::new(dir.join("bin").join("python"));
@@ -398,10 +414,6 @@ pub fn draft_onnx(home: &Home, manifest: &mut Manifest, opts: &SetupOptions, pb:
         },
     );
     let _ = std::fs::remove_dir_all(&work);
-    if !opts.keep_convert_env {
-        pb.set_message("removing the conversion venv".to_string());
-        std::fs::remove_dir_all(&dir)?;
-    }
     Ok(())
 }
 

