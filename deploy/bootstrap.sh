@@ -8,8 +8,9 @@ cd "$REPO"
 echo "==> building approxy (cargo build --release)"
 cargo build --release --locked -p approxy-gateway
 APPROXY="$REPO/target/release/approxy"
-echo "==> approxy setup (cache: $APPROXY_HOME)"
-"$APPROXY" setup
+echo "==> approxy setup ${APPROXY_SETUP_ARGS:-}(cache: $APPROXY_HOME)"
+# shellcheck disable=SC2086  # the arguments are words on purpose
+"$APPROXY" setup ${APPROXY_SETUP_ARGS:-}
 LLAMA_SERVER="$APPROXY_HOME/bin/llama-server"
 TARGET_GGUF="$APPROXY_HOME/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 TARGET_ALIAS="qwen2.5-coder-1.5b-instruct"
@@ -27,6 +28,24 @@ start_target() {
     sleep 0.5
   done
   echo "llama-server did not become healthy; log:"; tail -20 "$log"; return 1
+}
+
+# start_vllm PORT LOGFILE: starts vLLM (CPU build, from `approxy setup --vllm`) serving the
+# draft model as float32 under the name $VLLM_ALIAS, waits until healthy (start-up takes a
+# minute or two), sets VLLM_PID.
+VLLM_ALIAS="qwen2.5-coder-0.5b-instruct-f32"
+start_vllm() {
+  local port="$1" log="$2"
+  VLLM_CPU_KVCACHE_SPACE=2 "$APPROXY_HOME/venv/vllm/bin/python" -m vllm.entrypoints.openai.api_server \
+    --model "$APPROXY_HOME/models/draft-hf" --served-model-name "$VLLM_ALIAS" --host 127.0.0.1 --port "$port" \
+    --max-model-len 4096 --dtype float32 --enforce-eager >"$log" 2>&1 &
+  VLLM_PID=$!
+  for _ in $(seq 1 600); do
+    if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$VLLM_PID" 2>/dev/null; then echo "vLLM exited; log:"; tail -30 "$log"; return 1; fi
+    sleep 1
+  done
+  echo "vLLM did not become healthy in 10 minutes; log:"; tail -30 "$log"; return 1
 }
 
 # free_port: an unused loopback TCP port.

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Sets up whatever is missing and runs every test: Rust unit and integration tests and the
-# end-to-end tests (real llama-server target, real ONNX draft, the official openai client).
+# end-to-end tests (real llama-server target, real ONNX draft, the official openai client),
+# then the same client suite and the target-client contract against a real vLLM.
+APPROXY_SETUP_ARGS="--vllm"
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 mkdir -p "$APPROXY_HOME/logs"
 PORT="$(free_port)"
 echo "==> starting llama-server (target) for the tests on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/test-target-server.log"
-trap 'kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true' EXIT
+VLLM_PID=""
+stop_servers() {
+  for pid in "$TARGET_PID" $VLLM_PID; do kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; done
+}
+trap stop_servers EXIT
 export APPROXY_TEST_TARGET_URL="http://127.0.0.1:$PORT"
 export APPROXY_BIN="$APPROXY"
 export APPROXY_TARGET_ALIAS="$TARGET_ALIAS"
@@ -25,3 +31,17 @@ if ! cmp -s "$REQ" "$VENV/.requirements" 2>/dev/null; then
   cp "$REQ" "$VENV/.requirements"
 fi
 "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e" -p no:cacheprovider
+
+# vLLM runs only now: with llama-server and the draft busy too, two cores would starve it.
+kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true
+VLLM_PORT="$(free_port)"
+echo "==> starting vLLM (target, $VLLM_ALIAS) for the tests on 127.0.0.1:$VLLM_PORT"
+start_vllm "$VLLM_PORT" "$APPROXY_HOME/logs/test-vllm-server.log"
+export APPROXY_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT" APPROXY_TEST_VLLM_MODEL="$VLLM_ALIAS"
+
+echo "==> Rust tests against vLLM (the vllm target kind)"
+cargo test --release --locked -p approxy-verifier --test target_vllm --no-fail-fast -- --ignored --test-threads=1
+
+echo "==> end-to-end tests (openai Python client) through approxy with vLLM as the target"
+APPROXY_E2E_TARGET_KIND=vllm APPROXY_TEST_TARGET_URL="$APPROXY_TEST_VLLM_URL" APPROXY_TARGET_ALIAS="$VLLM_ALIAS" \
+  "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e/test_openai_client.py" -p no:cacheprovider

@@ -21,13 +21,21 @@ BIN = os.environ.get("APPROXY_BIN", str(REPO / "target" / "release" / "approxy")
 TARGET = os.environ.get("APPROXY_TEST_TARGET_URL")
 MODEL = os.environ.get("APPROXY_TARGET_ALIAS", "qwen2.5-coder-1.5b-instruct")
 
+# "llama_cpp" (the default) or "vllm": test-all.sh runs the client suite a second time with a
+# real vLLM as the target.
+TARGET_KIND = os.environ.get("APPROXY_E2E_TARGET_KIND", "llama_cpp")
+
 if not TARGET:
     raise RuntimeError("APPROXY_TEST_TARGET_URL is not set: run ./deploy/test-all.sh (the README's test command)")
 
 
 def policy_text(base_url=TARGET, **over):
-    """policies/default.toml pointed at `base_url`, with `key = value` lines replaced."""
+    """policies/default.toml pointed at `base_url` (a server root) for the target kind under
+    test, with `key = value` lines replaced."""
     text = (REPO / "policies" / "default.toml").read_text()
+    if TARGET_KIND == "vllm":
+        text = re.sub(r'^kind = .*$', 'kind = "vllm"', text, count=1, flags=re.M)
+        base_url = base_url.rstrip("/") + "/v1"
     text = re.sub(r'^base_url = .*$', f'base_url = "{base_url}"', text, flags=re.M)
     for key, value in over.items():
         text, n = re.subn(rf'^{key} = .*$', f"{key} = {value}", text, flags=re.M)

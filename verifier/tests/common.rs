@@ -152,3 +152,35 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
     let (ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
     Ok((ids, text, stats?))
 }
+
+/// A greedy continuation request for `n` tokens.
+pub fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
+    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default(), model: None }
+}
+
+/// The contract every target client must meet against a real server with the draft's
+/// tokenizer; returns the greedy continuation of a fixed prompt.
+pub async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
+    c.health().await.unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
+    let tok = tokenizer();
+    let prompt = chat_prompt("Write a Python function that squares a number.");
+    let long = c.continue_tokens(&req(prompt.clone(), 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(long.tokens.len(), 12, "{name}: wrong count");
+    assert!(!long.stopped_on_eos);
+    // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives the rest.
+    let mut prefix = prompt.clone();
+    prefix.extend_from_slice(&long.tokens[..5]);
+    let rest = c.continue_tokens(&req(prefix, 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(rest.tokens, long.tokens[5..], "{name}: prefix continuation differs");
+    // A short answer ends on end-of-sequence.
+    let short = c
+        .continue_tokens(&req(chat_prompt("Reply with the single word OK."), 40))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(short.stopped_on_eos, "{name}: {short:?}");
+    // Tokenizer agreement when the target can tokenize.
+    if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
+        assert_eq!(ids, tok.encode("fn main() { println!(\"héllo 🚀\"); }").unwrap_or_default(), "{name}");
+    }
+    long.tokens
+}

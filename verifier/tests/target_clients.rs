@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, OpenAiCompletionsTarget, TargetClient, TargetConfig};
-use approxy_verifier::{SamplingParams, TargetError};
+use approxy_verifier::target::{LlamaCppTarget, OpenAiCompletionsTarget, TargetClient, TargetConfig};
+use approxy_verifier::TargetError;
 
 fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
     let mut oa = common::target_config(&format!("{url}/v1"));
@@ -22,42 +22,12 @@ fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
     ]
 }
 
-fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
-    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default(), model: None }
-}
-
-/// The contract every client must meet.
-async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
-    c.health().await.unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
-    let tok = common::tokenizer();
-    let prompt = common::chat_prompt("Write a Python function that squares a number.");
-    let long = c.continue_tokens(&req(prompt.clone(), 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_eq!(long.tokens.len(), 12, "{name}: wrong count");
-    assert!(!long.stopped_on_eos);
-    // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives the rest.
-    let mut prefix = prompt.clone();
-    prefix.extend_from_slice(&long.tokens[..5]);
-    let rest = c.continue_tokens(&req(prefix, 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_eq!(rest.tokens, long.tokens[5..], "{name}: prefix continuation differs");
-    // A short answer ends on end-of-sequence.
-    let short = c
-        .continue_tokens(&req(common::chat_prompt("Reply with the single word OK."), 40))
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert!(short.stopped_on_eos, "{name}: {short:?}");
-    // Tokenizer agreement when the target can tokenize.
-    if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
-        assert_eq!(ids, tok.encode("fn main() { println!(\"héllo 🚀\"); }").unwrap_or_default(), "{name}");
-    }
-    long.tokens
-}
-
 #[tokio::test]
 async fn every_client_passes_the_suite_on_the_real_target() {
     let url = common::target_url();
     let mut outputs = Vec::new();
     for (name, c) in clients(&url) {
-        outputs.push(suite(name, c.as_ref()).await);
+        outputs.push(common::suite(name, c.as_ref()).await);
     }
     assert_eq!(outputs[0], outputs[1], "the two endpoints disagree");
 }
@@ -96,7 +66,7 @@ async fn server_errors_are_retried_then_typed() {
     for i in 0..2 {
         let (url, calls) = stub(503, Duration::ZERO).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
-        let r = c.continue_tokens(&req(vec![1, 2, 3], 1)).await;
+        let r = c.continue_tokens(&common::req(vec![1, 2, 3], 1)).await;
         assert!(matches!(r, Err(TargetError::Status { status: 503, .. })), "{r:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
@@ -107,7 +77,7 @@ async fn client_errors_are_not_retried() {
     for i in 0..2 {
         let (url, calls) = stub(400, Duration::ZERO).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 3))[i];
-        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Status { status: 400, .. })), "{r:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
@@ -119,7 +89,7 @@ async fn slow_target_times_out() {
         let (url, _) = stub(200, Duration::from_secs(10)).await;
         let c = &both(cfg(&url, Duration::from_millis(200), 0))[i];
         let t = Instant::now();
-        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Timeout(_))), "{r:?}");
         assert!(t.elapsed() < Duration::from_secs(5));
     }
@@ -128,7 +98,7 @@ async fn slow_target_times_out() {
 #[tokio::test]
 async fn refused_connection_is_unreachable() {
     for c in both(cfg("http://127.0.0.1:9", Duration::from_secs(2), 1)) {
-        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Unreachable { .. })), "{r:?}");
         assert!(c.health().await.is_err());
     }
@@ -139,7 +109,7 @@ async fn malformed_answer_is_a_protocol_error() {
     for i in 0..2 {
         let (url, _) = stub(200, Duration::ZERO).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 0))[i];
-        let r = c.continue_tokens(&req(vec![1], 1)).await;
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Protocol(_))), "{r:?}");
     }
 }
@@ -162,7 +132,7 @@ async fn openai_calls_name_the_requested_model() {
     let url = format!("http://{}/v1", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
     tokio::spawn(async move { axum::serve(listener, app).await });
     let c = OpenAiCompletionsTarget::new(cfg(&url, Duration::from_secs(5), 0)).unwrap_or_else(|e| panic!("{e}"));
-    let mut r = req(vec![1, 2], 2);
+    let mut r = common::req(vec![1, 2], 2);
     assert_eq!(c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}")).tokens, vec![7, 8]);
     r.model = Some("client-model".into());
     c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));

@@ -47,7 +47,7 @@ impl TargetPolicy {
         let b = self.base_url.trim_end_matches('/');
         match self.kind {
             TargetKind::LlamaCpp => format!("{b}/v1"),
-            TargetKind::OpenAi => b.to_string(),
+            TargetKind::Vllm => b.to_string(),
         }
     }
 }
@@ -223,9 +223,9 @@ impl Validator {
         let t = raw.target;
         let kind = match t.kind.as_str() {
             "llama_cpp" => TargetKind::LlamaCpp,
-            "openai" => TargetKind::OpenAi,
+            "vllm" | "openai" => TargetKind::Vllm,
             k => {
-                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"openai\""));
+                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\""));
                 TargetKind::LlamaCpp
             }
         };

@@ -78,15 +78,17 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
 pub enum TargetKind {
     /// llama.cpp `llama-server`.
     LlamaCpp,
-    /// Any OpenAI-compatible server with token-id prompts on `/v1/completions` (vLLM).
-    OpenAi,
+    /// `/v1/completions` with token-id prompts and `return_token_ids`: vLLM, and servers that
+    /// accept token ids the same way (SGLang, Fireworks). Policies may also say `"openai"`,
+    /// its earlier name.
+    Vllm,
 }
 
 /// Builds a client of the given kind.
 pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn TargetClient>, TargetError> {
     Ok(match kind {
         TargetKind::LlamaCpp => std::sync::Arc::new(LlamaCppTarget::new(cfg)?),
-        TargetKind::OpenAi => std::sync::Arc::new(OpenAiCompletionsTarget::new(cfg)?),
+        TargetKind::Vllm => std::sync::Arc::new(OpenAiCompletionsTarget::new(cfg)?),
     })
 }
 
