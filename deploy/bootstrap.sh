@@ -8,12 +8,24 @@ cd "$REPO"
 echo "==> building approxy (cargo build --release)"
 cargo build --release --locked -p approxy-gateway
 APPROXY="$REPO/target/release/approxy"
-echo "==> approxy setup ${APPROXY_SETUP_ARGS:-}(cache: $APPROXY_HOME)"
+echo "==> approxy setup ${APPROXY_SETUP_ARGS:+$APPROXY_SETUP_ARGS }(cache: $APPROXY_HOME)"
 # shellcheck disable=SC2086  # the arguments are words on purpose
 "$APPROXY" setup ${APPROXY_SETUP_ARGS:-}
 LLAMA_SERVER="$APPROXY_HOME/bin/llama-server"
 TARGET_GGUF="$APPROXY_HOME/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 TARGET_ALIAS="qwen2.5-coder-1.5b-instruct"
+
+# wait_healthy NAME PID URL LOGFILE SECONDS: waits until URL answers 2xx, failing with the
+# log's tail when the process exits or time runs out.
+wait_healthy() {
+  local name="$1" pid="$2" url="$3" log="$4" seconds="$5"
+  for _ in $(seq 1 "$seconds"); do
+    if curl -fsS "$url" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then echo "$name exited; log:"; tail -30 "$log"; return 1; fi
+    sleep 1
+  done
+  echo "$name did not become healthy in $seconds s; log:"; tail -30 "$log"; return 1
+}
 
 # start_target PORT LOGFILE: starts llama-server with the target model, waits until healthy,
 # sets TARGET_PID.
@@ -22,12 +34,7 @@ start_target() {
   "$LLAMA_SERVER" -m "$TARGET_GGUF" --alias "$TARGET_ALIAS" --host 127.0.0.1 --port "$port" \
     -c 8192 -np 2 -t "${APPROXY_TARGET_THREADS:-2}" >"$log" 2>&1 &
   TARGET_PID=$!
-  for _ in $(seq 1 240); do
-    if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then return 0; fi
-    if ! kill -0 "$TARGET_PID" 2>/dev/null; then echo "llama-server exited; log:"; tail -20 "$log"; return 1; fi
-    sleep 0.5
-  done
-  echo "llama-server did not become healthy; log:"; tail -20 "$log"; return 1
+  wait_healthy llama-server "$TARGET_PID" "http://127.0.0.1:$port/health" "$log" 120
 }
 
 # start_vllm PORT LOGFILE: starts vLLM (CPU build, from `approxy setup --vllm`) serving the
@@ -40,12 +47,7 @@ start_vllm() {
     --model "$APPROXY_HOME/models/draft-hf" --served-model-name "$VLLM_ALIAS" --host 127.0.0.1 --port "$port" \
     --max-model-len 4096 --dtype float32 --enforce-eager >"$log" 2>&1 &
   VLLM_PID=$!
-  for _ in $(seq 1 600); do
-    if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then return 0; fi
-    if ! kill -0 "$VLLM_PID" 2>/dev/null; then echo "vLLM exited; log:"; tail -30 "$log"; return 1; fi
-    sleep 1
-  done
-  echo "vLLM did not become healthy in 10 minutes; log:"; tail -30 "$log"; return 1
+  wait_healthy vLLM "$VLLM_PID" "http://127.0.0.1:$port/health" "$log" 600
 }
 
 # free_port: an unused loopback TCP port.

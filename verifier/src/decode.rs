@@ -190,7 +190,6 @@ impl Engine {
             let accepted = decide(verifier, &out, run.req.threshold);
             let over_budget = window.as_mut().is_some_and(|w| w.push(!accepted));
             let (produced, verdict) = if accepted {
-                run.stats.draft_tokens += 1;
                 accepted_run += 1;
                 (vec![proposal], run.emit(&[proposal], Source::Draft).await?)
             } else {
@@ -308,8 +307,10 @@ impl<'a> Run<'a> {
             self.emitted.push(id);
             self.last_source = source;
             self.stats.completion_tokens += 1;
+            // Counted here, with completion_tokens, so an end-of-sequence token (never
+            // emitted) is counted by neither and the three always add up.
             match source {
-                Source::Draft => {}
+                Source::Draft => self.stats.draft_tokens += 1,
                 Source::Target => self.stats.target_tokens += 1,
             }
             let delta = self.decoder.push(id)?;

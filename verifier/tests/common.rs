@@ -150,7 +150,10 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
     });
     let stats = engine.generate(&lease, &ConfidenceVerifier, req, tx).await;
     let (ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
-    Ok((ids, text, stats?))
+    let stats = stats?;
+    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what must add up: {stats:?}");
+    assert_eq!(stats.completion_tokens as usize, ids.len());
+    Ok((ids, text, stats))
 }
 
 /// A greedy continuation request for `n` tokens.

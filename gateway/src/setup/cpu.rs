@@ -38,10 +38,14 @@ impl CpuFeatures {
         }
     }
 
-    /// This machine's CPU.
+    /// The CPU to build for: this machine's, or the one described by the cpuinfo file named in
+    /// `APPROXY_SETUP_CPUINFO`. That builds a cache for another, smaller CPU (an AVX2-only fleet
+    /// prepared on an AVX-512 machine); each part is still run here before it is accepted, so
+    /// the file must describe a CPU whose features this one has.
     pub fn current() -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string("/proc/cpuinfo")
-            .map_err(|e| anyhow::anyhow!("cannot read /proc/cpuinfo to choose build flags: {e}"))?;
+        let path = std::env::var_os("APPROXY_SETUP_CPUINFO").unwrap_or_else(|| "/proc/cpuinfo".into());
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("cannot read {} to choose build flags: {e}", std::path::Path::new(&path).display()))?;
         Ok(Self::parse(&text))
     }
 
