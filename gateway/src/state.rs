@@ -10,7 +10,7 @@ use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, EngineError, Learn
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
-use crate::policy::{Policy, VerifierChoice};
+use crate::policy::{Mode, Policy, VerifierChoice};
 use crate::template::ChatTemplate;
 
 /// Process-wide parts.
@@ -85,6 +85,13 @@ impl Runtime {
             ca_file: policy.target.ca_file.clone(),
         };
         let http = approxy_verifier::target::http_client_builder(&cfg)?.build()?;
+        let kind = policy.target.kind;
+        if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {
+            tracing::warn!(
+                kind = kind.policy_name(),
+                "this target cannot continue a partial answer: every request passes through (reason target_cannot_continue)"
+            );
+        }
         let target = approxy_verifier::target::build(policy.target.kind, cfg)?;
         let engine = Engine::new(shared.tokenizer.clone(), target, shared.eos.clone());
         let mut verifiers: HashMap<String, Arc<dyn Verifier>> = HashMap::new();

@@ -1,7 +1,9 @@
 """Requests the engine does not serve go to the target unchanged, and say why."""
+import re
+
 import httpx
 
-from conftest import MODEL, policy_text, raw_post
+from conftest import MODEL, TARGET, policy_text, raw_post
 
 MSG = [{"role": "user", "content": "What is 2+2? Answer with the number only."}]
 
@@ -30,6 +32,25 @@ def test_policy_passthrough_mode(start_gateway):
     raw = g.client().chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0)
     assert raw.headers["x-approxy-passthrough-reason"] == "policy_passthrough"
     assert "4" in raw.parse().choices[0].message.content
+
+
+def test_target_that_cannot_continue_passes_everything_through(start_gateway):
+    # llama-server's OpenAI chat API, declared as a chat-only target (as OpenAI's own chat models
+    # are: they cannot continue a partial assistant answer).
+    text = re.sub(r'^kind = .*$', 'kind = "openai_chat"', policy_text(base_url=TARGET.rstrip("/") + "/v1"), count=1, flags=re.M)
+    g = start_gateway(text)
+    assert "target_cannot_continue" in g.logs()
+    c = g.client()
+    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0)
+    assert raw.headers["x-approxy-mode"] == "passthrough"
+    assert raw.headers["x-approxy-passthrough-reason"] == "target_cannot_continue"
+    assert "4" in raw.parse().choices[0].message.content
+    with httpx.stream("POST", g.url + "/v1/chat/completions", timeout=120,
+                      json={"model": MODEL, "messages": MSG, "max_tokens": 8, "stream": True}) as r:
+        assert r.headers["x-approxy-passthrough-reason"] == "target_cannot_continue"
+        lines = [l for l in r.iter_lines() if l.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert httpx.get(g.url + "/ready", timeout=30).json()["target_reachable"] is True
 
 
 def test_saturated_draft_degrades_to_passthrough(gateway):

@@ -108,6 +108,7 @@ where
     let decision = match (&model_policy, valid.passthrough_reason) {
         (None, _) => Err("model_without_policy"),
         (Some(m), _) if m.mode == Mode::Passthrough => Err("policy_passthrough"),
+        (Some(_), _) if !rt.policy.target.kind.can_continue() => Err("target_cannot_continue"),
         (Some(_), Some(r)) => Err(r),
         (Some(m), None) => match rt.tokenizer_check().await {
             Ok(TokenizerCheck::Different(_)) => Err("tokenizer_mismatch"),

@@ -47,7 +47,7 @@ impl TargetPolicy {
         let b = self.base_url.trim_end_matches('/');
         match self.kind {
             TargetKind::LlamaCpp => format!("{b}/v1"),
-            TargetKind::Vllm => b.to_string(),
+            TargetKind::Vllm | TargetKind::OpenAiChat => b.to_string(),
         }
     }
 }
@@ -224,8 +224,9 @@ impl Validator {
         let kind = match t.kind.as_str() {
             "llama_cpp" => TargetKind::LlamaCpp,
             "vllm" | "openai" => TargetKind::Vllm,
+            "openai_chat" => TargetKind::OpenAiChat,
             k => {
-                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\""));
+                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\", \"openai_chat\""));
                 TargetKind::LlamaCpp
             }
         };
@@ -424,6 +425,23 @@ correction_tokens = 0
             assert!(e.iter().any(|p| p.contains(needle)), "{needle} missing from {e:?}");
         }
         assert!(e.len() >= 6, "{e:?}");
+    }
+
+    #[test]
+    fn target_kinds_by_name() -> Result<(), PolicyError> {
+        for (name, kind, base) in [
+            ("llama_cpp", TargetKind::LlamaCpp, "https://h:1/v1"),
+            ("vllm", TargetKind::Vllm, "https://h:1"),
+            ("openai", TargetKind::Vllm, "https://h:1"),
+            ("openai_chat", TargetKind::OpenAiChat, "https://h:1"),
+        ] {
+            let text = GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {name:?}")).replace("http://127.0.0.1:8081", "https://h:1");
+            let p = Policy::parse(&text, Path::new("p.toml"))?;
+            assert_eq!(p.target.kind, kind, "{name}");
+            assert_eq!(p.target.openai_base(), base, "{name}");
+            assert_eq!(kind.can_continue(), name != "openai_chat");
+        }
+        Ok(())
     }
 
     #[test]

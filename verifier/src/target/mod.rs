@@ -2,6 +2,7 @@
 //! trait, two implementations (llama.cpp's `/completion` and OpenAI-style `/v1/completions`
 //! with a token-id prompt, as vLLM serves), one shared test suite in `tests/`.
 
+pub mod chat_only;
 pub mod llamacpp;
 pub mod openai;
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::TargetError;
 use crate::sampling::SamplingParams;
 
+pub use chat_only::ChatOnlyTarget;
 pub use llamacpp::LlamaCppTarget;
 pub use openai::OpenAiCompletionsTarget;
 
@@ -82,6 +84,26 @@ pub enum TargetKind {
     /// accept token ids the same way (SGLang, Fireworks). Policies may also say `"openai"`,
     /// its earlier name.
     Vllm,
+    /// An OpenAI-compatible chat API that cannot continue a partial assistant answer (OpenAI's
+    /// current chat models, current Claude models): passthrough only.
+    #[serde(rename = "openai_chat")]
+    OpenAiChat,
+}
+
+impl TargetKind {
+    /// Whether the target can continue an exact prefix, which approximate mode needs.
+    pub fn can_continue(self) -> bool {
+        !matches!(self, TargetKind::OpenAiChat)
+    }
+
+    /// The name policies use.
+    pub fn policy_name(self) -> &'static str {
+        match self {
+            TargetKind::LlamaCpp => "llama_cpp",
+            TargetKind::Vllm => "vllm",
+            TargetKind::OpenAiChat => "openai_chat",
+        }
+    }
 }
 
 /// Builds a client of the given kind.
@@ -89,6 +111,7 @@ pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn T
     Ok(match kind {
         TargetKind::LlamaCpp => std::sync::Arc::new(LlamaCppTarget::new(cfg)?),
         TargetKind::Vllm => std::sync::Arc::new(OpenAiCompletionsTarget::new(cfg)?),
+        TargetKind::OpenAiChat => std::sync::Arc::new(ChatOnlyTarget::new(cfg)?),
     })
 }
 
