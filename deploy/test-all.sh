@@ -10,7 +10,8 @@ echo "==> starting llama-server (target) for the tests on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/test-target-server.log"
 VLLM_PID=""
 stop_servers() {
-  for pid in "$TARGET_PID" $VLLM_PID; do kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; done
+  # errexit holds in traps too: a server that is already gone must not fail the run.
+  for pid in "$TARGET_PID" $VLLM_PID; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
 }
 trap stop_servers EXIT
 export APPROXY_TEST_TARGET_URL="http://127.0.0.1:$PORT"
@@ -33,7 +34,7 @@ fi
 "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e" -p no:cacheprovider
 
 # vLLM runs only now: with llama-server and the draft busy too, two cores would starve it.
-kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true
+kill -TERM "$TARGET_PID" 2>/dev/null || true; wait "$TARGET_PID" 2>/dev/null || true
 VLLM_PORT="$(free_port)"
 echo "==> starting vLLM (target, $VLLM_ALIAS) for the tests on 127.0.0.1:$VLLM_PORT"
 start_vllm "$VLLM_PORT" "$APPROXY_HOME/logs/test-vllm-server.log"

@@ -1,5 +1,8 @@
 //! The individual setup steps. Each writes under a temporary name, verifies, then renames into
 //! place and records the result in the manifest, so an interrupted run resumes cleanly.
+//! (Over 400 lines: one short function per asset, kept side by side so each step's pattern of
+//! download, check, publish and record can be compared at a glance; the vLLM steps live in
+//! `vllm.rs`.)
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
