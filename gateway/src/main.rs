@@ -4,6 +4,7 @@ mod approx;
 mod bench;
 mod calibration;
 mod error;
+mod local_server;
 mod middleware;
 mod openai;
 mod passthrough;

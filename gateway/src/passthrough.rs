@@ -108,12 +108,11 @@ async fn forward(state: AppState, req: Request<Body>) -> Result<Response, ApiErr
                 attempt += 1;
             }
             Err(e) if e.is_timeout() => return Err(ApiError::GatewayTimeout),
-            Err(e) if approxy_verifier::target::tls_failure(&e).is_some() => {
-                let why = approxy_verifier::target::tls_failure(&e).unwrap_or_default();
-                tracing::error!(tls = %why, "passthrough: TLS with the target failed");
-                return Err(ApiError::TargetTls);
-            }
             Err(e) => {
+                if let Some(why) = approxy_verifier::target::tls_failure(&e) {
+                    tracing::error!(tls = %why, "passthrough: TLS with the target failed");
+                    return Err(ApiError::TargetTls);
+                }
                 tracing::warn!(error = %e.without_url(), "passthrough to target failed");
                 return Err(ApiError::BadGateway);
             }

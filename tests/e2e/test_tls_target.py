@@ -94,11 +94,15 @@ def front(ca):
     f.close()
 
 
+def with_ca_file(text, ca_file):
+    """Policy text with `target.ca_file` set."""
+    return text.replace('backoff = "200ms"', f'backoff = "200ms"\nca_file = "{ca_file}"')
+
+
 def tls_policy(tmp_path, front, ca_pem_source, **over):
     ca_file = tmp_path / "target-ca.pem"
     ca_pem_source.cert_pem.write_to_path(str(ca_file))
-    text = policy_text(base_url=front.url, **over)
-    return text.replace('backoff = "200ms"', f'backoff = "200ms"\nca_file = "{ca_file}"')
+    return with_ca_file(policy_text(base_url=front.url, **over), ca_file)
 
 
 def test_https_target_ready_engine_and_passthrough(start_gateway, front, ca, tmp_path):
@@ -154,8 +158,7 @@ def test_ca_file_that_is_not_pem_fails_the_policy_check(tmp_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
     policy = tmp_path / "p.toml"
-    policy.write_text(policy_text(base_url="https://localhost:1").replace(
-        'backoff = "200ms"', f'backoff = "200ms"\nca_file = "{bad}"'))
+    policy.write_text(with_ca_file(policy_text(base_url="https://localhost:1"), bad))
     out = subprocess.run([BIN, "check", "--policy", str(policy)], capture_output=True, text=True)
     assert out.returncode != 0
     assert "target.ca_file" in out.stderr

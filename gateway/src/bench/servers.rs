@@ -3,12 +3,11 @@
 //! killed when dropped, so an aborted run leaves nothing behind.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use serde::Serialize;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::setup::Home;
 
@@ -70,53 +69,7 @@ impl Layout {
     }
 }
 
-/// A running server process; killed on drop.
-pub struct Server {
-    /// Root URL, e.g. `http://127.0.0.1:40123`.
-    pub url: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Server {
-    /// Process id (for memory readings).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// Stops the process and waits for it.
-    pub async fn stop(mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-
-    async fn wait_healthy(&mut self, path: &str, limit: Duration) -> anyhow::Result<()> {
-        let http = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + limit;
-        while tokio::time::Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited ({status}) before it was ready; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log));
-            }
-            if http.get(format!("{}{path}", self.url)).send().await.is_ok_and(|r| r.status().is_success()) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        bail!("{} was not ready after {limit:?}; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log))
-    }
-}
-
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
-}
-
-/// An unused loopback port.
-pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+pub use crate::local_server::{LocalServer as Server, free_port};
 
 /// `program args...`, under `taskset -c cpus` when `cpus` is set.
 pub fn command(program: &Path, cpus: Option<&str>) -> Command {
@@ -130,21 +83,8 @@ pub fn command(program: &Path, cpus: Option<&str>) -> Command {
     }
 }
 
-async fn spawn(mut cmd: Command, url: String, log: PathBuf, ready_path: &str) -> anyhow::Result<Server> {
-    if let Some(d) = log.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    let out = std::fs::File::create(&log)?;
-    let err = out.try_clone()?;
-    let shown = format!("{cmd:?}");
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("could not start {shown}"))?;
-    let mut server = Server { url, child, log };
+async fn spawn(cmd: Command, url: String, log: PathBuf, ready_path: &str) -> anyhow::Result<Server> {
+    let mut server = Server::start(cmd, url, log)?;
     // Loading a model and (for the gateway) the draft takes seconds; a cold page cache more.
     server.wait_healthy(ready_path, Duration::from_secs(300)).await?;
     Ok(server)

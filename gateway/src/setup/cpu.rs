@@ -73,7 +73,8 @@ pub struct BuiltFor {
     pub isa: String,
     /// cpuinfo flags the asset needs; a CPU lacking any of them must not run it.
     pub requires: Vec<String>,
-    /// The CPU it was built or verified on.
+    /// The CPU it was built for: this machine's, or the one `APPROXY_SETUP_CPUINFO` described
+    /// (the run checks still ran on this machine).
     pub verified_on: String,
 }
 

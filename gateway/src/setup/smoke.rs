@@ -4,12 +4,13 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use super::cpu::CpuFeatures;
+use crate::local_server::{LocalServer, free_port};
 
 /// What a process's end says about the CPU, for the error message.
 fn describe_exit(status: std::process::ExitStatus, cpu: &CpuFeatures) -> String {
@@ -41,18 +42,8 @@ pub fn runs(cmd: &mut Command, cpu: &CpuFeatures) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Kills the server when the check ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `llama-server` on `gguf`, waits for `/health`, asks `/completion` for one token and
-/// stops it. Returns the generated text.
+/// Starts `llama-server` on `gguf` (output in `log`), waits for `/health`, asks `/completion`
+/// for one token and stops it. Returns the generated text.
 pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<String> {
     let version = Command::new(bin).arg("--version").stdin(Stdio::null()).output().with_context(|| format!("could not start {}", bin.display()))?;
     if !version.status.success() {
@@ -63,8 +54,9 @@ pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeat
     cmd.arg("-m").arg(gguf).args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "512", "-np", "1", "-t", "2"]);
     let ask = Ask {
         name: "llama-server",
-        health: format!("http://127.0.0.1:{port}/health"),
-        url: format!("http://127.0.0.1:{port}/completion"),
+        root: format!("http://127.0.0.1:{port}"),
+        health: "/health",
+        path: "/completion",
         body: serde_json::json!({"prompt": "def add(a, b):", "n_predict": 1, "temperature": 0}),
         start_limit: Duration::from_secs(300),
     };
@@ -89,8 +81,9 @@ pub fn vllm_generates(python: &Path, model_dir: &Path, log: &Path, cpu: &CpuFeat
         .env("VLLM_CPU_KVCACHE_SPACE", "1");
     let ask = Ask {
         name: "vLLM",
-        health: format!("http://127.0.0.1:{port}/health"),
-        url: format!("http://127.0.0.1:{port}/v1/completions"),
+        root: format!("http://127.0.0.1:{port}"),
+        health: "/health",
+        path: "/v1/completions",
         // "def add(a, b):" in the Qwen2 vocabulary.
         body: serde_json::json!({"model": "smoke", "prompt": [750, 912, 2877, 11, 293, 1648], "max_tokens": 1, "temperature": 0, "return_token_ids": true}),
         start_limit: Duration::from_secs(420),
@@ -106,42 +99,38 @@ pub fn vllm_generates(python: &Path, model_dir: &Path, log: &Path, cpu: &CpuFeat
 /// One smoke request to a server the check starts.
 struct Ask {
     name: &'static str,
-    health: String,
-    url: String,
+    /// The server's root URL.
+    root: String,
+    /// Path that answers 2xx once the model is loaded.
+    health: &'static str,
+    /// Path the request goes to.
+    path: &'static str,
     body: serde_json::Value,
     start_limit: Duration,
 }
 
-/// Runs `cmd` (a server) with its output appended to `log`, waits until `ask.health` answers
-/// 2xx, POSTs `ask.body` to `ask.url`, stops the server and returns the JSON answer. A server
-/// that dies on the way is reported with what its end says about this CPU.
-fn serve_and_ask(mut cmd: Command, ask: &Ask, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<serde_json::Value> {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+/// Runs `cmd` (a server) with its output in `log`, waits until `ask.health` answers 2xx, POSTs
+/// `ask.body` to `ask.url`, stops the server and returns the JSON answer. A server that dies on
+/// the way is reported with what its end says about this CPU.
+fn serve_and_ask(cmd: Command, ask: &Ask, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<serde_json::Value> {
     let name = ask.name;
-    let mut server = Server(
-        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn().with_context(|| format!("could not start {name}"))?,
-    );
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
-        let started = Instant::now();
-        loop {
-            if let Some(status) = server.0.try_wait()? {
-                bail!("{name} {} while starting (log: {})", describe_exit(status, cpu), log.display());
-            }
-            if client.get(&ask.health).send().await.is_ok_and(|r| r.status().is_success()) {
-                break;
-            }
-            if started.elapsed() > ask.start_limit {
-                bail!("{name} did not become healthy within {:?} (log: {})", ask.start_limit, log.display());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        let mut server = LocalServer::start(cmd.into(), ask.root.clone(), log.to_path_buf())?;
+        if let Err(e) = server.wait_healthy(ask.health, ask.start_limit).await {
+            return Err(match server.exit_status() {
+                Some(status) => e.context(format!("{name} {} while starting", describe_exit(status, cpu))),
+                None => e,
+            });
         }
-        let reply = client.post(&ask.url).json(&ask.body).send().await;
-        if let Some(status) = server.0.try_wait()? {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
+        let reply = client.post(format!("{}{}", ask.root, ask.path)).json(&ask.body).send().await;
+        if let Some(status) = server.exit_status() {
             bail!("{name} {} while generating its first token (log: {})", describe_exit(status, cpu), log.display());
         }
-        Ok(reply?.error_for_status()?.json().await?)
+        let reply = reply?.error_for_status()?.json().await?;
+        server.stop().await;
+        Ok(reply)
     })
 }
 
@@ -161,6 +150,3 @@ pub fn draft_runs(onnxruntime_lib: &Path, model_dir: &Path) -> anyhow::Result<()
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}

@@ -337,7 +337,7 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     let partial = dest.with_extension("partial");
     std::fs::copy(&built, &partial)?;
     pb.set_message("verifying: one token from the target model".to_string());
-    match smoke::llama_server_generates(&partial, &home.target_gguf(), &log, &cpu) {
+    match smoke::llama_server_generates(&partial, &home.target_gguf(), &home.log("llama-server-check"), &cpu) {
         Ok(text) => eprintln!("approxy setup: llama-server: verified, generated {text:?}"),
         Err(e) => {
             let _ = std::fs::remove_file(&partial);

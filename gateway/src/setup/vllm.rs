@@ -90,7 +90,7 @@ pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pr
     pb.set_message("verifying: vLLM serves one token (about 2 minutes)".to_string());
     let cpu = CpuFeatures::current()?;
     let python = vllm_python(home);
-    match smoke::vllm_generates(&python, &home.draft_hf_dir(), &log, &cpu) {
+    match smoke::vllm_generates(&python, &home.draft_hf_dir(), &home.log("vllm-check"), &cpu) {
         Ok(id) => eprintln!("approxy setup: vLLM: verified, generated token id {id}"),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
