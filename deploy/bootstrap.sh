@@ -6,7 +6,7 @@ export APPROXY_HOME="${APPROXY_HOME:-$HOME/.cache/approxy}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 cd "$REPO"
 echo "==> building approxy (cargo build --release)"
-cargo build --release --locked -p approxy-gateway
+cargo build --release --locked -p approxy
 APPROXY="$REPO/target/release/approxy"
 echo "==> approxy setup ${APPROXY_SETUP_ARGS:+$APPROXY_SETUP_ARGS }(cache: $APPROXY_HOME)"
 # shellcheck disable=SC2086  # the arguments are words on purpose

@@ -90,6 +90,12 @@ impl ApiError {
     }
 }
 
+impl From<crate::validate::ValidationError> for ApiError {
+    fn from(e: crate::validate::ValidationError) -> Self {
+        ApiError::BadRequest { param: e.param(), message: e.to_string() }
+    }
+}
+
 impl From<TargetError> for ApiError {
     fn from(e: TargetError) -> Self {
         match e {

@@ -1,11 +1,11 @@
 //! The gateway's own tower middleware: auth, body-size precheck, load-shedding concurrency
 //! limit whose permit lives as long as the response body, request timeout, and request
-//! metrics. Their order is set in `server.rs`.
+//! metrics. Their order is set in `stack.rs`.
 
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -75,10 +75,12 @@ pub async fn timeout(State(state): State<AppState>, req: Request, next: Next) ->
 
 /// Counts requests by route and status and records their latency to the response head.
 pub async fn request_metrics(req: Request, next: Next) -> Response {
-    let path: &'static str = match req.uri().path() {
-        "/v1/chat/completions" => "/v1/chat/completions",
-        "/v1/completions" => "/v1/completions",
-        "/v1/models" => "/v1/models",
+    // The route that matched, not the raw path: a label per client-chosen path would let
+    // clients grow the metric without bound.
+    let path = match req.extensions().get::<MatchedPath>().map(MatchedPath::as_str) {
+        Some("/v1/chat/completions") => "/v1/chat/completions",
+        Some("/v1/completions") => "/v1/completions",
+        Some("/v1/models") => "/v1/models",
         _ => "other",
     };
     let started = Instant::now();

@@ -1,5 +1,6 @@
-//! The passthrough service: forwards a request to the target's OpenAI-compatible API
-//! unchanged and streams the answer back without buffering it. Connect failures are retried
+//! Passthrough: forwards a request to the target's OpenAI-compatible API unchanged and streams
+//! the answer back without buffering it. The chat and completion handlers call [`forward`]
+//! when `decide` says so; [`Passthrough`] serves every other route. Connect failures are retried
 //! (nothing reached the target, so a retry cannot duplicate work); once the target has
 //! answered, its status and body are passed on as they are.
 
@@ -10,23 +11,17 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures::TryStreamExt;
 
+use crate::decide::Reason;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Why a request went to passthrough; set by the approximate layer, reported in a header
-/// and in metrics.
-#[derive(Debug, Clone, Copy)]
-pub struct PassthroughReason(pub &'static str);
-
-/// Request body already read by an outer layer (so it is not read twice).
-#[derive(Debug, Clone)]
-pub struct BufferedBody(pub bytes::Bytes);
-
-/// Forwards requests to the target.
+/// Forwards requests on routes other than chat and completions to the target.
 #[derive(Clone)]
 pub struct Passthrough {
     state: AppState,
@@ -50,7 +45,15 @@ impl tower::Service<Request<Body>> for Passthrough {
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
-        Box::pin(async move { Ok(forward(state, req).await.unwrap_or_else(IntoResponse::into_response)) })
+        Box::pin(async move {
+            let limit = state.runtime().policy.gateway.max_body_bytes;
+            let (parts, body) = req.into_parts();
+            let response = match axum::body::to_bytes(body, limit).await {
+                Ok(bytes) => forward(&state, parts, bytes, Reason::Route).await,
+                Err(_) => ApiError::PayloadTooLarge(limit).into_response(),
+            };
+            Ok(response)
+        })
     }
 }
 
@@ -64,16 +67,14 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     ) || name.as_str().starts_with("x-approxy-")
 }
 
-async fn forward(state: AppState, req: Request<Body>) -> Result<Response, ApiError> {
+/// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
+/// marked with `reason`.
+pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reason) -> Response {
+    send(state, parts, bytes, reason.as_str()).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str) -> Result<Response, ApiError> {
     let rt = state.runtime();
-    let reason = req.extensions().get::<PassthroughReason>().map_or("route", |r| r.0);
-    let (parts, body) = req.into_parts();
-    let bytes = match parts.extensions.get::<BufferedBody>() {
-        Some(b) => b.0.clone(),
-        None => axum::body::to_bytes(body, rt.policy.gateway.max_body_bytes)
-            .await
-            .map_err(|_| ApiError::PayloadTooLarge(rt.policy.gateway.max_body_bytes))?,
-    };
     let path = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
     let mut url = format!("{}{}", rt.policy.target.openai_base(), path);
     if let Some(q) = parts.uri.query() {

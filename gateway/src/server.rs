@@ -1,5 +1,6 @@
-//! Builds the router and runs the server: loads the draft workers, serves until SIGINT or
-//! SIGTERM (then drains in-flight requests), and reloads the policy on file change or SIGHUP.
+//! `approxy serve`: loads the draft workers and the policy, serves the router from `stack`
+//! until SIGINT or SIGTERM (then drains in-flight requests), and reloads the policy on file
+//! change or SIGHUP.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -7,28 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::serve::ListenerExt;
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::middleware::{from_fn, from_fn_with_state};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde_json::json;
 use tokio::sync::Semaphore;
-use tower::ServiceBuilder;
-use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
 
+use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
+use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
 
-use crate::approx::ApproxVerifyLayer;
-use crate::error::ApiError;
-use crate::middleware;
-use crate::passthrough::Passthrough;
 use crate::policy::Policy;
-use crate::setup::Home;
-use crate::state::{AppState, Runtime, Shared, TokenizerCheck};
-use crate::template::ChatTemplate;
+use crate::stack::router;
+use crate::state::{AppState, Runtime, Shared};
 
 /// `approxy serve` options.
 #[derive(Debug, Clone)]
@@ -39,77 +27,6 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// Override of the draft workers from the policy.
     pub workers: Option<usize>,
-}
-
-#[derive(Clone, Default)]
-struct RandomRequestId;
-
-impl MakeRequestId for RandomRequestId {
-    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
-        axum::http::HeaderValue::from_str(&format!("req-{:024x}", rand::random::<u128>() >> 32)).ok().map(RequestId::new)
-    }
-}
-
-/// The router. Layer order, outermost first (a request passes them top to bottom):
-/// 1. request id: set `x-request-id` (or keep the client's) and echo it on the response;
-/// 2. tracing: one span per request carrying that id;
-/// 3. auth: reject before spending anything on an unauthenticated request;
-/// 4. body limit: refuse oversize bodies by their declared length;
-/// 5. concurrency limit with load shedding: 429 at once when full, permit held until the body ends;
-/// 6. timeout: bound the time to a response head;
-/// 7. metrics: count what actually ran (shed and unauthenticated requests are counted where refused);
-/// 8. ApproxVerifyLayer over the passthrough service.
-pub fn router(state: AppState) -> Router {
-    let api = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
-        .layer(TraceLayer::new_for_http())
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(from_fn_with_state(state.clone(), middleware::auth))
-        .layer(from_fn_with_state(state.clone(), middleware::body_limit))
-        .layer(from_fn_with_state(state.clone(), middleware::concurrency))
-        .layer(from_fn_with_state(state.clone(), middleware::timeout))
-        .layer(from_fn(middleware::request_metrics))
-        .layer(ApproxVerifyLayer::new(state.clone()))
-        .service(Passthrough::new(state.clone()));
-    Router::new()
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(prometheus))
-        .route_service("/v1/{*rest}", api)
-        .fallback(|| async { ApiError::NotFound })
-        .with_state(state)
-}
-
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
-}
-
-async fn ready(State(state): State<AppState>) -> Response {
-    let rt = state.runtime();
-    // Bounded well below the target's call timeout: a probe must answer while the probe waits.
-    let target = match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("no answer within 5 s".to_string()),
-    };
-    let tokenizer = match rt.tokenizer_check.get() {
-        None => json!("not checked yet"),
-        Some(TokenizerCheck::Same) => json!("same"),
-        Some(TokenizerCheck::Unchecked) => json!("target cannot tokenize; unchecked"),
-        Some(TokenizerCheck::Different(m)) => json!(format!("different: {m}")),
-    };
-    let body = json!({
-        "tokenizer_check": tokenizer,
-        "draft_workers": state.shared.draft.workers(),
-        "draft_workers_idle": state.shared.draft.idle(),
-        "target_reachable": target.is_ok(),
-        "target_error": target.as_ref().err(),
-    });
-    let status = if target.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(body)).into_response()
-}
-
-async fn prometheus(State(state): State<AppState>) -> Response {
-    state.shared.prometheus.render().into_response()
 }
 
 /// Loads everything and builds the state (used by `serve` and by tests).
@@ -136,7 +53,7 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
         tokenizer,
         template,
         eos,
-        draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| crate::setup::assets::DRAFT_MODEL.sha256.to_string()),
+        draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| DRAFT_GGUF_SHA256.to_string()),
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
         policy_path: policy_path.to_path_buf(),

@@ -6,17 +6,19 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, EngineError, LearnedVerifier, TargetConfig, Tokenizer, Verifier};
+use approxy_verifier::template::ChatTemplate;
+use approxy_verifier::{
+    ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient, TargetConfig, Tokenizer, Verifier,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::policy::{Mode, Policy, VerifierChoice};
-use crate::template::ChatTemplate;
 
 /// Process-wide parts.
 pub struct Shared {
-    /// Draft workers.
-    pub draft: Arc<DraftPool>,
+    /// Draft workers (ONNX Runtime sessions; scripted ones in tests).
+    pub draft: Arc<dyn DraftWorkers>,
     /// Draft tokenizer.
     pub tokenizer: Tokenizer,
     /// Chat template.
@@ -63,19 +65,17 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Builds a runtime; fails when a verifier artifact cannot be used.
+    /// Builds a runtime with the target client the policy names; fails when a verifier
+    /// artifact cannot be used.
     pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
-        let target_key = policy.target.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
-        let client_keys: Vec<String> = policy
-            .gateway
-            .api_keys_env
-            .as_ref()
-            .and_then(|v| std::env::var(v).ok())
-            .map(|s| s.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
-            .unwrap_or_default();
-        let cfg = TargetConfig {
+        let target = approxy_verifier::target::build(policy.target.kind, Self::target_config(&policy))?;
+        Self::with_target(policy, shared, target)
+    }
+
+    fn target_config(policy: &Policy) -> TargetConfig {
+        TargetConfig {
             base_url: policy.target.base_url.clone(),
-            api_key: target_key.clone(),
+            api_key: target_key(policy),
             // Calls name the client's model id; this is only the fallback for calls made
             // outside a request.
             model: policy.models.keys().find(|k| *k != "*").cloned().unwrap_or_default(),
@@ -83,8 +83,20 @@ impl Runtime {
             retries: policy.target.retries,
             backoff: policy.target.backoff,
             ca_file: policy.target.ca_file.clone(),
-        };
-        let http = approxy_verifier::target::http_client_builder(&cfg)?.build()?;
+        }
+    }
+
+    /// Builds a runtime around a given target client (tests pass a scripted one).
+    pub fn with_target(policy: Policy, shared: &Shared, target: Arc<dyn TargetClient>) -> anyhow::Result<Self> {
+        let target_key = target_key(&policy);
+        let client_keys: Vec<String> = policy
+            .gateway
+            .api_keys_env
+            .as_ref()
+            .and_then(|v| std::env::var(v).ok())
+            .map(|s| s.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .unwrap_or_default();
+        let http = approxy_verifier::target::http_client_builder(&Self::target_config(&policy))?.build()?;
         let kind = policy.target.kind;
         if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {
             tracing::warn!(
@@ -92,7 +104,6 @@ impl Runtime {
                 "this target cannot continue a partial answer: every request passes through (reason target_cannot_continue)"
             );
         }
-        let target = approxy_verifier::target::build(policy.target.kind, cfg)?;
         let engine = Engine::new(shared.tokenizer.clone(), target, shared.eos.clone());
         let mut verifiers: HashMap<String, Arc<dyn Verifier>> = HashMap::new();
         for (id, m) in &policy.models {
@@ -121,6 +132,11 @@ impl Runtime {
             })
             .await
     }
+}
+
+/// The target's API key, from the environment variable the policy names.
+fn target_key(policy: &Policy) -> Option<String> {
+    policy.target.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty())
 }
 
 /// Shared state handed to every handler and layer.

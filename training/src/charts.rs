@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::GridPoint;
+use approxy_verifier::calibration::CalibrationPoint;
 
 const FONT_PATHS: [&str; 3] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -32,7 +32,7 @@ pub fn register_font() -> bool {
 type Err = Box<dyn std::error::Error>;
 
 /// One panel of the threshold chart: y-axis label, y maximum, and the value plotted.
-type Panel = (&'static str, f64, fn(&GridPoint) -> f64);
+type Panel = (&'static str, f64, fn(&CalibrationPoint) -> f64);
 
 /// ROC curves, one series per (name, points).
 pub fn roc(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Result<(), Err> {
@@ -59,7 +59,7 @@ pub fn roc(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Re
 }
 
 /// False-accept rate (left) and target calls per 100 tokens (right) against threshold.
-pub fn thresholds(path: &Path, title: &str, grids: &[(String, Vec<GridPoint>)]) -> Result<(), Err> {
+pub fn thresholds(path: &Path, title: &str, grids: &[(String, Vec<CalibrationPoint>)]) -> Result<(), Err> {
     let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;

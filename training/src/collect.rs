@@ -17,7 +17,7 @@ use indicatif::ProgressBar;
 use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::verify::Features;
-use approxy_verifier::{DraftLease, DraftPool, Engine, GenerateRequest, SamplingParams, Source, Verifier};
+use approxy_verifier::{Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Verifier};
 
 use crate::dataset::{Rows, live_shard_path, shard_path};
 
@@ -125,7 +125,7 @@ pub async fn collect(
 /// Runs the draft over prompt + answer and appends one row per answer position.
 pub async fn teacher_force(pool: &Arc<DraftPool>, item: &CollectItem, answer: &[u32], rows: &mut Rows) -> anyhow::Result<()> {
     let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
-    let outs = draft_outputs(&lease, &item.prompt, answer).await?;
+    let outs = draft_outputs(lease.as_ref(), &item.prompt, answer).await?;
     for (out, &truth) in outs.iter().zip(answer) {
         let f = Features::from_output(out);
         rows.push(&f.stats, &f.hidden, f.top1 == truth, item.id, item.kind);
@@ -134,7 +134,7 @@ pub async fn teacher_force(pool: &Arc<DraftPool>, item: &CollectItem, answer: &[
 }
 
 /// The draft's output at every answer position: the one that predicts `answer[i]`.
-async fn draft_outputs(lease: &DraftLease, prompt: &[u32], answer: &[u32]) -> anyhow::Result<Vec<PositionOutput>> {
+async fn draft_outputs(lease: &dyn Draft, prompt: &[u32], answer: &[u32]) -> anyhow::Result<Vec<PositionOutput>> {
     let Some((_, feed)) = answer.split_last() else { return Ok(Vec::new()) };
     // The output at the last prompt position predicts answer[0]; feeding answer[..n-1]
     // gives the outputs that predict answer[1..].
@@ -177,9 +177,9 @@ pub async fn collect_live(
         let mut rows = Rows::new(hidden_size);
         for item in chunk {
             let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
-            let visited = live_decode(engine, &lease, verifier, item, opts).await?;
+            let visited = live_decode(engine, lease.as_ref(), verifier, item, opts).await?;
             let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
-            let outs = draft_outputs(&lease, &item.prompt, &tokens).await?;
+            let outs = draft_outputs(lease.as_ref(), &item.prompt, &tokens).await?;
             drop(lease);
             let truths = label_visited(engine.target(), &item.prompt, &visited, opts.concurrency).await?;
             for (out, truth) in outs.iter().zip(truths) {
@@ -194,7 +194,7 @@ pub async fn collect_live(
 }
 
 /// Runs the live loop once; returns each emitted token and who produced it.
-async fn live_decode(engine: &Engine, lease: &DraftLease, verifier: &dyn Verifier, item: &CollectItem, opts: &LiveOptions) -> anyhow::Result<Vec<(u32, Source)>> {
+async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier, item: &CollectItem, opts: &LiveOptions) -> anyhow::Result<Vec<(u32, Source)>> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
     let req = GenerateRequest {
         prompt: item.prompt.clone(),

@@ -1,7 +1,17 @@
 //! Verifier training for approxy: the prompt corpus, label collection from a real target,
 //! fitting the verifier head, and threshold calibration.
+//!
+//! Layout:
+//! - `cli`: `approxy train collect` and `approxy train fit`, wired to the draft and the cache home.
+//! - `corpus`: the prompt corpus and HumanEval problems.
+//! - `collect`: target answers plus teacher-forced (or live) draft features, as shards.
+//! - `dataset`: reading the shards back as rows.
+//! - `fit`: logistic and MLP heads, trained and exported as verifier artifacts.
+//! - `report`: ROC AUC and the threshold grid written into the calibration file.
+//! - `charts`: the ROC and threshold PNGs beside it.
 
 pub mod charts;
+pub mod cli;
 pub mod collect;
 pub mod corpus;
 pub mod dataset;

@@ -4,7 +4,7 @@
 //! 100 output tokens, all split by code and chat prompts. The gateway reads the JSON to turn
 //! a quality target into a threshold.
 
-use serde::Serialize;
+use approxy_verifier::calibration::CalibrationPoint;
 
 use crate::dataset::Rows;
 
@@ -17,19 +17,6 @@ pub struct Scored {
     pub labels: Vec<bool>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
-}
-
-/// One grid row.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct GridPoint {
-    /// Threshold.
-    pub threshold: f32,
-    /// Accepted share of draft tokens.
-    pub accept_rate: f32,
-    /// Share of accepted tokens that disagree with the target (0 when nothing is accepted).
-    pub false_accept_rate: f32,
-    /// Target calls per 100 output tokens with one correction token per rejection.
-    pub target_calls_per_100_tokens: f32,
 }
 
 /// Area under the ROC curve (Mann-Whitney, ties counted half); `None` without both classes.
@@ -70,7 +57,7 @@ pub fn roc_curve(scores: &[f32], labels: &[bool]) -> Vec<(f64, f64)> {
 }
 
 /// The grid for the rows selected by `keep`.
-pub fn grid(s: &Scored, keep: impl Fn(usize) -> bool, thresholds: &[f32]) -> Vec<GridPoint> {
+pub fn grid(s: &Scored, keep: impl Fn(usize) -> bool, thresholds: &[f32]) -> Vec<CalibrationPoint> {
     let rows: Vec<usize> = (0..s.scores.len()).filter(|&i| keep(i)).collect();
     let n = rows.len().max(1) as f32;
     thresholds
@@ -79,7 +66,7 @@ pub fn grid(s: &Scored, keep: impl Fn(usize) -> bool, thresholds: &[f32]) -> Vec
             let accepted: Vec<usize> = rows.iter().copied().filter(|&i| approxy_verifier::verify::accepts(s.scores[i], t)).collect();
             let wrong = accepted.iter().filter(|&&i| !s.labels[i]).count() as f32;
             let accept_rate = accepted.len() as f32 / n;
-            GridPoint {
+            CalibrationPoint {
                 threshold: t,
                 accept_rate,
                 false_accept_rate: if accepted.is_empty() { 0.0 } else { wrong / accepted.len() as f32 },
@@ -120,7 +107,7 @@ mod tests {
     fn grid_counts() {
         let s = Scored { scores: vec![0.1, 0.6, 0.7, 0.9], labels: vec![false, false, true, true], kinds: vec![0, 0, 1, 1] };
         let g = grid(&s, |_| true, &[0.0, 0.65, 1.0]);
-        assert_eq!(g[0], GridPoint { threshold: 0.0, accept_rate: 1.0, false_accept_rate: 0.5, target_calls_per_100_tokens: 0.0 });
+        assert_eq!(g[0], CalibrationPoint { threshold: 0.0, accept_rate: 1.0, false_accept_rate: 0.5, target_calls_per_100_tokens: 0.0 });
         assert_eq!(g[1].accept_rate, 0.5);
         assert_eq!(g[1].false_accept_rate, 0.0);
         assert_eq!(g[2].accept_rate, 0.0);

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::draft::PositionOutput;
-use crate::draft::pool::DraftLease;
+use crate::draft::{Draft, PositionOutput};
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopResult};
@@ -170,7 +169,7 @@ impl Engine {
     /// stops all work, including a target call in flight.
     pub async fn generate(
         &self,
-        lease: &DraftLease,
+        lease: &dyn Draft,
         verifier: &dyn Verifier,
         req: GenerateRequest,
         tx: mpsc::Sender<TokenEvent>,
@@ -380,6 +379,9 @@ impl<'a> Run<'a> {
         Ok(self.stats)
     }
 }
+
+#[cfg(test)]
+mod scripted_tests;
 
 #[cfg(test)]
 mod tests {

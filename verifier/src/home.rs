@@ -7,6 +7,9 @@ use std::path::PathBuf;
 pub const TARGET_GGUF_NAME: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 /// File name of the draft GGUF under `models/`.
 pub const DRAFT_GGUF_NAME: &str = "qwen2.5-coder-0.5b-instruct.gguf";
+/// sha256 of the pinned draft GGUF: the draft's identity, which learned verifier artifacts
+/// name so that one trained for another draft is refused.
+pub const DRAFT_GGUF_SHA256: &str = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32";
 /// File name of the ONNX Runtime library under `lib/`.
 pub const ONNXRUNTIME_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
 

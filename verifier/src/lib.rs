@@ -1,7 +1,21 @@
 //! approxy's engine: a local ONNX draft model, verifiers that score each draft token, target
 //! clients, and the sequential approximate-verification decode loop that ties them together.
 //! It knows nothing of HTTP; the gateway drives it.
+//!
+//! Layout:
+//! - `decode`: the decode loop ([`Engine::generate`]): draft, verify, call the target on rejection.
+//! - `draft`: the [`Draft`] trait and its ONNX Runtime implementation (worker threads, KV cache).
+//! - `verify`: verifiers that turn a draft position into `p_accept` (confidence, learned head).
+//! - `target`: target clients (llama.cpp, vLLM-style token ids, chat-only), TLS and retries.
+//! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
+//! - `template`: chat messages to prompt text with the model's own chat template.
+//! - `tokenizer`, `stop`, `sampling`: token ids to streamed text, stop strings, the sampler.
+//! - `home`: where cached models and binaries live (`$APPROXY_HOME`).
+//! - `error`: the engine's and the target's error types.
+//! - `testing` (feature `testing`): scripted draft and target and a tiny tokenizer, for tests
+//!   without models.
 
+pub mod calibration;
 pub mod decode;
 pub mod draft;
 pub mod error;
@@ -9,12 +23,15 @@ pub mod home;
 pub mod sampling;
 pub mod stop;
 pub mod target;
+pub mod template;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tokenizer;
 pub mod verify;
 
 pub use decode::{BailoutBudget, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent};
 pub use draft::pool::{DraftLease, DraftPool};
-pub use draft::{DraftConfig, DraftMeta};
+pub use draft::{Draft, DraftConfig, DraftMeta, DraftWorkers};
 pub use error::{EngineError, TargetError};
 pub use sampling::SamplingParams;
 pub use target::{TargetClient, TargetConfig, TargetKind};

@@ -26,6 +26,12 @@ impl Tokenizer {
         Ok(Self { inner: Arc::new(t) })
     }
 
+    /// A tokenizer from `tokenizer.json` text.
+    pub fn from_json(json: &str) -> Result<Self, EngineError> {
+        let t: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))?;
+        Ok(Self { inner: Arc::new(t) })
+    }
+
     /// Text to ids. Special tokens written in the text (such as `<|im_start|>` from a chat
     /// template) are recognised, which is what the template needs.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
-use approxy_verifier::{ConfidenceVerifier, DraftPool, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
+use approxy_verifier::{ConfidenceVerifier, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
 
 /// Client settings for a target at `url`: generous timeout, one quick retry.
 pub fn target_config(url: &str) -> TargetConfig {
@@ -148,7 +148,7 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
         }
         (ids, text)
     });
-    let stats = engine.generate(&lease, &ConfidenceVerifier, req, tx).await;
+    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await;
     let (ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
     let stats = stats?;
     assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what must add up: {stats:?}");

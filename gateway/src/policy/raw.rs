@@ -1,12 +1,13 @@
 //! The policy file exactly as written: every table rejects unknown keys, so a typo is an
-//! error instead of a silently ignored setting.
+//! error instead of a silently ignored setting. The same types serialise, so tools that write
+//! policies (the benchmark) go through serde, and what they write reads back the same.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Top level.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     /// Where the target is.
@@ -18,90 +19,114 @@ pub struct RawPolicy {
     #[serde(default)]
     pub draft: RawDraft,
     /// Per model id (`"*"` matches any model without its own entry).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, RawModel>,
 }
 
 /// `[target]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
-    /// `llama_cpp` or `openai`.
+    /// `llama_cpp`, `vllm` (or its earlier name `openai`) or `openai_chat`.
     pub kind: String,
-    /// llama.cpp: the server root; openai: the base URL ending in `/v1`.
+    /// llama.cpp: the server root; the others: the base URL ending in `/v1`.
     pub base_url: String,
     /// Name of the environment variable holding the target's API key.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
     /// Per-call timeout, e.g. "120s".
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
     /// Retries on connect errors and 5xx.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retries: Option<u32>,
     /// First retry backoff, e.g. "200ms".
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff: Option<String>,
     /// PEM file of CA certificates to trust for an `https://` target with a private CA.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
 }
 
 /// `[gateway]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGateway {
     /// Environment variable with comma-separated client keys; unset or empty: no auth.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub api_keys_env: Option<String>,
     /// Largest request body in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<usize>,
     /// Requests in flight before new ones get 429.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_requests: Option<usize>,
     /// Time limit to produce a response (head), e.g. "300s".
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<String>,
     /// Largest `max_tokens` a request may ask for.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens_limit: Option<u32>,
     /// `max_tokens` when the request gives none.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_max_tokens: Option<u32>,
 }
 
 /// `[draft]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDraft {
     /// Directory of the ONNX draft; default `$APPROXY_HOME/models/draft-onnx`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model_dir: Option<String>,
     /// sha256 identifying the draft (default: the pinned draft GGUF it was converted from).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model_sha256: Option<String>,
     /// Worker threads, each owning a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
     /// Intra-op threads per worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threads_per_worker: Option<usize>,
     /// Spin-wait between runs (only worth it when the draft has cores of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub spin_wait: Option<bool>,
 }
 
 /// `[models."<id>"]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
     /// `approximate` or `passthrough`.
     pub mode: String,
     /// `confidence` or a path to a learned verifier artifact.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub verifier: Option<String>,
     /// Fixed threshold in [0, 1]...
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threshold: Option<f32>,
     /// ...or a quality target resolved through `calibration`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_false_accept_rate: Option<f32>,
-    /// Calibration JSON written by `approxy train report`.
+    /// Calibration JSON written by `approxy train fit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<String>,
     /// Tokens taken from the target after each rejection.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub correction_tokens: Option<u32>,
     /// Bail-out budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub bailout: Option<RawBailout>,
     /// `[min, max]` allowed for `x-approxy-threshold`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threshold_override: Option<[f32; 2]>,
     /// Prices in USD per million tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub price: Option<RawPrice>,
 }
 
 /// Bail-out budget.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBailout {
     /// Decisions looked at.
@@ -111,7 +136,7 @@ pub struct RawBailout {
 }
 
 /// Price table.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPrice {
     /// Input tokens.

@@ -1,4 +1,7 @@
-//! The local draft model: ONNX Runtime sessions owned by dedicated worker threads.
+//! The local draft model. [`Draft`] is what the decode loop needs of it (one sequence's KV
+//! cache: prefill, extend, roll back); [`DraftWorkers`] hands one out per request. The
+//! implementation is ONNX Runtime sessions owned by dedicated worker threads ([`pool`]);
+//! tests use the scripted one in `crate::testing`.
 
 pub mod kv;
 pub mod pool;
@@ -6,6 +9,7 @@ pub mod session;
 
 use std::path::{Path, PathBuf};
 
+use async_trait::async_trait;
 use serde::Deserialize;
 
 use crate::error::EngineError;
@@ -59,4 +63,30 @@ pub struct PositionOutput {
     pub logits: Vec<f32>,
     /// The last hidden state row.
     pub hidden: Vec<f32>,
+}
+
+/// One generation's exclusive use of a draft model and its KV cache.
+#[async_trait]
+pub trait Draft: Send + Sync {
+    /// Makes the cache hold exactly `prompt` (reusing a common prefix); output at the last
+    /// prompt position.
+    async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError>;
+    /// Appends `tokens` (drafted or produced by the target) to the cache; outputs at every
+    /// new position when `all`, else at the last only.
+    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError>;
+    /// Drops the newest `n` positions from the cache.
+    async fn rollback(&self, n: usize) -> Result<(), EngineError>;
+}
+
+/// Draft models a request can lease one of, for its whole generation.
+pub trait DraftWorkers: Send + Sync {
+    /// An idle draft, or `None` at once when all are busy (the gateway then passes through
+    /// instead of queueing). Returned to the set when dropped.
+    fn try_lease(&self) -> Option<Box<dyn Draft>>;
+    /// Model shape facts.
+    fn meta(&self) -> &DraftMeta;
+    /// Number of drafts.
+    fn workers(&self) -> usize;
+    /// Number of idle drafts.
+    fn idle(&self) -> usize;
 }

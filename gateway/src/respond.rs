@@ -13,11 +13,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::{DraftLease, FinishReason, GenerateRequest, Stats, TokenEvent, Verifier};
+use approxy_verifier::{FinishReason, Stats, TokenEvent};
 
+use crate::decide::Approximate;
 use crate::error::ApiError;
-use crate::openai::{Endpoint, ValidRequest};
 use crate::policy::ModelPolicy;
+use crate::request::Endpoint;
 use crate::state::Runtime;
 
 /// What the approximate answer and the same answer straight from the target would cost.
@@ -124,21 +125,15 @@ fn sse(v: &Value) -> Bytes {
 }
 
 /// Runs the generation and answers the client.
-pub async fn approximate(
-    rt: Arc<Runtime>,
-    valid: ValidRequest,
-    mp: ModelPolicy,
-    verifier: Arc<dyn Verifier>,
-    lease: DraftLease,
-    request: GenerateRequest,
-) -> Result<Response, ApiError> {
+pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, ApiError> {
+    let Approximate { request: valid, generation: request, policy: mp, verifier, draft: lease } = a;
     let threshold = request.threshold;
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
     let engine = rt.engine.clone();
     let v2 = Arc::clone(&verifier);
     // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
     // dropped (client gone), which also frees the worker.
-    let task = tokio::spawn(async move { engine.generate(&lease, v2.as_ref(), request, tx).await });
+    let task = tokio::spawn(async move { engine.generate(lease.as_ref(), v2.as_ref(), request, tx).await });
     let prefix = if valid.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let ids = Ids {
         id: format!("{prefix}-{:032x}", rand::random::<u128>()),

@@ -1,12 +1,16 @@
 //! `approxy bench`: speed, quality and cost measurements that anyone can rerun. Goals live
 //! here, never in timed tests.
 //!
+//! Layout:
 //! - `draft`: decode speed of the ONNX draft alone.
 //! - `quality`: HumanEval through every configuration (target only, approxy at the calibrated
 //!   levels, the confidence baseline at matching accept rates, draft only, llama.cpp's own
 //!   speculative decoding), on shared and on pinned cores.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
+//! - `levels`: the quality levels, resolved through the calibration file.
+//! - `servers`: llama-server and `approxy serve` started per core layout.
+//! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
 
 pub mod draft;
 mod chart;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::report::Machine;
 use super::servers::{self, Layout};
 use super::stats::{mean, quantile};
-use crate::setup::Home;
+use approxy_setup::Home;
 
 /// Options for `approxy bench overhead`.
 #[derive(Debug, Clone)]
@@ -214,7 +214,7 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let report = OverheadReport {
         generated_at: super::report::utc_now(),
         machine,
-        load_generator: format!("hey {} (Debian)", crate::setup::assets::HEY_DEB.1),
+        load_generator: format!("hey {} (Debian)", approxy_setup::assets::HEY_DEB.1),
         seconds_per_rate: opts.seconds,
         connections: opts.connections,
         pinned,

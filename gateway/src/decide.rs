@@ -1,0 +1,255 @@
+//! The one decision per chat or completion request: does approxy answer it (draft, verifier,
+//! target on rejection), or does the target answer it unchanged, and why. Checked in this
+//! order, the first that applies deciding: the model's policy, whether the target can continue
+//! a partial answer, features the draft loop does not implement, the request's validity (only
+//! now: a request that passes through is the target's to judge), the tokenizer check, and a
+//! free draft worker.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use serde_json::{Map, Value};
+
+use approxy_verifier::{Draft, GenerateRequest, Verifier};
+
+use crate::error::ApiError;
+use crate::policy::{Mode, ModelPolicy};
+use crate::request::{self, Endpoint};
+use crate::state::{AppState, Runtime, TokenizerCheck};
+use crate::validate::{self, ValidRequest, ValidationError};
+
+/// Why a request passed through; [`Reason::as_str`] is the `x-approxy-passthrough-reason`
+/// header value and the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Not a chat or completion request.
+    Route,
+    /// No policy entry for the model (and no `"*"`).
+    ModelWithoutPolicy,
+    /// The model's policy says `passthrough`.
+    PolicyPassthrough,
+    /// The target cannot continue a partial answer (a chat-only API).
+    TargetCannotContinue,
+    /// Tools or functions.
+    Tools,
+    /// Log-probabilities asked for.
+    Logprobs,
+    /// `logit_bias`.
+    LogitBias,
+    /// `response_format` (JSON mode, schemas).
+    ResponseFormat,
+    /// `echo`.
+    Echo,
+    /// `suffix` (fill in the middle).
+    Suffix,
+    /// `best_of`.
+    BestOf,
+    /// `n` other than 1.
+    NGreaterThan1,
+    /// Presence or frequency penalties.
+    Penalties,
+    /// Tool messages, tool calls or non-text content parts.
+    NonTextMessages,
+    /// Several prompts in one completion request.
+    MultiplePrompts,
+    /// Draft and target tokenize differently.
+    TokenizerMismatch,
+    /// Every draft worker is busy.
+    DraftSaturated,
+}
+
+impl Reason {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Route => "route",
+            Reason::ModelWithoutPolicy => "model_without_policy",
+            Reason::PolicyPassthrough => "policy_passthrough",
+            Reason::TargetCannotContinue => "target_cannot_continue",
+            Reason::Tools => "tools",
+            Reason::Logprobs => "logprobs",
+            Reason::LogitBias => "logit_bias",
+            Reason::ResponseFormat => "response_format",
+            Reason::Echo => "echo",
+            Reason::Suffix => "suffix",
+            Reason::BestOf => "best_of",
+            Reason::NGreaterThan1 => "n_greater_than_1",
+            Reason::Penalties => "penalties",
+            Reason::NonTextMessages => "non_text_messages",
+            Reason::MultiplePrompts => "multiple_prompts",
+            Reason::TokenizerMismatch => "tokenizer_mismatch",
+            Reason::DraftSaturated => "draft_saturated",
+        }
+    }
+}
+
+/// Everything the approximate path needs, including the draft worker it will run on.
+pub struct Approximate {
+    /// The validated request.
+    pub request: ValidRequest,
+    /// Engine parameters (prompt token ids, threshold, correction, bail-out).
+    pub generation: GenerateRequest,
+    /// The model's policy.
+    pub policy: ModelPolicy,
+    /// The model's verifier.
+    pub verifier: Arc<dyn Verifier>,
+    /// The leased draft worker (free again when dropped).
+    pub draft: Box<dyn Draft>,
+}
+
+/// The decision.
+pub enum Decision {
+    /// approxy answers.
+    Approximate(Box<Approximate>),
+    /// The target answers the request as sent.
+    Passthrough(Reason),
+}
+
+/// Decides for one request body sent to `endpoint`. `Err` is a 400 (or a target failure
+/// during the tokenizer check).
+pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<Decision, ApiError> {
+    let json: Value = serde_json::from_slice(body).map_err(|e| ValidationError::NotJson(e.to_string()))?;
+    let Value::Object(map) = &json else { return Err(ValidationError::NotObject.into()) };
+    // The model picks the policy, so it is the one field read before deciding.
+    let model = match map.get("model") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(ValidationError::Invalid { param: "model".into(), reason: "must be a string".into() }.into()),
+        None => return Err(ValidationError::Missing("model".into()).into()),
+    };
+    let Some(mp) = rt.policy.model(model) else { return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy)) };
+    if mp.mode == Mode::Passthrough {
+        return Ok(Decision::Passthrough(Reason::PolicyPassthrough));
+    }
+    if !rt.policy.target.kind.can_continue() {
+        return Ok(Decision::Passthrough(Reason::TargetCannotContinue));
+    }
+    if let Some(r) = unsupported_feature(endpoint, map) {
+        return Ok(Decision::Passthrough(r));
+    }
+    let typed = request::parse(&json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
+    let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
+    let threshold = validate::requested_threshold(headers, mp)?.unwrap_or(mp.threshold);
+    if let TokenizerCheck::Different(_) = rt.tokenizer_check().await? {
+        return Ok(Decision::Passthrough(Reason::TokenizerMismatch));
+    }
+    let shared = &state.shared;
+    let prompt = validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size)?;
+    let verifier = rt
+        .verifiers
+        .get(&valid.model)
+        .or_else(|| rt.verifiers.get("*"))
+        .cloned()
+        .ok_or_else(|| ApiError::Internal("no verifier for model".into()))?;
+    // Last, so a worker is held only by a request that will use it.
+    let Some(draft) = shared.draft.try_lease() else { return Ok(Decision::Passthrough(Reason::DraftSaturated)) };
+    let generation = GenerateRequest {
+        prompt,
+        max_tokens: valid.max_tokens,
+        sampling: valid.sampling,
+        stop: valid.stop.clone(),
+        threshold,
+        correction_tokens: mp.correction_tokens,
+        bailout: mp.bailout,
+        model: Some(valid.model.clone()),
+    };
+    Ok(Decision::Approximate(Box::new(Approximate { request: valid, generation, policy: mp.clone(), verifier, draft })))
+}
+
+/// A field is "used" when present and not null or `false`.
+fn used(body: &Map<String, Value>, field: &str) -> bool {
+    body.get(field).is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+}
+
+/// The first feature of the request the draft loop does not implement.
+pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Option<Reason> {
+    let features = [
+        ("tools", Reason::Tools),
+        ("functions", Reason::Tools),
+        ("tool_choice", Reason::Tools),
+        ("logprobs", Reason::Logprobs),
+        ("top_logprobs", Reason::Logprobs),
+        ("logit_bias", Reason::LogitBias),
+        ("response_format", Reason::ResponseFormat),
+        ("echo", Reason::Echo),
+        ("suffix", Reason::Suffix),
+        ("best_of", Reason::BestOf),
+    ];
+    if let Some((_, r)) = features.iter().find(|(f, _)| used(body, f)) {
+        return Some(*r);
+    }
+    if body.get("n").is_some_and(|n| !n.is_null() && n.as_u64() != Some(1)) {
+        return Some(Reason::NGreaterThan1);
+    }
+    let nonzero = |f: &str| body.get(f).is_some_and(|v| !v.is_null() && v.as_f64() != Some(0.0));
+    if nonzero("presence_penalty") || nonzero("frequency_penalty") {
+        return Some(Reason::Penalties);
+    }
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            messages.iter().any(not_text).then_some(Reason::NonTextMessages)
+        }
+        Endpoint::Completions => match body.get("prompt") {
+            Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => Some(Reason::MultiplePrompts),
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_array() => Some(Reason::MultiplePrompts),
+            _ => None,
+        },
+    }
+}
+
+/// A message the chat template cannot render as text: tool traffic or non-text parts.
+fn not_text(m: &Value) -> bool {
+    let role = m.get("role").and_then(Value::as_str);
+    let parts_not_text = m.get("content").and_then(Value::as_array).is_some_and(|parts| {
+        parts.iter().any(|p| p.get("type").and_then(Value::as_str).is_some_and(|t| t != "text"))
+    });
+    matches!(role, Some("tool" | "function")) || used_value(m.get("tool_calls")) || parts_not_text
+}
+
+fn used_value(v: Option<&Value>) -> bool {
+    v.is_some_and(|v| !v.is_null())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn reason(endpoint: Endpoint, v: Value) -> Option<Reason> {
+        match v {
+            Value::Object(m) => unsupported_feature(endpoint, &m),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn features_the_draft_loop_lacks_pass_through() {
+        let msg = json!([{"role": "user", "content": "a"}]);
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "tools": [{"type": "function"}]})), Some(Reason::Tools));
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "n": 2})), Some(Reason::NGreaterThan1));
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "n": 1, "logprobs": false})), None);
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "presence_penalty": 0.5})), Some(Reason::Penalties));
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "frequency_penalty": 0})), None);
+        assert_eq!(reason(Endpoint::Completions, json!({"prompt": "a", "logprobs": 2})), Some(Reason::Logprobs));
+        assert_eq!(reason(Endpoint::Completions, json!({"prompt": ["a", "b"]})), Some(Reason::MultiplePrompts));
+        assert_eq!(reason(Endpoint::Completions, json!({"prompt": [[1, 2]]})), Some(Reason::MultiplePrompts));
+        assert_eq!(reason(Endpoint::Completions, json!({"prompt": [1, 2]})), None);
+        let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": image})), Some(Reason::NonTextMessages));
+        let tool = json!([{"role": "tool", "content": "42", "tool_call_id": "t"}]);
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": tool})), Some(Reason::NonTextMessages));
+    }
+
+    #[test]
+    fn reason_names_are_distinct_snake_case() {
+        use Reason::*;
+        let all = [
+            Route, ModelWithoutPolicy, PolicyPassthrough, TargetCannotContinue, Tools, Logprobs, LogitBias, ResponseFormat, Echo,
+            Suffix, BestOf, NGreaterThan1, Penalties, NonTextMessages, MultiplePrompts, TokenizerMismatch, DraftSaturated,
+        ];
+        let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), all.len());
+        assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')));
+    }
+}

@@ -1,0 +1,34 @@
+//! approxy's serving library: the OpenAI-compatible HTTP API in front of a target model. It
+//! decides per request whether the local draft and verifier answer it (the engine in
+//! `approxy-verifier`) or the target does unchanged, and runs the tower stack around both.
+//! It links nothing the server does not need; the tools live in their own crates.
+//!
+//! Layout:
+//! - `server`: `approxy serve`: loads the draft and policy, listens, drains on shutdown, reloads.
+//! - `stack`: the routes and the tower stack around them, in order, each layer with its reason.
+//! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
+//! - `decide`: the approximate-or-passthrough decision, and every passthrough [`decide::Reason`].
+//! - `request`: the OpenAI request bodies as typed structs (unknown fields kept).
+//! - `validate`: a typed request to a [`validate::ValidRequest`], or a [`validate::ValidationError`].
+//! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
+//! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
+//! - `middleware`: auth, body limit, load shedding, timeout, request metrics.
+//! - `policy`: policy files: raw TOML, validated into typed values.
+//! - `state`: process-wide parts and the per-policy runtime swapped on reload.
+//! - `error`: the API error type, the one place errors become OpenAI-shaped responses.
+//! - `telemetry`: logging and the Prometheus metrics.
+
+pub mod decide;
+pub mod error;
+pub mod middleware;
+pub mod passthrough;
+pub mod policy;
+pub mod request;
+pub mod respond;
+pub mod routes;
+pub mod server;
+pub mod stack;
+pub mod state;
+pub mod telemetry;
+pub mod validate;
+

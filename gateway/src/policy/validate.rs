@@ -1,0 +1,222 @@
+//! Raw policy to typed [`Policy`]: every value checked, defaults filled in, relative paths
+//! anchored at the policy file, and every problem collected rather than the first returned.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use approxy_verifier::{BailoutBudget, TargetKind};
+
+use super::raw::{RawModel, RawPolicy};
+use super::{DraftPolicy, GatewayPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
+
+/// Validates a raw policy read from `path`; the problems list is empty when it is valid.
+pub(super) fn validate(raw: RawPolicy, path: &Path) -> (Policy, Vec<String>) {
+    let mut v = Validator { problems: Vec::new(), base: path.parent().map(Path::to_path_buf).unwrap_or_default() };
+    let policy = v.policy(raw, path);
+    (policy, v.problems)
+}
+
+/// Parses durations such as `250ms`, `30s`, `5m`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.')?);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+struct Validator {
+    problems: Vec<String>,
+    base: PathBuf,
+}
+
+impl Validator {
+    fn err(&mut self, m: impl Into<String>) {
+        self.problems.push(m.into());
+    }
+
+    fn duration(&mut self, field: &str, v: Option<String>, default: Duration) -> Duration {
+        match v {
+            None => default,
+            Some(s) => parse_duration(&s).unwrap_or_else(|| {
+                self.err(format!("{field}: {s:?} is not a duration like \"250ms\", \"30s\" or \"5m\""));
+                default
+            }),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        let expanded = p.replace(
+            "${APPROXY_HOME}",
+            &approxy_verifier::home::Home::from_env().map(|h| h.root.display().to_string()).unwrap_or_default(),
+        );
+        let pb = PathBuf::from(expanded);
+        if pb.is_absolute() { pb } else { self.base.join(pb) }
+    }
+
+    fn policy(&mut self, raw: RawPolicy, path: &Path) -> Policy {
+        let t = raw.target;
+        let kind = match t.kind.as_str() {
+            "llama_cpp" => TargetKind::LlamaCpp,
+            "vllm" | "openai" => TargetKind::Vllm,
+            "openai_chat" => TargetKind::OpenAiChat,
+            k => {
+                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\", \"openai_chat\""));
+                TargetKind::LlamaCpp
+            }
+        };
+        match reqwest::Url::parse(&t.base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            Ok(u) => self.err(format!(
+                "target.base_url: scheme {:?} cannot be served; approxy speaks http:// and https:// (TLS by rustls)",
+                u.scheme()
+            )),
+            Err(e) => self.err(format!("target.base_url: {:?} is not a URL: {e}", t.base_url)),
+        }
+        if t.base_url.contains('@') {
+            self.err("target.base_url: put credentials in the environment variable named by target.api_key_env, not in the URL");
+        }
+        let target = TargetPolicy {
+            kind,
+            base_url: t.base_url,
+            api_key_env: t.api_key_env,
+            timeout: self.duration("target.timeout", t.timeout, Duration::from_secs(120)),
+            retries: t.retries.unwrap_or(2),
+            backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
+            ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
+        };
+        if let Some(ca) = &target.ca_file {
+            if let Err(e) = approxy_verifier::target::load_ca_file(ca) {
+                self.err(format!("target.ca_file: {e}"));
+            }
+            if !target.base_url.starts_with("https://") {
+                self.err("target.ca_file: set, but target.base_url is not https://");
+            }
+        }
+        if target.retries > 10 {
+            self.err("target.retries: at most 10");
+        }
+        let g = raw.gateway;
+        let gateway = GatewayPolicy {
+            api_keys_env: g.api_keys_env,
+            max_body_bytes: g.max_body_bytes.unwrap_or(4 << 20),
+            max_concurrent_requests: g.max_concurrent_requests.unwrap_or(64),
+            request_timeout: self.duration("gateway.request_timeout", g.request_timeout, Duration::from_secs(600)),
+            max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
+            default_max_tokens: g.default_max_tokens.unwrap_or(512),
+        };
+        if gateway.max_body_bytes < 1024 {
+            self.err("gateway.max_body_bytes: at least 1024");
+        }
+        if gateway.max_concurrent_requests == 0 {
+            self.err("gateway.max_concurrent_requests: at least 1");
+        }
+        if gateway.default_max_tokens == 0 || gateway.default_max_tokens > gateway.max_tokens_limit {
+            self.err("gateway.default_max_tokens: must be in 1..=gateway.max_tokens_limit");
+        }
+        let d = raw.draft;
+        let draft = DraftPolicy {
+            model_dir: d.model_dir.as_deref().map(|p| self.path(p)),
+            model_sha256: d.model_sha256,
+            workers: d.workers.unwrap_or(1),
+            threads_per_worker: d.threads_per_worker.unwrap_or(2),
+            spin_wait: d.spin_wait.unwrap_or(false),
+        };
+        if draft.workers == 0 || draft.workers > 64 {
+            self.err("draft.workers: must be in 1..=64");
+        }
+        if draft.threads_per_worker == 0 {
+            self.err("draft.threads_per_worker: at least 1");
+        }
+        let models = raw.models.into_iter().map(|(id, m)| {
+            let mp = self.model(&id, m);
+            (id, mp)
+        }).collect();
+        Policy { path: path.to_path_buf(), target, gateway, draft, models }
+    }
+
+    fn model(&mut self, id: &str, m: RawModel) -> ModelPolicy {
+        let f = |k: &str| format!("models.{id:?}.{k}");
+        let mode = match m.mode.as_str() {
+            "approximate" => Mode::Approximate,
+            "passthrough" => Mode::Passthrough,
+            other => {
+                self.err(format!("{}: {other:?} is not one of \"approximate\", \"passthrough\"", f("mode")));
+                Mode::Passthrough
+            }
+        };
+        let verifier = match m.verifier.as_deref() {
+            None | Some("confidence") => VerifierChoice::Confidence,
+            Some(p) => {
+                let path = self.path(p);
+                if !path.is_file() {
+                    self.err(format!("{}: artifact {} does not exist", f("verifier"), path.display()));
+                }
+                VerifierChoice::Learned(path)
+            }
+        };
+        let threshold = match (m.threshold, m.max_false_accept_rate) {
+            (Some(_), Some(_)) => {
+                self.err(format!("{} and {}: give one, not both", f("threshold"), f("max_false_accept_rate")));
+                0.5
+            }
+            (Some(t), None) => {
+                if !(0.0..=1.0).contains(&t) {
+                    self.err(format!("{}: {t} is outside [0, 1]", f("threshold")));
+                }
+                t
+            }
+            (None, Some(far)) => match m.calibration.as_deref() {
+                None => {
+                    self.err(format!("{}: needs {}", f("max_false_accept_rate"), f("calibration")));
+                    0.5
+                }
+                Some(c) => {
+                    let path = self.path(c);
+                    match approxy_verifier::calibration::threshold_for(&path, far) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            self.err(format!("{}: {e}", f("calibration")));
+                            0.5
+                        }
+                    }
+                }
+            },
+            (None, None) => {
+                if mode == Mode::Approximate {
+                    self.err(format!("{}: an approximate model needs threshold or max_false_accept_rate", f("threshold")));
+                }
+                1.0
+            }
+        };
+        let correction_tokens = m.correction_tokens.unwrap_or(1);
+        if !(1..=256).contains(&correction_tokens) {
+            self.err(format!("{}: must be in 1..=256", f("correction_tokens")));
+        }
+        let bailout = m.bailout.map(|b| {
+            if b.window == 0 || b.window > 4096 {
+                self.err(format!("{}: must be in 1..=4096", f("bailout.window")));
+            }
+            if !(0.0..=1.0).contains(&b.max_rejection_rate) {
+                self.err(format!("{}: must be in [0, 1]", f("bailout.max_rejection_rate")));
+            }
+            BailoutBudget { window: b.window, max_rejection_rate: b.max_rejection_rate }
+        });
+        let (lo, hi) = m.threshold_override.map(|[a, b]| (a, b)).unwrap_or((threshold, threshold));
+        if lo > hi || !(0.0..=1.0).contains(&lo) || !(0.0..=1.0).contains(&hi) {
+            self.err(format!("{}: [{lo}, {hi}] must be an ordered range inside [0, 1]", f("threshold_override")));
+        }
+        let price = m.price.map(|p| Price { input: p.input, cached_input: p.cached_input, output: p.output }).unwrap_or_default();
+        if [price.input, price.cached_input, price.output].iter().any(|x| !x.is_finite() || *x < 0.0) {
+            self.err(format!("{}: prices must be finite and >= 0", f("price")));
+        }
+        ModelPolicy { mode, verifier, threshold, correction_tokens, bailout, threshold_override: (lo, hi), price }
+    }
+}
+

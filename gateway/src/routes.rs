@@ -1,0 +1,74 @@
+//! One handler per endpoint. Chat and completions ask `decide` and then either run the
+//! engine (`respond`) or forward the request as sent (`passthrough`); the rest report health,
+//! readiness and metrics. Every other `/v1` route is the passthrough service's (see `stack`).
+
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::decide::{Decision, decide};
+use crate::error::ApiError;
+use crate::request::Endpoint;
+use crate::state::{AppState, TokenizerCheck};
+use crate::{passthrough, respond};
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(state): State<AppState>, req: Request) -> Response {
+    generate(state, Endpoint::Chat, req).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(state): State<AppState>, req: Request) -> Response {
+    generate(state, Endpoint::Completions, req).await
+}
+
+async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response {
+    // The runtime is taken once: a policy reload mid-request does not change its rules.
+    let rt = state.runtime();
+    let limit = rt.policy.gateway.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else { return ApiError::PayloadTooLarge(limit).into_response() };
+    match decide(&state, &rt, endpoint, &parts.headers, &bytes).await {
+        Ok(Decision::Approximate(a)) => respond::approximate(rt, *a).await.unwrap_or_else(IntoResponse::into_response),
+        Ok(Decision::Passthrough(reason)) => passthrough::forward(&state, parts, bytes, reason).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /health`: the process is up.
+pub async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+/// `GET /ready`: the target answers, and what the tokenizer check and draft workers say.
+pub async fn ready(State(state): State<AppState>) -> Response {
+    let rt = state.runtime();
+    // Bounded well below the target's call timeout: a probe must answer while the probe waits.
+    let target = match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer within 5 s".to_string()),
+    };
+    let tokenizer = match rt.tokenizer_check.get() {
+        None => json!("not checked yet"),
+        Some(TokenizerCheck::Same) => json!("same"),
+        Some(TokenizerCheck::Unchecked) => json!("target cannot tokenize; unchecked"),
+        Some(TokenizerCheck::Different(m)) => json!(format!("different: {m}")),
+    };
+    let body = json!({
+        "tokenizer_check": tokenizer,
+        "draft_workers": state.shared.draft.workers(),
+        "draft_workers_idle": state.shared.draft.idle(),
+        "target_reachable": target.is_ok(),
+        "target_error": target.as_ref().err(),
+    });
+    let status = if target.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    state.shared.prometheus.render().into_response()
+}

@@ -1,0 +1,330 @@
+//! Validation of a request the approximate path will serve: the typed request becomes a
+//! [`ValidRequest`] (limits, ranges, text-only messages) and then prompt token ids, or one
+//! [`ValidationError`] that names the offending field. Requests that pass through are never
+//! validated here; the target judges them.
+
+use approxy_verifier::SamplingParams;
+use approxy_verifier::template::{ChatMessage, ChatTemplate};
+use approxy_verifier::tokenizer::Tokenizer;
+use axum::http::HeaderMap;
+
+use crate::policy::{GatewayPolicy, ModelPolicy};
+use crate::request::{Content, Endpoint, GenerationRequest, PromptInput, Stop};
+
+/// Header for a per-request threshold within the policy's allowed range.
+pub const THRESHOLD_HEADER: &str = "x-approxy-threshold";
+
+/// Longest prompt (in tokens) the approximate path takes; the draft's context is 32k.
+pub const MAX_PROMPT_TOKENS: usize = 30_000;
+
+/// Why a request is refused with 400.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    /// Not JSON at all.
+    #[error("request body is not valid JSON: {0}")]
+    NotJson(String),
+    /// JSON, but not an object.
+    #[error("request body must be a JSON object")]
+    NotObject,
+    /// A required field is absent.
+    #[error("`{0}` is required")]
+    Missing(String),
+    /// A field has the wrong type or shape.
+    #[error("`{param}` is invalid: {reason}")]
+    Invalid {
+        /// The field, e.g. `messages[0].content`.
+        param: String,
+        /// What serde found.
+        reason: String,
+    },
+    /// A number outside its range.
+    #[error("`{param}` must be in {range}")]
+    OutOfRange {
+        /// The field.
+        param: &'static str,
+        /// The allowed range.
+        range: String,
+    },
+    /// `stop` with more than four strings.
+    #[error("`stop` must be a string or up to 4 strings")]
+    TooManyStops,
+    /// A message role approxy does not know.
+    #[error("unknown role {role:?}")]
+    UnknownRole {
+        /// Message index.
+        index: usize,
+        /// The role given.
+        role: String,
+    },
+    /// The chat template refused the conversation.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// Nothing to continue.
+    #[error("the prompt is empty")]
+    EmptyPrompt(Endpoint),
+    /// More prompt tokens than the draft's context allows.
+    #[error("the prompt has {tokens} tokens; at most {MAX_PROMPT_TOKENS}")]
+    PromptTooLong {
+        /// Endpoint (names the field).
+        endpoint: Endpoint,
+        /// Tokens in the prompt.
+        tokens: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token ids must be below {0}")]
+    TokenOutOfVocabulary(usize),
+    /// The threshold header is not a number.
+    #[error("{THRESHOLD_HEADER} must be a number")]
+    ThresholdNotANumber,
+    /// The threshold header is outside what the model's policy allows.
+    #[error("{THRESHOLD_HEADER} {value} is outside the range [{lo}, {hi}] this model's policy allows")]
+    ThresholdOutOfRange {
+        /// Asked for.
+        value: f32,
+        /// Policy minimum.
+        lo: f32,
+        /// Policy maximum.
+        hi: f32,
+    },
+}
+
+impl ValidationError {
+    /// The field to name in the error's `param`.
+    pub fn param(&self) -> Option<String> {
+        match self {
+            Self::NotJson(_) | Self::NotObject => None,
+            Self::Missing(p) | Self::Invalid { param: p, .. } => Some(p.clone()),
+            Self::OutOfRange { param, .. } => Some((*param).to_string()),
+            Self::TooManyStops => Some("stop".into()),
+            Self::UnknownRole { index, .. } => Some(format!("messages[{index}].role")),
+            Self::Template(_) => Some("messages".into()),
+            Self::EmptyPrompt(e) | Self::PromptTooLong { endpoint: e, .. } => Some(e.prompt_field().into()),
+            Self::TokenOutOfVocabulary(_) => Some("prompt".into()),
+            Self::ThresholdNotANumber | Self::ThresholdOutOfRange { .. } => Some(THRESHOLD_HEADER.into()),
+        }
+    }
+
+    /// From a typed-parse failure at `path` (serde reports a missing field at its parent).
+    pub fn from_parse(path: String, reason: String) -> Self {
+        let missing = reason.strip_prefix("missing field `").and_then(|r| r.strip_suffix('`'));
+        match missing {
+            Some(field) if path == "." => Self::Missing(field.to_string()),
+            Some(field) => Self::Missing(format!("{path}.{field}")),
+            None => Self::Invalid { param: path, reason },
+        }
+    }
+}
+
+/// What the model is asked to continue.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Chat messages (rendered with the chat template).
+    Chat(Vec<ChatMessage>),
+    /// A completion prompt as text.
+    Text(String),
+    /// A completion prompt as token ids.
+    Tokens(Vec<u32>),
+}
+
+/// A request the approximate path can serve.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    /// Endpoint.
+    pub endpoint: Endpoint,
+    /// Model id.
+    pub model: String,
+    /// Prompt.
+    pub prompt: Prompt,
+    /// Generation limit.
+    pub max_tokens: u32,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// SSE streaming.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+fn in_range(param: &'static str, ok: bool, range: impl Into<String>) -> Result<(), ValidationError> {
+    if ok { Ok(()) } else { Err(ValidationError::OutOfRange { param, range: range.into() }) }
+}
+
+/// Checks a typed request against the gateway's limits.
+pub fn validate(endpoint: Endpoint, r: GenerationRequest, gw: &GatewayPolicy) -> Result<ValidRequest, ValidationError> {
+    if r.model.is_empty() {
+        return Err(ValidationError::OutOfRange { param: "model", range: "non-empty strings".into() });
+    }
+    let (max_field, max) = match (endpoint, r.max_completion_tokens) {
+        (Endpoint::Chat, Some(m)) => ("max_completion_tokens", Some(m)),
+        _ => ("max_tokens", r.max_tokens),
+    };
+    let default_max = if endpoint == Endpoint::Completions { 16 } else { gw.default_max_tokens };
+    let max_tokens = max.unwrap_or(default_max);
+    in_range(max_field, (1..=gw.max_tokens_limit).contains(&max_tokens), format!("1..={}", gw.max_tokens_limit))?;
+    let temperature = r.temperature.unwrap_or(1.0);
+    in_range("temperature", (0.0..=2.0).contains(&temperature), "[0, 2]")?;
+    let top_p = r.top_p.unwrap_or(1.0);
+    in_range("top_p", top_p > 0.0 && top_p <= 1.0, "(0, 1]")?;
+    let stop = match r.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) if v.len() <= 4 => v,
+        Some(Stop::Many(_)) => return Err(ValidationError::TooManyStops),
+    };
+    let prompt = match endpoint {
+        Endpoint::Chat => Prompt::Chat(chat_messages(r.messages)?),
+        Endpoint::Completions => completion_prompt(r.prompt)?,
+    };
+    Ok(ValidRequest {
+        endpoint,
+        model: r.model,
+        prompt,
+        max_tokens,
+        sampling: SamplingParams { temperature, top_p, seed: r.seed.map(|s| s as u64) },
+        stop,
+        stream: r.stream.unwrap_or(false),
+        include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+    })
+}
+
+fn chat_messages(messages: Option<Vec<crate::request::Message>>) -> Result<Vec<ChatMessage>, ValidationError> {
+    let messages = messages.ok_or_else(|| ValidationError::Missing("messages".into()))?;
+    if messages.is_empty() {
+        return Err(ValidationError::OutOfRange { param: "messages", range: "non-empty arrays".into() });
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, m)| {
+            // The template knows "system"; "developer" is OpenAI's newer name for it. Tool
+            // messages never get here: they pass through.
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                _ => return Err(ValidationError::UnknownRole { index, role: m.role }),
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts.into_iter().filter_map(|p| p.text).collect(),
+            };
+            Ok(ChatMessage { role: role.to_string(), content })
+        })
+        .collect()
+}
+
+fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationError> {
+    match prompt.ok_or_else(|| ValidationError::Missing("prompt".into()))? {
+        PromptInput::Text(t) if !t.is_empty() => Ok(Prompt::Text(t)),
+        PromptInput::Tokens(ids) if !ids.is_empty() => Ok(Prompt::Tokens(ids)),
+        PromptInput::Texts(mut v) if v.len() == 1 && !v[0].is_empty() => Ok(Prompt::Text(v.remove(0))),
+        _ => Err(ValidationError::EmptyPrompt(Endpoint::Completions)),
+    }
+}
+
+/// The prompt as token ids, checked against the draft's limits.
+pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Tokenizer, vocab: usize) -> Result<Vec<u32>, ValidationError> {
+    let encode = |text: &str| tokenizer.encode(text).map_err(|e| ValidationError::Template(e.to_string()));
+    let ids = match &v.prompt {
+        Prompt::Chat(msgs) => encode(&template.render(msgs).map_err(|e| ValidationError::Template(e.to_string()))?)?,
+        Prompt::Text(t) => encode(t)?,
+        Prompt::Tokens(ids) => ids.clone(),
+    };
+    if ids.is_empty() {
+        return Err(ValidationError::EmptyPrompt(v.endpoint));
+    }
+    if ids.len() > MAX_PROMPT_TOKENS {
+        return Err(ValidationError::PromptTooLong { endpoint: v.endpoint, tokens: ids.len() });
+    }
+    if ids.iter().any(|&t| t as usize >= vocab) {
+        return Err(ValidationError::TokenOutOfVocabulary(vocab));
+    }
+    Ok(ids)
+}
+
+/// The per-request threshold from the header, checked against the model's allowed range.
+pub fn requested_threshold(headers: &HeaderMap, mp: &ModelPolicy) -> Result<Option<f32>, ValidationError> {
+    let Some(v) = headers.get(THRESHOLD_HEADER) else { return Ok(None) };
+    let t: f32 = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|t: &f32| t.is_finite())
+        .ok_or(ValidationError::ThresholdNotANumber)?;
+    let (lo, hi) = mp.threshold_override;
+    if t < lo || t > hi {
+        return Err(ValidationError::ThresholdOutOfRange { value: t, lo, hi });
+    }
+    Ok(Some(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gw() -> GatewayPolicy {
+        GatewayPolicy {
+            api_keys_env: None,
+            max_body_bytes: 1 << 20,
+            max_concurrent_requests: 4,
+            request_timeout: std::time::Duration::from_secs(5),
+            max_tokens_limit: 1000,
+            default_max_tokens: 100,
+        }
+    }
+
+    fn check(endpoint: Endpoint, body: serde_json::Value) -> Result<ValidRequest, ValidationError> {
+        let r = crate::request::parse(&body).map_err(|(p, m)| ValidationError::from_parse(p, m))?;
+        validate(endpoint, r, &gw())
+    }
+
+    fn param_of(r: Result<ValidRequest, ValidationError>) -> Option<String> {
+        r.err().and_then(|e| e.param())
+    }
+
+    #[test]
+    fn valid_chat() -> Result<(), ValidationError> {
+        let r = check(
+            Endpoint::Chat,
+            serde_json::json!({"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],
+                               "temperature":0,"stream":true,"stream_options":{"include_usage":true},"stop":"x"}),
+        )?;
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.max_tokens, 100);
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        assert!(r.sampling.is_greedy());
+        let Prompt::Chat(m) = r.prompt else { return Err(ValidationError::NotObject) };
+        assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("system", "be brief"));
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        use serde_json::json;
+        let chat = |v| param_of(check(Endpoint::Chat, v));
+        assert_eq!(chat(json!({"messages":[]})), Some("model".into()));
+        assert_eq!(chat(json!({"model":"m"})), Some("messages".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[]})), Some("messages".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"x","content":"a"}]})), Some("messages[0].role".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"content":"a"}]})), Some("messages[0].role".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":"hot"})), Some("temperature".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":3})), Some("temperature".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":0})), Some("max_tokens".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":5000})), Some("max_completion_tokens".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})), Some("stop".into()));
+        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":5}))), Some("prompt".into()));
+        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":""}))), Some("prompt".into()));
+        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m"}))), Some("prompt".into()));
+    }
+
+    #[test]
+    fn completion_defaults_to_sixteen_tokens() -> Result<(), ValidationError> {
+        let r = check(Endpoint::Completions, serde_json::json!({"model":"m","prompt":[1,2,3]}))?;
+        assert_eq!(r.max_tokens, 16);
+        assert!(matches!(r.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
+        Ok(())
+    }
+}

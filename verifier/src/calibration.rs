@@ -1,0 +1,193 @@
+//! The calibration file (`policies/verifier/calibration.json`): one typed schema, written by
+//! `approxy train fit` and read by the policy loader (a quality target such as "at most 5 %
+//! false accepts" becomes a threshold) and by the benchmark (its quality levels).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The `format` value this schema reads and writes.
+pub const FORMAT: &str = "approxy-calibration/1";
+
+/// One threshold on held-out data.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationPoint {
+    /// Threshold.
+    pub threshold: f32,
+    /// Share of draft tokens accepted.
+    pub accept_rate: f32,
+    /// Share of accepted draft tokens the target would not have produced (0 when nothing is
+    /// accepted).
+    pub false_accept_rate: f32,
+    /// Target calls per 100 output tokens with one correction token per rejection.
+    #[serde(default)]
+    pub target_calls_per_100_tokens: f32,
+}
+
+/// ROC AUC of one verifier; `None` where a split lacks one of the two classes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Auc {
+    /// Every held-out row.
+    pub all: Option<f64>,
+    /// Code prompts.
+    pub code: Option<f64>,
+    /// Chat prompts.
+    pub chat: Option<f64>,
+}
+
+impl std::fmt::Display for Auc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{x:.4}"));
+        write!(f, "all {}, code {}, chat {}", v(self.all), v(self.code), v(self.chat))
+    }
+}
+
+/// A learned head that was fitted but not chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OtherHead {
+    /// Head name (`logistic`, `mlp-stats`, ...).
+    pub kind: String,
+    /// Its held-out AUC.
+    pub auc: Auc,
+}
+
+/// The AUC comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AucReport {
+    /// The best learned head.
+    pub learned: Auc,
+    /// Its name.
+    pub learned_kind: String,
+    /// The draft-confidence baseline.
+    pub confidence: Auc,
+    /// The other heads, best first.
+    pub other_learned: Vec<OtherHead>,
+}
+
+/// Grids of both verifiers on one kind of prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KindGrids {
+    /// The best learned head.
+    pub learned: Vec<CalibrationPoint>,
+    /// The draft-confidence baseline.
+    pub confidence: Vec<CalibrationPoint>,
+}
+
+/// Grids split by prompt kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ByKind {
+    /// Code prompts.
+    pub code: KindGrids,
+    /// Chat prompts.
+    pub chat: KindGrids,
+}
+
+/// What the calibration was computed on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataSummary {
+    /// Rows collected.
+    pub rows: usize,
+    /// Rows the heads were fitted on.
+    pub train_rows: usize,
+    /// Rows held out by prompt.
+    pub held_out_rows: usize,
+    /// Of those, from code prompts.
+    pub held_out_code_rows: usize,
+    /// Of those, from chat prompts.
+    pub held_out_chat_rows: usize,
+    /// Share of held-out positions where the draft's top-1 equals the target's token.
+    pub held_out_agreement: f64,
+    /// Split seed.
+    pub seed: u64,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// [`FORMAT`].
+    pub format: String,
+    /// `confidence` or the learned head that beat it.
+    pub chosen_verifier: String,
+    /// The learned artifact beside this file when the learned head was chosen.
+    pub artifact: Option<String>,
+    /// Draft the rows were collected with.
+    pub draft_sha256: String,
+    /// Row counts.
+    pub data: DataSummary,
+    /// AUC comparison.
+    pub auc: AucReport,
+    /// Grid of the chosen verifier: what a policy's `max_false_accept_rate` resolves through.
+    pub thresholds: Vec<CalibrationPoint>,
+    /// Grid of the best learned head.
+    pub learned_thresholds: Vec<CalibrationPoint>,
+    /// Grid of the draft-confidence baseline.
+    pub confidence_thresholds: Vec<CalibrationPoint>,
+    /// Grids by prompt kind.
+    pub by_kind: ByKind,
+    /// Time the fit took.
+    pub fit_seconds: f64,
+}
+
+impl Calibration {
+    /// Reads a calibration file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let c: Self = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        if c.format != FORMAT {
+            return Err(format!("{}: format {:?}, expected {FORMAT:?}", path.display(), c.format));
+        }
+        Ok(c)
+    }
+
+    /// The file's text. Written through a JSON map, which orders keys and widens each `f32` to
+    /// `f64`, so a refit on the same rows reproduces the committed file byte for byte.
+    pub fn to_json_pretty(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec_pretty(&serde_json::to_value(self)?)
+    }
+}
+
+/// The lowest threshold (the one that accepts most, so costs least) whose measured
+/// false-accept rate is within `max_far`.
+pub fn threshold_for(path: &Path, max_far: f32) -> Result<f32, String> {
+    if !(0.0..=1.0).contains(&max_far) {
+        return Err(format!("max_false_accept_rate {max_far} is outside [0, 1]"));
+    }
+    let c = Calibration::load(path)?;
+    pick(&c.thresholds, max_far)
+        .map(|p| p.threshold)
+        .ok_or_else(|| format!("{}: no threshold reaches a false-accept rate of {max_far}", path.display()))
+}
+
+/// The grid point with the lowest threshold whose false-accept rate is within `max_far`.
+pub fn pick<'a>(grid: impl IntoIterator<Item = &'a CalibrationPoint>, max_far: f32) -> Option<&'a CalibrationPoint> {
+    grid.into_iter().filter(|p| p.false_accept_rate <= max_far).min_by(|a, b| a.threshold.total_cmp(&b.threshold))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(threshold: f32, false_accept_rate: f32) -> CalibrationPoint {
+        CalibrationPoint { threshold, accept_rate: 0.0, false_accept_rate, target_calls_per_100_tokens: 0.0 }
+    }
+
+    #[test]
+    fn picks_cheapest_threshold_within_target() {
+        let grid = [p(0.3, 0.05), p(0.5, 0.01), p(0.9, 0.001)];
+        let t = |far| pick(&grid, far).map(|p| p.threshold);
+        assert_eq!(t(0.02), Some(0.5));
+        assert_eq!(t(0.1), Some(0.3));
+        assert_eq!(t(0.0001), None);
+    }
+
+    #[test]
+    fn committed_file_reads_and_writes_back_identically() -> Result<(), String> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
+        let c = Calibration::load(&path)?;
+        assert!(!c.thresholds.is_empty() && !c.learned_thresholds.is_empty() && !c.confidence_thresholds.is_empty());
+        let written = c.to_json_pretty().map_err(|e| e.to_string())?;
+        let committed = std::fs::read(&path).map_err(|e| e.to_string())?;
+        assert_eq!(String::from_utf8_lossy(&written), String::from_utf8_lossy(&committed));
+        Ok(())
+    }
+}

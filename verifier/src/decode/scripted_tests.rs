@@ -1,0 +1,179 @@
+//! The decode loop against a scripted draft and target: every path in milliseconds, without
+//! models. The real-model tests are in `tests/engine.rs`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::testing::{DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer};
+use crate::verify::ConfidenceVerifier;
+use crate::{DraftWorkers, SamplingParams};
+
+fn prompt() -> Vec<u32> {
+    let mut p: Vec<u32> = "question?".bytes().map(u32::from).collect();
+    p.push(IM_START);
+    p
+}
+
+fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt(),
+        max_tokens,
+        sampling: SamplingParams { temperature: 0.0, top_p: 1.0, seed: None },
+        stop: Vec::new(),
+        threshold,
+        correction_tokens: 1,
+        bailout: None,
+        model: None,
+    }
+}
+
+struct Outcome {
+    text: String,
+    events: Vec<TokenEvent>,
+    stats: Stats,
+    target: Arc<ScriptedTarget>,
+}
+
+async fn run(draft: DraftScript, target: ScriptedTarget, req: GenerateRequest) -> Result<Outcome, EngineError> {
+    let tok = tiny_tokenizer();
+    let target = Arc::new(target);
+    let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(draft, 1);
+    let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
+    let (tx, mut rx) = mpsc::channel(1024);
+    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await?;
+    let mut events = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        events.push(ev);
+    }
+    let text = events.iter().map(|e| e.text.as_str()).collect();
+    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what adds up");
+    assert_eq!(target.calls().len() as u32, stats.target_calls);
+    Ok(Outcome { text, events, stats, target })
+}
+
+#[tokio::test]
+async fn confident_draft_answers_alone() -> Result<(), EngineError> {
+    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("HELLO", None), request(0.5, 64)).await?;
+    assert_eq!(o.text, "hello");
+    assert_eq!((o.stats.draft_tokens, o.stats.target_calls), (5, 0));
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    assert!(o.events.iter().all(|e| e.source == Source::Draft));
+    Ok(())
+}
+
+#[tokio::test]
+async fn rejecting_everything_gives_the_target_answer_one_call_per_token() -> Result<(), EngineError> {
+    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("world", None), request(1.0, 64)).await?;
+    assert_eq!(o.text, "world");
+    assert_eq!(o.stats.draft_tokens, 0);
+    // Five tokens, then the call that returns end-of-turn.
+    assert_eq!(o.stats.target_calls, 6);
+    assert_eq!(o.stats.verifier_rejections, 6);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Result<(), EngineError> {
+    let mut draft = DraftScript::says("abcXef", 0.95);
+    draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
+    let o = run(draft, ScriptedTarget::says("abcdef", None), request(0.5, 64)).await?;
+    assert_eq!(o.text, "abcdef");
+    assert_eq!((o.stats.draft_tokens, o.stats.target_tokens, o.stats.target_calls), (5, 1, 1));
+    // "abc", then "ef" and the accepted end-of-turn.
+    assert_eq!(o.stats.accepted_runs, vec![3, 3]);
+    let sources: Vec<Source> = o.events.iter().filter(|e| e.id.is_some()).map(|e| e.source).collect();
+    assert_eq!(sources[3], Source::Target);
+    // The call continued exactly the prompt plus the three accepted tokens.
+    let call = &o.target.calls()[0];
+    assert_eq!(call.prefix.len(), prompt().len() + 3);
+    assert_eq!(call.max_tokens, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), EngineError> {
+    let mut req = request(1.0, 64);
+    req.correction_tokens = 4;
+    let o = run(DraftScript::says("", 0.9), ScriptedTarget::says("abcdefgh", None), req).await?;
+    assert_eq!(o.text, "abcdefgh");
+    // 4 + 4 tokens, then the call that returns end-of-turn.
+    assert_eq!(o.stats.target_calls, 3);
+    // Each call re-sends the prefix; all but the first could come from a prompt cache.
+    let p = prompt().len() as u64;
+    assert_eq!(o.stats.target_input_tokens, p + (p + 4) + (p + 8));
+    assert_eq!(o.stats.target_cacheable_input_tokens, (p + 4) + (p + 8));
+    Ok(())
+}
+
+#[tokio::test]
+async fn over_the_rejection_budget_the_target_writes_the_rest_in_one_call() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.bailout = Some(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
+    let o = run(DraftScript::says("xxxxxxxxxx", 0.1), ScriptedTarget::says("the target's answer", None), req).await?;
+    assert_eq!(o.text, "the target's answer");
+    assert!(o.stats.bailed_out);
+    // Three single-token corrections fill the window; the fourth rejection bails out.
+    assert_eq!(o.stats.target_calls, 4);
+    assert_eq!(o.target.calls()[3].max_tokens, 64 - 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_tokens_ends_with_length() -> Result<(), EngineError> {
+    let o = run(DraftScript::says("abcdefgh", 0.95), ScriptedTarget::says("", None), request(0.5, 3)).await?;
+    assert_eq!(o.text, "abc");
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Length));
+    assert_eq!(o.stats.completion_tokens, 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stop_string_ends_the_answer_before_it() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.stop = vec!["STOP".into()];
+    let o = run(DraftScript::says("one two STOP three", 0.95), ScriptedTarget::says("", None), req).await?;
+    assert_eq!(o.text, "one two ");
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    Ok(())
+}
+
+#[tokio::test]
+async fn multi_byte_characters_are_never_split_in_the_stream() -> Result<(), EngineError> {
+    let o = run(DraftScript::says("héllo 世界", 0.95), ScriptedTarget::says("", None), request(0.5, 64)).await?;
+    assert_eq!(o.text, "héllo 世界");
+    assert!(o.events.iter().all(|e| !e.text.contains('\u{FFFD}')));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_target_fails_the_generation() {
+    let target = ScriptedTarget::says("abc", None).with_fault(TargetFault::Status(503));
+    let r = run(DraftScript::says("abc", 0.1), target, request(0.5, 64)).await;
+    assert!(matches!(r, Err(EngineError::Target(TargetError::Status { status: 503, .. }))), "{:?}", r.err());
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(), EngineError> {
+    let tok = tiny_tokenizer();
+    let target = Arc::new(ScriptedTarget::says("abc", None).with_fault(TargetFault::Delay(Duration::from_secs(30))));
+    let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(DraftScript::says("abc", 0.1), 1);
+    let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
+    let (tx, rx) = mpsc::channel(16);
+    let started = Instant::now();
+    let generation = engine.generate(lease.as_ref(), &ConfidenceVerifier, request(0.5, 64), tx);
+    let leave = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(rx);
+    };
+    let (stats, ()) = tokio::join!(generation, leave);
+    assert_eq!(stats?.finish_reason, Some(FinishReason::Cancelled));
+    assert!(started.elapsed() < Duration::from_secs(10), "waited for the target: {:?}", started.elapsed());
+    drop(lease);
+    assert_eq!(workers.idle(), 1, "the draft worker is free again");
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Scripted parts for tests that run without models: a byte-level tokenizer built in memory,
+//! a draft that says a fixed answer with set confidences, and a target that writes another
+//! fixed answer and records its calls. Both answers start after the last `<|im_start|>` in
+//! the sequence, so a test's prompt is any text ending in that token.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
+use crate::error::{EngineError, TargetError};
+use crate::target::{Continuation, ContinuationRequest, TargetClient};
+use crate::tokenizer::Tokenizer;
+
+/// Ids of the tiny tokenizer's special tokens (the 256 byte tokens come first).
+pub const END_OF_TEXT: u32 = 256;
+/// `<|im_start|>`: where a scripted answer begins.
+pub const IM_START: u32 = 257;
+/// `<|im_end|>`: end of turn.
+pub const IM_END: u32 = 258;
+/// Vocabulary size of the tiny tokenizer.
+pub const VOCAB: usize = 259;
+/// Width of the scripted draft's hidden state.
+pub const HIDDEN: usize = 8;
+
+/// GPT-2's byte-to-character table, which byte-level BPE vocabularies are written in.
+fn byte_chars() -> Vec<char> {
+    let mut printable: Vec<u32> = (u32::from(b'!')..=u32::from(b'~')).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut table = vec!['\0'; 256];
+    for (b, c) in printable.into_iter().zip(chars) {
+        table[b as usize] = char::from_u32(c).unwrap_or('\0');
+    }
+    table
+}
+
+/// A byte-level tokenizer: one token per byte (id = byte value), plus `<|endoftext|>`,
+/// `<|im_start|>` and `<|im_end|>`. Multi-byte characters span several tokens, as they do in
+/// the real draft's vocabulary.
+pub fn tiny_tokenizer() -> Tokenizer {
+    let vocab: serde_json::Map<String, Value> =
+        byte_chars().into_iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+    };
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+    let spec = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(END_OF_TEXT, "<|endoftext|>"), special(IM_START, "<|im_start|>"), special(IM_END, "<|im_end|>")],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []},
+    });
+    match Tokenizer::from_json(&spec.to_string()) {
+        Ok(t) => t,
+        // The specification above is fixed; failing to load it is a bug in this file.
+        #[allow(clippy::panic)]
+        Err(e) => panic!("tiny tokenizer: {e}"),
+    }
+}
+
+/// Where the answer starts: just after the last `<|im_start|>`, else after everything.
+fn answer_position(seq: &[u32]) -> usize {
+    seq.len() - seq.iter().rev().position(|&t| t == IM_START).unwrap_or(seq.len())
+}
+
+/// What the scripted draft says: `answer`, then `<|im_end|>`, position by position.
+#[derive(Debug, Clone)]
+pub struct DraftScript {
+    /// Tokens after the prompt.
+    pub answer: Vec<u32>,
+    /// Top-1 probability at each answer position (missing ones: `default_confidence`).
+    pub confidence: Vec<f32>,
+    /// Top-1 probability elsewhere.
+    pub default_confidence: f32,
+}
+
+impl DraftScript {
+    /// The draft says `text` (in the tiny tokenizer's bytes) with this confidence everywhere.
+    pub fn says(text: &str, confidence: f32) -> Self {
+        Self { answer: text.bytes().map(u32::from).collect(), confidence: Vec::new(), default_confidence: confidence }
+    }
+
+    fn output(&self, seq: &[u32]) -> PositionOutput {
+        let i = seq.len() - answer_position(seq);
+        let top = self.answer.get(i).copied().unwrap_or(IM_END);
+        let p = self.confidence.get(i).copied().unwrap_or(self.default_confidence).clamp(1e-4, 1.0 - 1e-4);
+        // Every other token gets logit 0; the top one the logit that gives it probability p.
+        let mut logits = vec![0.0f32; VOCAB];
+        logits[top as usize] = (p * (VOCAB as f32 - 1.0) / (1.0 - p)).ln();
+        PositionOutput { logits, hidden: vec![0.0; HIDDEN] }
+    }
+}
+
+/// One scripted draft "worker": keeps the sequence it was fed, as a KV cache would.
+struct ScriptedDraft {
+    script: DraftScript,
+    seq: Mutex<Vec<u32>>,
+    steps: std::sync::Arc<AtomicUsize>,
+    busy: std::sync::Arc<AtomicUsize>,
+}
+
+impl ScriptedDraft {
+    fn seq(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
+        self.seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl Draft for ScriptedDraft {
+    async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError> {
+        self.steps.fetch_add(1, Ordering::SeqCst);
+        let mut seq = self.seq();
+        *seq = prompt;
+        Ok(self.script.output(&seq))
+    }
+
+    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+        self.steps.fetch_add(1, Ordering::SeqCst);
+        let mut seq = self.seq();
+        let mut outs = Vec::new();
+        for t in tokens {
+            seq.push(t);
+            if all {
+                outs.push(self.script.output(&seq));
+            }
+        }
+        if !all {
+            outs.push(self.script.output(&seq));
+        }
+        Ok(outs)
+    }
+
+    async fn rollback(&self, n: usize) -> Result<(), EngineError> {
+        let mut seq = self.seq();
+        let keep = seq.len().saturating_sub(n);
+        seq.truncate(keep);
+        Ok(())
+    }
+}
+
+impl Drop for ScriptedDraft {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Scripted draft workers: `workers` drafts that all follow one script.
+#[derive(Debug)]
+pub struct ScriptedWorkers {
+    script: DraftScript,
+    workers: usize,
+    busy: std::sync::Arc<AtomicUsize>,
+    steps: std::sync::Arc<AtomicUsize>,
+    meta: DraftMeta,
+}
+
+impl ScriptedWorkers {
+    /// Workers following `script`.
+    pub fn new(script: DraftScript, workers: usize) -> Self {
+        let meta = DraftMeta {
+            num_hidden_layers: 1,
+            num_key_value_heads: 1,
+            head_dim: 1,
+            hidden_size: HIDDEN,
+            vocab_size: VOCAB,
+            eos_token: Some("<|im_end|>".into()),
+        };
+        Self { script, workers, busy: Default::default(), steps: Default::default(), meta }
+    }
+
+    /// Draft forward passes so far (prefill and extend calls).
+    pub fn steps(&self) -> usize {
+        self.steps.load(Ordering::SeqCst)
+    }
+}
+
+impl DraftWorkers for ScriptedWorkers {
+    fn try_lease(&self) -> Option<Box<dyn Draft>> {
+        let taken = self.busy.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| (b < self.workers).then_some(b + 1));
+        taken.ok()?;
+        Some(Box::new(ScriptedDraft {
+            script: self.script.clone(),
+            seq: Mutex::new(Vec::new()),
+            steps: self.steps.clone(),
+            busy: self.busy.clone(),
+        }))
+    }
+
+    fn meta(&self) -> &DraftMeta {
+        &self.meta
+    }
+
+    fn workers(&self) -> usize {
+        self.workers
+    }
+
+    fn idle(&self) -> usize {
+        self.workers.saturating_sub(self.busy.load(Ordering::SeqCst))
+    }
+}
+
+/// How a scripted target behaves.
+#[derive(Debug, Clone, Default)]
+pub enum TargetFault {
+    /// Answers.
+    #[default]
+    None,
+    /// Every call fails with this status.
+    Status(u16),
+    /// Calls after the first `n` fail with 500.
+    FailAfter(usize),
+    /// Every call takes this long.
+    Delay(Duration),
+}
+
+/// A target that writes `answer` then `<|im_end|>`, by position after the prompt, and records
+/// every call.
+#[derive(Debug)]
+pub struct ScriptedTarget {
+    answer: Vec<u32>,
+    fault: TargetFault,
+    tokenizer: Option<Tokenizer>,
+    calls: Mutex<Vec<ContinuationRequest>>,
+}
+
+impl ScriptedTarget {
+    /// A target that writes `text` (bytes of the tiny tokenizer). Its tokenizer check
+    /// answers with `tokenizer` when given, else says it cannot tokenize.
+    pub fn says(text: &str, tokenizer: Option<Tokenizer>) -> Self {
+        Self { answer: text.bytes().map(u32::from).collect(), fault: TargetFault::None, tokenizer, calls: Mutex::new(Vec::new()) }
+    }
+
+    /// The same target with a fault.
+    pub fn with_fault(mut self, fault: TargetFault) -> Self {
+        self.fault = fault;
+        self
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> Vec<ContinuationRequest> {
+        self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+#[async_trait]
+impl TargetClient for ScriptedTarget {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        let n = {
+            let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            calls.push(req.clone());
+            calls.len()
+        };
+        match self.fault {
+            TargetFault::Status(status) => return Err(TargetError::Status { status, body: "scripted failure".into() }),
+            TargetFault::FailAfter(k) if n > k => return Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
+            TargetFault::Delay(d) => tokio::time::sleep(d).await,
+            _ => {}
+        }
+        let start = req.prefix.len() - answer_position(&req.prefix);
+        let mut tokens = Vec::new();
+        let mut stopped_on_eos = false;
+        for i in start..start + req.max_tokens as usize {
+            match self.answer.get(i) {
+                Some(&t) => tokens.push(t),
+                None => {
+                    tokens.push(IM_END);
+                    stopped_on_eos = true;
+                    break;
+                }
+            }
+        }
+        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: None })
+    }
+
+    async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        match &self.tokenizer {
+            Some(t) => t.encode(text).map(Some).map_err(|e| TargetError::Protocol(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    async fn health(&self) -> Result<(), TargetError> {
+        match self.fault {
+            TargetFault::Status(status) => Err(TargetError::Status { status, body: "scripted failure".into() }),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_tokenizer_round_trips_bytes_and_specials() -> Result<(), EngineError> {
+        let t = tiny_tokenizer();
+        let ids = t.encode("<|im_start|>héllo")?;
+        assert_eq!(ids[0], IM_START);
+        assert_eq!(ids[1], u32::from(b'h'));
+        assert_eq!(ids.len(), 1 + "héllo".len());
+        assert_eq!(t.decode(&ids)?, "héllo");
+        assert_eq!(t.end_of_sequence_ids(), vec![IM_END, END_OF_TEXT]);
+        Ok(())
+    }
+
+    #[test]
+    fn scripted_draft_has_the_confidence_it_is_given() {
+        let s = DraftScript::says("ab", 0.9);
+        let out = s.output(&[1, 2, IM_START, u32::from(b'a')]);
+        let f = crate::verify::Features::from_output(&out);
+        assert_eq!(f.top1, u32::from(b'b'));
+        assert!((f.top1_prob - 0.9).abs() < 1e-4, "{}", f.top1_prob);
+        assert_eq!(crate::verify::Features::from_output(&s.output(&[IM_START, 1, 2])).top1, IM_END);
+    }
+}
