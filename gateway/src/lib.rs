@@ -32,3 +32,5 @@ pub mod state;
 pub mod telemetry;
 pub mod validate;
 
+#[cfg(test)]
+mod router_tests;

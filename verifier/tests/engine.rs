@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
-use approxy_verifier::{BailoutBudget, DraftPool, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
+use approxy_verifier::{BailoutBudget, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
 use common::Counting;
 
 const PROMPTS: [&str; 5] = [
@@ -144,7 +144,7 @@ async fn cancellation_stops_target_calls() {
     let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1);
     let req = common::greedy(common::chat_prompt(PROMPTS[4]), 200, 1.0);
-    let task = tokio::spawn(async move { engine.generate(&lease, &approxy_verifier::ConfidenceVerifier, req, tx).await });
+    let task = tokio::spawn(async move { engine.generate(lease.as_ref(), &approxy_verifier::ConfidenceVerifier, req, tx).await });
     for _ in 0..3 {
         let ev = rx.recv().await.unwrap_or_else(|| panic!("stream ended early"));
         assert_eq!(ev.source, Source::Target);

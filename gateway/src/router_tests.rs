@@ -1,0 +1,341 @@
+//! The router in process: the whole tower stack and both paths, driven with
+//! `tower::ServiceExt::oneshot`, over a scripted draft and target (no models) and, for
+//! passthrough, a stub upstream on a local port that follows the OpenAI chat-completions wire
+//! format (JSON request in, `chat.completion` JSON out) and echoes the body it received.
+//! Milliseconds each; the Python suite in `tests/e2e` checks the same surface from outside
+//! with the real `openai` client, draft and target.
+
+// Tests fail by panicking; helpers here are test code too.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+use approxy_verifier::template::ChatTemplate;
+use approxy_verifier::testing::{DraftScript, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer};
+
+use crate::policy::Policy;
+use crate::stack::router;
+use crate::state::{AppState, Runtime, Shared};
+
+/// Renders every message's text, then `<|im_start|>`, where the scripted answers begin.
+const TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}<|im_start|>";
+
+/// A stub upstream (OpenAI chat-completions wire format) that echoes what it received.
+async fn stub_upstream() -> String {
+    let app = axum::Router::new().fallback(|req: Request<Body>| async move {
+        let auth = req.headers().get(header::AUTHORIZATION).is_some();
+        let body = axum::body::to_bytes(req.into_body(), usize::MAX).await.unwrap_or_default();
+        let received: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let answer = json!({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "from upstream"}, "finish_reason": "stop"}],
+                            "received": received, "raw": String::from_utf8_lossy(&body), "authorization_forwarded": auth});
+        ([("x-upstream", "stub")], axum::Json(answer))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.ok() });
+    url
+}
+
+struct Setup {
+    draft: DraftScript,
+    target: ScriptedTarget,
+    workers: usize,
+    max_concurrent: usize,
+    client_keys: Vec<String>,
+}
+
+impl Setup {
+    fn new(draft: &str, confidence: f32, target: &str) -> Self {
+        Self {
+            draft: DraftScript::says(draft, confidence),
+            target: ScriptedTarget::says(target, Some(tiny_tokenizer())),
+            workers: 1,
+            max_concurrent: 4,
+            client_keys: Vec::new(),
+        }
+    }
+
+    async fn state(self) -> AppState {
+        let upstream = stub_upstream().await;
+        let text = format!(
+            r#"
+[target]
+kind = "llama_cpp"
+base_url = "{upstream}"
+timeout = "5s"
+retries = 0
+
+[gateway]
+max_body_bytes = 4096
+max_concurrent_requests = {}
+
+[models.m]
+mode = "approximate"
+threshold = 0.5
+threshold_override = [0.2, 0.9]
+price = {{ input = 1.0, cached_input = 0.1, output = 2.0 }}
+
+[models.pt]
+mode = "passthrough"
+"#,
+            self.max_concurrent
+        );
+        let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
+        let tokenizer = tiny_tokenizer();
+        let shared = Arc::new(Shared {
+            draft: Arc::new(ScriptedWorkers::new(self.draft, self.workers)),
+            eos: tokenizer.end_of_sequence_ids(),
+            tokenizer,
+            template: ChatTemplate::from_source(TEMPLATE.into()).unwrap(),
+            draft_sha256: "scripted".into(),
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle(),
+            inflight: Arc::new(Semaphore::new(self.max_concurrent)),
+            policy_path: "/tests/policy.toml".into(),
+        });
+        let mut rt = Runtime::with_target(policy, &shared, Arc::new(self.target)).unwrap();
+        rt.client_keys = self.client_keys;
+        AppState::new(shared, rt)
+    }
+}
+
+fn post(path: &str, body: &Value) -> Request<Body> {
+    Request::post(path).header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap()
+}
+
+async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    let resp: Response = router(state.clone()).oneshot(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    (parts.status, parts.headers, axum::body::to_bytes(body, usize::MAX).await.unwrap())
+}
+
+fn json_of(b: &Bytes) -> Value {
+    serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
+}
+
+fn chat(model: &str, extra: Value) -> Value {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 32});
+    if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+        b.extend(e);
+    }
+    body
+}
+
+/// The OpenAI error shape, and its `param` and `code`.
+fn error_of(b: &Bytes) -> (Value, Value) {
+    let e = &json_of(b)["error"];
+    let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["code", "message", "param", "type"], "{e}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+    (e["param"].clone(), e["code"].clone())
+}
+
+#[tokio::test]
+async fn approximate_chat_answer_with_usage_and_headers() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let (status, headers, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({"temperature": 0})))).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    assert_eq!(headers["x-approxy-draft-tokens"], "5");
+    assert!(headers.contains_key("x-request-id"));
+    let v = json_of(&body);
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "hello"}));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 5);
+    assert_eq!(u["total_tokens"], u["prompt_tokens"].as_u64().unwrap() + 5);
+    assert_eq!(u["approxy"]["draft_tokens"], 5);
+    assert_eq!(u["approxy"]["target_tokens"], 0);
+    assert_eq!(u["approxy"]["target_calls"], 0);
+    assert_eq!(u["approxy"]["threshold"], 0.5);
+    assert_eq!(u["approxy"]["estimated_cost_usd"], 0.0);
+}
+
+#[tokio::test]
+async fn target_corrections_show_in_usage_and_cost() {
+    let state = Setup::new("hello", 0.1, "howdy").state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({"temperature": 0})))).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&body);
+    assert_eq!(v["choices"][0]["message"]["content"], "howdy");
+    let a = &v["usage"]["approxy"];
+    assert_eq!((a["draft_tokens"].as_u64(), a["target_tokens"].as_u64()), (Some(0), Some(5)));
+    assert_eq!(a["target_calls"], 6, "five tokens and the end of turn, one call each");
+    assert!(a["estimated_cost_usd"].as_f64().unwrap() > a["estimated_passthrough_cost_usd"].as_f64().unwrap());
+}
+
+#[tokio::test]
+async fn streamed_answer_is_framed_as_openai_sse() {
+    let state = Setup::new("hi there", 0.95, "").state().await;
+    let body = chat("m", json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers[header::CONTENT_TYPE], "text/event-stream");
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert!(events.iter().all(|e| e.starts_with("data: ") && !e.contains('\n')), "{events:?}");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(&e[6..]).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "hi there");
+    let (usage, finish) = (&chunks[chunks.len() - 1], &chunks[chunks.len() - 2]);
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+}
+
+#[tokio::test]
+async fn completions_endpoint_answers_text_completions() {
+    let state = Setup::new("world", 0.95, "").state().await;
+    let (status, _, body) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hello <|im_start|>", "max_tokens": 3}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&body);
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], "wor");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test]
+async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let cases = [
+        (chat("m", json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), "tools"),
+        (chat("m", json!({"logprobs": true})), "logprobs"),
+        (chat("m", json!({"n": 3})), "n_greater_than_1"),
+        (chat("pt", json!({})), "policy_passthrough"),
+        (chat("unknown-model", json!({})), "model_without_policy"),
+        // Not approxy's to validate: the target judges a request that passes through.
+        (chat("m", json!({"tools": [], "temperature": 9, "max_tokens": 100000})), "tools"),
+        (chat("m", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})), "non_text_messages"),
+    ];
+    for (body, reason) in cases {
+        let raw = body.to_string();
+        let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{reason}");
+        assert_eq!(headers["x-approxy-mode"], "passthrough");
+        assert_eq!(headers["x-approxy-passthrough-reason"], reason);
+        assert_eq!(headers["x-upstream"], "stub");
+        let v = json_of(&bytes);
+        assert_eq!(v["raw"], raw, "forwarded byte for byte");
+        assert_eq!(v["authorization_forwarded"], false, "the client's credentials never reach the target");
+    }
+}
+
+#[tokio::test]
+async fn other_routes_pass_through_and_unknown_paths_are_404() {
+    let state = Setup::new("x", 0.9, "x").state().await;
+    let (status, headers, _) = call(&state, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    assert_eq!((status, &headers["x-approxy-passthrough-reason"]), (StatusCode::OK, &"route".parse().unwrap()));
+    let (status, _, body) = call(&state, Request::get("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error_of(&body).1, "not_found");
+    let (status, _, body) = call(&state, Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!((status, json_of(&body)["status"].as_str()), (StatusCode::OK, Some("ok")));
+}
+
+#[tokio::test]
+async fn a_busy_draft_degrades_to_passthrough() {
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.workers = 0;
+    let state = s.state().await;
+    let (_, headers, _) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!(headers["x-approxy-passthrough-reason"], "draft_saturated");
+}
+
+#[tokio::test]
+async fn bad_requests_get_400_in_the_openai_shape_naming_the_field() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let bad_json = Request::post("/v1/chat/completions").body(Body::from("{not json")).unwrap();
+    let (status, _, body) = call(&state, bad_json).await;
+    assert_eq!((status, error_of(&body).0), (StatusCode::BAD_REQUEST, Value::Null));
+    let cases = [
+        ("/v1/chat/completions", json!({"model": "m"}), "messages"),
+        ("/v1/chat/completions", json!({"messages": []}), "model"),
+        ("/v1/chat/completions", chat("m", json!({"temperature": 9})), "temperature"),
+        ("/v1/chat/completions", chat("m", json!({"max_tokens": -1})), "max_tokens"),
+        ("/v1/chat/completions", chat("m", json!({"messages": [{"role": "wizard", "content": "x"}]})), "messages[0].role"),
+        ("/v1/completions", json!({"model": "m", "prompt": 42}), "prompt"),
+        ("/v1/completions", json!({"model": "m", "prompt": [999999]}), "prompt"),
+    ];
+    for (path, body, param) in cases {
+        let (status, _, bytes) = call(&state, post(path, &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error_of(&bytes).0, param, "{body}");
+    }
+    let mut req = post("/v1/chat/completions", &chat("m", json!({})));
+    req.headers_mut().insert("x-approxy-threshold", "0.1".parse().unwrap());
+    let (status, _, bytes) = call(&state, req).await;
+    assert_eq!((status, error_of(&bytes).0), (StatusCode::BAD_REQUEST, json!("x-approxy-threshold")));
+    let big = chat("m", json!({"stop": "x".repeat(5000)}));
+    let (status, _, bytes) = call(&state, post("/v1/chat/completions", &big)).await;
+    assert_eq!((status, error_of(&bytes).1), (StatusCode::PAYLOAD_TOO_LARGE, json!("payload_too_large")));
+}
+
+#[tokio::test]
+async fn target_failures_map_to_gateway_errors_without_leaking() {
+    for (fault, status, code) in [
+        (TargetFault::Status(503), StatusCode::BAD_GATEWAY, "target_unavailable"),
+        (TargetFault::Status(400), StatusCode::BAD_REQUEST, "target_rejected"),
+    ] {
+        let mut s = Setup::new("hello", 0.1, "hello");
+        s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_fault(fault);
+        let state = s.state().await;
+        let (got, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+        assert_eq!(got, status);
+        assert_eq!(error_of(&body).1, code);
+        assert!(!String::from_utf8_lossy(&body).contains("scripted failure"), "upstream body leaked");
+    }
+}
+
+#[tokio::test]
+async fn a_failure_mid_stream_sends_an_error_event_and_ends_the_stream() {
+    let mut s = Setup::new("hello", 0.1, "hello");
+    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_fault(TargetFault::FailAfter(2));
+    let state = s.state().await;
+    let (status, _, bytes) = call(&state, post("/v1/chat/completions", &chat("m", json!({"stream": true})))).await;
+    assert_eq!(status, StatusCode::OK, "the first tokens were already promised");
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let last: Value = serde_json::from_str(&events[events.len() - 1][6..]).unwrap();
+    assert_eq!(last["error"]["code"], "target_unavailable", "{text}");
+    assert!(!text.contains("[DONE]"));
+    let content: String = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e[6..]).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(content, "he");
+}
+
+#[tokio::test]
+async fn auth_and_load_shedding() {
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.client_keys = vec!["sk-test".into()];
+    s.max_concurrent = 1;
+    let state = s.state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!((status, error_of(&body).1), (StatusCode::UNAUTHORIZED, json!("invalid_api_key")));
+    let authed = || {
+        let mut r = post("/v1/chat/completions", &chat("m", json!({})));
+        r.headers_mut().insert(header::AUTHORIZATION, "Bearer sk-test".parse().unwrap());
+        r
+    };
+    assert_eq!(call(&state, authed()).await.0, StatusCode::OK);
+    let held = state.shared.inflight.clone().try_acquire_owned().unwrap();
+    let (status, headers, body) = call(&state, authed()).await;
+    assert_eq!((status, error_of(&body).1), (StatusCode::TOO_MANY_REQUESTS, json!("overloaded")));
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    drop(held);
+    assert_eq!(call(&state, authed()).await.0, StatusCode::OK);
+}
