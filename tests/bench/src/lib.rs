@@ -8,6 +8,7 @@
 //!   speculative decoding), on shared and on pinned cores.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
+//! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
@@ -15,6 +16,7 @@
 pub mod draft;
 mod chart;
 mod client;
+pub mod configs;
 mod humaneval;
 mod levels;
 pub mod overhead;
@@ -22,5 +24,6 @@ pub mod quality;
 pub mod report;
 pub mod servers;
 mod stats;
+pub mod summary;
 
 pub use draft::{DraftBenchOptions, draft};

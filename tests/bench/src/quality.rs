@@ -22,14 +22,16 @@ use approxy_training::corpus::{HumanEvalProblem, load_human_eval};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::client::{self, Ask, Generation};
+use super::client::{self, Ask};
 use super::humaneval::{self, Sandbox, Verdict};
 use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
-use super::stats::{mean, quantile};
 use approxy_gateway::policy::raw::{RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget};
 use approxy_gateway::policy::{ModelPolicy, Policy, Price};
 use approxy_setup::Home;
+
+pub use super::configs::{Config, Route, configs};
+pub use super::summary::{ConfigRun, ProblemRun, Summary, summarize};
 
 /// Options for `approxy bench quality`.
 #[derive(Debug, Clone)]
@@ -56,221 +58,6 @@ pub struct QualityOptions {
     pub base_policy: PathBuf,
     /// Ignore saved results.
     pub fresh: bool,
-}
-
-/// How a configuration is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Route {
-    /// approxy, passthrough mode.
-    Passthrough,
-    /// approxy, approximate mode.
-    Approximate,
-    /// llama-server with `-md`, directly.
-    LlamaSpeculative,
-}
-
-/// One configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Config {
-    /// Stable id (file names, `--only`).
-    pub id: String,
-    /// Table label.
-    pub label: String,
-    /// The letter: a..e.
-    pub family: char,
-    /// How it is served.
-    pub route: Route,
-    /// Verifier (`learned`, `confidence`) in approximate mode.
-    pub verifier: Option<String>,
-    /// Threshold in approximate mode.
-    pub threshold: Option<f32>,
-    /// What the calibration expects at that threshold: accept rate and false-accept rate.
-    pub calibrated_accept_rate: Option<f32>,
-    /// See `calibrated_accept_rate`.
-    pub calibrated_false_accept_rate: Option<f32>,
-}
-
-impl Config {
-    fn model(&self) -> &'static str {
-        match (self.route, self.verifier.as_deref()) {
-            (Route::Passthrough, _) => "bench-passthrough",
-            (Route::Approximate, Some("learned")) => "bench-learned",
-            (Route::Approximate, _) => "bench-confidence",
-            (Route::LlamaSpeculative, _) => "target",
-        }
-    }
-
-}
-
-/// The configuration list for the resolved levels.
-pub fn configs(levels: &[Level]) -> Vec<Config> {
-    let mut v = vec![Config {
-        id: "target-only".into(),
-        label: "(a) target only (passthrough)".into(),
-        family: 'a',
-        route: Route::Passthrough,
-        verifier: None,
-        threshold: None,
-        calibrated_accept_rate: None,
-        calibrated_false_accept_rate: None,
-    }];
-    for (family, verifier) in [('b', "learned"), ('c', "confidence")] {
-        for l in levels {
-            let Some(o) = (if verifier == "learned" { l.learned } else { l.confidence }) else { continue };
-            v.push(Config {
-                id: format!("{verifier}-{}", l.name),
-                label: format!("({family}) approxy {verifier}, {} (t={:.2})", l.name, o.threshold),
-                family,
-                route: Route::Approximate,
-                verifier: Some(verifier.into()),
-                threshold: Some(o.threshold),
-                calibrated_accept_rate: Some(o.accept_rate),
-                calibrated_false_accept_rate: Some(o.false_accept_rate),
-            });
-        }
-    }
-    v.push(Config {
-        id: "draft-only".into(),
-        label: "(d) draft only (t=0)".into(),
-        family: 'd',
-        route: Route::Approximate,
-        verifier: Some("confidence".into()),
-        threshold: Some(0.0),
-        calibrated_accept_rate: Some(1.0),
-        calibrated_false_accept_rate: None,
-    });
-    v.push(Config {
-        id: "llama-speculative".into(),
-        label: "(e) llama.cpp speculative (-md)".into(),
-        family: 'e',
-        route: Route::LlamaSpeculative,
-        verifier: None,
-        threshold: None,
-        calibrated_accept_rate: None,
-        calibrated_false_accept_rate: None,
-    });
-    v
-}
-
-/// One problem's outcome.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProblemRun {
-    /// HumanEval task id.
-    pub task_id: String,
-    /// pass@1 check.
-    pub verdict: Verdict,
-    /// The timed generation.
-    pub generation: Generation,
-}
-
-/// Aggregates of one (layout, configuration) run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Summary {
-    /// Problems run.
-    pub problems: usize,
-    /// Problems whose tests passed.
-    pub passed: usize,
-    /// passed / problems, in percent.
-    pub pass_at_1: f64,
-    /// Calls that failed (counted as not passed).
-    pub errors: usize,
-    /// Output tokens over all problems.
-    pub output_tokens: u64,
-    /// Output tokens per second of generation wall time (TTFT included).
-    pub tokens_per_second: f64,
-    /// Generation wall time over all problems, seconds (test runs and server starts excluded).
-    #[serde(default)]
-    pub generation_seconds: f64,
-    /// Median time to first token, seconds.
-    pub ttft_p50: f64,
-    /// Mean time to first token, seconds.
-    pub ttft_mean: f64,
-    /// Target calls per 100 output tokens.
-    pub target_calls_per_100: f64,
-    /// Output tokens the target generated, per 100 output tokens.
-    pub target_tokens_per_100: f64,
-    /// Every token the target was sent or generated (re-sent prefixes included).
-    pub target_processed_tokens: u64,
-    /// Of the input sent to the target, the part a prompt cache could reuse.
-    pub target_cacheable_input_tokens: u64,
-    /// Answers the target finished after too many rejections.
-    pub bailouts: usize,
-    /// USD for the run, every input token at the input price.
-    pub cost_usd: f64,
-    /// USD for the run, re-sent input at the cached-input price.
-    pub cost_usd_cached: f64,
-    /// llama.cpp's speculative decoding: accepted / drafted.
-    pub llama_draft_acceptance: Option<f64>,
-}
-
-/// A finished (layout, configuration) run, as saved under `raw/`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ConfigRun {
-    /// Layout name.
-    pub layout: String,
-    /// The configuration.
-    pub config: Config,
-    /// Aggregates.
-    pub summary: Summary,
-    /// Per problem.
-    pub problems: Vec<ProblemRun>,
-}
-
-/// Aggregates a run's problems at `price`.
-pub fn summarize(route: Route, runs: &[ProblemRun], price: &Price) -> Summary {
-    let n = runs.len();
-    let gens: Vec<&Generation> = runs.iter().map(|r| &r.generation).collect();
-    let passed = runs.iter().filter(|r| r.verdict == Verdict::Passed).count();
-    let tokens: u64 = gens.iter().map(|g| g.completion_tokens).sum();
-    let seconds: f64 = gens.iter().map(|g| g.seconds).sum();
-    let ttfts: Vec<f64> = gens.iter().filter_map(|g| g.ttft).collect();
-    let ok: Vec<&&Generation> = gens.iter().filter(|g| g.error.is_none()).collect();
-    let per100 = |x: u64| if tokens == 0 { 0.0 } else { 100.0 * x as f64 / tokens as f64 };
-    let m = 1e6;
-    let mut s = Summary {
-        problems: n,
-        passed,
-        pass_at_1: if n == 0 { 0.0 } else { 100.0 * passed as f64 / n as f64 },
-        errors: n - ok.len(),
-        output_tokens: tokens,
-        tokens_per_second: if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 },
-        generation_seconds: seconds,
-        ttft_p50: quantile(&ttfts, 0.5).unwrap_or(0.0),
-        ttft_mean: mean(&ttfts).unwrap_or(0.0),
-        ..Summary::default()
-    };
-    match route {
-        Route::Passthrough | Route::LlamaSpeculative => {
-            // The target reads the prompt once and produces every output token.
-            let prompt: u64 = ok.iter().map(|g| g.prompt_tokens).sum();
-            s.target_calls_per_100 = per100(ok.len() as u64);
-            s.target_tokens_per_100 = per100(tokens);
-            s.target_processed_tokens = prompt + tokens;
-            s.cost_usd = (prompt as f64 * price.input + tokens as f64 * price.output) / m;
-            s.cost_usd_cached = s.cost_usd;
-            let drafted: u64 = gens.iter().filter_map(|g| g.draft_n).sum();
-            let accepted: u64 = gens.iter().filter_map(|g| g.draft_n_accepted).sum();
-            if route == Route::LlamaSpeculative && drafted > 0 {
-                s.llama_draft_acceptance = Some(accepted as f64 / drafted as f64);
-            }
-        }
-        Route::Approximate => {
-            let a: Vec<_> = gens.iter().filter_map(|g| g.approxy.as_ref()).collect();
-            let calls: u64 = a.iter().map(|u| u.target_calls).sum();
-            let generated: u64 = a.iter().map(|u| u.target_tokens).sum();
-            let input: u64 = a.iter().map(|u| u.target_input_tokens).sum();
-            let cacheable: u64 = a.iter().map(|u| u.target_cacheable_input_tokens).sum();
-            s.target_calls_per_100 = per100(calls);
-            s.target_tokens_per_100 = per100(generated);
-            s.target_processed_tokens = input + generated;
-            s.target_cacheable_input_tokens = cacheable;
-            s.bailouts = a.iter().filter(|u| u.bailed_out).count();
-            s.cost_usd = (input as f64 * price.input + generated as f64 * price.output) / m;
-            s.cost_usd_cached = ((input - cacheable.min(input)) as f64 * price.input + cacheable as f64 * price.cached_input + generated as f64 * price.output) / m;
-        }
-    }
-    s
 }
 
 /// Everything `quality.json` holds.
@@ -558,51 +345,19 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::ApproxyUsage;
-
-    fn run(tokens: u64, prompt: u64, verdict: Verdict, a: Option<ApproxyUsage>) -> ProblemRun {
-        ProblemRun {
-            task_id: "t".into(),
-            verdict,
-            generation: Generation { completion_tokens: tokens, prompt_tokens: prompt, seconds: 2.0, ttft: Some(0.5), approxy: a, ..Generation::default() },
-        }
-    }
 
     #[test]
-    fn summaries_count_target_work_and_cost() {
-        let price = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
-        let pt = summarize(Route::Passthrough, &[run(10, 100, Verdict::Passed, None), run(30, 50, Verdict::Failed, None)], &price);
-        assert_eq!(pt.pass_at_1, 50.0);
-        assert_eq!(pt.output_tokens, 40);
-        assert_eq!(pt.tokens_per_second, 10.0);
-        assert_eq!(pt.generation_seconds, 4.0);
-        assert_eq!(pt.target_tokens_per_100, 100.0);
-        assert_eq!(pt.target_calls_per_100, 5.0);
-        assert_eq!(pt.target_processed_tokens, 190);
-        assert!((pt.cost_usd - (150.0 + 80.0) / 1e6).abs() < 1e-12);
-
-        let a = ApproxyUsage { draft_tokens: 15, target_tokens: 5, target_calls: 5, target_input_tokens: 600, target_cacheable_input_tokens: 500, bailed_out: true };
-        let ap = summarize(Route::Approximate, &[run(20, 100, Verdict::Passed, Some(a))], &price);
-        assert_eq!(ap.target_tokens_per_100, 25.0);
-        assert_eq!(ap.target_calls_per_100, 25.0);
-        assert_eq!(ap.target_processed_tokens, 605);
-        assert_eq!(ap.bailouts, 1);
-        assert!((ap.cost_usd - (600.0 + 10.0) / 1e6).abs() < 1e-12);
-        assert!((ap.cost_usd_cached - (100.0 + 50.0 + 10.0) / 1e6).abs() < 1e-12);
-    }
-
-    #[test]
-    fn every_family_is_configured_and_unreachable_levels_are_not() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
-        let levels = levels::resolve(&path).unwrap_or_else(|e| panic!("{e}"));
-        let cs = configs(&levels);
-        let mut families: Vec<char> = cs.iter().map(|c| c.family).collect();
-        families.dedup();
-        assert_eq!(families, vec!['a', 'b', 'c', 'd', 'e']);
-        let reachable = levels.iter().filter(|l| l.learned.is_some()).count();
-        assert_eq!(cs.len(), 3 + 2 * reachable);
-        assert!(cs.iter().all(|c| c.threshold.is_none_or(|t| t < 1.0)));
-        let ids: std::collections::HashSet<&str> = cs.iter().map(|c| c.id.as_str()).collect();
-        assert_eq!(ids.len(), cs.len(), "ids name result files, so they are unique");
+    fn the_bench_policy_is_a_valid_policy_with_the_base_settings() -> anyhow::Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+        let base = Policy::load(&root.join("default.toml"))?;
+        let base_model = base.model("*").cloned().ok_or_else(|| anyhow::anyhow!("no \"*\" entry"))?;
+        let learned = root.join("verifier/default.json");
+        let text = bench_policy("http://127.0.0.1:9", Layout::Pinned, &learned, &base_model)?;
+        let p = Policy::parse(&text, &root.join("bench.toml"))?;
+        let m = p.model("bench-learned").ok_or_else(|| anyhow::anyhow!("no bench-learned"))?;
+        assert_eq!((m.correction_tokens, m.bailout, m.price), (base_model.correction_tokens, base_model.bailout, base_model.price));
+        assert_eq!(p.draft.threads_per_worker, Layout::Pinned.draft_threads());
+        assert!(p.model("bench-passthrough").is_some_and(|m| m.mode == approxy_gateway::policy::Mode::Passthrough));
+        Ok(())
     }
 }
