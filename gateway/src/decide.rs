@@ -10,6 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
+use approxy_verifier::cost::CostGuard;
 use approxy_verifier::{Draft, GenerateRequest, Verifier};
 
 use crate::error::ApiError;
@@ -148,8 +149,9 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         sampling: valid.sampling,
         stop: valid.stop.clone(),
         threshold,
-        correction_tokens: mp.correction_tokens,
+        correction: mp.correction,
         bailout: mp.bailout,
+        cost_guard: Some(CostGuard { price: mp.price, max_cost_ratio: mp.max_cost_ratio }),
         model: Some(valid.model.clone()),
     };
     Ok(Decision::Approximate(Box::new(Approximate { request: valid, generation, policy: mp.clone(), verifier, draft })))

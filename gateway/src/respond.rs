@@ -13,7 +13,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::{FinishReason, Stats, TokenEvent};
+use approxy_verifier::cost::{CostEstimate, estimate as estimate_cost};
+use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
@@ -21,30 +22,14 @@ use crate::policy::ModelPolicy;
 use crate::request::Endpoint;
 use crate::state::Runtime;
 
-/// What the approximate answer and the same answer straight from the target would cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CostEstimate {
-    /// USD with approxy.
-    pub approxy: f64,
-    /// USD sending the request to the target directly.
-    pub passthrough: f64,
-}
-
-/// Costs from engine stats and a price table (USD per million tokens). With approxy the
-/// target is paid for every call's re-sent prefix (a prompt cache makes the part it has seen
-/// before cheaper) and for the tokens it generates; direct use pays the prompt once and
-/// every output token.
-pub fn estimate_cost(s: &Stats, p: &crate::policy::Price) -> CostEstimate {
-    let m = 1e6;
-    let fresh = s.target_input_tokens.saturating_sub(s.target_cacheable_input_tokens) as f64;
-    let cached = s.target_cacheable_input_tokens as f64;
-    CostEstimate {
-        approxy: (fresh * p.input + cached * p.cached_input + f64::from(s.target_tokens) * p.output) / m,
-        passthrough: (f64::from(s.prompt_tokens) * p.input + f64::from(s.completion_tokens) * p.output) / m,
+fn correction_name(c: Correction) -> &'static str {
+    match c {
+        Correction::Fixed { .. } => "fixed",
+        Correction::Span { .. } => "span",
     }
 }
 
-fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str) -> Value {
+fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, correction: Correction) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
@@ -58,6 +43,10 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str) -> Value
             "target_calls": s.target_calls,
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
+            "cost_guard": s.cost_guard,
+            "correction": correction_name(correction),
+            "span_resyncs": s.resyncs,
+            "target_discarded_tokens": s.target_discarded_tokens,
             "target_input_tokens": s.target_input_tokens,
             "target_cacheable_input_tokens": s.target_cacheable_input_tokens,
             "estimated_cost_usd": cost.approxy,
@@ -82,6 +71,10 @@ fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
     if s.bailed_out {
         metrics::counter!("approxy_bailouts_total").increment(1);
     }
+    if s.cost_guard {
+        metrics::counter!("approxy_cost_guard_total").increment(1);
+    }
+    metrics::counter!("approxy_span_resyncs_total").increment(u64::from(s.resyncs));
     // The metrics facade's counters are integers; a gauge that only grows carries the dollars.
     metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy").increment(cost.approxy);
     metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough").increment(cost.passthrough);
@@ -184,7 +177,7 @@ fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32
     };
     let object = if ids.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(s, cost, threshold, verifier)});
+                      "choices": [choice], "usage": usage(s, cost, threshold, verifier, mp.correction)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -198,6 +191,7 @@ fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32
     put("x-approxy-target-calls", s.target_calls.to_string());
     put("x-approxy-verifier-rejections", s.verifier_rejections.to_string());
     put("x-approxy-bailed-out", s.bailed_out.to_string());
+    put("x-approxy-cost-guard", s.cost_guard.to_string());
     put("x-approxy-threshold", threshold.to_string());
     put("x-approxy-estimated-cost-usd", format!("{:.8}", cost.approxy));
     put("x-approxy-estimated-passthrough-cost-usd", format!("{:.8}", cost.passthrough));
@@ -250,7 +244,7 @@ fn stream(
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&stats, cost, threshold, verifier);
+                    u["usage"] = usage(&stats, cost, threshold, verifier, mp.correction);
                     out.push(sse(&u));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -283,26 +277,4 @@ fn stream(
         h.insert("x-approxy-threshold", v);
     }
     resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::Price;
-
-    #[test]
-    fn cost_counts_resent_prefixes_and_cache_discount() {
-        let s = Stats {
-            prompt_tokens: 100,
-            completion_tokens: 50,
-            target_tokens: 5,
-            target_input_tokens: 1000,
-            target_cacheable_input_tokens: 800,
-            ..Stats::default()
-        };
-        let p = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
-        let c = estimate_cost(&s, &p);
-        assert!((c.approxy - (200.0 + 80.0 + 10.0) / 1e6).abs() < 1e-12);
-        assert!((c.passthrough - (100.0 + 100.0) / 1e6).abs() < 1e-12);
-    }
 }

@@ -83,6 +83,15 @@ threshold = 0.5
 threshold_override = [0.2, 0.9]
 price = {{ input = 1.0, cached_input = 0.1, output = 2.0 }}
 
+[models.free]
+mode = "approximate"
+threshold = 0.5
+
+[models.span]
+mode = "approximate"
+threshold = 0.5
+correction = {{ mode = "span", max_span = 8, resync = 2 }}
+
 [models.pt]
 mode = "passthrough"
 "#,
@@ -161,22 +170,47 @@ async fn approximate_chat_answer_with_usage_and_headers() {
 }
 
 #[tokio::test]
-async fn target_corrections_show_in_usage_and_cost() {
+async fn target_corrections_show_in_usage_and_the_cost_guard_keeps_them_below_passthrough() {
     let state = Setup::new("hello", 0.1, "howdy").state().await;
-    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({"temperature": 0})))).await;
+    // No prices: one call per rejected token.
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("free", json!({"temperature": 0})))).await;
     assert_eq!(status, StatusCode::OK);
     let v = json_of(&body);
     assert_eq!(v["choices"][0]["message"]["content"], "howdy");
     let a = &v["usage"]["approxy"];
     assert_eq!((a["draft_tokens"].as_u64(), a["target_tokens"].as_u64()), (Some(0), Some(5)));
     assert_eq!(a["target_calls"], 6, "five tokens and the end of turn, one call each");
-    assert!(a["estimated_cost_usd"].as_f64().unwrap() > a["estimated_passthrough_cost_usd"].as_f64().unwrap());
+    assert_eq!((a["correction"].as_str(), a["cost_guard"].as_bool()), (Some("fixed"), Some(false)));
+    // With prices, the first correction would already cost more than passthrough: the cost
+    // guard hands the whole answer to the target in one call.
+    let (status, headers, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({"temperature": 0})))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-approxy-cost-guard"], "true");
+    let v = json_of(&body);
+    assert_eq!(v["choices"][0]["message"]["content"], "howdy");
+    let a = &v["usage"]["approxy"];
+    assert_eq!((a["target_calls"].as_u64(), a["cost_guard"].as_bool()), (Some(1), Some(true)));
+    assert!(a["estimated_cost_usd"].as_f64().unwrap() <= a["estimated_passthrough_cost_usd"].as_f64().unwrap(), "{a}");
+}
+
+#[tokio::test]
+async fn a_span_correction_is_reported_in_usage() {
+    let mut s = Setup::new("abcxyzghij", 0.95, "abcdefghij");
+    s.draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
+    let state = s.state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("span", json!({"temperature": 0})))).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&body);
+    assert_eq!(v["choices"][0]["message"]["content"], "abcdefghij");
+    let a = &v["usage"]["approxy"];
+    assert_eq!(a["correction"], "span");
+    assert_eq!((a["target_calls"].as_u64(), a["span_resyncs"].as_u64(), a["target_tokens"].as_u64()), (Some(1), Some(1), Some(5)));
 }
 
 #[tokio::test]
 async fn streamed_answer_is_framed_as_openai_sse() {
     let state = Setup::new("hi there", 0.95, "").state().await;
-    let body = chat("m", json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let body = chat("m", json!({"stream": true, "stream_options": {"include_usage": true}, "temperature": 0}));
     let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers[header::CONTENT_TYPE], "text/event-stream");
@@ -198,7 +232,7 @@ async fn streamed_answer_is_framed_as_openai_sse() {
 #[tokio::test]
 async fn completions_endpoint_answers_text_completions() {
     let state = Setup::new("world", 0.95, "").state().await;
-    let (status, _, body) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hello <|im_start|>", "max_tokens": 3}))).await;
+    let (status, _, body) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hello <|im_start|>", "max_tokens": 3, "temperature": 0}))).await;
     assert_eq!(status, StatusCode::OK);
     let v = json_of(&body);
     assert_eq!(v["object"], "text_completion");
@@ -303,7 +337,7 @@ async fn a_failure_mid_stream_sends_an_error_event_and_ends_the_stream() {
     let mut s = Setup::new("hello", 0.1, "hello");
     s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_fault(TargetFault::FailAfter(2));
     let state = s.state().await;
-    let (status, _, bytes) = call(&state, post("/v1/chat/completions", &chat("m", json!({"stream": true})))).await;
+    let (status, _, bytes) = call(&state, post("/v1/chat/completions", &chat("free", json!({"stream": true, "temperature": 0})))).await;
     assert_eq!(status, StatusCode::OK, "the first tokens were already promised");
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();

@@ -202,7 +202,8 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         threshold: opts.threshold,
-        correction_tokens: 1,
+        correction: approxy_verifier::Correction::Fixed { tokens: 1 },
+        cost_guard: None,
         bailout: None,
         model: None,
     };

@@ -1,7 +1,10 @@
 //! Sequential approximate verification: draft a token, score it, emit it when the verifier
-//! accepts; on rejection ask the target to continue the exact token prefix, emit its
-//! tokens and feed them to the draft's KV cache. Bails out to the target for the rest of
-//! the answer when rejections exceed the policy's budget.
+//! accepts; on rejection ask the target to continue the exact token prefix, emit its tokens
+//! and feed them to the draft's KV cache. A correction is either a fixed number of target
+//! tokens or a streamed span that ends as soon as the draft, following the target, predicts
+//! it again with confidence. The target writes the rest of the answer in one call when
+//! rejections exceed the policy's budget, or when another call could make the request cost
+//! more than passing it through (the cost guard).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,13 +13,17 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::cost::CostGuard;
 use crate::draft::{Draft, PositionOutput};
-use crate::error::{EngineError, TargetError};
+use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopResult};
-use crate::target::{ContinuationRequest, TargetClient};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::target::TargetClient;
+use crate::tokenizer::Tokenizer;
 use crate::verify::{Features, Verifier, accepts};
+
+mod run;
+
+use run::{Run, SpanEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,6 +67,25 @@ pub struct BailoutBudget {
     pub max_rejection_rate: f32,
 }
 
+/// What the target is asked for after a rejection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Correction {
+    /// Exactly this many tokens per call (at least 1).
+    Fixed {
+        /// Tokens per call.
+        tokens: u32,
+    },
+    /// A streamed span of at most `max_span` tokens, each fed to the draft as it arrives. It
+    /// is cancelled once the draft has predicted the target's last `resync` tokens itself, each
+    /// with the verifier's confidence; drafting resumes there.
+    Span {
+        /// Longest span.
+        max_span: u32,
+        /// Agreeing tokens that end a span.
+        resync: u32,
+    },
+}
+
 /// One generation's parameters.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -73,10 +99,12 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Verifier threshold (see [`accepts`]).
     pub threshold: f32,
-    /// Tokens taken from each target call after a rejection.
-    pub correction_tokens: u32,
+    /// What a rejection asks the target for.
+    pub correction: Correction,
     /// Bail-out budget; `None` never bails out.
     pub bailout: Option<BailoutBudget>,
+    /// Cost guard; `None` never hands off for cost.
+    pub cost_guard: Option<CostGuard>,
     /// Model id the client asked for, passed on to the target.
     pub model: Option<String>,
 }
@@ -98,6 +126,13 @@ pub struct Stats {
     pub verifier_rejections: u32,
     /// True when the rejection budget ran out and the target finished the answer.
     pub bailed_out: bool,
+    /// True when the cost guard handed the rest of the answer to the target.
+    pub cost_guard: bool,
+    /// Spans that ended because the draft caught up with the target.
+    pub resyncs: u32,
+    /// Tokens the target generated that were not used (a span cancelled mid-chunk); paid for
+    /// all the same.
+    pub target_discarded_tokens: u64,
     /// Input tokens sent to the target over all calls (each call re-sends the prefix).
     pub target_input_tokens: u64,
     /// Of those, tokens a prompt cache could reuse (prefix shared with the previous call).
@@ -188,28 +223,50 @@ impl Engine {
             let proposal = sampler.pick(&out.logits);
             let accepted = decide(verifier, &out, run.req.threshold);
             let over_budget = window.as_mut().is_some_and(|w| w.push(!accepted));
-            let (produced, verdict) = if accepted {
+            let produced = if accepted {
                 accepted_run += 1;
-                (vec![proposal], run.emit(&[proposal], Source::Draft).await?)
+                if let Some(reason) = run.emit(&[proposal], Source::Draft).await? {
+                    break reason;
+                }
+                vec![proposal]
             } else {
                 run.stats.verifier_rejections += 1;
                 if accepted_run > 0 {
                     run.stats.accepted_runs.push(std::mem::take(&mut accepted_run));
                 }
-                if over_budget {
-                    // Too many rejections: one call lets the target write the rest.
-                    run.stats.bailed_out = true;
+                let correction = run.req.correction;
+                let asked = match correction {
+                    Correction::Fixed { tokens } => tokens.max(1),
+                    Correction::Span { max_span, .. } => max_span.max(1),
+                }
+                .min(run.remaining());
+                let guarded = run.cost_guard_trips(asked);
+                if over_budget || guarded {
+                    // One call lets the target write the rest: too many rejections, or another
+                    // correction could make the request dearer than passing it through.
+                    run.stats.bailed_out = over_budget;
+                    run.stats.cost_guard = guarded && !over_budget;
                     let n = run.remaining();
                     let reason = run.call_target(n).await?;
                     break reason.unwrap_or(if run.remaining() == 0 { FinishReason::Length } else { FinishReason::Stop });
                 }
-                let n = run.req.correction_tokens.max(1).min(run.remaining());
-                let verdict = run.call_target(n).await?;
-                (run.last_target_tokens.clone(), verdict)
+                match correction {
+                    Correction::Fixed { .. } => {
+                        if let Some(reason) = run.call_target(asked).await? {
+                            break reason;
+                        }
+                        run.last_target_tokens.clone()
+                    }
+                    Correction::Span { resync, .. } => match run.span(lease, verifier, out, asked, resync.max(1)).await? {
+                        // The draft already followed the span: its output is current.
+                        SpanEnd::Resume(next) => {
+                            out = next;
+                            continue;
+                        }
+                        SpanEnd::Finished(reason) => break reason,
+                    },
+                }
             };
-            if let Some(reason) = verdict {
-                break reason;
-            }
             let t = Instant::now();
             out = lease
                 .extend(produced, false)
@@ -247,137 +304,12 @@ impl RejectionWindow {
     }
 }
 
-fn decide(verifier: &dyn Verifier, out: &PositionOutput, threshold: f32) -> bool {
+pub(crate) fn decide(verifier: &dyn Verifier, out: &PositionOutput, threshold: f32) -> bool {
     // The dial's ends do not need the verifier (nor the feature computation).
     if threshold <= 0.0 || threshold >= 1.0 {
         return accepts(0.0, threshold);
     }
     accepts(verifier.p_accept(&Features::from_output(out)), threshold)
-}
-
-/// State of one generation.
-struct Run<'a> {
-    engine: &'a Engine,
-    req: GenerateRequest,
-    tx: mpsc::Sender<TokenEvent>,
-    emitted: Vec<u32>,
-    decoder: StreamDecoder,
-    stop: StopMatcher,
-    stats: Stats,
-    started: Instant,
-    last_prefix_len: u64,
-    last_target_tokens: Vec<u32>,
-    last_source: Source,
-    hit_stop_sequence: bool,
-}
-
-impl<'a> Run<'a> {
-    fn new(engine: &'a Engine, req: GenerateRequest, tx: mpsc::Sender<TokenEvent>) -> Self {
-        let stats = Stats { prompt_tokens: req.prompt.len() as u32, ..Stats::default() };
-        Self {
-            engine,
-            decoder: StreamDecoder::new(engine.tokenizer.clone()),
-            stop: StopMatcher::new(req.stop.clone()),
-            req,
-            tx,
-            emitted: Vec::new(),
-            stats,
-            started: Instant::now(),
-            last_prefix_len: 0,
-            last_target_tokens: Vec::new(),
-            last_source: Source::Draft,
-            hit_stop_sequence: false,
-        }
-    }
-
-    fn remaining(&self) -> u32 {
-        self.req.max_tokens.saturating_sub(self.emitted.len() as u32)
-    }
-
-    /// Emits tokens; `Ok(Some(reason))` when one of them ends the generation.
-    async fn emit(&mut self, ids: &[u32], source: Source) -> Result<Option<FinishReason>, EngineError> {
-        for &id in ids {
-            if self.engine.eos.contains(&id) {
-                return Ok(Some(FinishReason::Stop));
-            }
-            if self.emitted.is_empty() {
-                self.stats.time_to_first_token = self.started.elapsed();
-            }
-            self.emitted.push(id);
-            self.last_source = source;
-            self.stats.completion_tokens += 1;
-            // Counted here, with completion_tokens, so an end-of-sequence token (never
-            // emitted) is counted by neither and the three always add up.
-            match source {
-                Source::Draft => self.stats.draft_tokens += 1,
-                Source::Target => self.stats.target_tokens += 1,
-            }
-            let delta = self.decoder.push(id)?;
-            let (text, stop) = match self.stop.push(&delta) {
-                StopResult::Continue(t) => (t, false),
-                StopResult::Stop(t) => (t, true),
-            };
-            if self.tx.send(TokenEvent { id: Some(id), text, source }).await.is_err() {
-                return Ok(Some(FinishReason::Cancelled));
-            }
-            if stop {
-                self.hit_stop_sequence = true;
-                return Ok(Some(FinishReason::Stop));
-            }
-            if self.remaining() == 0 {
-                return Ok(Some(FinishReason::Length));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Asks the target for `n` tokens after the current prefix and emits them.
-    /// `Ok(Some(reason))` when the generation ends there.
-    async fn call_target(&mut self, n: u32) -> Result<Option<FinishReason>, EngineError> {
-        let mut prefix = self.req.prompt.clone();
-        prefix.extend_from_slice(&self.emitted);
-        let len = prefix.len() as u64;
-        self.stats.target_calls += 1;
-        self.stats.target_input_tokens += len;
-        self.stats.target_cacheable_input_tokens += self.last_prefix_len.min(len);
-        self.last_prefix_len = len;
-        let creq = ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling, model: self.req.model.clone() };
-        let t = Instant::now();
-        let cont = tokio::select! {
-            c = self.engine.target.continue_tokens(&creq) => c?,
-            // The client went away: abandon the call instead of waiting for it.
-            _ = self.tx.closed() => return Ok(Some(FinishReason::Cancelled)),
-        };
-        self.stats.target_wait += t.elapsed();
-        self.last_prefix_len += cont.tokens.len() as u64;
-        if cont.tokens.is_empty() && !cont.stopped_on_eos {
-            return Err(TargetError::Protocol("target returned no tokens".into()).into());
-        }
-        self.last_target_tokens = cont.tokens.clone();
-        if let Some(r) = self.emit(&cont.tokens, Source::Target).await? {
-            return Ok(Some(r));
-        }
-        if cont.stopped_on_eos {
-            return Ok(Some(FinishReason::Stop));
-        }
-        Ok(None)
-    }
-
-    async fn finish(mut self, reason: FinishReason) -> Result<Stats, EngineError> {
-        if reason != FinishReason::Cancelled && !self.hit_stop_sequence {
-            // Whatever was held back (an incomplete character, a possible stop string) is text.
-            let tail = self.decoder.flush()?;
-            let text = match self.stop.push(&tail) {
-                StopResult::Continue(t) => t + &self.stop.finish(),
-                StopResult::Stop(t) => t,
-            };
-            if !text.is_empty() {
-                let _ = self.tx.send(TokenEvent { id: None, text, source: self.last_source }).await;
-            }
-        }
-        self.stats.finish_reason = Some(reason);
-        Ok(self.stats)
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! - `draft`: the [`Draft`] trait and its ONNX Runtime implementation (worker threads, KV cache).
 //! - `verify`: verifiers that turn a draft position into `p_accept` (confidence, learned head).
 //! - `target`: target clients (llama.cpp, vLLM-style token ids, chat-only), TLS and retries.
+//! - `cost`: what a generation costs at the target's prices, and the cost guard.
 //! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
 //! - `template`: chat messages to prompt text with the model's own chat template.
 //! - `tokenizer`, `stop`, `sampling`: token ids to streamed text, stop strings, the sampler.
@@ -16,6 +17,7 @@
 //!   without models.
 
 pub mod calibration;
+pub mod cost;
 pub mod decode;
 pub mod draft;
 pub mod error;
@@ -29,7 +31,7 @@ pub mod testing;
 pub mod tokenizer;
 pub mod verify;
 
-pub use decode::{BailoutBudget, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent};
+pub use decode::{BailoutBudget, Correction, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent};
 pub use draft::pool::{DraftLease, DraftPool};
 pub use draft::{Draft, DraftConfig, DraftMeta, DraftWorkers};
 pub use error::{EngineError, TargetError};

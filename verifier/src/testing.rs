@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::target::{Continuation, ContinuationRequest, TargetClient};
+use crate::target::{Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream};
 use crate::tokenizer::Tokenizer;
 
 /// Ids of the tiny tokenizer's special tokens (the 256 byte tokens come first).
@@ -231,20 +231,41 @@ pub enum TargetFault {
 }
 
 /// A target that writes `answer` then `<|im_end|>`, by position after the prompt, and records
-/// every call.
+/// every call. Streamed calls deliver one token per chunk and count the tokens generated, so a
+/// test can see that a cancelled stream stopped the generation.
 #[derive(Debug)]
 pub struct ScriptedTarget {
     answer: Vec<u32>,
     fault: TargetFault,
     tokenizer: Option<Tokenizer>,
     calls: Mutex<Vec<ContinuationRequest>>,
+    token_delay: Duration,
+    generated: std::sync::Arc<AtomicUsize>,
 }
 
 impl ScriptedTarget {
     /// A target that writes `text` (bytes of the tiny tokenizer). Its tokenizer check
     /// answers with `tokenizer` when given, else says it cannot tokenize.
     pub fn says(text: &str, tokenizer: Option<Tokenizer>) -> Self {
-        Self { answer: text.bytes().map(u32::from).collect(), fault: TargetFault::None, tokenizer, calls: Mutex::new(Vec::new()) }
+        Self {
+            answer: text.bytes().map(u32::from).collect(),
+            fault: TargetFault::None,
+            tokenizer,
+            calls: Mutex::new(Vec::new()),
+            token_delay: Duration::ZERO,
+            generated: Default::default(),
+        }
+    }
+
+    /// The same target generating one streamed token every `delay`.
+    pub fn with_token_delay(mut self, delay: Duration) -> Self {
+        self.token_delay = delay;
+        self
+    }
+
+    /// Tokens generated for streamed calls so far (a dropped stream generates no more).
+    pub fn streamed_tokens(&self) -> usize {
+        self.generated.load(Ordering::SeqCst)
     }
 
     /// The same target with a fault.
@@ -261,6 +282,26 @@ impl ScriptedTarget {
 
 #[async_trait]
 impl TargetClient for ScriptedTarget {
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        let all = self.continue_tokens(req).await?;
+        let (delay, generated) = (self.token_delay, self.generated.clone());
+        let last = all.tokens.len();
+        let chunks = futures::stream::unfold(0usize, move |i| {
+            let tokens = all.tokens.clone();
+            let generated = generated.clone();
+            async move {
+                if i >= last {
+                    return None;
+                }
+                tokio::time::sleep(delay).await;
+                generated.fetch_add(1, Ordering::SeqCst);
+                let chunk = StreamChunk { tokens: vec![tokens[i]], stopped_on_eos: all.stopped_on_eos && i + 1 == last };
+                Some((Ok(chunk), i + 1))
+            }
+        });
+        Ok(Box::pin(chunks))
+    }
+
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
         let n = {
             let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

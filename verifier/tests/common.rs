@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
+use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig, TokenStream};
 use approxy_verifier::{ConfidenceVerifier, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
 
 /// Client settings for a target at `url`: generous timeout, one quick retry.
@@ -101,6 +101,13 @@ impl<T: TargetClient> TargetClient for Counting<T> {
         }
         self.inner.continue_tokens(req).await
     }
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut v) = self.sampling.lock() {
+            v.push(req.sampling);
+        }
+        self.inner.stream_tokens(req).await
+    }
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         self.inner.tokenize(text).await
     }
@@ -129,7 +136,8 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         sampling: SamplingParams::default(),
         stop: vec![],
         threshold,
-        correction_tokens: 1,
+        correction: approxy_verifier::Correction::Fixed { tokens: 1 },
+        cost_guard: None,
         bailout: None,
         model: None,
     }
@@ -181,9 +189,51 @@ pub async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
         .await
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(short.stopped_on_eos, "{name}: {short:?}");
+    // Streamed, the same greedy continuation arrives, and a short answer still ends on
+    // end-of-sequence.
+    let streamed = collect_stream(c, &req(prompt.clone(), 12)).await;
+    assert_eq!(streamed.0, long.tokens, "{name}: streamed continuation differs");
+    assert!(!streamed.1);
+    let streamed_short = collect_stream(c, &req(chat_prompt("Reply with the single word OK."), 40)).await;
+    assert!(streamed_short.1, "{name}: streamed short answer did not end on end-of-sequence: {streamed_short:?}");
     // Tokenizer agreement when the target can tokenize.
     if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
         assert_eq!(ids, tok.encode("fn main() { println!(\"héllo 🚀\"); }").unwrap_or_default(), "{name}");
     }
     long.tokens
+}
+
+/// Every token of a streamed continuation, and whether it ended on end-of-sequence.
+pub async fn collect_stream(c: &dyn TargetClient, r: &ContinuationRequest) -> (Vec<u32>, bool) {
+    use futures::StreamExt;
+    let mut s = c.stream_tokens(r).await.unwrap_or_else(|e| panic!("{e}"));
+    let (mut tokens, mut eos) = (Vec::new(), false);
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk.unwrap_or_else(|e| panic!("{e}"));
+        tokens.extend(chunk.tokens);
+        eos |= chunk.stopped_on_eos;
+    }
+    (tokens, eos)
+}
+
+/// Opens a long streamed continuation, takes its first chunk, drops the stream, and waits up
+/// to 10 s for `busy` to say the server is idle again: the connection's close must stop the
+/// generation (otherwise the server stays busy for the whole answer).
+pub async fn dropping_a_stream_stops_the_generation<F, Fut>(c: &dyn TargetClient, busy: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    use futures::StreamExt;
+    let r = req(chat_prompt("Write a long essay about the history of computing, with many details."), 2000);
+    let mut s = c.stream_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));
+    let first = s.next().await;
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    assert!(busy().await, "the server should be generating");
+    drop(s);
+    let started = std::time::Instant::now();
+    while busy().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "the server kept generating after the stream was dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

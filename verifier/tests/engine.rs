@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
-use approxy_verifier::{BailoutBudget, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
+use approxy_verifier::{BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
 use common::Counting;
 
 const PROMPTS: [&str; 5] = [
@@ -99,6 +99,46 @@ async fn middle_threshold_mixes_sources_and_bails_out() {
     let (_, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(stats.bailed_out);
     assert_eq!(stats.target_calls, 2, "one correction, then one call for the rest: {stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls() {
+    let (pool, target, engine, eos) = counted_setup();
+    for p in &PROMPTS[..3] {
+        let prompt = common::chat_prompt(p);
+        let mut expected = target_greedy(&target.inner, &prompt, 40).await;
+        expected.retain(|t| !eos.contains(t));
+        let mut req = common::greedy(prompt, 40, 1.0);
+        req.correction = Correction::Span { max_span: 16, resync: 3 };
+        let (ids, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ids, expected, "prompt {p:?}");
+        // At threshold 1 the draft never agrees confidently: every span runs to its length.
+        // Tokens the target streamed: the answer, plus its end-of-sequence when it ended early.
+        let streamed = if expected.len() < 40 { expected.len() + 1 } else { 40 };
+        assert_eq!(stats.target_calls as usize, streamed.div_ceil(16), "{stats:?}");
+        assert_eq!(stats.resyncs, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let (mut fixed_calls, mut span_calls, mut resyncs) = (0, 0, 0);
+    for p in PROMPTS {
+        let prompt = common::chat_prompt(p);
+        let (_, _, fixed) = common::run(&engine, &pool, common::greedy(prompt.clone(), 64, 0.7)).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut req = common::greedy(prompt, 64, 0.7);
+        req.correction = Correction::Span { max_span: 32, resync: 3 };
+        let (_, _, span) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{p:?}: fixed {} calls / {} target tokens; span {} calls / {} target tokens, {} resyncs",
+                  fixed.target_calls, fixed.target_tokens, span.target_calls, span.target_tokens, span.resyncs);
+        fixed_calls += fixed.target_calls;
+        span_calls += span.target_calls;
+        resyncs += span.resyncs;
+    }
+    assert!(resyncs > 0, "no span ever resynced");
+    assert!(span_calls < fixed_calls, "span {span_calls} calls, fixed {fixed_calls}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

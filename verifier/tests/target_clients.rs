@@ -32,6 +32,21 @@ async fn every_client_passes_the_suite_on_the_real_target() {
     assert_eq!(outputs[0], outputs[1], "the two endpoints disagree");
 }
 
+#[tokio::test]
+async fn dropping_a_stream_stops_llama_server() {
+    let url = common::target_url();
+    let http = reqwest::Client::new();
+    // llama-server's /slots says which slots are generating.
+    let busy = || async {
+        let slots: serde_json::Value = http.get(format!("{url}/slots")).send().await.unwrap_or_else(|e| panic!("{e}")).json().await.unwrap_or_else(|e| panic!("{e}"));
+        slots.as_array().is_some_and(|a| a.iter().any(|s| s["is_processing"] == true))
+    };
+    for (name, c) in clients(&url) {
+        eprintln!("{name}");
+        common::dropping_a_stream_stops_the_generation(c.as_ref(), busy).await;
+    }
+}
+
 /// A stub upstream: answers every request with `status` after `delay`, counting calls.
 async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
     let calls = Arc::new(AtomicU32::new(0));

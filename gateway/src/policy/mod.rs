@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use approxy_verifier::{BailoutBudget, TargetKind};
+use approxy_verifier::{BailoutBudget, Correction, TargetKind};
 
 use raw::RawPolicy;
 pub use validate::parse_duration;
@@ -105,16 +105,8 @@ pub enum Mode {
     Passthrough,
 }
 
-/// USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Price {
-    /// Input.
-    pub input: f64,
-    /// Cached input.
-    pub cached_input: f64,
-    /// Output.
-    pub output: f64,
-}
+/// USD per million tokens (the engine's own type: its cost guard reads it).
+pub use approxy_verifier::cost::Price;
 
 /// One model's policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,8 +117,10 @@ pub struct ModelPolicy {
     pub verifier: VerifierChoice,
     /// Threshold (resolved from the quality target when one was given).
     pub threshold: f32,
-    /// Correction tokens per rejection.
-    pub correction_tokens: u32,
+    /// What a rejection asks the target for.
+    pub correction: Correction,
+    /// Largest cost relative to passthrough before the target takes over (cost guard).
+    pub max_cost_ratio: f64,
     /// Bail-out budget.
     pub bailout: Option<BailoutBudget>,
     /// Allowed per-request threshold range.
@@ -229,12 +223,13 @@ timeout = "soon"
 mode = "fast"
 threshold = 1.5
 correction_tokens = 0
+max_cost_ratio = -1
 "#;
         let e = Policy::parse(bad, Path::new("p.toml")).err().map(|e| e.problems).unwrap_or_default();
-        for needle in ["target.kind", "target.base_url", "target.timeout", "mode", "threshold", "correction_tokens"] {
+        for needle in ["target.kind", "target.base_url", "target.timeout", "mode", "threshold", "correction_tokens", "max_cost_ratio"] {
             assert!(e.iter().any(|p| p.contains(needle)), "{needle} missing from {e:?}");
         }
-        assert!(e.len() >= 6, "{e:?}");
+        assert!(e.len() >= 7, "{e:?}");
     }
 
     #[test]
@@ -251,6 +246,28 @@ correction_tokens = 0
             assert_eq!(p.target.openai_base(), base, "{name}");
             assert_eq!(kind.can_continue(), name != "openai_chat");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn corrections_fixed_span_and_the_earlier_key() -> Result<(), PolicyError> {
+        let with = |line: &str| Policy::parse(&GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")), Path::new("p.toml"));
+        let c = |p: Policy| p.model("x").map(|m| m.correction);
+        assert_eq!(c(Policy::parse(GOOD, Path::new("p.toml"))?), Some(Correction::Fixed { tokens: 1 }));
+        assert_eq!(c(with("correction_tokens = 4")?), Some(Correction::Fixed { tokens: 4 }));
+        assert_eq!(c(with("correction = { mode = \"fixed\", tokens = 3 }")?), Some(Correction::Fixed { tokens: 3 }));
+        assert_eq!(c(with("correction = { mode = \"span\" }")?), Some(Correction::Span { max_span: 32, resync: 3 }));
+        assert_eq!(c(with("correction = { mode = \"span\", max_span = 16, resync = 2 }")?), Some(Correction::Span { max_span: 16, resync: 2 }));
+        for bad in [
+            "correction = { mode = \"span\", tokens = 3 }",
+            "correction = { mode = \"fixed\", resync = 3 }",
+            "correction = { mode = \"sometimes\" }",
+            "correction = { mode = \"span\", max_span = 0 }",
+            "correction_tokens = 2\ncorrection = { mode = \"fixed\" }",
+        ] {
+            assert!(with(bad).is_err_and(|e| e.to_string().contains("correction")), "{bad}");
+        }
+        assert_eq!(Policy::parse(GOOD, Path::new("p.toml"))?.model("x").map(|m| m.max_cost_ratio), Some(1.0));
         Ok(())
     }
 

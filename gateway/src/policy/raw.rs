@@ -111,9 +111,16 @@ pub struct RawModel {
     /// Calibration JSON written by `approxy train fit`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<String>,
-    /// Tokens taken from the target after each rejection.
+    /// The earlier form of `correction = { mode = "fixed", tokens = N }`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correction_tokens: Option<u32>,
+    /// What a rejection asks the target for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correction: Option<RawCorrection>,
+    /// Hand the rest of an answer to the target before approxy would cost more than this
+    /// times passthrough (at `price`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost_ratio: Option<f64>,
     /// Bail-out budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bailout: Option<RawBailout>,
@@ -123,6 +130,23 @@ pub struct RawModel {
     /// Prices in USD per million tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub price: Option<RawPrice>,
+}
+
+/// `correction = { mode = "fixed", tokens = N }` or `{ mode = "span", max_span = N, resync = K }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCorrection {
+    /// `fixed` or `span`.
+    pub mode: String,
+    /// Fixed: target tokens per rejection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u32>,
+    /// Span: longest streamed correction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_span: Option<u32>,
+    /// Span: tokens the draft must predict confidently in a row to end it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resync: Option<u32>,
 }
 
 /// Bail-out budget.

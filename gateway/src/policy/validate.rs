@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use approxy_verifier::{BailoutBudget, TargetKind};
+use approxy_verifier::{BailoutBudget, Correction, TargetKind};
 
-use super::raw::{RawModel, RawPolicy};
+use super::raw::{RawCorrection, RawModel, RawPolicy};
 use super::{DraftPolicy, GatewayPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
 
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.
@@ -195,9 +195,18 @@ impl Validator {
                 1.0
             }
         };
-        let correction_tokens = m.correction_tokens.unwrap_or(1);
-        if !(1..=256).contains(&correction_tokens) {
-            self.err(format!("{}: must be in 1..=256", f("correction_tokens")));
+        let correction = match (m.correction_tokens, m.correction) {
+            (Some(_), Some(_)) => {
+                self.err(format!("{} and {}: give one, not both", f("correction_tokens"), f("correction")));
+                Correction::Fixed { tokens: 1 }
+            }
+            (Some(tokens), None) => self.fixed(&f("correction_tokens"), tokens),
+            (None, Some(c)) => self.correction(&f("correction"), c),
+            (None, None) => Correction::Fixed { tokens: 1 },
+        };
+        let max_cost_ratio = m.max_cost_ratio.unwrap_or(1.0);
+        if !max_cost_ratio.is_finite() || max_cost_ratio <= 0.0 {
+            self.err(format!("{}: must be a number above 0 (1.0: never dearer than passthrough)", f("max_cost_ratio")));
         }
         let bailout = m.bailout.map(|b| {
             if b.window == 0 || b.window > 4096 {
@@ -216,7 +225,42 @@ impl Validator {
         if [price.input, price.cached_input, price.output].iter().any(|x| !x.is_finite() || *x < 0.0) {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
-        ModelPolicy { mode, verifier, threshold, correction_tokens, bailout, threshold_override: (lo, hi), price }
+        ModelPolicy { mode, verifier, threshold, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price }
+    }
+
+    fn fixed(&mut self, field: &str, tokens: u32) -> Correction {
+        if !(1..=256).contains(&tokens) {
+            self.err(format!("{field}: tokens must be in 1..=256"));
+        }
+        Correction::Fixed { tokens }
+    }
+
+    fn correction(&mut self, field: &str, c: RawCorrection) -> Correction {
+        match c.mode.as_str() {
+            "fixed" => {
+                if c.max_span.is_some() || c.resync.is_some() {
+                    self.err(format!("{field}: max_span and resync belong to mode = \"span\""));
+                }
+                self.fixed(field, c.tokens.unwrap_or(1))
+            }
+            "span" => {
+                if c.tokens.is_some() {
+                    self.err(format!("{field}: tokens belongs to mode = \"fixed\""));
+                }
+                let (max_span, resync) = (c.max_span.unwrap_or(32), c.resync.unwrap_or(3));
+                if !(1..=1024).contains(&max_span) {
+                    self.err(format!("{field}: max_span must be in 1..=1024"));
+                }
+                if !(1..=64).contains(&resync) {
+                    self.err(format!("{field}: resync must be in 1..=64"));
+                }
+                Correction::Span { max_span, resync }
+            }
+            other => {
+                self.err(format!("{field}: mode {other:?} is not one of \"fixed\", \"span\""));
+                Correction::Fixed { tokens: 1 }
+            }
+        }
     }
 }
 

@@ -26,7 +26,8 @@ use super::client::{self, Ask};
 use super::humaneval::{self, Sandbox, Verdict};
 use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
-use approxy_gateway::policy::raw::{RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget};
+use approxy_gateway::policy::raw::{RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget};
+use approxy_verifier::Correction;
 use approxy_gateway::policy::{ModelPolicy, Policy, Price};
 use approxy_setup::Home;
 
@@ -94,8 +95,16 @@ pub struct QualityReport {
 /// The approximate-mode settings besides the threshold, from the base policy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApproxySettings {
-    /// Target tokens taken after each rejection.
-    pub correction_tokens: u32,
+    /// What a rejection asks the target for, in words ("1 target token", "a streamed span
+    /// of up to 32 tokens, ended after 3 the draft predicts").
+    #[serde(default)]
+    pub correction: String,
+    /// Target tokens taken after each rejection (results written before spans existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction_tokens: Option<u32>,
+    /// The cost guard's ratio (results written before the guard existed have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_ratio: Option<f64>,
     /// Bail-out window (decisions).
     pub bailout_window: Option<usize>,
     /// Bail-out when more than this share of the window was rejected.
@@ -126,12 +135,33 @@ pub struct RunSummary {
     pub summary: Summary,
 }
 
+fn raw_correction(c: Correction) -> RawCorrection {
+    match c {
+        Correction::Fixed { tokens } => RawCorrection { mode: "fixed".into(), tokens: Some(tokens), ..RawCorrection::default() },
+        Correction::Span { max_span, resync } => {
+            RawCorrection { mode: "span".into(), max_span: Some(max_span), resync: Some(resync), ..RawCorrection::default() }
+        }
+    }
+}
+
+/// The correction in words, for the report.
+pub fn correction_words(c: Correction) -> String {
+    match c {
+        Correction::Fixed { tokens: 1 } => "1 target token per rejection".into(),
+        Correction::Fixed { tokens } => format!("{tokens} target tokens per rejection"),
+        Correction::Span { max_span, resync } => {
+            format!("a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row")
+        }
+    }
+}
+
 fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPolicy) -> anyhow::Result<String> {
     let approx = |verifier: String| RawModel {
         mode: "approximate".into(),
         verifier: Some(verifier),
         threshold: Some(0.7),
-        correction_tokens: Some(base.correction_tokens),
+        correction: Some(raw_correction(base.correction)),
+        max_cost_ratio: Some(base.max_cost_ratio),
         threshold_override: Some([0.0, 1.0]),
         bailout: base.bailout.map(|b| RawBailout { window: b.window, max_rejection_rate: b.max_rejection_rate }),
         price: Some(RawPrice { input: base.price.input, cached_input: base.price.cached_input, output: base.price.output }),
@@ -323,7 +353,9 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
         levels,
         price: PriceTable { input: ctx.price.input, cached_input: ctx.price.cached_input, output: ctx.price.output },
         approxy_settings: ApproxySettings {
-            correction_tokens: base_model.correction_tokens,
+            correction: correction_words(base_model.correction),
+            correction_tokens: None,
+            max_cost_ratio: Some(base_model.max_cost_ratio),
             bailout_window: base_model.bailout.as_ref().map(|b| b.window),
             bailout_max_rejection_rate: base_model.bailout.as_ref().map(|b| b.max_rejection_rate),
             from: opts.base_policy.clone(),
@@ -355,7 +387,8 @@ mod tests {
         let text = bench_policy("http://127.0.0.1:9", Layout::Pinned, &learned, &base_model)?;
         let p = Policy::parse(&text, &root.join("bench.toml"))?;
         let m = p.model("bench-learned").ok_or_else(|| anyhow::anyhow!("no bench-learned"))?;
-        assert_eq!((m.correction_tokens, m.bailout, m.price), (base_model.correction_tokens, base_model.bailout, base_model.price));
+        assert_eq!((m.correction, m.bailout, m.price), (base_model.correction, base_model.bailout, base_model.price));
+        assert_eq!(m.max_cost_ratio, base_model.max_cost_ratio);
         assert_eq!(p.draft.threads_per_worker, Layout::Pinned.draft_threads());
         assert!(p.model("bench-passthrough").is_some_and(|m| m.mode == approxy_gateway::policy::Mode::Passthrough));
         Ok(())

@@ -155,16 +155,23 @@ pub fn quality_markdown(r: &QualityReport) -> String {
     }
     s.push_str(&format!(
         "\nPrices (USD per million tokens, from `{}`): input {}, re-sent input with a prompt cache {}, output {}. \
-         approxy takes {} target token(s) per rejection{}. llama.cpp speculative: `{}`. \
+         approxy takes {}{}{}. llama.cpp speculative: `{}`. \
          Tokens the target processed = every input token sent (approxy re-sends the growing prefix on each call) plus every token it generated.\n",
         r.approxy_settings.from.display(),
         r.price.input,
         r.price.cached_input,
         r.price.output,
-        r.approxy_settings.correction_tokens,
+        match (&r.approxy_settings.correction_tokens, r.approxy_settings.correction.is_empty()) {
+            (Some(n), true) => format!("{n} target token(s) per rejection"),
+            _ => r.approxy_settings.correction.clone(),
+        },
         match (r.approxy_settings.bailout_window, r.approxy_settings.bailout_max_rejection_rate) {
             (Some(w), Some(m)) => format!(" and hands the rest of an answer to the target once more than {:.0} % of the last {w} decisions were rejections", 100.0 * m),
             _ => String::new(),
+        },
+        match r.approxy_settings.max_cost_ratio {
+            Some(x) => format!(", and before a call could make a request cost more than {x} times passthrough at these prices, hands the rest to the target in one call"),
+            None => String::new(),
         },
         r.llama_speculative_args.join(" "),
     ));

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::cost::{CostGuard, Price, estimate};
+use crate::error::TargetError;
 use crate::testing::{DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer};
 use crate::verify::ConfidenceVerifier;
 use crate::{DraftWorkers, SamplingParams};
@@ -24,8 +26,9 @@ fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         sampling: SamplingParams { temperature: 0.0, top_p: 1.0, seed: None },
         stop: Vec::new(),
         threshold,
-        correction_tokens: 1,
+        correction: Correction::Fixed { tokens: 1 },
         bailout: None,
+        cost_guard: None,
         model: None,
     }
 }
@@ -97,7 +100,7 @@ async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Re
 #[tokio::test]
 async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);
-    req.correction_tokens = 4;
+    req.correction = Correction::Fixed { tokens: 4 };
     let o = run(DraftScript::says("", 0.9), ScriptedTarget::says("abcdefgh", None), req).await?;
     assert_eq!(o.text, "abcdefgh");
     // 4 + 4 tokens, then the call that returns end-of-turn.
@@ -175,5 +178,113 @@ async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(),
     assert!(started.elapsed() < Duration::from_secs(10), "waited for the target: {:?}", started.elapsed());
     drop(lease);
     assert_eq!(workers.idle(), 1, "the draft worker is free again");
+    Ok(())
+}
+
+fn span(max_span: u32, resync: u32) -> Correction {
+    Correction::Span { max_span, resync }
+}
+
+/// The draft says "abcxyzghij": confident except at the fourth token, wrong at the 4th to 6th.
+fn diverging_draft() -> DraftScript {
+    let mut d = DraftScript::says("abcxyzghij", 0.95);
+    d.confidence = vec![0.95, 0.95, 0.95, 0.1];
+    d
+}
+
+#[tokio::test]
+async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.correction = span(32, 3);
+    let target = ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
+    let o = run(diverging_draft(), target, req).await?;
+    assert_eq!(o.text, "abcdefghij");
+    // One streamed call: d e f (the draft disagreed), g h i (agreed three times: resync).
+    assert_eq!((o.stats.target_calls, o.stats.resyncs), (1, 1));
+    assert_eq!(o.stats.target_tokens, 6);
+    assert_eq!(o.stats.draft_tokens, 4, "a b c, then j after the resync");
+    assert_eq!(o.target.calls()[0].max_tokens, 32);
+    assert_eq!(o.target.streamed_tokens(), 6, "the cancelled stream generated nothing more");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.correction = span(2, 3);
+    let o = run(diverging_draft(), ScriptedTarget::says("abcdefghij", None), req).await?;
+    // The span brings d and e; then the draft is confident about its own z: a false accept,
+    // which the threshold allows.
+    assert_eq!(o.text, "abcdezghij");
+    assert_eq!(o.target.calls().len(), 1);
+    assert_eq!(o.target.calls()[0].max_tokens, 2);
+    assert_eq!((o.stats.resyncs, o.stats.target_tokens), (0, 2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_span_that_reaches_the_end_of_the_answer_finishes_it() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.correction = span(32, 3);
+    let o = run(DraftScript::says("zzzz", 0.1), ScriptedTarget::says("the end", None), req).await?;
+    assert_eq!(o.text, "the end");
+    assert_eq!((o.stats.target_calls, o.stats.finish_reason), (1, Some(FinishReason::Stop)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_span_stops_the_stream() -> Result<(), EngineError> {
+    let tok = tiny_tokenizer();
+    let target = Arc::new(ScriptedTarget::says("abcdefghijklmnop", None).with_token_delay(Duration::from_millis(200)));
+    let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(DraftScript::says("zzzzzzzzzzzzzzzz", 0.1), 1);
+    let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
+    let (tx, rx) = mpsc::channel(16);
+    let mut req = request(0.5, 64);
+    req.correction = span(32, 3);
+    let generation = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx);
+    let leave = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(rx);
+    };
+    let (stats, ()) = tokio::join!(generation, leave);
+    assert_eq!(stats?.finish_reason, Some(FinishReason::Cancelled));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(target.streamed_tokens() <= 4, "generation went on after the client left: {}", target.streamed_tokens());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_more_than_passthrough() -> Result<(), EngineError> {
+    let price = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
+    let mut req = request(0.5, 64);
+    req.cost_guard = Some(CostGuard { price, max_cost_ratio: 1.0 });
+    // The draft is never confident: each one-token correction would re-send the prefix.
+    let o = run(DraftScript::says("hello world", 0.1), ScriptedTarget::says("hello world", None), req.clone()).await?;
+    assert_eq!(o.text, "hello world");
+    assert!(o.stats.cost_guard && !o.stats.bailed_out);
+    assert_eq!(o.stats.target_calls, 1, "one call for the whole answer");
+    let c = estimate(&o.stats, &price);
+    assert!(c.approxy <= c.passthrough, "{c:?}");
+
+    // Confident drafting pays for corrections: the guard lets them through.
+    let mut draft = DraftScript::says("the quick brown fox jumps over the lazy dog", 0.95);
+    draft.confidence = vec![0.95; 40];
+    draft.confidence[40 - 1] = 0.1;
+    let o = run(draft, ScriptedTarget::says("the quick brown fox jumps over the lazy dog", None), req).await?;
+    assert!(!o.stats.cost_guard);
+    assert_eq!(o.stats.target_calls, 1);
+    let c = estimate(&o.stats, &price);
+    assert!(c.approxy <= c.passthrough, "{c:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.cost_guard = Some(CostGuard { price: Price::default(), max_cost_ratio: 1.0 });
+    let o = run(DraftScript::says("hello", 0.1), ScriptedTarget::says("hello", None), req).await?;
+    assert!(!o.stats.cost_guard);
+    assert_eq!(o.stats.target_calls, 6);
     Ok(())
 }

@@ -2,9 +2,12 @@
 //! (reuses the common prefix of consecutive calls) and `return_tokens`.
 
 use async_trait::async_trait;
-use serde_json::json;
+use futures::StreamExt;
+use serde_json::{Value, json};
 
-use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, get_ok, http_client, join, post_json};
+use super::{
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse,
+};
 use crate::error::TargetError;
 
 /// Client for llama.cpp's native API.
@@ -21,36 +24,54 @@ impl LlamaCppTarget {
     }
 }
 
+fn body(req: &ContinuationRequest, stream: bool) -> Value {
+    let s = &req.sampling;
+    let mut body = json!({
+        "prompt": req.prefix,
+        "n_predict": req.max_tokens,
+        "temperature": s.temperature.max(0.0),
+        "top_p": s.top_p,
+        "top_k": 0,
+        "min_p": 0.0,
+        "cache_prompt": true,
+        "return_tokens": true,
+        "stream": stream,
+    });
+    if let Some(seed) = s.seed {
+        body["seed"] = json!(seed);
+    }
+    body
+}
+
+fn token_ids(v: &Value) -> Result<Vec<u32>, TargetError> {
+    v.as_array()
+        .ok_or_else(|| TargetError::Protocol("no `tokens` in /completion answer".into()))?
+        .iter()
+        .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
+        .collect::<Option<_>>()
+        .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))
+}
+
 #[async_trait]
 impl TargetClient for LlamaCppTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        let s = &req.sampling;
-        let mut body = json!({
-            "prompt": req.prefix,
-            "n_predict": req.max_tokens,
-            "temperature": s.temperature.max(0.0),
-            "top_p": s.top_p,
-            "top_k": 0,
-            "min_p": 0.0,
-            "cache_prompt": true,
-            "return_tokens": true,
-            "stream": false,
-        });
-        if let Some(seed) = s.seed {
-            body["seed"] = json!(seed);
-        }
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body).await?;
-        let tokens: Vec<u32> = v["tokens"]
-            .as_array()
-            .ok_or_else(|| TargetError::Protocol("no `tokens` in /completion answer".into()))?
-            .iter()
-            .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))?;
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body(req, false)).await?;
+        let tokens = token_ids(&v["tokens"])?;
         let stopped_on_eos = v["stop_type"].as_str() == Some("eos");
         let cached = v["tokens_cached"].as_u64().and_then(|x| u32::try_from(x).ok());
         let cached_prompt = v["timings"]["cache_n"].as_u64().and_then(|x| u32::try_from(x).ok()).or(cached);
         Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached_prompt })
+    }
+
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body(req, true)).await?;
+        // Each event carries the tokens of its piece of text (`return_tokens`); the last one
+        // says `stop` and why. A piece may hold no token (text held back at a stop string).
+        Ok(Box::pin(events.map(|ev| {
+            let v = ev?;
+            let tokens = if v["tokens"].is_null() { Vec::new() } else { token_ids(&v["tokens"])? };
+            Ok(StreamChunk { tokens, stopped_on_eos: v["stop"].as_bool() == Some(true) && v["stop_type"].as_str() == Some("eos") })
+        })))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

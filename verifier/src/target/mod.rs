@@ -7,9 +7,11 @@ pub mod llamacpp;
 pub mod openai;
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TargetError;
@@ -43,6 +45,21 @@ pub struct Continuation {
     pub cached_prompt_tokens: Option<u32>,
 }
 
+/// A piece of a streamed continuation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamChunk {
+    /// Tokens generated since the previous chunk (an end-of-sequence token is included when
+    /// the target stopped on it).
+    pub tokens: Vec<u32>,
+    /// True when the target stopped because it produced end-of-sequence.
+    pub stopped_on_eos: bool,
+}
+
+/// A continuation arriving as the target generates it. Dropping it closes the connection,
+/// which stops the generation upstream (llama.cpp and vLLM abort a request whose client has
+/// gone).
+pub type TokenStream = Pin<Box<dyn Stream<Item = Result<StreamChunk, TargetError>> + Send>>;
+
 /// Connection settings shared by all clients.
 #[derive(Debug, Clone)]
 pub struct TargetConfig {
@@ -68,6 +85,13 @@ pub struct TargetConfig {
 pub trait TargetClient: Send + Sync + std::fmt::Debug {
     /// Continues `req.prefix`.
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError>;
+    /// Streams the continuation of `req.prefix`. The default makes one call and delivers it as
+    /// one chunk, for targets that cannot stream token ids.
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        let c = self.continue_tokens(req).await?;
+        let chunk = StreamChunk { tokens: c.tokens, stopped_on_eos: c.stopped_on_eos };
+        Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
+    }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
     /// Ok when the target answers its health check; the error says why not.
@@ -201,13 +225,14 @@ pub(crate) async fn get_ok(http: &reqwest::Client, cfg: &TargetConfig, url: &str
 }
 
 /// POSTs JSON with bounded retries and exponential backoff on connect errors, timeouts and
-/// 5xx. 4xx answers are not retried: the same request would fail the same way.
-pub(crate) async fn post_json(
+/// 5xx, and returns the first successful answer's head. 4xx answers are not retried: the same
+/// request would fail the same way. Nothing is retried once a body has started to arrive.
+pub(crate) async fn send_with_retries(
     http: &reqwest::Client,
     cfg: &TargetConfig,
     url: &str,
     body: &serde_json::Value,
-) -> Result<serde_json::Value, TargetError> {
+) -> Result<reqwest::Response, TargetError> {
     let mut attempt = 0u32;
     loop {
         let mut rb = http.post(url).json(body);
@@ -215,9 +240,7 @@ pub(crate) async fn post_json(
             rb = rb.bearer_auth(k);
         }
         let err = match rb.send().await {
-            Ok(resp) if resp.status().is_success() => {
-                return resp.json().await.map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")));
-            }
+            Ok(resp) if resp.status().is_success() => return Ok(resp),
             Ok(resp) => {
                 let status = resp.status().as_u16();
                 let text: String = resp.text().await.unwrap_or_default().chars().take(500).collect();
@@ -240,6 +263,39 @@ pub(crate) async fn post_json(
         tokio::time::sleep(cfg.backoff * 2u32.saturating_pow(attempt)).await;
         attempt += 1;
     }
+}
+
+/// POSTs JSON (with [`send_with_retries`]) and reads a JSON answer.
+pub(crate) async fn post_json(
+    http: &reqwest::Client,
+    cfg: &TargetConfig,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, TargetError> {
+    let resp = send_with_retries(http, cfg, url, body).await?;
+    resp.json().await.map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
+}
+
+/// POSTs JSON (with [`send_with_retries`]) and reads the answer as server-sent events, each
+/// `data:` a JSON object; `[DONE]` ends the stream.
+pub(crate) async fn post_sse(
+    http: &reqwest::Client,
+    cfg: &TargetConfig,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<Pin<Box<dyn Stream<Item = Result<serde_json::Value, TargetError>> + Send>>, TargetError> {
+    use eventsource_stream::Eventsource;
+    let resp = send_with_retries(http, cfg, url, body).await?;
+    let timeout = cfg.timeout;
+    let events = resp.bytes_stream().eventsource().take_while(|ev| {
+        let done = matches!(ev, Ok(e) if e.data.trim() == "[DONE]");
+        futures::future::ready(!done)
+    });
+    Ok(Box::pin(events.map(move |ev| match ev {
+        Ok(e) => serde_json::from_str(&e.data).map_err(|err| TargetError::Protocol(format!("bad JSON in a streamed event: {err}"))),
+        Err(eventsource_stream::EventStreamError::Transport(t)) if t.is_timeout() => Err(TargetError::Timeout(timeout)),
+        Err(err) => Err(TargetError::Protocol(format!("the target's stream broke off: {err}"))),
+    })))
 }
 
 /// reqwest errors print the URL, which may carry credentials in its userinfo; drop it.

@@ -5,9 +5,12 @@
 //! not give back the ids the model produced), so that is a protocol error, not a guess.
 
 use async_trait::async_trait;
-use serde_json::json;
+use futures::StreamExt;
+use serde_json::{Value, json};
 
-use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, get_ok, http_client, join, post_json};
+use super::{
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse,
+};
 use crate::error::TargetError;
 
 /// Client for OpenAI-style completions with token ids.
@@ -26,15 +29,8 @@ impl OpenAiCompletionsTarget {
     fn root(&self) -> String {
         self.cfg.base_url.trim_end_matches('/').trim_end_matches("/v1").to_string()
     }
-}
 
-fn ids(v: &serde_json::Value) -> Option<Vec<u32>> {
-    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
-}
-
-#[async_trait]
-impl TargetClient for OpenAiCompletionsTarget {
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+    fn body(&self, req: &ContinuationRequest, stream: bool) -> Value {
         let s = &req.sampling;
         let mut body = json!({
             "model": req.model.as_deref().unwrap_or(&self.cfg.model),
@@ -46,12 +42,23 @@ impl TargetClient for OpenAiCompletionsTarget {
             "return_tokens": true,
             "verbose": true,
             "skip_special_tokens": false,
-            "stream": false,
+            "stream": stream,
         });
         if let Some(seed) = s.seed {
             body["seed"] = json!(seed);
         }
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body).await?;
+        body
+    }
+}
+
+fn ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+}
+
+#[async_trait]
+impl TargetClient for OpenAiCompletionsTarget {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, false)).await?;
         let choice = &v["choices"][0];
         let mut tokens = ids(&choice["token_ids"])
             .or_else(|| ids(&v["__verbose"]["tokens"]))
@@ -60,6 +67,28 @@ impl TargetClient for OpenAiCompletionsTarget {
         tokens.truncate(req.max_tokens as usize);
         let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().and_then(|x| u32::try_from(x).ok());
         Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached })
+    }
+
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, true)).await?;
+        // Each chunk carries the ids of its new tokens in `choices[0].token_ids` (vLLM) or
+        // `__verbose.tokens` (llama.cpp's server); the last one has a `finish_reason` ("stop":
+        // end of sequence, as no stop strings are sent). Text without ids is refused, as in
+        // `continue_tokens`.
+        Ok(Box::pin(events.map(|ev| {
+            let v = ev?;
+            let choice = &v["choices"][0];
+            if choice.is_null() {
+                return Ok(StreamChunk::default());
+            }
+            let text = choice["text"].as_str().unwrap_or_default();
+            let tokens = match ids(&choice["token_ids"]).or_else(|| ids(&v["__verbose"]["tokens"])) {
+                Some(t) => t,
+                None if text.is_empty() => Vec::new(),
+                None => return Err(TargetError::Protocol("the target streamed text without token ids (needs `return_token_ids` support)".into())),
+            };
+            Ok(StreamChunk { tokens, stopped_on_eos: choice["finish_reason"].as_str() == Some("stop") })
+        })))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

@@ -1,0 +1,147 @@
+//! What a generation costs at the target's prices, and the guard that keeps it from costing
+//! more than sending the request to the target directly.
+//!
+//! The estimate: with approxy the target is paid for every call's input (the prefix is re-sent
+//! each time; the part the previous call already sent is priced as cached input, because a
+//! prompt cache can reuse it) and for every token it generates, including tokens a cancelled
+//! stream produced that were not used. Sent directly, the prompt is paid once and every output
+//! token at the output price.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decode::Stats;
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Price {
+    /// Input tokens.
+    pub input: f64,
+    /// Input tokens served from a prompt cache.
+    pub cached_input: f64,
+    /// Output tokens.
+    pub output: f64,
+}
+
+impl Price {
+    /// True when every price is zero (a self-hosted target): nothing to guard.
+    pub fn is_free(&self) -> bool {
+        self.input == 0.0 && self.cached_input == 0.0 && self.output == 0.0
+    }
+
+    fn per_token(x: f64) -> f64 {
+        x / 1e6
+    }
+
+    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
+    pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
+        let cacheable = cacheable.min(sent);
+        Self::per_token((sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input)
+    }
+
+    /// `n` output tokens.
+    pub fn output_cost(&self, n: u64) -> f64 {
+        Self::per_token(n as f64 * self.output)
+    }
+}
+
+/// What the approximate answer and the same answer straight from the target cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostEstimate {
+    /// USD with approxy.
+    pub approxy: f64,
+    /// USD sending the request to the target directly.
+    pub passthrough: f64,
+}
+
+/// Costs of a finished generation.
+pub fn estimate(s: &Stats, p: &Price) -> CostEstimate {
+    CostEstimate {
+        approxy: p.input_cost(s.target_input_tokens, s.target_cacheable_input_tokens)
+            + p.output_cost(u64::from(s.target_tokens) + s.target_discarded_tokens),
+        passthrough: p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens)),
+    }
+}
+
+/// Hands the rest of an answer to the target in one call before approxy would cost more than
+/// `max_cost_ratio` times passing the request through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostGuard {
+    /// The target's prices.
+    pub price: Price,
+    /// Largest allowed ratio of approxy's cost to passthrough's (1.0: never dearer).
+    pub max_cost_ratio: f64,
+}
+
+/// Where a generation stands when a target call is about to be made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallPlan {
+    /// Prefix tokens the call sends.
+    pub prefix: u64,
+    /// Of those, the tokens the previous call sent or received (a prompt cache can reuse them).
+    pub cacheable: u64,
+    /// Most tokens the call can bring back.
+    pub max_output: u64,
+}
+
+impl CostGuard {
+    /// True when making `call` could let the request end up dearer than `max_cost_ratio` times
+    /// passthrough. Counted on the approxy side: everything spent so far, this call, and a
+    /// reserve for one more re-send of the prefix (the hand-off a later check may need). On the
+    /// passthrough side: the answer only as far as it is known (emitted tokens plus this
+    /// call's), since its final length is not. Every later token costs both sides the same
+    /// output price or nothing (a draft token), so a request whose every call passed this check
+    /// stays within the ratio whatever follows, as long as the prices hold: the re-sent prefix
+    /// is really served from the cache at `cached_input`, and output costs at least as much as
+    /// input.
+    pub fn trips(&self, s: &Stats, call: CallPlan) -> bool {
+        if self.price.is_free() {
+            return false;
+        }
+        let p = &self.price;
+        let so_far = estimate(s, p).approxy;
+        let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
+        let reserve = p.input_cost(call.prefix + call.max_output, call.prefix + call.max_output);
+        let passthrough = p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens) + call.max_output);
+        so_far + this_call + reserve > self.max_cost_ratio * passthrough
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn price() -> Price {
+        Price { input: 1.0, cached_input: 0.1, output: 2.0 }
+    }
+
+    #[test]
+    fn cost_counts_resent_prefixes_cache_discount_and_discarded_tokens() {
+        let s = Stats {
+            prompt_tokens: 100,
+            completion_tokens: 50,
+            target_tokens: 5,
+            target_discarded_tokens: 2,
+            target_input_tokens: 1000,
+            target_cacheable_input_tokens: 800,
+            ..Stats::default()
+        };
+        let c = estimate(&s, &price());
+        assert!((c.approxy - (200.0 + 80.0 + 14.0) / 1e6).abs() < 1e-12);
+        assert!((c.passthrough - (100.0 + 100.0) / 1e6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn guard_allows_a_call_the_draft_has_paid_for_and_refuses_one_it_has_not() {
+        let g = CostGuard { price: price(), max_cost_ratio: 1.0 };
+        // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
+        // 103 input + 2 output + a 104-token cached reserve (10.4) = 115.4 against passthrough
+        // 100 + 4 tokens * 2 = 108: refused. After 20: 120 + 2 + 12.1 = 134.1 vs 142: allowed.
+        let mut s = Stats { prompt_tokens: 100, completion_tokens: 3, draft_tokens: 3, ..Stats::default() };
+        assert!(g.trips(&s, CallPlan { prefix: 103, cacheable: 0, max_output: 1 }));
+        s.completion_tokens = 20;
+        assert!(!g.trips(&s, CallPlan { prefix: 120, cacheable: 0, max_output: 1 }));
+        // A target that costs nothing is never guarded.
+        let free = CostGuard { price: Price::default(), max_cost_ratio: 1.0 };
+        assert!(!free.trips(&s, CallPlan { prefix: 100_000, cacheable: 0, max_output: 100 }));
+    }
+}

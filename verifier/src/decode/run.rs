@@ -1,0 +1,222 @@
+//! One generation's state: what was emitted, the text decoder and stop matcher, the stats,
+//! and the target calls (fixed corrections, streamed spans, the hand-off).
+
+use std::time::Instant;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent, decide};
+use crate::cost::CallPlan;
+use crate::draft::{Draft, PositionOutput};
+use crate::error::{EngineError, TargetError};
+use crate::stop::{StopMatcher, StopResult};
+use crate::target::ContinuationRequest;
+use crate::tokenizer::StreamDecoder;
+use crate::verify::{Features, Verifier};
+
+/// How a span ended.
+pub(super) enum SpanEnd {
+    /// Drafting resumes; the draft's output at the new position.
+    Resume(PositionOutput),
+    /// The generation ended inside the span.
+    Finished(FinishReason),
+}
+
+/// State of one generation.
+pub(super) struct Run<'a> {
+    engine: &'a Engine,
+    pub(super) req: GenerateRequest,
+    tx: mpsc::Sender<TokenEvent>,
+    emitted: Vec<u32>,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    pub(super) stats: Stats,
+    started: Instant,
+    last_prefix_len: u64,
+    pub(super) last_target_tokens: Vec<u32>,
+    last_source: Source,
+    hit_stop_sequence: bool,
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn new(engine: &'a Engine, req: GenerateRequest, tx: mpsc::Sender<TokenEvent>) -> Self {
+        let stats = Stats { prompt_tokens: req.prompt.len() as u32, ..Stats::default() };
+        Self {
+            engine,
+            decoder: StreamDecoder::new(engine.tokenizer.clone()),
+            stop: StopMatcher::new(req.stop.clone()),
+            req,
+            tx,
+            emitted: Vec::new(),
+            stats,
+            started: Instant::now(),
+            last_prefix_len: 0,
+            last_target_tokens: Vec::new(),
+            last_source: Source::Draft,
+            hit_stop_sequence: false,
+        }
+    }
+
+    pub(super) fn remaining(&self) -> u32 {
+        self.req.max_tokens.saturating_sub(self.emitted.len() as u32)
+    }
+
+    /// Emits tokens; `Ok(Some(reason))` when one of them ends the generation.
+    pub(super) async fn emit(&mut self, ids: &[u32], source: Source) -> Result<Option<FinishReason>, EngineError> {
+        for &id in ids {
+            if self.engine.eos.contains(&id) {
+                return Ok(Some(FinishReason::Stop));
+            }
+            if self.emitted.is_empty() {
+                self.stats.time_to_first_token = self.started.elapsed();
+            }
+            self.emitted.push(id);
+            self.last_source = source;
+            self.stats.completion_tokens += 1;
+            // Counted here, with completion_tokens, so an end-of-sequence token (never
+            // emitted) is counted by neither and the three always add up.
+            match source {
+                Source::Draft => self.stats.draft_tokens += 1,
+                Source::Target => self.stats.target_tokens += 1,
+            }
+            let delta = self.decoder.push(id)?;
+            let (text, stop) = match self.stop.push(&delta) {
+                StopResult::Continue(t) => (t, false),
+                StopResult::Stop(t) => (t, true),
+            };
+            if self.tx.send(TokenEvent { id: Some(id), text, source }).await.is_err() {
+                return Ok(Some(FinishReason::Cancelled));
+            }
+            if stop {
+                self.hit_stop_sequence = true;
+                return Ok(Some(FinishReason::Stop));
+            }
+            if self.remaining() == 0 {
+                return Ok(Some(FinishReason::Length));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The exact prefix for the next call (prompt and everything emitted), with that call
+    /// counted in the stats.
+    fn next_call(&mut self, n: u32) -> ContinuationRequest {
+        let mut prefix = self.req.prompt.clone();
+        prefix.extend_from_slice(&self.emitted);
+        let len = prefix.len() as u64;
+        self.stats.target_calls += 1;
+        self.stats.target_input_tokens += len;
+        self.stats.target_cacheable_input_tokens += self.last_prefix_len.min(len);
+        self.last_prefix_len = len;
+        ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling, model: self.req.model.clone() }
+    }
+
+    /// True when the cost guard forbids a correction call that may bring back `n` tokens.
+    pub(super) fn cost_guard_trips(&self, n: u32) -> bool {
+        let Some(guard) = self.req.cost_guard else { return false };
+        let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
+        guard.trips(&self.stats, CallPlan { prefix, cacheable: self.last_prefix_len.min(prefix), max_output: u64::from(n) })
+    }
+
+    /// Asks the target for `n` tokens after the current prefix and emits them.
+    /// `Ok(Some(reason))` when the generation ends there.
+    pub(super) async fn call_target(&mut self, n: u32) -> Result<Option<FinishReason>, EngineError> {
+        let creq = self.next_call(n);
+        let t = Instant::now();
+        let cont = tokio::select! {
+            c = self.engine.target.continue_tokens(&creq) => c?,
+            // The client went away: abandon the call instead of waiting for it.
+            _ = self.tx.closed() => return Ok(Some(FinishReason::Cancelled)),
+        };
+        self.stats.target_wait += t.elapsed();
+        self.last_prefix_len += cont.tokens.len() as u64;
+        if cont.tokens.is_empty() && !cont.stopped_on_eos {
+            return Err(TargetError::Protocol("target returned no tokens".into()).into());
+        }
+        self.last_target_tokens = cont.tokens.clone();
+        if let Some(r) = self.emit(&cont.tokens, Source::Target).await? {
+            return Ok(Some(r));
+        }
+        if cont.stopped_on_eos {
+            return Ok(Some(FinishReason::Stop));
+        }
+        Ok(None)
+    }
+
+    /// Streams a correction of at most `max_span` tokens. Each target token is emitted and fed
+    /// to the draft as it arrives; the draft's output before it says whether the draft would
+    /// have written it, confidently. After `resync` such tokens in a row the stream is dropped,
+    /// which closes the connection and stops the target, and drafting resumes.
+    pub(super) async fn span(
+        &mut self,
+        draft: &dyn Draft,
+        verifier: &dyn Verifier,
+        mut out: PositionOutput,
+        max_span: u32,
+        resync: u32,
+    ) -> Result<SpanEnd, EngineError> {
+        let creq = self.next_call(max_span);
+        let t = Instant::now();
+        let mut stream = tokio::select! {
+            s = self.engine.target.stream_tokens(&creq) => s?,
+            _ = self.tx.closed() => return Ok(SpanEnd::Finished(FinishReason::Cancelled)),
+        };
+        self.stats.target_wait += t.elapsed();
+        let mut received = 0u64;
+        let mut agreeing = 0u32;
+        loop {
+            let t = Instant::now();
+            let chunk = tokio::select! {
+                c = stream.next() => c,
+                _ = self.tx.closed() => return Ok(SpanEnd::Finished(FinishReason::Cancelled)),
+            };
+            self.stats.target_wait += t.elapsed();
+            let Some(chunk) = chunk else { break };
+            let chunk = chunk?;
+            for (i, &token) in chunk.tokens.iter().enumerate() {
+                received += 1;
+                self.last_prefix_len += 1;
+                let unused = (chunk.tokens.len() - i - 1) as u64;
+                let predicted = Features::from_output(&out).top1 == token && decide(verifier, &out, self.req.threshold);
+                agreeing = if predicted { agreeing + 1 } else { 0 };
+                if let Some(reason) = self.emit(&[token], Source::Target).await? {
+                    self.stats.target_discarded_tokens += unused;
+                    return Ok(SpanEnd::Finished(reason));
+                }
+                let t = Instant::now();
+                out = draft.extend(vec![token], false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+                self.stats.draft_time += t.elapsed();
+                if agreeing >= resync {
+                    self.stats.resyncs += 1;
+                    self.stats.target_discarded_tokens += unused;
+                    return Ok(SpanEnd::Resume(out));
+                }
+            }
+            if chunk.stopped_on_eos {
+                return Ok(SpanEnd::Finished(FinishReason::Stop));
+            }
+        }
+        if received == 0 {
+            return Err(TargetError::Protocol("target streamed no tokens".into()).into());
+        }
+        Ok(SpanEnd::Resume(out))
+    }
+
+    pub(super) async fn finish(mut self, reason: FinishReason) -> Result<Stats, EngineError> {
+        if reason != FinishReason::Cancelled && !self.hit_stop_sequence {
+            // Whatever was held back (an incomplete character, a possible stop string) is text.
+            let tail = self.decoder.flush()?;
+            let text = match self.stop.push(&tail) {
+                StopResult::Continue(t) => t + &self.stop.finish(),
+                StopResult::Stop(t) => t,
+            };
+            if !text.is_empty() {
+                let _ = self.tx.send(TokenEvent { id: None, text, source: self.last_source }).await;
+            }
+        }
+        self.stats.finish_reason = Some(reason);
+        Ok(self.stats)
+    }
+}
+
