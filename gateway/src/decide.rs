@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
 use approxy_verifier::cost::CostGuard;
-use approxy_verifier::{Draft, GenerateRequest, Verifier};
+use approxy_verifier::{Draft, GenerateRequest, Verification, Verifier};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy};
@@ -57,6 +57,8 @@ pub enum Reason {
     TokenizerMismatch,
     /// Every draft worker is busy.
     DraftSaturated,
+    /// Exact verification asked of a sampled request: windows verify greedy tokens only.
+    SamplingInExactMode,
 }
 
 impl Reason {
@@ -80,6 +82,7 @@ impl Reason {
             Reason::MultiplePrompts => "multiple_prompts",
             Reason::TokenizerMismatch => "tokenizer_mismatch",
             Reason::DraftSaturated => "draft_saturated",
+            Reason::SamplingInExactMode => "sampling_in_exact_mode",
         }
     }
 }
@@ -130,6 +133,9 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     let typed = request::parse(&json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     let threshold = validate::requested_threshold(headers, mp)?.unwrap_or(mp.threshold);
+    if mp.verification == Verification::Exact && !valid.sampling.is_greedy() {
+        return Ok(Decision::Passthrough(Reason::SamplingInExactMode));
+    }
     if let TokenizerCheck::Different(_) = rt.tokenizer_check().await? {
         return Ok(Decision::Passthrough(Reason::TokenizerMismatch));
     }
@@ -149,6 +155,7 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         sampling: valid.sampling,
         stop: valid.stop.clone(),
         threshold,
+        verification: mp.verification,
         correction: mp.correction,
         bailout: mp.bailout,
         cost_guard: Some(CostGuard { price: mp.price, max_cost_ratio: mp.max_cost_ratio }),
@@ -249,6 +256,7 @@ mod tests {
         let all = [
             Route, ModelWithoutPolicy, PolicyPassthrough, TargetCannotContinue, Tools, Logprobs, LogitBias, ResponseFormat, Echo,
             Suffix, BestOf, NGreaterThan1, Penalties, NonTextMessages, MultiplePrompts, TokenizerMismatch, DraftSaturated,
+            SamplingInExactMode,
         ];
         let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), all.len());

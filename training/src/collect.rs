@@ -202,6 +202,7 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         threshold: opts.threshold,
+        verification: approxy_verifier::Verification::Approximate,
         correction: approxy_verifier::Correction::Fixed { tokens: 1 },
         cost_guard: None,
         bailout: None,

@@ -23,7 +23,7 @@ use crate::verify::{Features, Verifier, accepts};
 
 mod run;
 
-use run::{Run, SpanEnd};
+use run::{Run, SpanEnd, WindowEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -86,6 +86,20 @@ pub enum Correction {
     },
 }
 
+/// How draft tokens are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verification {
+    /// The local verifier accepts confident tokens; a rejection gets the `correction`.
+    #[default]
+    Approximate,
+    /// The local verifier accepts confident tokens; at a rejection the draft runs a window
+    /// ahead and the target scores it in one call (a target with prompt log-probabilities).
+    ApproximateWindows,
+    /// Every draft token is scored by the target in windows: at temperature 0 the output is
+    /// the target's own greedy output (lossless speculative decoding over the API).
+    Exact,
+}
+
 /// One generation's parameters.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -99,7 +113,9 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Verifier threshold (see [`accepts`]).
     pub threshold: f32,
-    /// What a rejection asks the target for.
+    /// How draft tokens are checked.
+    pub verification: Verification,
+    /// What a rejection asks the target for (when no window is scored).
     pub correction: Correction,
     /// Bail-out budget; `None` never bails out.
     pub bailout: Option<BailoutBudget>,
@@ -133,6 +149,17 @@ pub struct Stats {
     /// Tokens the target generated that were not used (a span cancelled mid-chunk); paid for
     /// all the same.
     pub target_discarded_tokens: u64,
+    /// Windows the target scored.
+    pub windows: u32,
+    /// Draft tokens proposed in those windows.
+    pub window_tokens: u64,
+    /// Of those, tokens the target agreed with (emitted as draft tokens).
+    pub window_accepted: u64,
+    /// Window positions where the target chose another token than the draft's by a margin
+    /// below [`TIE_MARGIN`]: (position in the answer, margin in nats). A numerical tie, which
+    /// batch shapes can tip either way.
+    #[serde(skip)]
+    pub near_ties: Vec<(u32, f32)>,
     /// Input tokens sent to the target over all calls (each call re-sends the prefix).
     pub target_input_tokens: u64,
     /// Of those, tokens a prompt cache could reuse (prefix shared with the previous call).
@@ -163,6 +190,31 @@ pub struct Engine {
     tokenizer: Tokenizer,
     target: Arc<dyn TargetClient>,
     eos: Vec<u32>,
+}
+
+/// Log-probability margin (nats) below which the target's preference over the draft's token
+/// counts as a numerical tie.
+pub const TIE_MARGIN: f32 = 0.01;
+
+/// Window length chosen from recent acceptance: start at 8, then the recent mean accepted
+/// length plus 2, between 4 and 16.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowSize {
+    recent: f32,
+}
+
+impl WindowSize {
+    fn new() -> Self {
+        Self { recent: 6.0 }
+    }
+
+    fn k(self) -> u32 {
+        (self.recent.ceil() as u32 + 2).clamp(4, 16)
+    }
+
+    fn update(&mut self, accepted: usize) {
+        self.recent = 0.5 * self.recent + 0.5 * accepted as f32;
+    }
 }
 
 /// Fixed text that exercises specials, code, whitespace runs and multi-byte characters.
@@ -216,13 +268,15 @@ impl Engine {
         let mut sampler = Sampler::new(run.req.sampling);
         let mut window = run.req.bailout.map(RejectionWindow::new);
         let mut accepted_run = 0u32;
+        let mut sizes = WindowSize::new();
         let result = loop {
             if run.remaining() == 0 {
                 break FinishReason::Length;
             }
             let proposal = sampler.pick(&out.logits);
-            let accepted = decide(verifier, &out, run.req.threshold);
-            let over_budget = window.as_mut().is_some_and(|w| w.push(!accepted));
+            let exact = run.req.verification == Verification::Exact;
+            let accepted = !exact && decide(verifier, &out, run.req.threshold);
+            let over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             let produced = if accepted {
                 accepted_run += 1;
                 if let Some(reason) = run.emit(&[proposal], Source::Draft).await? {
@@ -230,9 +284,24 @@ impl Engine {
                 }
                 vec![proposal]
             } else {
-                run.stats.verifier_rejections += 1;
+                if !exact {
+                    run.stats.verifier_rejections += 1;
+                }
                 if accepted_run > 0 {
                     run.stats.accepted_runs.push(std::mem::take(&mut accepted_run));
+                }
+                if run.req.verification != Verification::Approximate && !run.windows_unsupported && !over_budget {
+                    let k = sizes.k().min(run.remaining());
+                    match run.window(lease, out, proposal, k, &mut sampler).await? {
+                        WindowEnd::Resume { next, accepted } => {
+                            sizes.update(accepted);
+                            out = next;
+                            continue;
+                        }
+                        WindowEnd::Finished(reason) => break reason,
+                        // The target scores no windows: corrections from here on.
+                        WindowEnd::Unsupported(back) => out = back,
+                    }
                 }
                 let correction = run.req.correction;
                 let asked = match correction {
@@ -246,9 +315,7 @@ impl Engine {
                     // correction could make the request dearer than passing it through.
                     run.stats.bailed_out = over_budget;
                     run.stats.cost_guard = guarded && !over_budget;
-                    let n = run.remaining();
-                    let reason = run.call_target(n).await?;
-                    break reason.unwrap_or(if run.remaining() == 0 { FinishReason::Length } else { FinishReason::Stop });
+                    break run.hand_off().await?;
                 }
                 match correction {
                     Correction::Fixed { .. } => {

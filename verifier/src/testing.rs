@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::target::{Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream};
+use crate::target::{Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::Tokenizer;
 
 /// Ids of the tiny tokenizer's special tokens (the 256 byte tokens come first).
@@ -241,6 +241,7 @@ pub struct ScriptedTarget {
     calls: Mutex<Vec<ContinuationRequest>>,
     token_delay: Duration,
     generated: std::sync::Arc<AtomicUsize>,
+    windows: Option<Mutex<Vec<WindowRequest>>>,
 }
 
 impl ScriptedTarget {
@@ -254,7 +255,20 @@ impl ScriptedTarget {
             calls: Mutex::new(Vec::new()),
             token_delay: Duration::ZERO,
             generated: Default::default(),
+            windows: None,
         }
+    }
+
+    /// The same target, able to score windows of draft tokens (as vLLM with prompt
+    /// log-probabilities is).
+    pub fn with_windows(mut self) -> Self {
+        self.windows = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// Windows scored so far.
+    pub fn window_calls(&self) -> Vec<WindowRequest> {
+        self.windows.as_ref().map(|w| w.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()).unwrap_or_default()
     }
 
     /// The same target generating one streamed token every `delay`.
@@ -328,6 +342,25 @@ impl TargetClient for ScriptedTarget {
             }
         }
         Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: None })
+    }
+
+    async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
+        let Some(log) = &self.windows else { return Ok(None) };
+        let n = {
+            let mut log = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            log.push(req.clone());
+            log.len()
+        };
+        match self.fault {
+            TargetFault::Status(status) => return Err(TargetError::Status { status, body: "scripted failure".into() }),
+            TargetFault::FailAfter(k) if n > k => return Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
+            TargetFault::Delay(d) => tokio::time::sleep(d).await,
+            _ => {}
+        }
+        let start = req.prefix.len() - answer_position(&req.prefix);
+        let top: Vec<u32> = (0..=req.window.len()).map(|i| self.answer.get(start + i).copied().unwrap_or(IM_END)).collect();
+        let margins = req.window.iter().zip(&top).map(|(w, t)| Some(if w == t { 0.0 } else { 1.0 })).collect();
+        Ok(Some(WindowScore { top, margins }))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

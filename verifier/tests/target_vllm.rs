@@ -14,9 +14,12 @@ use approxy_verifier::DraftConfig;
 use approxy_verifier::draft::pool::DraftPool;
 use approxy_verifier::target::{OpenAiCompletionsTarget, TargetClient};
 
+fn vllm_url() -> String {
+    std::env::var("APPROXY_TEST_VLLM_URL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_URL is not set: deploy/test-all.sh starts vLLM and sets it"))
+}
+
 fn vllm() -> OpenAiCompletionsTarget {
-    let url = std::env::var("APPROXY_TEST_VLLM_URL")
-        .unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_URL is not set: deploy/test-all.sh starts vLLM and sets it"));
+    let url = vllm_url();
     let mut cfg = common::target_config(&format!("{url}/v1"));
     cfg.model = std::env::var("APPROXY_TEST_VLLM_MODEL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_MODEL is not set"));
     OpenAiCompletionsTarget::new(cfg).unwrap_or_else(|e| panic!("{e}"))
@@ -26,6 +29,22 @@ fn vllm() -> OpenAiCompletionsTarget {
 #[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
 async fn vllm_passes_the_shared_suite() {
     common::suite("vllm", &vllm()).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
+async fn dropping_a_stream_stops_vllm() {
+    let url = vllm_url();
+    let http = reqwest::Client::new();
+    // vLLM's Prometheus gauge of requests it is generating for.
+    let busy = || async {
+        let text = http.get(format!("{url}/metrics")).send().await.unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("vllm:num_requests_running"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .any(|n| n > 0.0)
+    };
+    common::dropping_a_stream_stops_the_generation(&vllm(), busy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

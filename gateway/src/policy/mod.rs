@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use approxy_verifier::{BailoutBudget, Correction, TargetKind};
+use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use raw::RawPolicy;
 pub use validate::parse_duration;
@@ -117,6 +117,9 @@ pub struct ModelPolicy {
     pub verifier: VerifierChoice,
     /// Threshold (resolved from the quality target when one was given).
     pub threshold: f32,
+    /// How draft tokens are checked (resolved with the target kind: windows where it can
+    /// score them).
+    pub verification: Verification,
     /// What a rejection asks the target for.
     pub correction: Correction,
     /// Largest cost relative to passthrough before the target takes over (cost guard).
@@ -268,6 +271,18 @@ max_cost_ratio = -1
             assert!(with(bad).is_err_and(|e| e.to_string().contains("correction")), "{bad}");
         }
         assert_eq!(Policy::parse(GOOD, Path::new("p.toml"))?.model("x").map(|m| m.max_cost_ratio), Some(1.0));
+        Ok(())
+    }
+
+    #[test]
+    fn verification_follows_the_target_kind() -> Result<(), PolicyError> {
+        let vllm = GOOD.replace("kind = \"llama_cpp\"", "kind = \"vllm\"");
+        let v = |text: &str| Policy::parse(text, Path::new("p.toml")).map(|p| p.model("x").map(|m| m.verification));
+        assert_eq!(v(GOOD)?, Some(Verification::Approximate));
+        assert_eq!(v(&vllm)?, Some(Verification::ApproximateWindows));
+        let exact = |t: &str| t.replace("threshold = 0.7\n", "threshold = 0.7\nverification = \"exact\"\n");
+        assert_eq!(v(&exact(&vllm))?, Some(Verification::Exact));
+        assert!(v(&exact(GOOD)).is_err_and(|e| e.to_string().contains("prompt log-probabilities")));
         Ok(())
     }
 

@@ -117,6 +117,9 @@ pub struct RawModel {
     /// What a rejection asks the target for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correction: Option<RawCorrection>,
+    /// `approximate` (the verifier decides) or `exact` (the target scores every token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verification: Option<String>,
     /// Hand the rest of an answer to the target before approxy would cost more than this
     /// times passthrough (at `price`).
     #[serde(skip_serializing_if = "Option::is_none")]

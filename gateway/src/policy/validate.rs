@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use approxy_verifier::{BailoutBudget, Correction, TargetKind};
+use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPolicy};
 use super::{DraftPolicy, GatewayPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
@@ -135,13 +135,13 @@ impl Validator {
             self.err("draft.threads_per_worker: at least 1");
         }
         let models = raw.models.into_iter().map(|(id, m)| {
-            let mp = self.model(&id, m);
+            let mp = self.model(&id, m, target.kind);
             (id, mp)
         }).collect();
         Policy { path: path.to_path_buf(), target, gateway, draft, models }
     }
 
-    fn model(&mut self, id: &str, m: RawModel) -> ModelPolicy {
+    fn model(&mut self, id: &str, m: RawModel, kind: TargetKind) -> ModelPolicy {
         let f = |k: &str| format!("models.{id:?}.{k}");
         let mode = match m.mode.as_str() {
             "approximate" => Mode::Approximate,
@@ -204,6 +204,21 @@ impl Validator {
             (None, Some(c)) => self.correction(&f("correction"), c),
             (None, None) => Correction::Fixed { tokens: 1 },
         };
+        // Windows need prompt log-probabilities, which of the kinds only vLLM-style targets give.
+        let windows = kind == TargetKind::Vllm;
+        let verification = match (m.verification.as_deref(), windows) {
+            (None | Some("approximate"), true) => Verification::ApproximateWindows,
+            (None | Some("approximate"), false) => Verification::Approximate,
+            (Some("exact"), true) => Verification::Exact,
+            (Some("exact"), false) => {
+                self.err(format!("{}: \"exact\" needs a target that returns prompt log-probabilities (target.kind = \"vllm\")", f("verification")));
+                Verification::Approximate
+            }
+            (Some(other), _) => {
+                self.err(format!("{}: {other:?} is not one of \"approximate\", \"exact\"", f("verification")));
+                Verification::Approximate
+            }
+        };
         let max_cost_ratio = m.max_cost_ratio.unwrap_or(1.0);
         if !max_cost_ratio.is_finite() || max_cost_ratio <= 0.0 {
             self.err(format!("{}: must be a number above 0 (1.0: never dearer than passthrough)", f("max_cost_ratio")));
@@ -225,7 +240,7 @@ impl Validator {
         if [price.input, price.cached_input, price.output].iter().any(|x| !x.is_finite() || *x < 0.0) {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
-        ModelPolicy { mode, verifier, threshold, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price }
+        ModelPolicy { mode, verifier, threshold, verification, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price }
     }
 
     fn fixed(&mut self, field: &str, tokens: u32) -> Correction {

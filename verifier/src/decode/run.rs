@@ -6,14 +6,32 @@ use std::time::Instant;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent, decide};
+use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TIE_MARGIN, TokenEvent, decide};
 use crate::cost::CallPlan;
 use crate::draft::{Draft, PositionOutput};
 use crate::error::{EngineError, TargetError};
 use crate::stop::{StopMatcher, StopResult};
-use crate::target::ContinuationRequest;
+use crate::sampling::Sampler;
+use crate::target::{ContinuationRequest, WindowRequest};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Features, Verifier};
+
+/// How a window ended.
+pub(super) enum WindowEnd {
+    /// Drafting resumes after the accepted tokens and the target's own; the draft's output
+    /// there, and how many draft tokens were accepted.
+    Resume {
+        /// Output at the new position.
+        next: PositionOutput,
+        /// Draft tokens the target agreed with.
+        accepted: usize,
+    },
+    /// The generation ended inside the window (or the cost guard handed the rest to the target).
+    Finished(FinishReason),
+    /// The target cannot score windows; the draft's output at the starting position, with the
+    /// look-ahead rolled back.
+    Unsupported(PositionOutput),
+}
 
 /// How a span ended.
 pub(super) enum SpanEnd {
@@ -35,6 +53,8 @@ pub(super) struct Run<'a> {
     started: Instant,
     last_prefix_len: u64,
     pub(super) last_target_tokens: Vec<u32>,
+    /// Set when the target answered a window call with "cannot".
+    pub(super) windows_unsupported: bool,
     last_source: Source,
     hit_stop_sequence: bool,
 }
@@ -53,6 +73,7 @@ impl<'a> Run<'a> {
             started: Instant::now(),
             last_prefix_len: 0,
             last_target_tokens: Vec::new(),
+            windows_unsupported: false,
             last_source: Source::Draft,
             hit_stop_sequence: false,
         }
@@ -142,6 +163,126 @@ impl<'a> Run<'a> {
             return Ok(Some(FinishReason::Stop));
         }
         Ok(None)
+    }
+
+    /// Verifies a window: the draft runs ahead from `first` (the token it proposes at the
+    /// current position) to `k` tokens, the target scores them in one call, and the longest
+    /// prefix it agrees with is emitted, then the target's own token after it. The draft's
+    /// cache is rolled back to match.
+    pub(super) async fn window(
+        &mut self,
+        draft: &dyn Draft,
+        out: PositionOutput,
+        first: u32,
+        k: u32,
+        sampler: &mut Sampler,
+    ) -> Result<WindowEnd, EngineError> {
+        let start = out.clone();
+        let mut window = vec![first];
+        let t = Instant::now();
+        while window.len() < k as usize {
+            let last = window[window.len() - 1];
+            if self.engine.eos.contains(&last) {
+                break;
+            }
+            let o = draft.extend(vec![last], false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+            window.push(sampler.pick(&o.logits));
+        }
+        self.stats.draft_time += t.elapsed();
+        // The cache now holds the prefix and every window token but the last.
+        let in_cache = window.len() - 1;
+        let mut prefix = self.req.prompt.clone();
+        prefix.extend_from_slice(&self.emitted);
+        let sent = (prefix.len() + window.len()) as u64;
+        let cacheable = self.last_prefix_len.min(prefix.len() as u64);
+        if self.req.cost_guard.is_some_and(|g| g.trips(&self.stats, CallPlan { prefix: sent, cacheable, max_output: 1 })) {
+            self.stats.cost_guard = true;
+            return Ok(WindowEnd::Finished(self.hand_off().await?));
+        }
+        let wreq = WindowRequest { prefix, window: window.clone(), model: self.req.model.clone() };
+        let t = Instant::now();
+        let scored = tokio::select! {
+            s = self.engine.target.score_window(&wreq) => s?,
+            _ = self.tx.closed() => return Ok(WindowEnd::Finished(FinishReason::Cancelled)),
+        };
+        self.stats.target_wait += t.elapsed();
+        let Some(score) = scored else {
+            draft.rollback(in_cache).await?;
+            return Ok(WindowEnd::Unsupported(start));
+        };
+        if score.top.len() != window.len() + 1 {
+            return Err(TargetError::Protocol(format!("a window of {} tokens came back with {} scores", window.len(), score.top.len())).into());
+        }
+        self.stats.target_calls += 1;
+        self.stats.target_input_tokens += sent;
+        self.stats.target_cacheable_input_tokens += cacheable;
+        self.last_prefix_len = sent + 1;
+        self.stats.windows += 1;
+        self.stats.window_tokens += window.len() as u64;
+        let accepted = window.iter().zip(&score.top).take_while(|(w, t)| w == t).count();
+        self.stats.window_accepted += accepted as u64;
+        if let Some(Some(m)) = score.margins.get(accepted)
+            && accepted < window.len()
+            && *m < TIE_MARGIN
+        {
+            self.stats.near_ties.push(((self.emitted.len() + accepted) as u32, *m));
+        }
+        for &token in &window[..accepted] {
+            if let Some(reason) = self.emit(&[token], Source::Draft).await? {
+                return Ok(WindowEnd::Finished(reason));
+            }
+        }
+        let own = score.top[accepted];
+        if let Some(reason) = self.emit(&[own], Source::Target).await? {
+            return Ok(WindowEnd::Finished(reason));
+        }
+        let keep = accepted.min(in_cache);
+        let t = Instant::now();
+        draft.rollback(in_cache - keep).await?;
+        let mut feed = window[keep..accepted].to_vec();
+        feed.push(own);
+        let next = draft.extend(feed, false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+        self.stats.draft_time += t.elapsed();
+        Ok(WindowEnd::Resume { next, accepted })
+    }
+
+    /// Lets the target write the rest of the answer in one streamed call. Streamed, so that a
+    /// stop string or the token limit ends it (and the upstream generation with it) as soon
+    /// as it appears, as passthrough would.
+    pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
+        let n = self.remaining();
+        let creq = self.next_call(n);
+        let t = Instant::now();
+        let mut stream = tokio::select! {
+            s = self.engine.target.stream_tokens(&creq) => s?,
+            _ = self.tx.closed() => return Ok(FinishReason::Cancelled),
+        };
+        let mut received = 0usize;
+        loop {
+            let chunk = tokio::select! {
+                c = stream.next() => c,
+                _ = self.tx.closed() => return Ok(FinishReason::Cancelled),
+            };
+            let Some(chunk) = chunk else { break };
+            let chunk = chunk?;
+            received += chunk.tokens.len();
+            self.last_prefix_len += chunk.tokens.len() as u64;
+            for (i, &token) in chunk.tokens.iter().enumerate() {
+                if let Some(reason) = self.emit(&[token], Source::Target).await? {
+                    self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
+                    self.stats.target_wait += t.elapsed();
+                    return Ok(reason);
+                }
+            }
+            if chunk.stopped_on_eos {
+                break;
+            }
+        }
+        self.stats.target_wait += t.elapsed();
+        if received == 0 && self.remaining() > 0 {
+            return Err(TargetError::Protocol("target streamed no tokens".into()).into());
+        }
+        Ok(if self.remaining() == 0 { FinishReason::Length } else { FinishReason::Stop })
     }
 
     /// Streams a correction of at most `max_span` tokens. Each target token is emitted and fed

@@ -26,6 +26,7 @@ fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         sampling: SamplingParams { temperature: 0.0, top_p: 1.0, seed: None },
         stop: Vec::new(),
         threshold,
+        verification: Verification::Approximate,
         correction: Correction::Fixed { tokens: 1 },
         bailout: None,
         cost_guard: None,
@@ -54,7 +55,7 @@ async fn run(draft: DraftScript, target: ScriptedTarget, req: GenerateRequest) -
     }
     let text = events.iter().map(|e| e.text.as_str()).collect();
     assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what adds up");
-    assert_eq!(target.calls().len() as u32, stats.target_calls);
+    assert_eq!((target.calls().len() + target.window_calls().len()) as u32, stats.target_calls);
     Ok(Outcome { text, events, stats, target })
 }
 
@@ -286,5 +287,89 @@ async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> 
     let o = run(DraftScript::says("hello", 0.1), ScriptedTarget::says("hello", None), req).await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 6);
+    Ok(())
+}
+
+#[tokio::test]
+async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agrees_with() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.verification = Verification::Exact;
+    let target = ScriptedTarget::says("abcdefghij", None).with_windows();
+    let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
+    assert_eq!(o.text, "abcdefghij", "exact: the target's answer, whatever the draft's confidence");
+    let w = o.target.window_calls();
+    assert_eq!(w.len() as u32, o.stats.windows);
+    assert_eq!(o.stats.target_calls, o.stats.windows, "no other calls");
+    assert!(o.target.calls().is_empty());
+    // a b c (accepted) d; y (refused) e; z (refused) f; g h i j and the end (accepted).
+    assert_eq!(o.stats.windows, 4, "{:?}", w.iter().map(|r| r.window.len()).collect::<Vec<_>>());
+    assert_eq!((o.stats.draft_tokens, o.stats.target_tokens), (7, 3));
+    assert_eq!(o.stats.verifier_rejections, 0, "the local verifier is not consulted");
+    Ok(())
+}
+
+#[tokio::test]
+async fn exact_windows_when_the_draft_never_agrees_take_one_target_token_per_call() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.verification = Verification::Exact;
+    let o = run(DraftScript::says("zzzzz", 0.95), ScriptedTarget::says("hello", None).with_windows(), req).await?;
+    assert_eq!(o.text, "hello");
+    assert_eq!((o.stats.windows, o.stats.draft_tokens), (6, 0));
+    assert_eq!(o.stats.window_accepted, 1, "only the end of the answer, which both say");
+    Ok(())
+}
+
+#[tokio::test]
+async fn approximate_windows_score_only_where_the_verifier_rejects() -> Result<(), EngineError> {
+    let mut draft = DraftScript::says("abcxyzghij", 0.95);
+    draft.confidence = vec![0.95, 0.95, 0.95, 0.1, 0.1, 0.1];
+    let mut req = request(0.5, 64);
+    req.verification = Verification::ApproximateWindows;
+    let o = run(draft, ScriptedTarget::says("abcdefghij", None).with_windows(), req).await?;
+    assert_eq!(o.text, "abcdefghij");
+    assert_eq!(o.stats.verifier_rejections, 3);
+    assert_eq!(o.stats.windows, 3, "one window per rejection");
+    // The first window starts at the first rejection: the prompt and "abc" before it.
+    assert_eq!(o.target.window_calls()[0].prefix.len(), prompt().len() + 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_target_that_cannot_score_windows_gets_corrections_instead() -> Result<(), EngineError> {
+    let mut draft = DraftScript::says("abcXef", 0.95);
+    draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
+    let mut req = request(0.5, 64);
+    req.verification = Verification::ApproximateWindows;
+    let o = run(draft, ScriptedTarget::says("abcdef", None), req).await?;
+    assert_eq!(o.text, "abcdef");
+    assert_eq!((o.stats.windows, o.stats.target_calls), (0, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn window_sizes_follow_recent_acceptance() {
+    let mut s = WindowSize::new();
+    assert_eq!(s.k(), 8);
+    for _ in 0..6 {
+        s.update(0);
+    }
+    assert_eq!(s.k(), 4, "a draft the target keeps refusing gets short windows");
+    for _ in 0..6 {
+        s.update(16);
+    }
+    assert_eq!(s.k(), 16);
+}
+
+#[tokio::test]
+async fn the_hand_off_streams_and_a_stop_string_ends_it_upstream_too() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.bailout = Some(BailoutBudget { window: 1, max_rejection_rate: 0.0 });
+    req.stop = vec!["STOP".into()];
+    let target = ScriptedTarget::says("one two STOP three four five six seven", None).with_token_delay(Duration::from_millis(1));
+    let o = run(DraftScript::says("x", 0.1), target, req).await?;
+    assert_eq!(o.text, "one two ");
+    assert!(o.stats.bailed_out);
+    assert_eq!(o.stats.target_calls, 1);
+    assert_eq!(o.target.streamed_tokens(), "one two STOP".len(), "the target stopped where the answer did");
     Ok(())
 }

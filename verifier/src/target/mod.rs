@@ -45,6 +45,29 @@ pub struct Continuation {
     pub cached_prompt_tokens: Option<u32>,
 }
 
+/// Ask the target to judge a window of draft tokens after an exact prefix.
+#[derive(Debug, Clone)]
+pub struct WindowRequest {
+    /// Prompt tokens plus every token emitted so far.
+    pub prefix: Vec<u32>,
+    /// Draft tokens proposed after the prefix.
+    pub window: Vec<u32>,
+    /// Model id to name in the call; `None` uses the configured one.
+    pub model: Option<String>,
+}
+
+/// The target's greedy choices over a window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowScore {
+    /// The target's top token at each window position (given the prefix and the window before
+    /// it), then its next token after the whole window: `window.len() + 1` entries.
+    pub top: Vec<u32>,
+    /// At each window position, how far the target's top log-probability is above the draft
+    /// token's, where the target reports both (0 when they are the same token): a small margin
+    /// is a numerical tie.
+    pub margins: Vec<Option<f32>>,
+}
+
 /// A piece of a streamed continuation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StreamChunk {
@@ -91,6 +114,12 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
         let c = self.continue_tokens(req).await?;
         let chunk = StreamChunk { tokens: c.tokens, stopped_on_eos: c.stopped_on_eos };
         Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
+    }
+    /// Scores a window of draft tokens in one call: the target's own greedy token at every
+    /// window position and one more. `Ok(None)` when the target cannot (it returns no
+    /// prompt log-probabilities); span or fixed corrections are the path then.
+    async fn score_window(&self, _req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
+        Ok(None)
     }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
