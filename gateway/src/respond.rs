@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use approxy_verifier::cost::{CostEstimate, estimate as estimate_cost};
-use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent};
+use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
@@ -29,7 +29,15 @@ fn correction_name(c: Correction) -> &'static str {
     }
 }
 
-fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, correction: Correction) -> Value {
+fn verification_name(v: Verification) -> &'static str {
+    match v {
+        Verification::Approximate => "approximate",
+        Verification::ApproximateWindows => "approximate_windows",
+        Verification::Exact => "exact",
+    }
+}
+
+fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &ModelPolicy) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
@@ -44,7 +52,12 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, correcti
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
             "cost_guard": s.cost_guard,
-            "correction": correction_name(correction),
+            "verification": verification_name(mp.verification),
+            "correction": correction_name(mp.correction),
+            "windows": s.windows,
+            "window_tokens": s.window_tokens,
+            "window_accepted": s.window_accepted,
+            "near_ties": s.near_ties,
             "span_resyncs": s.resyncs,
             "target_discarded_tokens": s.target_discarded_tokens,
             "target_input_tokens": s.target_input_tokens,
@@ -177,7 +190,7 @@ fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32
     };
     let object = if ids.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(s, cost, threshold, verifier, mp.correction)});
+                      "choices": [choice], "usage": usage(s, cost, threshold, verifier, mp)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -244,7 +257,7 @@ fn stream(
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&stats, cost, threshold, verifier, mp.correction);
+                    u["usage"] = usage(&stats, cost, threshold, verifier, &mp);
                     out.push(sse(&u));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));

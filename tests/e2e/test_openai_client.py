@@ -1,6 +1,8 @@
 """The official openai client, with only base_url changed, against approxy in front of the real
 target: chat and completions, streaming and not, and the approxy usage report."""
-from conftest import MODEL, approxy_usage
+import pytest
+
+from conftest import MODEL, TARGET_KIND, approxy_usage, policy_text
 
 CHAT = [{"role": "user", "content": "Explain what a Python list comprehension is, with an example."}]
 
@@ -111,3 +113,26 @@ def test_chat_template_matches_target(gateway):
     theirs = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0, logprobs=True)
     assert ours.headers["x-approxy-mode"] == "approximate" and theirs.headers["x-approxy-mode"] == "passthrough"
     assert ours.parse().usage.prompt_tokens == theirs.parse().usage.prompt_tokens
+
+
+@pytest.mark.skipif(TARGET_KIND != "vllm", reason="exact verification needs prompt log-probabilities (the vllm kind)")
+def test_exact_mode_gives_the_targets_own_greedy_answer(start_gateway):
+    # A self-hosted vLLM: no prices, so no cost guard (see the README on the guard and windows).
+    text = policy_text(price="{ input = 0.0, cached_input = 0.0, output = 0.0 }")
+    text = text.replace('mode = "approximate"', 'mode = "approximate"\nverification = "exact"', 1)
+    g = start_gateway(text)
+    c = g.client()
+    for content in ["Write a Python function that checks whether a number is prime.", "Name the planets of the solar system."]:
+        msgs = [{"role": "user", "content": content}]
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=40, temperature=0)
+        u = approxy_usage(raw)
+        assert u["verification"] == "exact" and u["windows"] > 0, u
+        # logprobs makes approxy pass the request through: the target's own answer.
+        direct = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40, temperature=0, logprobs=True)
+        ours = raw.parse().choices[0].message.content
+        # The one allowed difference: a numerical tie in the target's choice, which approxy reports.
+        assert ours == direct.choices[0].message.content or u["near_ties"], (ours, direct.choices[0].message.content, u)
+        print(f"exact: {u['windows']} windows, {u['window_accepted']}/{u['window_tokens']} draft tokens accepted, "
+              f"{u['target_calls']} target calls")
+    sampled = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.7)
+    assert sampled.headers["x-approxy-passthrough-reason"] == "sampling_in_exact_mode"

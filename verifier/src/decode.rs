@@ -6,7 +6,6 @@
 //! rejections exceed the policy's budget, or when another call could make the request cost
 //! more than passing it through (the cost guard).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,8 +20,10 @@ use crate::target::TargetClient;
 use crate::tokenizer::Tokenizer;
 use crate::verify::{Features, Verifier, accepts};
 
+mod pacing;
 mod run;
 
+use pacing::{RejectionWindow, WindowSize};
 use run::{Run, SpanEnd, WindowEnd};
 
 /// Who produced a token.
@@ -196,27 +197,6 @@ pub struct Engine {
 /// counts as a numerical tie.
 pub const TIE_MARGIN: f32 = 0.01;
 
-/// Window length chosen from recent acceptance: start at 8, then the recent mean accepted
-/// length plus 2, between 4 and 16.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WindowSize {
-    recent: f32,
-}
-
-impl WindowSize {
-    fn new() -> Self {
-        Self { recent: 6.0 }
-    }
-
-    fn k(self) -> u32 {
-        (self.recent.ceil() as u32 + 2).clamp(4, 16)
-    }
-
-    fn update(&mut self, accepted: usize) {
-        self.recent = 0.5 * self.recent + 0.5 * accepted as f32;
-    }
-}
-
 /// Fixed text that exercises specials, code, whitespace runs and multi-byte characters.
 const PROBE: &str = "<|im_start|>user\nfn main() {\n    println!(\"héllo, 世界 🚀\");\n}\t  x = 3.14e-2<|im_end|>\n";
 
@@ -349,28 +329,6 @@ impl Engine {
     }
 }
 
-/// The last `window` accept/reject decisions.
-struct RejectionWindow {
-    budget: BailoutBudget,
-    rejected: VecDeque<bool>,
-}
-
-impl RejectionWindow {
-    fn new(budget: BailoutBudget) -> Self {
-        Self { budget, rejected: VecDeque::with_capacity(budget.window + 1) }
-    }
-
-    /// Records a decision; true when a full window holds more rejections than the budget allows.
-    fn push(&mut self, rejected: bool) -> bool {
-        self.rejected.push_back(rejected);
-        if self.rejected.len() > self.budget.window {
-            self.rejected.pop_front();
-        }
-        let n = self.rejected.iter().filter(|r| **r).count();
-        self.rejected.len() >= self.budget.window.max(1) && n as f32 > self.budget.max_rejection_rate * self.budget.window as f32
-    }
-}
-
 pub(crate) fn decide(verifier: &dyn Verifier, out: &PositionOutput, threshold: f32) -> bool {
     // The dial's ends do not need the verifier (nor the feature computation).
     if threshold <= 0.0 || threshold >= 1.0 {
@@ -381,22 +339,3 @@ pub(crate) fn decide(verifier: &dyn Verifier, out: &PositionOutput, threshold: f
 
 #[cfg(test)]
 mod scripted_tests;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rejection_window_needs_a_full_window_over_budget() {
-        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
-        // Three rejections, but the window is not full yet.
-        assert!(!w.push(true) && !w.push(true) && !w.push(true));
-        // Full: 3 of 4 rejected > 0.5 * 4.
-        assert!(w.push(false));
-        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
-        // Exactly at the budget (2 of 4) is allowed; old decisions slide out.
-        assert!(!w.push(true) && !w.push(false) && !w.push(true) && !w.push(false));
-        assert!(!w.push(false) && !w.push(true) && !w.push(true), "false, false, true, true is at the budget");
-        assert!(w.push(true), "false, true, true, true is over it");
-    }
-}

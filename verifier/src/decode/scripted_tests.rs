@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
+use super::pacing::WindowSize;
 use crate::cost::{CostGuard, Price, estimate};
 use crate::error::TargetError;
 use crate::testing::{DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer};

@@ -9,7 +9,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, WindowRequest, WindowScore, get_ok, http_client,
+    join, post_json, post_sse,
 };
 use crate::error::TargetError;
 
@@ -49,6 +50,32 @@ impl OpenAiCompletionsTarget {
         }
         body
     }
+}
+
+/// The top token at one prompt position of vLLM's `prompt_logprobs` (`{"<id>": {"logprob",
+/// "rank", ...}}`, holding the prompt's own token and the rank-1 token), and how far its
+/// log-probability is above that of `actual`.
+fn top_of(position: &Value, actual: u32) -> Option<(u32, Option<f32>)> {
+    let entries = position.as_object()?;
+    let mut top = None;
+    let mut actual_logprob = None;
+    for (id, e) in entries {
+        let id: u32 = id.parse().ok()?;
+        let logprob = e["logprob"].as_f64().map(|x| x as f32);
+        if e["rank"].as_u64() == Some(1) {
+            top = Some((id, logprob));
+        }
+        if id == actual {
+            actual_logprob = logprob;
+        }
+    }
+    let (id, top_logprob) = top?;
+    let margin = match (top_logprob, actual_logprob) {
+        _ if id == actual => Some(0.0),
+        (Some(t), Some(a)) => Some(t - a),
+        _ => None,
+    };
+    Some((id, margin))
 }
 
 fn ids(v: &Value) -> Option<Vec<u32>> {
@@ -91,6 +118,42 @@ impl TargetClient for OpenAiCompletionsTarget {
         })))
     }
 
+    async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
+        let mut prompt = req.prefix.clone();
+        prompt.extend_from_slice(&req.window);
+        let body = json!({
+            "model": req.model.as_deref().unwrap_or(&self.cfg.model),
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 1,
+            "return_token_ids": true,
+            "skip_special_tokens": false,
+        });
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body).await?;
+        let choice = &v["choices"][0];
+        // vLLM puts them on the choice; a server without the feature returns none at all.
+        let Some(positions) = choice["prompt_logprobs"].as_array().or_else(|| v["prompt_logprobs"].as_array()) else {
+            return Ok(None);
+        };
+        if positions.len() != prompt.len() {
+            return Err(TargetError::Protocol(format!("{} prompt log-probabilities for {} prompt tokens", positions.len(), prompt.len())));
+        }
+        let mut top = Vec::with_capacity(req.window.len() + 1);
+        let mut margins = Vec::with_capacity(req.window.len());
+        for (i, &w) in req.window.iter().enumerate() {
+            let (t, m) = top_of(&positions[req.prefix.len() + i], w)
+                .ok_or_else(|| TargetError::Protocol(format!("no rank-1 token at window position {i}")))?;
+            top.push(t);
+            margins.push(m);
+        }
+        let next = ids(&choice["token_ids"])
+            .and_then(|t| t.first().copied())
+            .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
+        top.push(next);
+        Ok(Some(WindowScore { top, margins }))
+    }
+
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         // vLLM serves /tokenize at the root and reads `prompt`; llama.cpp's server reads
         // `content`. Servers without the endpoint just cannot be checked.
@@ -111,5 +174,19 @@ impl TargetClient for OpenAiCompletionsTarget {
 
     async fn health(&self) -> Result<(), TargetError> {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rank_one_token_and_its_margin_over_the_prompt_token() {
+        let agree = json!({"42": {"logprob": -0.1, "rank": 1, "decoded_token": "a"}});
+        assert_eq!(top_of(&agree, 42), Some((42, Some(0.0))));
+        let differ = json!({"42": {"logprob": -2.0, "rank": 3, "decoded_token": "a"}, "7": {"logprob": -0.5, "rank": 1, "decoded_token": "b"}});
+        assert_eq!(top_of(&differ, 42), Some((7, Some(1.5))));
+        assert_eq!(top_of(&Value::Null, 42), None);
     }
 }
