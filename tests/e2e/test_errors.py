@@ -89,8 +89,10 @@ def test_target_5xx_after_retries_is_502_without_leaking(start_gateway, fault_pr
 
 def test_failure_mid_stream_is_error_event_then_close(start_gateway, fault_proxy):
     p = fault_proxy(fail_after=3)
-    # No prices: no cost guard, which would hand the whole answer to the target in one call.
-    g = start_gateway(policy_text(base_url=p.url, retries="0", price="{ input = 0.0, cached_input = 0.0, output = 0.0 }"))
+    # One-token corrections and no prices (no cost guard, which would hand the whole answer to
+    # the target in one call): a call per token, so the injected failure comes mid-stream.
+    g = start_gateway(policy_text(base_url=p.url, retries="0", price="{ input = 0.0, cached_input = 0.0, output = 0.0 }",
+                                  correction='{ mode = "fixed", tokens = 1 }'))
     stream = g.client().chat.completions.create(model=MODEL, messages=MSG, max_tokens=40, stream=True,
                                                 extra_headers={"x-approxy-threshold": "1"})
     got = ""
