@@ -1,5 +1,9 @@
-//! The `approxy` binary: `serve`, `check`, `setup`, `train`, `bench`. Arguments and
-//! dispatch are in `cli`; the work is done by the library crates.
+//! The `approxy` binary: `serve`, `check`, `setup`, `train`, `bench`. The work is done by
+//! the library crates.
+//!
+//! Layout:
+//! - `cli`: the argument definitions and the dispatch to `approxy-gateway` (serve, check),
+//!   `approxy-setup`, `approxy-training` and `approxy-bench`.
 
 mod cli;
 
