@@ -90,11 +90,23 @@ async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let mut rb = http.post(ask.url).json(&body);
-    if let Some(t) = ask.threshold {
-        rb = rb.header("x-approxy-threshold", t.to_string());
-    }
-    let resp = rb.send().await.map_err(|e| e.to_string())?;
+    let send = || {
+        let mut rb = http.post(ask.url).json(&body);
+        if let Some(t) = ask.threshold {
+            rb = rb.header("x-approxy-threshold", t.to_string());
+        }
+        rb.send()
+    };
+    // A request that got no answer at all (a pooled connection the server had just closed) is
+    // sent once more; anything the server answered counts as it is.
+    let resp = match send().await {
+        Ok(r) => r,
+        Err(e) if e.is_request() || e.is_connect() => {
+            tracing::warn!(error = %e, "no answer; sending once more");
+            send().await.map_err(|e| e.to_string())?
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let status = resp.status();
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();

@@ -289,7 +289,11 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     }
     let logs = home.log("bench").with_extension("d");
     let scratch = home.work("bench-exec");
-    let ctx = Ctx { http: reqwest::Client::new(), problems: &problems, opts, sandbox, price: base_model.price, scratch };
+    // Idle connections are dropped before the servers' own 5 s keep-alive closes them: a request
+    // sent on a connection the server has just closed fails with nothing sent back (two such
+    // failures in a llama.cpp speculative run called directly, 2026-11-22).
+    let http = reqwest::Client::builder().pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT).build()?;
+    let ctx = Ctx { http, problems: &problems, opts, sandbox, price: base_model.price, scratch };
     let all_configs = configs(&levels);
     let wanted: Vec<&Config> = all_configs.iter().filter(|c| opts.only.is_empty() || opts.only.contains(&c.id)).collect();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
