@@ -289,7 +289,7 @@ impl Engine {
                     Correction::Span { max_span, .. } => max_span.max(1),
                 }
                 .min(run.remaining());
-                let guarded = run.cost_guard_trips(asked);
+                let guarded = run.cost_guard_trips(0, asked);
                 if over_budget || guarded {
                     // One call lets the target write the rest: too many rejections, or another
                     // correction could make the request dearer than passing it through.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
@@ -288,6 +289,19 @@ impl ScriptedTarget {
         self
     }
 
+    /// Fails or delays the `n`-th call as the fault says.
+    async fn act_out_fault(&self, n: usize) -> Result<(), TargetError> {
+        match self.fault {
+            TargetFault::Status(status) => Err(TargetError::Status { status, body: "scripted failure".into() }),
+            TargetFault::FailAfter(k) if n > k => Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
+            TargetFault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Calls so far.
     pub fn calls(&self) -> Vec<ContinuationRequest> {
         self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
@@ -299,18 +313,14 @@ impl TargetClient for ScriptedTarget {
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
         let all = self.continue_tokens(req).await?;
         let (delay, generated) = (self.token_delay, self.generated.clone());
-        let last = all.tokens.len();
-        let chunks = futures::stream::unfold(0usize, move |i| {
-            let tokens = all.tokens.clone();
+        let (last, eos) = (all.tokens.len(), all.stopped_on_eos);
+        // `then` runs each step only when the stream is polled: a dropped stream generates no more.
+        let chunks = futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
             let generated = generated.clone();
             async move {
-                if i >= last {
-                    return None;
-                }
                 tokio::time::sleep(delay).await;
                 generated.fetch_add(1, Ordering::SeqCst);
-                let chunk = StreamChunk { tokens: vec![tokens[i]], stopped_on_eos: all.stopped_on_eos && i + 1 == last };
-                Some((Ok(chunk), i + 1))
+                Ok(StreamChunk { tokens: vec![token], stopped_on_eos: eos && i + 1 == last })
             }
         });
         Ok(Box::pin(chunks))
@@ -322,12 +332,7 @@ impl TargetClient for ScriptedTarget {
             calls.push(req.clone());
             calls.len()
         };
-        match self.fault {
-            TargetFault::Status(status) => return Err(TargetError::Status { status, body: "scripted failure".into() }),
-            TargetFault::FailAfter(k) if n > k => return Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
-            TargetFault::Delay(d) => tokio::time::sleep(d).await,
-            _ => {}
-        }
+        self.act_out_fault(n).await?;
         let start = req.prefix.len() - answer_position(&req.prefix);
         let mut tokens = Vec::new();
         let mut stopped_on_eos = false;
@@ -351,12 +356,7 @@ impl TargetClient for ScriptedTarget {
             log.push(req.clone());
             log.len()
         };
-        match self.fault {
-            TargetFault::Status(status) => return Err(TargetError::Status { status, body: "scripted failure".into() }),
-            TargetFault::FailAfter(k) if n > k => return Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
-            TargetFault::Delay(d) => tokio::time::sleep(d).await,
-            _ => {}
-        }
+        self.act_out_fault(n).await?;
         let start = req.prefix.len() - answer_position(&req.prefix);
         let top: Vec<u32> = (0..=req.window.len()).map(|i| self.answer.get(start + i).copied().unwrap_or(IM_END)).collect();
         let margins = req.window.iter().zip(&top).map(|(w, t)| Some(if w == t { 0.0 } else { 1.0 })).collect();

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use approxy_verifier::{DraftConfig, Verification};
+use approxy_verifier::Verification;
 use approxy_verifier::draft::pool::DraftPool;
 use approxy_verifier::target::{OpenAiCompletionsTarget, TargetClient, WindowRequest};
 
@@ -50,15 +50,7 @@ async fn dropping_a_stream_stops_vllm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
 async fn reject_everything_equals_vllm_greedy() {
-    let h = common::home();
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: h.draft_onnx_dir(),
-        onnxruntime_lib: h.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 2,
-        spin_wait: false,
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let pool = DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"));
     let target = Arc::new(common::Counting::new(vllm()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
@@ -105,15 +97,7 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
 async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
-    let h = common::home();
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: h.draft_onnx_dir(),
-        onnxruntime_lib: h.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 2,
-        spin_wait: false,
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let pool = DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"));
     let target = Arc::new(vllm());
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());

@@ -20,11 +20,7 @@ pub struct LocalServer {
 impl LocalServer {
     /// Starts `cmd` with stdout and stderr in `log` (created afresh); does not wait.
     pub fn start(mut cmd: Command, url: String, log: PathBuf) -> anyhow::Result<Self> {
-        if let Some(d) = log.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        let out = std::fs::File::create(&log)?;
-        let err = out.try_clone()?;
+        let (out, err) = crate::process::log_handles(&log, false)?;
         let shown = format!("{cmd:?}");
         let child = cmd
             .stdin(Stdio::null())

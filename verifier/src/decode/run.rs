@@ -1,7 +1,8 @@
 //! One generation's state: what was emitted, the text decoder and stop matcher, the stats,
 //! and the target calls (fixed corrections, streamed spans, the hand-off).
 
-use std::time::Instant;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -12,9 +13,22 @@ use crate::draft::{Draft, PositionOutput};
 use crate::error::{EngineError, TargetError};
 use crate::stop::{StopMatcher, StopResult};
 use crate::sampling::Sampler;
-use crate::target::{ContinuationRequest, WindowRequest};
+use crate::target::{ContinuationRequest, TokenStream, WindowRequest};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Features, Verifier};
+
+/// Awaits a target call, adding the time to `waited`, unless the client goes away first
+/// (`None`): the call in flight is then dropped instead of waited for, which also closes its
+/// connection and stops the target.
+async fn unless_client_gone<T>(tx: &mpsc::Sender<TokenEvent>, waited: &mut Duration, call: impl Future<Output = T>) -> Option<T> {
+    let t = Instant::now();
+    let out = tokio::select! {
+        v = call => Some(v),
+        _ = tx.closed() => None,
+    };
+    *waited += t.elapsed();
+    out
+}
 
 /// How a window ended.
 pub(super) enum WindowEnd {
@@ -123,8 +137,7 @@ impl<'a> Run<'a> {
     /// The exact prefix for the next call (prompt and everything emitted), with that call
     /// counted in the stats.
     fn next_call(&mut self, n: u32) -> ContinuationRequest {
-        let mut prefix = self.req.prompt.clone();
-        prefix.extend_from_slice(&self.emitted);
+        let prefix = self.prefix();
         let len = prefix.len() as u64;
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += len;
@@ -133,24 +146,29 @@ impl<'a> Run<'a> {
         ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling, model: self.req.model.clone() }
     }
 
-    /// True when the cost guard forbids a correction call that may bring back `n` tokens.
-    pub(super) fn cost_guard_trips(&self, n: u32) -> bool {
+    /// The exact token prefix so far: the prompt and everything emitted.
+    fn prefix(&self) -> Vec<u32> {
+        [self.req.prompt.as_slice(), self.emitted.as_slice()].concat()
+    }
+
+    /// True when the cost guard forbids a call that sends the prefix and `window` more tokens
+    /// (a correction sends none) and may bring back `n` tokens.
+    pub(super) fn cost_guard_trips(&self, window: usize, n: u32) -> bool {
         let Some(guard) = self.req.cost_guard else { return false };
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
-        guard.trips(&self.stats, CallPlan { prefix, cacheable: self.last_prefix_len.min(prefix), max_output: u64::from(n) })
+        let plan = CallPlan { prefix: prefix + window as u64, cacheable: self.last_prefix_len.min(prefix), max_output: u64::from(n) };
+        guard.trips(&self.stats, plan)
     }
 
     /// Asks the target for `n` tokens after the current prefix and emits them.
     /// `Ok(Some(reason))` when the generation ends there.
     pub(super) async fn call_target(&mut self, n: u32) -> Result<Option<FinishReason>, EngineError> {
         let creq = self.next_call(n);
-        let t = Instant::now();
-        let cont = tokio::select! {
-            c = self.engine.target.continue_tokens(&creq) => c?,
-            // The client went away: abandon the call instead of waiting for it.
-            _ = self.tx.closed() => return Ok(Some(FinishReason::Cancelled)),
+        let call = self.engine.target.continue_tokens(&creq);
+        let Some(cont) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await else {
+            return Ok(Some(FinishReason::Cancelled));
         };
-        self.stats.target_wait += t.elapsed();
+        let cont = cont?;
         self.last_prefix_len += cont.tokens.len() as u64;
         if cont.tokens.is_empty() && !cont.stopped_on_eos {
             return Err(TargetError::Protocol("target returned no tokens".into()).into());
@@ -191,22 +209,19 @@ impl<'a> Run<'a> {
         self.stats.draft_time += t.elapsed();
         // The cache now holds the prefix and every window token but the last.
         let in_cache = window.len() - 1;
-        let mut prefix = self.req.prompt.clone();
-        prefix.extend_from_slice(&self.emitted);
+        let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
         let cacheable = self.last_prefix_len.min(prefix.len() as u64);
-        if self.req.cost_guard.is_some_and(|g| g.trips(&self.stats, CallPlan { prefix: sent, cacheable, max_output: 1 })) {
+        if self.cost_guard_trips(window.len(), 1) {
             self.stats.cost_guard = true;
             return Ok(WindowEnd::Finished(self.hand_off().await?));
         }
         let wreq = WindowRequest { prefix, window: window.clone(), model: self.req.model.clone() };
-        let t = Instant::now();
-        let scored = tokio::select! {
-            s = self.engine.target.score_window(&wreq) => s?,
-            _ = self.tx.closed() => return Ok(WindowEnd::Finished(FinishReason::Cancelled)),
+        let call = self.engine.target.score_window(&wreq);
+        let Some(scored) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await else {
+            return Ok(WindowEnd::Finished(FinishReason::Cancelled));
         };
-        self.stats.target_wait += t.elapsed();
-        let Some(score) = scored else {
+        let Some(score) = scored? else {
             draft.rollback(in_cache).await?;
             return Ok(WindowEnd::Unsupported(start));
         };
@@ -246,22 +261,24 @@ impl<'a> Run<'a> {
         Ok(WindowEnd::Resume { next, accepted })
     }
 
+    /// Opens a streamed call for at most `n` tokens after the current prefix; `None` when the
+    /// client went away first.
+    async fn open_stream(&mut self, n: u32) -> Result<Option<TokenStream>, EngineError> {
+        let creq = self.next_call(n);
+        let call = self.engine.target.stream_tokens(&creq);
+        Ok(unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await.transpose()?)
+    }
+
     /// Lets the target write the rest of the answer in one streamed call. Streamed, so that a
     /// stop string or the token limit ends it (and the upstream generation with it) as soon
     /// as it appears, as passthrough would.
     pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
         let n = self.remaining();
-        let creq = self.next_call(n);
-        let t = Instant::now();
-        let mut stream = tokio::select! {
-            s = self.engine.target.stream_tokens(&creq) => s?,
-            _ = self.tx.closed() => return Ok(FinishReason::Cancelled),
-        };
+        let Some(mut stream) = self.open_stream(n).await? else { return Ok(FinishReason::Cancelled) };
         let mut received = 0usize;
         loop {
-            let chunk = tokio::select! {
-                c = stream.next() => c,
-                _ = self.tx.closed() => return Ok(FinishReason::Cancelled),
+            let Some(chunk) = unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await else {
+                return Ok(FinishReason::Cancelled);
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
@@ -270,7 +287,6 @@ impl<'a> Run<'a> {
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 if let Some(reason) = self.emit(&[token], Source::Target).await? {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
-                    self.stats.target_wait += t.elapsed();
                     return Ok(reason);
                 }
             }
@@ -278,7 +294,6 @@ impl<'a> Run<'a> {
                 break;
             }
         }
-        self.stats.target_wait += t.elapsed();
         if received == 0 && self.remaining() > 0 {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
@@ -297,22 +312,13 @@ impl<'a> Run<'a> {
         max_span: u32,
         resync: u32,
     ) -> Result<SpanEnd, EngineError> {
-        let creq = self.next_call(max_span);
-        let t = Instant::now();
-        let mut stream = tokio::select! {
-            s = self.engine.target.stream_tokens(&creq) => s?,
-            _ = self.tx.closed() => return Ok(SpanEnd::Finished(FinishReason::Cancelled)),
-        };
-        self.stats.target_wait += t.elapsed();
+        let Some(mut stream) = self.open_stream(max_span).await? else { return Ok(SpanEnd::Finished(FinishReason::Cancelled)) };
         let mut received = 0u64;
         let mut agreeing = 0u32;
         loop {
-            let t = Instant::now();
-            let chunk = tokio::select! {
-                c = stream.next() => c,
-                _ = self.tx.closed() => return Ok(SpanEnd::Finished(FinishReason::Cancelled)),
+            let Some(chunk) = unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await else {
+                return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
-            self.stats.target_wait += t.elapsed();
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
             for (i, &token) in chunk.tokens.iter().enumerate() {

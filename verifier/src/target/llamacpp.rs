@@ -6,7 +6,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse, token_ids,
 };
 use crate::error::TargetError;
 
@@ -43,20 +43,19 @@ fn body(req: &ContinuationRequest, stream: bool) -> Value {
     body
 }
 
-fn token_ids(v: &Value) -> Result<Vec<u32>, TargetError> {
-    v.as_array()
-        .ok_or_else(|| TargetError::Protocol("no `tokens` in /completion answer".into()))?
-        .iter()
-        .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
-        .collect::<Option<_>>()
-        .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))
+/// The `tokens` of an answer from `endpoint`.
+fn tokens_of(v: &Value, endpoint: &str) -> Result<Vec<u32>, TargetError> {
+    if !v.is_array() {
+        return Err(TargetError::Protocol(format!("no `tokens` in {endpoint} answer")));
+    }
+    token_ids(v).ok_or_else(|| TargetError::Protocol("non-integer token id".into()))
 }
 
 #[async_trait]
 impl TargetClient for LlamaCppTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
         let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body(req, false)).await?;
-        let tokens = token_ids(&v["tokens"])?;
+        let tokens = tokens_of(&v["tokens"], "/completion")?;
         let stopped_on_eos = v["stop_type"].as_str() == Some("eos");
         let cached = v["tokens_cached"].as_u64().and_then(|x| u32::try_from(x).ok());
         let cached_prompt = v["timings"]["cache_n"].as_u64().and_then(|x| u32::try_from(x).ok()).or(cached);
@@ -69,7 +68,7 @@ impl TargetClient for LlamaCppTarget {
         // says `stop` and why. A piece may hold no token (text held back at a stop string).
         Ok(Box::pin(events.map(|ev| {
             let v = ev?;
-            let tokens = if v["tokens"].is_null() { Vec::new() } else { token_ids(&v["tokens"])? };
+            let tokens = if v["tokens"].is_null() { Vec::new() } else { tokens_of(&v["tokens"], "/completion")? };
             Ok(StreamChunk { tokens, stopped_on_eos: v["stop"].as_bool() == Some(true) && v["stop_type"].as_str() == Some("eos") })
         })))
     }
@@ -77,14 +76,7 @@ impl TargetClient for LlamaCppTarget {
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         let body = json!({"content": text, "add_special": false, "parse_special": true});
         let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "tokenize"), &body).await?;
-        let ids = v["tokens"]
-            .as_array()
-            .ok_or_else(|| TargetError::Protocol("no `tokens` in /tokenize answer".into()))?
-            .iter()
-            .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| TargetError::Protocol("non-integer token id".into()))?;
-        Ok(Some(ids))
+        tokens_of(&v["tokens"], "/tokenize").map(Some)
     }
 
     async fn health(&self) -> Result<(), TargetError> {

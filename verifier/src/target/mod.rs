@@ -342,6 +342,11 @@ fn without_url(e: &reqwest::Error) -> String {
     s
 }
 
+/// A JSON array of token ids; `None` when it is not one.
+pub(crate) fn token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+}
+
 pub(crate) fn join(base: &str, path: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
 }

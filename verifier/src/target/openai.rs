@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, WindowRequest, WindowScore, get_ok, http_client,
-    join, post_json, post_sse,
+    join, post_json, post_sse, token_ids,
 };
 use crate::error::TargetError;
 
@@ -78,17 +78,13 @@ fn top_of(position: &Value, actual: u32) -> Option<(u32, Option<f32>)> {
     Some((id, margin))
 }
 
-fn ids(v: &Value) -> Option<Vec<u32>> {
-    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
-}
-
 #[async_trait]
 impl TargetClient for OpenAiCompletionsTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
         let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, false)).await?;
         let choice = &v["choices"][0];
-        let mut tokens = ids(&choice["token_ids"])
-            .or_else(|| ids(&v["__verbose"]["tokens"]))
+        let mut tokens = token_ids(&choice["token_ids"])
+            .or_else(|| token_ids(&v["__verbose"]["tokens"]))
             .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
         let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop");
         tokens.truncate(req.max_tokens as usize);
@@ -109,7 +105,7 @@ impl TargetClient for OpenAiCompletionsTarget {
                 return Ok(StreamChunk::default());
             }
             let text = choice["text"].as_str().unwrap_or_default();
-            let tokens = match ids(&choice["token_ids"]).or_else(|| ids(&v["__verbose"]["tokens"])) {
+            let tokens = match token_ids(&choice["token_ids"]).or_else(|| token_ids(&v["__verbose"]["tokens"])) {
                 Some(t) => t,
                 None if text.is_empty() => Vec::new(),
                 None => return Err(TargetError::Protocol("the target streamed text without token ids (needs `return_token_ids` support)".into())),
@@ -147,7 +143,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             top.push(t);
             margins.push(m);
         }
-        let next = ids(&choice["token_ids"])
+        let next = token_ids(&choice["token_ids"])
             .and_then(|t| t.first().copied())
             .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
         top.push(next);
@@ -166,7 +162,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             "parse_special": true,
         });
         match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body).await {
-            Ok(v) => Ok(ids(&v["tokens"])),
+            Ok(v) => Ok(token_ids(&v["tokens"])),
             Err(TargetError::Status { status: 404 | 405, .. }) => Ok(None),
             Err(e) => Err(e),
         }
