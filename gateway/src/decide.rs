@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy};
 use crate::request::{self, Endpoint};
 use crate::state::{AppState, Runtime, TokenizerCheck};
-use crate::validate::{self, ValidRequest, ValidationError};
+use crate::validate::{self, Prompt, ValidRequest, ValidationError};
 
 /// Why a request passed through; [`Reason::as_str`] is the `x-approxy-passthrough-reason`
 /// header value and the metric label.
@@ -124,7 +124,9 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     if mp.mode == Mode::Passthrough {
         return Ok(Decision::Passthrough(Reason::PolicyPassthrough));
     }
-    if !rt.policy.target.kind.can_continue() {
+    let kind = rt.policy.target.kind;
+    // A chat-level target continues chat answers only: a completions prompt has no messages.
+    if !kind.can_continue() || (kind.needs_messages() && endpoint == Endpoint::Completions) {
         return Ok(Decision::Passthrough(Reason::TargetCannotContinue));
     }
     if let Some(r) = unsupported_feature(endpoint, map) {
@@ -158,8 +160,13 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         verification: mp.verification,
         correction: mp.correction,
         bailout: mp.bailout,
-        cost_guard: Some(CostGuard { price: mp.price, max_cost_ratio: mp.max_cost_ratio }),
+        cost_guard: Some(CostGuard { price: mp.price, max_cost_ratio: mp.max_cost_ratio, cache: rt.policy.target.cache_rules }),
         model: Some(valid.model.clone()),
+        messages: match &valid.prompt {
+            Prompt::Chat(m) => Some(Arc::new(m.clone())),
+            Prompt::Text(_) | Prompt::Tokens(_) => None,
+        },
+        cache: rt.policy.target.cache_rules,
     };
     Ok(Decision::Approximate(Box::new(Approximate { request: valid, generation, policy: mp.clone(), verifier, draft })))
 }

@@ -56,6 +56,7 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         Some(TokenizerCheck::Same) => json!("same"),
         Some(TokenizerCheck::Unchecked) => json!("target cannot tokenize; unchecked"),
         Some(TokenizerCheck::Different(m)) => json!(format!("different: {m}")),
+        Some(TokenizerCheck::NotNeeded) => json!("not needed: the target is sent text"),
     };
     let body = json!({
         "tokenizer_check": tokenizer,

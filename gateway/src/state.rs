@@ -44,6 +44,8 @@ pub enum TokenizerCheck {
     Unchecked,
     /// Different: approximate mode refused.
     Different(String),
+    /// The target is sent text and its answers are re-tokenized: nothing to compare.
+    NotNeeded,
 }
 
 /// Everything derived from one policy.
@@ -68,7 +70,8 @@ impl Runtime {
     /// Builds a runtime with the target client the policy names; fails when a verifier
     /// artifact cannot be used.
     pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
-        let target = approxy_verifier::target::build(policy.target.kind, Self::target_config(&policy))?;
+        let t = &policy.target;
+        let target = approxy_verifier::target::build(t.kind, Self::target_config(&policy), &shared.tokenizer, t.prefix_style)?;
         Self::with_target(policy, shared, target)
     }
 
@@ -83,6 +86,7 @@ impl Runtime {
             retries: policy.target.retries,
             backoff: policy.target.backoff,
             ca_file: policy.target.ca_file.clone(),
+            cache_hints: policy.target.cache_hints.clone(),
         }
     }
 
@@ -120,6 +124,9 @@ impl Runtime {
     pub async fn tokenizer_check(&self) -> Result<&TokenizerCheck, EngineError> {
         self.tokenizer_check
             .get_or_try_init(|| async {
+                if self.policy.target.kind.is_text_level() {
+                    return Ok(TokenizerCheck::NotNeeded);
+                }
                 match self.engine.check_tokenizer().await {
                     Ok(true) => Ok(TokenizerCheck::Same),
                     Ok(false) => Ok(TokenizerCheck::Unchecked),

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use approxy_verifier::calibration::{Auc, AucReport, ByKind, Calibration, DataSummary, FORMAT, KindGrids, OtherHead};
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
-use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
 use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
@@ -23,8 +23,17 @@ use crate::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
 /// `approxy train collect` options.
 #[derive(Debug, Clone)]
 pub struct CollectArgs {
-    /// llama-server root URL of the target.
+    /// The target's URL (llama-server's root, or a base URL ending in `/v1`).
     pub target_url: String,
+    /// What kind of target it is; every kind that can continue a prefix works, so a user can
+    /// calibrate for their own target.
+    pub target_kind: TargetKind,
+    /// How a `chat_prefix` target continues an answer.
+    pub prefix_style: PrefixStyle,
+    /// Model id sent to OpenAI-style targets.
+    pub target_model: String,
+    /// Environment variable holding the target's API key.
+    pub target_api_key_env: Option<String>,
     /// Corpus JSONL.
     pub corpus: PathBuf,
     /// Output directory for shards.
@@ -50,20 +59,24 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
     let chat = corpus.iter().filter(|p| p.kind == "chat").take(half);
     let mut items = Vec::new();
     for p in code.chain(chat) {
-        let text = template.render(&[ChatMessage { role: "user".into(), content: p.prompt.clone() }])?;
-        items.push(CollectItem { id: p.id, kind: u8::from(p.kind == "chat"), prompt: tok.encode(&text)? });
+        let messages = vec![ChatMessage { role: "user".into(), content: p.prompt.clone() }];
+        let text = template.render(&messages)?;
+        items.push(CollectItem { id: p.id, kind: u8::from(p.kind == "chat"), prompt: tok.encode(&text)?, messages: Arc::new(messages) });
     }
     let eos = tok.end_of_sequence_ids();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false })?;
-    let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(TargetConfig {
+    anyhow::ensure!(a.target_kind.can_continue(), "a {} target cannot continue a prefix: nothing to collect", a.target_kind.policy_name());
+    let cfg = TargetConfig {
         base_url: a.target_url.clone(),
-        api_key: None,
-        model: String::new(),
+        api_key: a.target_api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty()),
+        model: a.target_model.clone(),
         timeout: Duration::from_secs(300),
         retries: 3,
         backoff: Duration::from_millis(500),
         ca_file: None,
-    })?);
+        cache_hints: CacheHints::default(),
+    };
+    let target: Arc<dyn TargetClient> = approxy_verifier::target::build(a.target_kind, cfg, &tok, a.prefix_style)?;
     let pb = ProgressBar::new(items.len() as u64);
     pb.set_style(ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let started = Instant::now();

@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 
 use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
+use approxy_verifier::template::ChatMessage;
 use approxy_verifier::verify::Features;
 use approxy_verifier::{Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Verifier};
 
@@ -30,6 +31,23 @@ pub struct CollectItem {
     pub kind: u8,
     /// Prompt token ids (chat template applied).
     pub prompt: Vec<u32>,
+    /// The messages the prompt was rendered from (chat-level targets are sent these).
+    pub messages: Arc<Vec<ChatMessage>>,
+}
+
+impl CollectItem {
+    /// A continuation request for the target after `prefix` (this item's prompt and part of
+    /// an answer).
+    fn request(&self, prefix: Vec<u32>, max_tokens: u32) -> ContinuationRequest {
+        ContinuationRequest {
+            prefix,
+            prompt_len: self.prompt.len(),
+            messages: Some(Arc::clone(&self.messages)),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            model: None,
+        }
+    }
 }
 
 /// Collection settings.
@@ -102,12 +120,7 @@ pub async fn collect(
         let mut rows = Rows::new(hidden_size);
         let answers = futures::stream::iter(chunk.iter().map(|item| {
             let target = Arc::clone(target);
-            let req = ContinuationRequest {
-                prefix: item.prompt.clone(),
-                max_tokens: opts.max_answer_tokens,
-                sampling: SamplingParams::default(),
-                model: None,
-            };
+            let req = item.request(item.prompt.clone(), opts.max_answer_tokens);
             async move { (item, target.continue_tokens(&req).await) }
         }))
         .buffered(opts.concurrency.max(1));
@@ -181,7 +194,7 @@ pub async fn collect_live(
             let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
             let outs = draft_outputs(lease.as_ref(), &item.prompt, &tokens).await?;
             drop(lease);
-            let truths = label_visited(engine.target(), &item.prompt, &visited, opts.concurrency).await?;
+            let truths = label_visited(engine.target(), item, &visited, opts.concurrency).await?;
             for (out, truth) in outs.iter().zip(truths) {
                 let f = Features::from_output(out);
                 rows.push(&f.stats, &f.hidden, truth == Some(f.top1), item.id, item.kind);
@@ -207,6 +220,8 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
         cost_guard: None,
         bailout: None,
         model: None,
+        messages: Some(Arc::clone(&item.messages)),
+        cache: Default::default(),
     };
     let drain = async move {
         let mut v = Vec::new();
@@ -225,7 +240,8 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
 /// The target's greedy token after each visited prefix. Where the loop rejected, the target
 /// already answered (the emitted token); elsewhere one single-token call asks it. `None`
 /// means the target would have ended the answer there.
-async fn label_visited(target: &Arc<dyn TargetClient>, prompt: &[u32], visited: &[(u32, Source)], concurrency: usize) -> anyhow::Result<Vec<Option<u32>>> {
+async fn label_visited(target: &Arc<dyn TargetClient>, item: &CollectItem, visited: &[(u32, Source)], concurrency: usize) -> anyhow::Result<Vec<Option<u32>>> {
+    let prompt = item.prompt.as_slice();
     let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
     let calls = visited.iter().enumerate().map(|(i, &(id, source))| {
         let target = Arc::clone(target);
@@ -234,7 +250,7 @@ async fn label_visited(target: &Arc<dyn TargetClient>, prompt: &[u32], visited: 
             if source == Source::Target {
                 return anyhow::Ok(Some(id));
             }
-            let req = ContinuationRequest { prefix, max_tokens: 1, sampling: SamplingParams::default(), model: None };
+            let req = item.request(prefix, 1);
             Ok(target.continue_tokens(&req).await?.tokens.first().copied())
         }
     });

@@ -10,6 +10,7 @@ use approxy_training::collect::{CollectItem, LiveOptions, collect_live};
 use approxy_training::dataset::{live_shard_path, load_dir};
 use approxy_verifier::home::Home;
 use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::template::ChatMessage;
 use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
 use indicatif::ProgressBar;
 
@@ -33,10 +34,10 @@ async fn live_rows_follow_the_decode_loop() {
     ]
     .iter()
     .enumerate()
-    .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p) })
+    .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p), messages: Arc::new(vec![ChatMessage { role: "user".into(), content: p.to_string() }]) })
     .collect();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None };
+    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default() };
     let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
     let eos = tok.end_of_sequence_ids();
     let engine = Engine::new(tok, target, eos);

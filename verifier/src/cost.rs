@@ -44,6 +44,33 @@ impl Price {
     }
 }
 
+/// How a provider's prompt cache reuses a re-sent prefix: not below `min_tokens`, and in
+/// whole blocks of `block` tokens (OpenAI: 1,024 and 128; vLLM: 16-token blocks; llama.cpp:
+/// any length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheRules {
+    /// Shortest prefix the cache serves.
+    pub min_tokens: u64,
+    /// Granularity of a hit.
+    pub block: u64,
+}
+
+impl Default for CacheRules {
+    fn default() -> Self {
+        Self { min_tokens: 0, block: 1 }
+    }
+}
+
+impl CacheRules {
+    /// Of a prefix whose first `common` tokens an earlier call sent, the tokens the cache serves.
+    pub fn cacheable(&self, common: u64) -> u64 {
+        if common < self.min_tokens {
+            return 0;
+        }
+        common / self.block.max(1) * self.block.max(1)
+    }
+}
+
 /// What the approximate answer and the same answer straight from the target cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostEstimate {
@@ -53,10 +80,16 @@ pub struct CostEstimate {
     pub passthrough: f64,
 }
 
-/// Costs of a finished generation.
+/// Costs of a finished generation. The cached input is what the target reported when every
+/// call reported it, else the estimate under the cache rules.
 pub fn estimate(s: &Stats, p: &Price) -> CostEstimate {
+    let cached = if s.target_calls > 0 && s.target_calls_reporting_cache == s.target_calls {
+        s.target_reported_cached_tokens
+    } else {
+        s.target_cacheable_input_tokens
+    };
     CostEstimate {
-        approxy: p.input_cost(s.target_input_tokens, s.target_cacheable_input_tokens)
+        approxy: p.input_cost(s.target_input_tokens, cached)
             + p.output_cost(u64::from(s.target_tokens) + s.target_discarded_tokens),
         passthrough: p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens)),
     }
@@ -70,6 +103,8 @@ pub struct CostGuard {
     pub price: Price,
     /// Largest allowed ratio of approxy's cost to passthrough's (1.0: never dearer).
     pub max_cost_ratio: f64,
+    /// How the provider's cache serves re-sent prefixes.
+    pub cache: CacheRules,
 }
 
 /// Where a generation stands when a target call is about to be made.
@@ -100,7 +135,8 @@ impl CostGuard {
         let p = &self.price;
         let so_far = estimate(s, p).approxy;
         let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
-        let reserve = p.input_cost(call.prefix + call.max_output, call.prefix + call.max_output);
+        let next = call.prefix + call.max_output;
+        let reserve = p.input_cost(next, self.cache.cacheable(next));
         let passthrough = p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens) + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
     }
@@ -132,7 +168,7 @@ mod tests {
 
     #[test]
     fn guard_allows_a_call_the_draft_has_paid_for_and_refuses_one_it_has_not() {
-        let g = CostGuard { price: price(), max_cost_ratio: 1.0 };
+        let g = CostGuard { price: price(), max_cost_ratio: 1.0, cache: CacheRules::default() };
         // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
         // 103 input + 2 output + a 104-token cached reserve (10.4) = 115.4 against passthrough
         // 100 + 4 tokens * 2 = 108: refused. After 20: 120 + 2 + 12.1 = 134.1 vs 142: allowed.
@@ -141,7 +177,27 @@ mod tests {
         s.completion_tokens = 20;
         assert!(!g.trips(&s, CallPlan { prefix: 120, cacheable: 0, max_output: 1 }));
         // A target that costs nothing is never guarded.
-        let free = CostGuard { price: Price::default(), max_cost_ratio: 1.0 };
+        let free = CostGuard { price: Price::default(), max_cost_ratio: 1.0, cache: CacheRules::default() };
         assert!(!free.trips(&s, CallPlan { prefix: 100_000, cacheable: 0, max_output: 100 }));
+    }
+
+    #[test]
+    fn cache_rules_round_down_to_blocks_above_a_minimum() {
+        let openai = CacheRules { min_tokens: 1024, block: 128 };
+        assert_eq!(openai.cacheable(1000), 0);
+        assert_eq!(openai.cacheable(1100), 1024);
+        assert_eq!(openai.cacheable(1300), 1280);
+        assert_eq!(CacheRules { min_tokens: 0, block: 16 }.cacheable(40), 32);
+        assert_eq!(CacheRules::default().cacheable(7), 7);
+    }
+
+    #[test]
+    fn reported_cached_tokens_replace_the_estimate_when_every_call_reported() {
+        let mut s = Stats { target_calls: 2, target_input_tokens: 1000, target_cacheable_input_tokens: 800, ..Stats::default() };
+        s.target_calls_reporting_cache = 2;
+        s.target_reported_cached_tokens = 0;
+        assert!((estimate(&s, &price()).approxy - 1000.0 / 1e6).abs() < 1e-12);
+        s.target_calls_reporting_cache = 1;
+        assert!((estimate(&s, &price()).approxy - 280.0 / 1e6).abs() < 1e-12);
     }
 }

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cost::CostGuard;
+use crate::cost::{CacheRules, CostGuard};
 use crate::draft::{Draft, PositionOutput};
 use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::target::TargetClient;
+use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
 use crate::verify::{Features, Verifier, accepts};
 
@@ -124,6 +125,11 @@ pub struct GenerateRequest {
     pub cost_guard: Option<CostGuard>,
     /// Model id the client asked for, passed on to the target.
     pub model: Option<String>,
+    /// The chat messages the prompt was rendered from (chat requests), for targets that are
+    /// sent messages rather than the rendered prompt.
+    pub messages: Option<Arc<Vec<ChatMessage>>>,
+    /// How the target's prompt cache serves re-sent prefixes (for the cost estimate).
+    pub cache: CacheRules,
 }
 
 /// What one generation cost.
@@ -163,8 +169,16 @@ pub struct Stats {
     pub near_ties: Vec<(u32, f32)>,
     /// Input tokens sent to the target over all calls (each call re-sends the prefix).
     pub target_input_tokens: u64,
-    /// Of those, tokens a prompt cache could reuse (prefix shared with the previous call).
+    /// Of those, tokens a prompt cache could reuse (prefix shared with the previous call, as
+    /// the cache rules count it).
     pub target_cacheable_input_tokens: u64,
+    /// Cached prompt tokens the target itself reported, summed over the calls that reported.
+    pub target_reported_cached_tokens: u64,
+    /// Calls whose answer reported cached prompt tokens.
+    pub target_calls_reporting_cache: u32,
+    /// Calls a text-level target needed again because its answer did not start with the
+    /// held-back piece of the answer (token healing); counted in `target_calls` too.
+    pub heal_retries: u32,
     /// Time spent in draft inference.
     #[serde(serialize_with = "secs")]
     pub draft_time: Duration,

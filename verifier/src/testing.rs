@@ -46,17 +46,15 @@ fn byte_chars() -> Vec<char> {
     table
 }
 
-/// A byte-level tokenizer: one token per byte (id = byte value), plus `<|endoftext|>`,
-/// `<|im_start|>` and `<|im_end|>`. Multi-byte characters span several tokens, as they do in
-/// the real draft's vocabulary.
-pub fn tiny_tokenizer() -> Tokenizer {
+/// The `tokenizer.json` of [`tiny_tokenizer`], for tests that add merges to it.
+pub fn tiny_tokenizer_spec() -> Value {
     let vocab: serde_json::Map<String, Value> =
         byte_chars().into_iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
     let special = |id: u32, content: &str| {
         json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
     };
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
-    let spec = json!({
+    json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -67,8 +65,14 @@ pub fn tiny_tokenizer() -> Tokenizer {
         "decoder": byte_level,
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []},
-    });
-    match Tokenizer::from_json(&spec.to_string()) {
+    })
+}
+
+/// A byte-level tokenizer: one token per byte (id = byte value), plus `<|endoftext|>`,
+/// `<|im_start|>` and `<|im_end|>`. Multi-byte characters span several tokens, as they do in
+/// the real draft's vocabulary.
+pub fn tiny_tokenizer() -> Tokenizer {
+    match Tokenizer::from_json(&tiny_tokenizer_spec().to_string()) {
         Ok(t) => t,
         // The specification above is fixed; failing to load it is a bug in this file.
         #[allow(clippy::panic)]
@@ -320,7 +324,7 @@ impl TargetClient for ScriptedTarget {
             async move {
                 tokio::time::sleep(delay).await;
                 generated.fetch_add(1, Ordering::SeqCst);
-                Ok(StreamChunk { tokens: vec![token], stopped_on_eos: eos && i + 1 == last })
+                Ok(StreamChunk { tokens: vec![token], stopped_on_eos: eos && i + 1 == last, ..StreamChunk::default() })
             }
         });
         Ok(Box::pin(chunks))
@@ -346,7 +350,7 @@ impl TargetClient for ScriptedTarget {
                 }
             }
         }
-        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: None })
+        Ok(Continuation { tokens, stopped_on_eos, ..Continuation::default() })
     }
 
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {

@@ -44,6 +44,56 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// Ids to text with special tokens kept: a prompt rendered from a chat template comes back
+    /// as the template wrote it (text-level targets are sent that text).
+    pub fn decode_with_specials(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.inner.decode(ids, false).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Byte offset where the last pre-tokenizer piece of `text` starts (a word with its
+    /// leading space, a number, a run of punctuation or of whitespace). A token never spans two
+    /// pieces, but the last piece may still grow into the text that follows it ("Hel" + "lo"),
+    /// so text up to here is a clean boundary and the rest is not. A tokenizer without a
+    /// pre-tokenizer falls back to the start of the last token.
+    pub fn last_piece_start(&self, text: &str) -> Result<usize, EngineError> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        if text.is_empty() {
+            return Ok(0);
+        }
+        if let Some(pt) = self.inner.get_pre_tokenizer() {
+            let mut pieces = PreTokenizedString::from(text);
+            pt.pre_tokenize(&mut pieces).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            let splits = pieces.get_splits(OffsetReferential::Original, OffsetType::Byte);
+            return Ok(splits.last().map_or(0, |(_, (start, _), _)| *start));
+        }
+        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_offsets().last().map_or(0, |(start, _)| *start))
+    }
+
+    /// The ids of `text[from..]`: as a tokenization of all of `text` has them when one of its
+    /// tokens starts exactly at `from` (the canonical ids, as if the text had been tokenized in
+    /// one piece), else `text[from..]` tokenized on its own (the text is the same either way).
+    pub fn encode_tail(&self, text: &str, from: usize) -> Result<Vec<u32>, EngineError> {
+        let tail = text.get(from..).ok_or_else(|| EngineError::Tokenizer(format!("offset {from} is not a character boundary")))?;
+        if from == 0 {
+            return self.encode(text);
+        }
+        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let offsets = enc.get_offsets();
+        let split = (0..offsets.len()).find(|&i| offsets[i].0 >= from);
+        if let Some(i) = split
+            && offsets[i].0 == from
+            && offsets[..i].iter().all(|o| o.1 <= from)
+        {
+            let ids = enc.get_ids()[i..].to_vec();
+            // Offsets of byte-level pieces can be coarse; the text must come back exactly.
+            if self.decode_with_specials(&ids)? == tail {
+                return Ok(ids);
+            }
+        }
+        self.encode(tail)
+    }
+
     /// Ids that end a generation: ChatML's end of turn and the end-of-text token (the Qwen
     /// family's), those of them the vocabulary has.
     pub fn end_of_sequence_ids(&self) -> Vec<u32> {

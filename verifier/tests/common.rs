@@ -66,6 +66,7 @@ pub fn target_config(url: &str) -> TargetConfig {
         retries: 1,
         backoff: Duration::from_millis(20),
         ca_file: None,
+        cache_hints: Default::default(),
     }
 }
 
@@ -141,6 +142,8 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         cost_guard: None,
         bailout: None,
         model: None,
+        messages: None,
+        cache: Default::default(),
     }
 }
 
@@ -167,7 +170,7 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
 
 /// A greedy continuation request for `n` tokens.
 pub fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
-    ContinuationRequest { prefix, max_tokens: n, sampling: SamplingParams::default(), model: None }
+    ContinuationRequest::greedy(prefix, n)
 }
 
 /// The contract every target client must meet against a real server with the draft's

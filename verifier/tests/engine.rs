@@ -27,7 +27,7 @@ fn pool() -> Arc<DraftPool> {
 
 /// What the target writes on its own: one greedy call for the whole answer.
 async fn target_greedy(t: &LlamaCppTarget, prompt: &[u32], n: u32) -> Vec<u32> {
-    let req = ContinuationRequest { prefix: prompt.to_vec(), max_tokens: n, sampling: SamplingParams::default(), model: None };
+    let req = ContinuationRequest::greedy(prompt.to_vec(), n);
     t.continue_tokens(&req).await.unwrap_or_else(|e| panic!("{e}")).tokens
 }
 

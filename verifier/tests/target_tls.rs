@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
-use approxy_verifier::{SamplingParams, TargetError};
+use approxy_verifier::TargetError;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -132,12 +132,13 @@ fn client(url: &str, ca_file: Option<std::path::PathBuf>) -> LlamaCppTarget {
         retries: 3,
         backoff: Duration::from_millis(5),
         ca_file,
+        cache_hints: Default::default(),
     })
     .unwrap()
 }
 
 fn two_tokens() -> ContinuationRequest {
-    ContinuationRequest { prefix: vec![1, 2, 3], max_tokens: 2, sampling: SamplingParams::default(), model: None }
+    ContinuationRequest::greedy(vec![1, 2, 3], 2)
 }
 
 #[tokio::test]
@@ -187,6 +188,7 @@ fn ca_file_without_a_certificate_is_refused() {
         retries: 0,
         backoff: Duration::from_millis(1),
         ca_file: Some(p),
+        cache_hints: Default::default(),
     })
     .expect_err("a CA file with no certificate must be refused");
     assert!(matches!(err, TargetError::Tls(ref m) if m.contains("holds no PEM certificate")), "{err}");

@@ -65,9 +65,22 @@ enum Cmd {
 enum TrainCmd {
     /// Target answers + teacher-forced draft features, stored as safetensors shards (resumable).
     Collect {
-        /// Root URL of the llama-server target.
+        /// The target's URL: llama-server's root, or a base URL ending in `/v1` for the
+        /// OpenAI-style kinds.
         #[arg(long, default_value = "http://127.0.0.1:8081")]
         target_url: String,
+        /// Target kind, as in a policy: llama_cpp, vllm, openai_text or chat_prefix.
+        #[arg(long, default_value = "llama_cpp", value_parser = by_serde_name::<approxy_verifier::TargetKind>)]
+        target_kind: approxy_verifier::TargetKind,
+        /// How a chat_prefix target continues an answer: prefix, continue_final_message or prefill.
+        #[arg(long, default_value = "prefix", value_parser = by_serde_name::<approxy_verifier::target::PrefixStyle>)]
+        prefix_style: approxy_verifier::target::PrefixStyle,
+        /// Model id named in calls to OpenAI-style targets.
+        #[arg(long, default_value = "")]
+        target_model: String,
+        /// Environment variable holding the target's API key.
+        #[arg(long)]
+        target_api_key_env: Option<String>,
         /// Prompt corpus (JSONL).
         #[arg(long, default_value = "training/data/prompts.jsonl")]
         corpus: PathBuf,
@@ -182,6 +195,11 @@ enum BenchCmd {
 }
 
 /// Runs the command.
+/// Parses a value by the name its serde form uses (the names policies use).
+fn by_serde_name<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
+}
+
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     if matches!(cli.command, Cmd::Train { .. } | Cmd::Bench { what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } }) {
         telemetry::install_logging();
@@ -190,8 +208,34 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Cmd::Setup { keep_convert_env, vllm } => setup::Home::from_env()
             .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env, vllm })),
         Cmd::Check { policy } => policy::check(&policy),
-        Cmd::Train { what: TrainCmd::Collect { target_url, corpus, data, prompts, max_answer_tokens, live_threshold } } => train::default_data_dir()
-            .and_then(|d| train::run_collect(&train::CollectArgs { target_url, corpus, data: data.unwrap_or(d), prompts, max_answer_tokens, live_threshold })),
+        Cmd::Train {
+            what:
+                TrainCmd::Collect {
+                    target_url,
+                    target_kind,
+                    prefix_style,
+                    target_model,
+                    target_api_key_env,
+                    corpus,
+                    data,
+                    prompts,
+                    max_answer_tokens,
+                    live_threshold,
+                },
+        } => train::default_data_dir().and_then(|d| {
+            train::run_collect(&train::CollectArgs {
+                target_url,
+                target_kind,
+                prefix_style,
+                target_model,
+                target_api_key_env,
+                corpus,
+                data: data.unwrap_or(d),
+                prompts,
+                max_answer_tokens,
+                live_threshold,
+            })
+        }),
         Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
             train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
         }

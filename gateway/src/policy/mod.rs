@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use approxy_verifier::cost::CacheRules;
+use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use raw::RawPolicy;
@@ -41,6 +43,12 @@ pub struct TargetPolicy {
     pub backoff: Duration,
     /// Extra CA certificates (PEM) trusted for the target.
     pub ca_file: Option<PathBuf>,
+    /// How a `chat_prefix` target continues an answer.
+    pub prefix_style: PrefixStyle,
+    /// Cache hints sent with engine calls.
+    pub cache_hints: CacheHints,
+    /// How the target's prompt cache serves re-sent prefixes.
+    pub cache_rules: CacheRules,
 }
 
 impl TargetPolicy {
@@ -49,7 +57,7 @@ impl TargetPolicy {
         let b = self.base_url.trim_end_matches('/');
         match self.kind {
             TargetKind::LlamaCpp => format!("{b}/v1"),
-            TargetKind::Vllm | TargetKind::OpenAiChat => b.to_string(),
+            TargetKind::Vllm | TargetKind::OpenaiText | TargetKind::ChatPrefix | TargetKind::OpenAiChat => b.to_string(),
         }
     }
 }
@@ -241,6 +249,8 @@ max_cost_ratio = -1
             ("llama_cpp", TargetKind::LlamaCpp, "https://h:1/v1"),
             ("vllm", TargetKind::Vllm, "https://h:1"),
             ("openai", TargetKind::Vllm, "https://h:1"),
+            ("openai_text", TargetKind::OpenaiText, "https://h:1"),
+            ("chat_prefix", TargetKind::ChatPrefix, "https://h:1"),
             ("openai_chat", TargetKind::OpenAiChat, "https://h:1"),
         ] {
             let text = GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {name:?}")).replace("http://127.0.0.1:8081", "https://h:1");
@@ -249,6 +259,27 @@ max_cost_ratio = -1
             assert_eq!(p.target.openai_base(), base, "{name}");
             assert_eq!(kind.can_continue(), name != "openai_chat");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn prefix_styles_and_cache_settings() -> Result<(), PolicyError> {
+        let with = |kind: &str, lines: &str| {
+            Policy::parse(&GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {kind:?}\n{lines}")), Path::new("p.toml"))
+        };
+        let p = with("chat_prefix", "prefix_style = \"continue_final_message\"")?;
+        assert_eq!(p.target.prefix_style, PrefixStyle::ContinueFinalMessage);
+        assert_eq!(with("chat_prefix", "")?.target.prefix_style, PrefixStyle::Prefix);
+        assert!(with("chat_prefix", "prefix_style = \"please\"").is_err_and(|e| e.to_string().contains("prefix_style")));
+        assert!(with("vllm", "prefix_style = \"prefix\"").is_err_and(|e| e.to_string().contains("chat_prefix")));
+        // Defaults per kind: the text kinds send a cache key, vLLM counts 16-token blocks.
+        assert!(with("openai_text", "")?.target.cache_hints.key);
+        assert!(!with("llama_cpp", "")?.target.cache_hints.key);
+        assert_eq!(with("vllm", "")?.target.cache_rules, CacheRules { min_tokens: 0, block: 16 });
+        let openai = with("openai_text", "cache = { key = false, affinity_header = \"x-session-affinity\", min_tokens = 1024, block = 128 }")?;
+        assert_eq!(openai.target.cache_hints, CacheHints { key: false, affinity_header: Some("x-session-affinity".into()) });
+        assert_eq!(openai.target.cache_rules, CacheRules { min_tokens: 1024, block: 128 });
+        assert!(with("vllm", "cache = { block = 0 }").is_err_and(|e| e.to_string().contains("target.cache.block")));
         Ok(())
     }
 

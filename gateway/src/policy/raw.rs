@@ -27,7 +27,8 @@ pub struct RawPolicy {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
-    /// `llama_cpp`, `vllm` (or its earlier name `openai`) or `openai_chat`.
+    /// `llama_cpp`, `vllm` (or its earlier name `openai`), `openai_text`, `chat_prefix` or
+    /// `openai_chat`.
     pub kind: String,
     /// llama.cpp: the server root; the others: the base URL ending in `/v1`.
     pub base_url: String,
@@ -46,6 +47,31 @@ pub struct RawTarget {
     /// PEM file of CA certificates to trust for an `https://` target with a private CA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
+    /// `chat_prefix` only: `prefix` (DeepSeek, Mistral), `continue_final_message` (vLLM) or
+    /// `prefill` (llama-server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_style: Option<String>,
+    /// The provider's prompt cache: hints sent with engine calls, and its rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RawCache>,
+}
+
+/// `[target.cache]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    /// Send `prompt_cache_key` and a stable `user` with engine calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<bool>,
+    /// Header that pins a conversation to one replica (Fireworks: `x-session-affinity`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_header: Option<String>,
+    /// Shortest prefix the cache serves (OpenAI: 1024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u64>,
+    /// Granularity of a cache hit in tokens (OpenAI: 128; vLLM: 16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<u64>,
 }
 
 /// `[gateway]`.

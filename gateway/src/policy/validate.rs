@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use approxy_verifier::cost::CacheRules;
+use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPolicy};
@@ -65,12 +67,46 @@ impl Validator {
         let kind = match t.kind.as_str() {
             "llama_cpp" => TargetKind::LlamaCpp,
             "vllm" | "openai" => TargetKind::Vllm,
+            "openai_text" => TargetKind::OpenaiText,
+            "chat_prefix" => TargetKind::ChatPrefix,
             "openai_chat" => TargetKind::OpenAiChat,
             k => {
-                self.err(format!("target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\", \"openai_chat\""));
+                self.err(format!(
+                    "target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\", \"openai_text\", \"chat_prefix\", \"openai_chat\""
+                ));
                 TargetKind::LlamaCpp
             }
         };
+        let prefix_style = match (t.prefix_style.as_deref(), kind) {
+            (None, _) => PrefixStyle::default(),
+            (Some(_), k) if k != TargetKind::ChatPrefix => {
+                self.err("target.prefix_style: only a chat_prefix target has one");
+                PrefixStyle::default()
+            }
+            (Some("prefix"), _) => PrefixStyle::Prefix,
+            (Some("continue_final_message"), _) => PrefixStyle::ContinueFinalMessage,
+            (Some("prefill"), _) => PrefixStyle::Prefill,
+            (Some(other), _) => {
+                self.err(format!("target.prefix_style: {other:?} is not one of \"prefix\", \"continue_final_message\", \"prefill\""));
+                PrefixStyle::default()
+            }
+        };
+        // Per kind: the text-level kinds talk to hosted APIs, whose caches key on
+        // `prompt_cache_key`; vLLM caches whole 16-token blocks; llama.cpp any common prefix.
+        let cache = t.cache.unwrap_or_default();
+        let cache_hints = CacheHints { key: cache.key.unwrap_or(kind.is_text_level()), affinity_header: cache.affinity_header };
+        let cache_rules = CacheRules {
+            min_tokens: cache.min_tokens.unwrap_or(0),
+            block: cache.block.unwrap_or(if kind == TargetKind::Vllm { 16 } else { 1 }),
+        };
+        if cache_rules.block == 0 {
+            self.err("target.cache.block: at least 1");
+        }
+        if let Some(h) = &cache_hints.affinity_header
+            && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+        {
+            self.err(format!("target.cache.affinity_header: {h:?} is not a header name"));
+        }
         match reqwest::Url::parse(&t.base_url) {
             Ok(u) if matches!(u.scheme(), "http" | "https") => {}
             Ok(u) => self.err(format!(
@@ -90,6 +126,9 @@ impl Validator {
             retries: t.retries.unwrap_or(2),
             backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
+            prefix_style,
+            cache_hints,
+            cache_rules,
         };
         if let Some(ca) = &target.ca_file {
             if let Err(e) = approxy_verifier::target::load_ca_file(ca) {

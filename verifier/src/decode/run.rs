@@ -71,6 +71,8 @@ pub(super) struct Run<'a> {
     pub(super) windows_unsupported: bool,
     last_source: Source,
     hit_stop_sequence: bool,
+    /// The call in flight has reported its cached prompt tokens.
+    call_reported: bool,
 }
 
 impl<'a> Run<'a> {
@@ -90,6 +92,7 @@ impl<'a> Run<'a> {
             windows_unsupported: false,
             last_source: Source::Draft,
             hit_stop_sequence: false,
+            call_reported: false,
         }
     }
 
@@ -141,9 +144,37 @@ impl<'a> Run<'a> {
         let len = prefix.len() as u64;
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += len;
-        self.stats.target_cacheable_input_tokens += self.last_prefix_len.min(len);
+        self.stats.target_cacheable_input_tokens += self.req.cache.cacheable(self.last_prefix_len.min(len));
         self.last_prefix_len = len;
-        ContinuationRequest { prefix, max_tokens: n, sampling: self.req.sampling, model: self.req.model.clone() }
+        self.call_reported = false;
+        ContinuationRequest {
+            prefix,
+            prompt_len: self.req.prompt.len(),
+            messages: self.req.messages.clone(),
+            max_tokens: n,
+            sampling: self.req.sampling,
+            model: self.req.model.clone(),
+        }
+    }
+
+    /// Counts what an answer says beyond its tokens: cached prompt tokens the target reported,
+    /// and calls it had to make again (each re-sends the prefix, served from the cache).
+    fn absorb(&mut self, cached: Option<u32>, extra_calls: u32) {
+        if let Some(c) = cached
+            && !self.call_reported
+        {
+            // Once per call: some servers repeat their usage in several chunks.
+            self.call_reported = true;
+            self.stats.target_reported_cached_tokens += u64::from(c);
+            self.stats.target_calls_reporting_cache += 1;
+        }
+        if extra_calls > 0 {
+            let prefix = self.last_prefix_len;
+            self.stats.target_calls += extra_calls;
+            self.stats.heal_retries += extra_calls;
+            self.stats.target_input_tokens += prefix * u64::from(extra_calls);
+            self.stats.target_cacheable_input_tokens += self.req.cache.cacheable(prefix) * u64::from(extra_calls);
+        }
     }
 
     /// The exact token prefix so far: the prompt and everything emitted.
@@ -156,7 +187,8 @@ impl<'a> Run<'a> {
     pub(super) fn cost_guard_trips(&self, window: usize, n: u32) -> bool {
         let Some(guard) = self.req.cost_guard else { return false };
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
-        let plan = CallPlan { prefix: prefix + window as u64, cacheable: self.last_prefix_len.min(prefix), max_output: u64::from(n) };
+        let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix));
+        let plan = CallPlan { prefix: prefix + window as u64, cacheable, max_output: u64::from(n) };
         guard.trips(&self.stats, plan)
     }
 
@@ -169,6 +201,7 @@ impl<'a> Run<'a> {
             return Ok(Some(FinishReason::Cancelled));
         };
         let cont = cont?;
+        self.absorb(cont.cached_prompt_tokens, cont.extra_calls);
         self.last_prefix_len += cont.tokens.len() as u64;
         if cont.tokens.is_empty() && !cont.stopped_on_eos {
             return Err(TargetError::Protocol("target returned no tokens".into()).into());
@@ -211,7 +244,7 @@ impl<'a> Run<'a> {
         let in_cache = window.len() - 1;
         let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
-        let cacheable = self.last_prefix_len.min(prefix.len() as u64);
+        let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix.len() as u64));
         if self.cost_guard_trips(window.len(), 1) {
             self.stats.cost_guard = true;
             return Ok(WindowEnd::Finished(self.hand_off().await?));
@@ -282,6 +315,7 @@ impl<'a> Run<'a> {
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
+            self.absorb(chunk.cached_prompt_tokens, chunk.extra_calls);
             received += chunk.tokens.len();
             self.last_prefix_len += chunk.tokens.len() as u64;
             for (i, &token) in chunk.tokens.iter().enumerate() {
@@ -321,6 +355,7 @@ impl<'a> Run<'a> {
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
+            self.absorb(chunk.cached_prompt_tokens, chunk.extra_calls);
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 received += 1;
                 self.last_prefix_len += 1;

@@ -32,6 +32,8 @@ fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         bailout: None,
         cost_guard: None,
         model: None,
+        messages: None,
+        cache: Default::default(),
     }
 }
 
@@ -260,7 +262,7 @@ async fn a_client_that_leaves_mid_span_stops_the_stream() -> Result<(), EngineEr
 async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_more_than_passthrough() -> Result<(), EngineError> {
     let price = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard { price, max_cost_ratio: 1.0 });
+    req.cost_guard = Some(CostGuard { price, max_cost_ratio: 1.0, cache: Default::default() });
     // The draft is never confident: each one-token correction would re-send the prefix.
     let o = run(DraftScript::says("hello world", 0.1), ScriptedTarget::says("hello world", None), req.clone()).await?;
     assert_eq!(o.text, "hello world");
@@ -284,7 +286,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
 #[tokio::test]
 async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard { price: Price::default(), max_cost_ratio: 1.0 });
+    req.cost_guard = Some(CostGuard { price: Price::default(), max_cost_ratio: 1.0, cache: Default::default() });
     let o = run(DraftScript::says("hello", 0.1), ScriptedTarget::says("hello", None), req).await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 6);

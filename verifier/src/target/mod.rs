@@ -1,13 +1,19 @@
 //! Target clients: the remote model that is called only when the verifier rejects. One
-//! trait, two implementations (llama.cpp's `/completion` and OpenAI-style `/v1/completions`
-//! with a token-id prompt, as vLLM serves), one shared test suite in `tests/`.
+//! trait; token-level clients (llama.cpp's `/completion`, OpenAI-style `/v1/completions` with a
+//! token-id prompt as vLLM serves) and text-level ones (`/v1/completions` with a text prompt,
+//! chat completions that continue a partial assistant message), which need no tokenizer in
+//! common with the draft; one shared test suite in `tests/`.
 
 pub mod chat_only;
+pub mod chat_prefix;
 pub mod llamacpp;
 pub mod openai;
+pub mod openai_text;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,16 +22,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TargetError;
 use crate::sampling::SamplingParams;
+use crate::template::ChatMessage;
+use crate::tokenizer::Tokenizer;
 
 pub use chat_only::ChatOnlyTarget;
+pub use chat_prefix::{ChatPrefixTarget, PrefixStyle};
 pub use llamacpp::LlamaCppTarget;
 pub use openai::OpenAiCompletionsTarget;
+pub use openai_text::OpenAiTextTarget;
 
 /// Ask the target to continue an exact token prefix.
 #[derive(Debug, Clone)]
 pub struct ContinuationRequest {
     /// Prompt tokens plus every token emitted so far.
     pub prefix: Vec<u32>,
+    /// How many of `prefix` are the prompt (the rest is the answer so far). Text-level targets
+    /// send the answer separately and heal its last token boundary.
+    pub prompt_len: usize,
+    /// The chat messages the prompt was rendered from (chat requests only): chat-level targets
+    /// send these and the partial answer instead of the rendered prompt.
+    pub messages: Option<Arc<Vec<ChatMessage>>>,
     /// How many tokens to generate at most.
     pub max_tokens: u32,
     /// Same parameters the draft uses.
@@ -33,6 +49,29 @@ pub struct ContinuationRequest {
     /// Model id to name in the call (OpenAI-style targets); `None` uses the configured one.
     pub model: Option<String>,
 }
+
+impl ContinuationRequest {
+    /// A greedy request for `max_tokens` after `prefix`, all of which is prompt.
+    pub fn greedy(prefix: Vec<u32>, max_tokens: u32) -> Self {
+        Self { prompt_len: prefix.len(), prefix, messages: None, max_tokens, sampling: SamplingParams::default(), model: None }
+    }
+
+    /// A key that stays the same for every call of one conversation (its first prompt tokens),
+    /// so a provider that routes by it sends the re-sent prefixes to the machine that cached them.
+    pub fn cache_key(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let head = &self.prefix[..self.prompt_len.min(self.prefix.len()).min(CACHE_KEY_TOKENS)];
+        let mut h = Sha256::new();
+        for t in head {
+            h.update(t.to_le_bytes());
+        }
+        let d = h.finalize();
+        format!("approxy-{}", d.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>())
+    }
+}
+
+/// Prompt tokens the cache key is computed from: a conversation's later turns keep its start.
+const CACHE_KEY_TOKENS: usize = 256;
 
 /// The target's continuation.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,6 +82,9 @@ pub struct Continuation {
     pub stopped_on_eos: bool,
     /// Prompt tokens the target reports it served from its prompt cache, when it says.
     pub cached_prompt_tokens: Option<u32>,
+    /// Calls made beyond the one asked for (a text-level target whose answer did not start
+    /// with the healed text is asked again without healing).
+    pub extra_calls: u32,
 }
 
 /// Ask the target to judge a window of draft tokens after an exact prefix.
@@ -76,6 +118,12 @@ pub struct StreamChunk {
     pub tokens: Vec<u32>,
     /// True when the target stopped because it produced end-of-sequence.
     pub stopped_on_eos: bool,
+    /// Prompt tokens the target reports it served from its prompt cache (in the last chunk,
+    /// when it says).
+    pub cached_prompt_tokens: Option<u32>,
+    /// Calls made beyond the one asked for, since the previous chunk (see
+    /// [`Continuation::extra_calls`]).
+    pub extra_calls: u32,
 }
 
 /// A continuation arriving as the target generates it. Dropping it closes the connection,
@@ -101,6 +149,35 @@ pub struct TargetConfig {
     /// PEM file of extra CA certificates trusted for the target (a private CA), beside the
     /// webpki roots compiled in.
     pub ca_file: Option<PathBuf>,
+    /// What engine calls carry so that re-sent prefixes hit the provider's prompt cache.
+    pub cache_hints: CacheHints,
+}
+
+/// Request fields and headers that make a provider reuse its prompt cache across the calls of
+/// one conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheHints {
+    /// Send OpenAI-style `prompt_cache_key` and a stable `user` (both the conversation's
+    /// [`ContinuationRequest::cache_key`]).
+    pub key: bool,
+    /// A header that pins the conversation to one replica (Fireworks: `x-session-affinity`),
+    /// set to the same key.
+    pub affinity_header: Option<String>,
+}
+
+impl CacheHints {
+    /// Adds the hints to a JSON body.
+    pub(crate) fn apply_to_body(&self, body: &mut serde_json::Value, key: &str) {
+        if self.key {
+            body["prompt_cache_key"] = serde_json::json!(key);
+            body["user"] = serde_json::json!(key);
+        }
+    }
+
+    /// The affinity header and its value, when one is set.
+    pub(crate) fn header(&self, key: &str) -> Option<(String, String)> {
+        self.affinity_header.as_ref().map(|h| (h.clone(), key.to_string()))
+    }
 }
 
 /// A model server that can continue a token prefix.
@@ -112,7 +189,8 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     /// one chunk, for targets that cannot stream token ids.
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
         let c = self.continue_tokens(req).await?;
-        let chunk = StreamChunk { tokens: c.tokens, stopped_on_eos: c.stopped_on_eos };
+        let chunk =
+            StreamChunk { tokens: c.tokens, stopped_on_eos: c.stopped_on_eos, cached_prompt_tokens: c.cached_prompt_tokens, extra_calls: c.extra_calls };
         Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
     }
     /// Scores a window of draft tokens in one call: the target's own greedy token at every
@@ -137,6 +215,16 @@ pub enum TargetKind {
     /// accept token ids the same way (SGLang, Fireworks). Policies may also say `"openai"`,
     /// its earlier name.
     Vllm,
+    /// OpenAI-compatible `/v1/completions` with a *text* prompt (Together, OpenRouter,
+    /// DeepSeek's beta completions, TGI, llama-server): approxy sends the rendered prompt and
+    /// the answer so far as text and re-tokenizes what comes back. No tokenizer in common with
+    /// the draft is needed.
+    OpenaiText,
+    /// Chat completions whose last message is the partial assistant answer, marked as
+    /// [`PrefixStyle`] says (DeepSeek and Mistral `prefix: true`, vLLM
+    /// `continue_final_message`, llama-server's assistant prefill). Text level, like
+    /// `openai_text`, and the provider applies its own chat template.
+    ChatPrefix,
     /// An OpenAI-compatible chat API that cannot continue a partial assistant answer (OpenAI's
     /// current chat models, current Claude models): passthrough only.
     #[serde(rename = "openai_chat")]
@@ -149,22 +237,38 @@ impl TargetKind {
         !matches!(self, TargetKind::OpenAiChat)
     }
 
+    /// Whether the target is sent text rather than token ids: it then needs no tokenizer in
+    /// common with the draft (nothing to check), and its answers are re-tokenized.
+    pub fn is_text_level(self) -> bool {
+        matches!(self, TargetKind::OpenaiText | TargetKind::ChatPrefix)
+    }
+
+    /// Whether it needs the chat messages (a completions request cannot be continued by it).
+    pub fn needs_messages(self) -> bool {
+        matches!(self, TargetKind::ChatPrefix)
+    }
+
     /// The name policies use.
     pub fn policy_name(self) -> &'static str {
         match self {
             TargetKind::LlamaCpp => "llama_cpp",
             TargetKind::Vllm => "vllm",
+            TargetKind::OpenaiText => "openai_text",
+            TargetKind::ChatPrefix => "chat_prefix",
             TargetKind::OpenAiChat => "openai_chat",
         }
     }
 }
 
-/// Builds a client of the given kind.
-pub fn build(kind: TargetKind, cfg: TargetConfig) -> Result<std::sync::Arc<dyn TargetClient>, TargetError> {
+/// Builds a client of the given kind. Text-level kinds re-tokenize with the draft's
+/// `tokenizer`; `style` is how a `chat_prefix` target is told to continue.
+pub fn build(kind: TargetKind, cfg: TargetConfig, tokenizer: &Tokenizer, style: PrefixStyle) -> Result<Arc<dyn TargetClient>, TargetError> {
     Ok(match kind {
-        TargetKind::LlamaCpp => std::sync::Arc::new(LlamaCppTarget::new(cfg)?),
-        TargetKind::Vllm => std::sync::Arc::new(OpenAiCompletionsTarget::new(cfg)?),
-        TargetKind::OpenAiChat => std::sync::Arc::new(ChatOnlyTarget::new(cfg)?),
+        TargetKind::LlamaCpp => Arc::new(LlamaCppTarget::new(cfg)?),
+        TargetKind::Vllm => Arc::new(OpenAiCompletionsTarget::new(cfg)?),
+        TargetKind::OpenaiText => Arc::new(OpenAiTextTarget::new(cfg, tokenizer.clone())?),
+        TargetKind::ChatPrefix => Arc::new(ChatPrefixTarget::new(cfg, tokenizer.clone(), style)?),
+        TargetKind::OpenAiChat => Arc::new(ChatOnlyTarget::new(cfg)?),
     })
 }
 
@@ -261,12 +365,16 @@ pub(crate) async fn send_with_retries(
     cfg: &TargetConfig,
     url: &str,
     body: &serde_json::Value,
+    header: Option<&(String, String)>,
 ) -> Result<reqwest::Response, TargetError> {
     let mut attempt = 0u32;
     loop {
         let mut rb = http.post(url).json(body);
         if let Some(k) = &cfg.api_key {
             rb = rb.bearer_auth(k);
+        }
+        if let Some((name, value)) = header {
+            rb = rb.header(name.as_str(), value.as_str());
         }
         let err = match rb.send().await {
             Ok(resp) if resp.status().is_success() => return Ok(resp),
@@ -300,9 +408,23 @@ pub(crate) async fn post_json(
     cfg: &TargetConfig,
     url: &str,
     body: &serde_json::Value,
+    header: Option<&(String, String)>,
 ) -> Result<serde_json::Value, TargetError> {
-    let resp = send_with_retries(http, cfg, url, body).await?;
+    let resp = send_with_retries(http, cfg, url, body, header).await?;
     resp.json().await.map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
+}
+
+/// Server-sent events, each a JSON object.
+pub(crate) type JsonStream = Pin<Box<dyn Stream<Item = Result<serde_json::Value, TargetError>> + Send>>;
+
+/// The cached prompt tokens a usage object reports: OpenAI-style
+/// `prompt_tokens_details.cached_tokens` (OpenAI, vLLM, Together, Fireworks), DeepSeek's
+/// `prompt_cache_hit_tokens`, or llama-server's `timings.cache_n` beside it.
+pub(crate) fn reported_cached_tokens(usage: &serde_json::Value) -> Option<u32> {
+    [&usage["prompt_tokens_details"]["cached_tokens"], &usage["prompt_cache_hit_tokens"]]
+        .into_iter()
+        .find_map(|v| v.as_u64())
+        .and_then(|x| u32::try_from(x).ok())
 }
 
 /// POSTs JSON (with [`send_with_retries`]) and reads the answer as server-sent events, each
@@ -312,9 +434,10 @@ pub(crate) async fn post_sse(
     cfg: &TargetConfig,
     url: &str,
     body: &serde_json::Value,
-) -> Result<Pin<Box<dyn Stream<Item = Result<serde_json::Value, TargetError>> + Send>>, TargetError> {
+    header: Option<&(String, String)>,
+) -> Result<JsonStream, TargetError> {
     use eventsource_stream::Eventsource;
-    let resp = send_with_retries(http, cfg, url, body).await?;
+    let resp = send_with_retries(http, cfg, url, body, header).await?;
     let timeout = cfg.timeout;
     let events = resp.bytes_stream().eventsource().take_while(|ev| {
         let done = matches!(ev, Ok(e) if e.data.trim() == "[DONE]");

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, WindowRequest, WindowScore, get_ok, http_client,
-    join, post_json, post_sse, token_ids,
+    join, post_json, post_sse, reported_cached_tokens, token_ids,
 };
 use crate::error::TargetError;
 
@@ -48,6 +48,11 @@ impl OpenAiCompletionsTarget {
         if let Some(seed) = s.seed {
             body["seed"] = json!(seed);
         }
+        if stream {
+            // The usage (with the cached prompt tokens) comes in a last chunk.
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        self.cfg.cache_hints.apply_to_body(&mut body, &req.cache_key());
         body
     }
 }
@@ -81,19 +86,20 @@ fn top_of(position: &Value, actual: u32) -> Option<(u32, Option<f32>)> {
 #[async_trait]
 impl TargetClient for OpenAiCompletionsTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, false)).await?;
+        let header = self.cfg.cache_hints.header(&req.cache_key());
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, false), header.as_ref()).await?;
         let choice = &v["choices"][0];
         let mut tokens = token_ids(&choice["token_ids"])
             .or_else(|| token_ids(&v["__verbose"]["tokens"]))
             .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
         let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop");
         tokens.truncate(req.max_tokens as usize);
-        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().and_then(|x| u32::try_from(x).ok());
-        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached })
+        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: reported_cached_tokens(&v["usage"]), extra_calls: 0 })
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
-        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, true)).await?;
+        let header = self.cfg.cache_hints.header(&req.cache_key());
+        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, true), header.as_ref()).await?;
         // Each chunk carries the ids of its new tokens in `choices[0].token_ids` (vLLM) or
         // `__verbose.tokens` (llama.cpp's server); the last one has a `finish_reason` ("stop":
         // end of sequence, as no stop strings are sent). Text without ids is refused, as in
@@ -102,7 +108,8 @@ impl TargetClient for OpenAiCompletionsTarget {
             let v = ev?;
             let choice = &v["choices"][0];
             if choice.is_null() {
-                return Ok(StreamChunk::default());
+                // The usage chunk, when asked for.
+                return Ok(StreamChunk { cached_prompt_tokens: reported_cached_tokens(&v["usage"]), ..StreamChunk::default() });
             }
             let text = choice["text"].as_str().unwrap_or_default();
             let tokens = match token_ids(&choice["token_ids"]).or_else(|| token_ids(&v["__verbose"]["tokens"])) {
@@ -110,7 +117,7 @@ impl TargetClient for OpenAiCompletionsTarget {
                 None if text.is_empty() => Vec::new(),
                 None => return Err(TargetError::Protocol("the target streamed text without token ids (needs `return_token_ids` support)".into())),
             };
-            Ok(StreamChunk { tokens, stopped_on_eos: choice["finish_reason"].as_str() == Some("stop") })
+            Ok(StreamChunk { tokens, stopped_on_eos: choice["finish_reason"].as_str() == Some("stop"), ..StreamChunk::default() })
         })))
     }
 
@@ -126,7 +133,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body).await?;
+        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body, None).await?;
         let choice = &v["choices"][0];
         // vLLM puts them on the choice; a server without the feature returns none at all.
         let Some(positions) = choice["prompt_logprobs"].as_array().or_else(|| v["prompt_logprobs"].as_array()) else {
@@ -161,7 +168,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             "add_special": false,
             "parse_special": true,
         });
-        match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body).await {
+        match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body, None).await {
             Ok(v) => Ok(token_ids(&v["tokens"])),
             Err(TargetError::Status { status: 404 | 405, .. }) => Ok(None),
             Err(e) => Err(e),
