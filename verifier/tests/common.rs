@@ -38,8 +38,24 @@ pub fn tokenizer() -> Tokenizer {
 
 /// A chat prompt in the Qwen template, as token ids.
 pub fn chat_prompt(user: &str) -> Vec<u32> {
-    let text = format!("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    let text = format!("<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
     tokenizer().encode(&text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const SYSTEM: &str = "You are a helpful assistant.";
+
+/// The messages [`chat_prompt`] renders.
+pub fn chat_messages(user: &str) -> Vec<approxy_verifier::template::ChatMessage> {
+    use approxy_verifier::template::ChatMessage;
+    vec![ChatMessage { role: "system".into(), content: SYSTEM.into() }, ChatMessage { role: "user".into(), content: user.into() }]
+}
+
+/// A greedy request for `n` tokens after the chat prompt for `user` and a partial `answer`,
+/// with the messages, as the engine makes it.
+pub fn chat_req(user: &str, answer: &[u32], n: u32) -> ContinuationRequest {
+    let prompt = chat_prompt(user);
+    let prefix = [prompt.as_slice(), answer].concat();
+    ContinuationRequest { prompt_len: prompt.len(), messages: Some(Arc::new(chat_messages(user))), ..ContinuationRequest::greedy(prefix, n) }
 }
 
 /// Base URL of the real llama-server target for tests: `APPROXY_TEST_TARGET_URL`, which the
@@ -178,27 +194,24 @@ pub fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
 pub async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
     c.health().await.unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
     let tok = tokenizer();
-    let prompt = chat_prompt("Write a Python function that squares a number.");
-    let long = c.continue_tokens(&req(prompt.clone(), 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let task = "Write a Python function that squares a number.";
+    let long = c.continue_tokens(&chat_req(task, &[], 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(long.tokens.len(), 12, "{name}: wrong count");
     assert!(!long.stopped_on_eos);
-    // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives the rest.
-    let mut prefix = prompt.clone();
-    prefix.extend_from_slice(&long.tokens[..5]);
-    let rest = c.continue_tokens(&req(prefix, 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives
+    // the rest (for a text-level client, across a healed boundary).
+    let rest = c.continue_tokens(&chat_req(task, &long.tokens[..5], 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(rest.tokens, long.tokens[5..], "{name}: prefix continuation differs");
     // A short answer ends on end-of-sequence.
-    let short = c
-        .continue_tokens(&req(chat_prompt("Reply with the single word OK."), 40))
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let ok = "Reply with the single word OK.";
+    let short = c.continue_tokens(&chat_req(ok, &[], 40)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(short.stopped_on_eos, "{name}: {short:?}");
     // Streamed, the same greedy continuation arrives, and a short answer still ends on
     // end-of-sequence.
-    let streamed = collect_stream(c, &req(prompt.clone(), 12)).await;
+    let streamed = collect_stream(c, &chat_req(task, &[], 12)).await;
     assert_eq!(streamed.0, long.tokens, "{name}: streamed continuation differs");
     assert!(!streamed.1);
-    let streamed_short = collect_stream(c, &req(chat_prompt("Reply with the single word OK."), 40)).await;
+    let streamed_short = collect_stream(c, &chat_req(ok, &[], 40)).await;
     assert!(streamed_short.1, "{name}: streamed short answer did not end on end-of-sequence: {streamed_short:?}");
     // Tokenizer agreement when the target can tokenize.
     if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
@@ -229,7 +242,7 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     use futures::StreamExt;
-    let r = req(chat_prompt("Write a long essay about the history of computing, with many details."), 2000);
+    let r = chat_req("Write a long essay about the history of computing, with many details.", &[], 2000);
     let mut s = c.stream_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));
     let first = s.next().await;
     assert!(matches!(first, Some(Ok(_))), "{first:?}");

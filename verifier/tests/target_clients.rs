@@ -10,15 +10,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use approxy_verifier::target::{LlamaCppTarget, OpenAiCompletionsTarget, TargetClient, TargetConfig};
+use approxy_verifier::target::{ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient, TargetConfig};
 use approxy_verifier::TargetError;
 
+/// Every kind llama-server can stand in for: its native API, `/v1/completions` with token ids
+/// (the vllm kind's wire format) and with text, and chat completions continuing a final
+/// assistant message (its prefill).
 fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
     let mut oa = common::target_config(&format!("{url}/v1"));
     oa.model = "target".into();
+    let tok = common::tokenizer();
     vec![
         ("llama_cpp", Box::new(LlamaCppTarget::new(common::target_config(url)).unwrap_or_else(|e| panic!("{e}")))),
-        ("openai", Box::new(OpenAiCompletionsTarget::new(oa).unwrap_or_else(|e| panic!("{e}")))),
+        ("openai", Box::new(OpenAiCompletionsTarget::new(oa.clone()).unwrap_or_else(|e| panic!("{e}")))),
+        ("openai_text", Box::new(OpenAiTextTarget::new(oa.clone(), tok.clone()).unwrap_or_else(|e| panic!("{e}")))),
+        ("chat_prefix", Box::new(ChatPrefixTarget::new(oa, tok, PrefixStyle::Prefill).unwrap_or_else(|e| panic!("{e}")))),
     ]
 }
 
@@ -27,9 +33,11 @@ async fn every_client_passes_the_suite_on_the_real_target() {
     let url = common::target_url();
     let mut outputs = Vec::new();
     for (name, c) in clients(&url) {
-        outputs.push(common::suite(name, c.as_ref()).await);
+        outputs.push((name, common::suite(name, c.as_ref()).await));
     }
-    assert_eq!(outputs[0], outputs[1], "the two endpoints disagree");
+    for (name, out) in &outputs[1..] {
+        assert_eq!(out, &outputs[0].1, "{name} and {} disagree", outputs[0].0);
+    }
 }
 
 #[tokio::test]

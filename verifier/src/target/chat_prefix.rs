@@ -15,7 +15,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::text::{self, OpenText, TextChunk, TextPrefix};
+use super::text::{self, OpenText, TextCall, TextChunk, TextPrefix};
 use super::{
     Continuation, ContinuationRequest, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_sse, reported_cached_tokens,
 };
@@ -86,6 +86,10 @@ impl ChatPrefixTarget {
         Ok(body)
     }
 
+    fn call(&self, req: &ContinuationRequest) -> TextCall {
+        TextCall { open: self.opener(req), heal: true, echoes: self.style == PrefixStyle::Prefill }
+    }
+
     fn opener(&self, req: &ContinuationRequest) -> OpenText {
         let this = self.clone();
         let req = req.clone();
@@ -119,11 +123,11 @@ fn piece(v: &Value) -> TextChunk {
 #[async_trait]
 impl TargetClient for ChatPrefixTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        text::continuation(&self.tokenizer, req, true, &self.opener(req)).await
+        text::continuation(&self.tokenizer, req, self.call(req)).await
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
-        text::token_stream(self.tokenizer.clone(), req, true, self.opener(req)).await
+        text::token_stream(self.tokenizer.clone(), req, self.call(req)).await
     }
 
     async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::text::{self, OpenText, TextChunk, TextPrefix};
+use super::text::{self, OpenText, TextCall, TextChunk, TextPrefix};
 use super::{
     Continuation, ContinuationRequest, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_sse, reported_cached_tokens,
 };
@@ -34,6 +34,10 @@ impl OpenAiTextTarget {
 
     /// One call per prefix, always streamed (a non-streamed continuation collects it): the
     /// healing check then stops a diverging answer at its first characters.
+    fn call(&self, req: &ContinuationRequest) -> TextCall {
+        TextCall { open: self.opener(req), heal: true, echoes: false }
+    }
+
     fn opener(&self, req: &ContinuationRequest) -> OpenText {
         let this = self.clone();
         let s = req.sampling;
@@ -81,11 +85,11 @@ fn piece(v: &Value) -> TextChunk {
 #[async_trait]
 impl TargetClient for OpenAiTextTarget {
     async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        text::continuation(&self.tokenizer, req, true, &self.opener(req)).await
+        text::continuation(&self.tokenizer, req, self.call(req)).await
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
-        text::token_stream(self.tokenizer.clone(), req, true, self.opener(req)).await
+        text::token_stream(self.tokenizer.clone(), req, self.call(req)).await
     }
 
     async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {

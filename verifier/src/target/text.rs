@@ -46,6 +46,13 @@ impl TextPrefix {
         Ok(Self { prompt, held_back: answer[cut..].to_string(), answer: answer[..cut].to_string(), held_back_tokens })
     }
 
+    /// What the target's text must start with: the held-back piece, and before it the whole
+    /// answer sent when the server `echoes` a continued message (llama-server's assistant
+    /// prefill answers with the message's content followed by the continuation).
+    pub fn expected(&self, echoes: bool) -> String {
+        if echoes { format!("{}{}", self.answer, self.held_back) } else { self.held_back.clone() }
+    }
+
     /// The same request with nothing held back.
     pub fn unhealed(&self) -> Self {
         Self { prompt: self.prompt.clone(), answer: format!("{}{}", self.answer, self.held_back), held_back: String::new(), held_back_tokens: 0 }
@@ -133,22 +140,21 @@ pub type TextStream = Pin<Box<dyn Stream<Item = Result<TextChunk, TargetError>> 
 /// Opens a text stream for a prefix (one call to the target).
 pub type OpenText = Arc<dyn Fn(TextPrefix) -> Pin<Box<dyn Future<Output = Result<TextStream, TargetError>> + Send>> + Send + Sync>;
 
-/// Collects a whole text answer (a non-streamed call) into one chunk.
-pub async fn collect(mut s: TextStream) -> Result<TextChunk, TargetError> {
-    let mut all = TextChunk::default();
-    while let Some(c) = s.next().await {
-        let c = c?;
-        all.text.push_str(&c.text);
-        all.finished = c.finished.or(all.finished);
-        all.cached_prompt_tokens = c.cached_prompt_tokens.or(all.cached_prompt_tokens);
-    }
-    Ok(all)
+/// How a text-level target is called.
+#[derive(Clone)]
+pub struct TextCall {
+    /// Opens one call.
+    pub open: OpenText,
+    /// Hold back the answer's last piece (token healing).
+    pub heal: bool,
+    /// The server's text starts with the answer it was sent (see [`TextPrefix::expected`]).
+    pub echoes: bool,
 }
 
 /// A continuation from a text-level target: healed first, and asked again without healing
 /// when the target diverged from the held-back piece.
-pub async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, heal: bool, open: &OpenText) -> Result<Continuation, TargetError> {
-    let mut s = token_stream(tokenizer.clone(), req, heal, open.clone()).await?;
+pub async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<Continuation, TargetError> {
+    let mut s = token_stream(tokenizer.clone(), req, call).await?;
     let mut c = Continuation::default();
     while let Some(chunk) = s.next().await {
         let chunk = chunk?;
@@ -163,7 +169,7 @@ pub async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, heal
 
 struct Streaming {
     tokenizer: Tokenizer,
-    open: OpenText,
+    call: TextCall,
     prefix: TextPrefix,
     upstream: TextStream,
     retok: Retokenizer,
@@ -204,11 +210,15 @@ impl Streaming {
         })
     }
 
-    /// Drops the healed call and asks again with the whole answer.
+    /// Drops the healed call and asks again with the whole answer (once: a target whose
+    /// answer does not start with what it was sent is broken, not diverging).
     async fn restart(&mut self) -> Result<(), TargetError> {
+        if self.prefix.held_back.is_empty() {
+            return Err(TargetError::Protocol("the target's text does not continue the answer it was sent".into()));
+        }
         self.prefix = self.prefix.unhealed();
-        self.retok = Retokenizer::new(self.tokenizer.clone(), String::new());
-        self.upstream = (self.open)(self.prefix.clone()).await?;
+        self.retok = Retokenizer::new(self.tokenizer.clone(), self.prefix.expected(self.call.echoes));
+        self.upstream = (self.call.open)(self.prefix.clone()).await?;
         self.finished = None;
         self.ended = false;
         self.extra_calls += 1;
@@ -218,11 +228,11 @@ impl Streaming {
 
 /// A text-level target's answer as a stream of the draft's token ids. Dropping it drops the
 /// upstream stream, which closes the connection and stops the target.
-pub async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, heal: bool, open: OpenText) -> Result<TokenStream, TargetError> {
-    let prefix = TextPrefix::of(&tokenizer, req, heal)?;
-    let upstream = open(prefix.clone()).await?;
-    let retok = Retokenizer::new(tokenizer.clone(), prefix.held_back.clone());
-    let state = Streaming { tokenizer, open, prefix, upstream, retok, finished: None, cached: None, extra_calls: 0, ended: false };
+pub async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<TokenStream, TargetError> {
+    let prefix = TextPrefix::of(&tokenizer, req, call.heal)?;
+    let upstream = (call.open)(prefix.clone()).await?;
+    let retok = Retokenizer::new(tokenizer.clone(), prefix.expected(call.echoes));
+    let state = Streaming { tokenizer, call, prefix, upstream, retok, finished: None, cached: None, extra_calls: 0, ended: false };
     Ok(Box::pin(futures::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
         loop {
