@@ -37,6 +37,17 @@ start_target() {
   wait_healthy llama-server "$TARGET_PID" "http://127.0.0.1:$port/health" "$log" 120
 }
 
+# start_other_target PORT LOGFILE: starts llama-server with SmolLM2-135M (a tokenizer unlike the
+# draft's; from `approxy setup --vllm`, the test set-up), waits until healthy, sets OTHER_PID.
+OTHER_ALIAS="smollm2-135m-instruct"
+start_other_target() {
+  local port="$1" log="$2"
+  "$LLAMA_SERVER" -m "$APPROXY_HOME/models/smollm2-135m-instruct-q4_1.gguf" --alias "$OTHER_ALIAS" --host 127.0.0.1 \
+    --port "$port" -c 4096 -np 2 -t 1 >"$log" 2>&1 &
+  OTHER_PID=$!
+  wait_healthy llama-server "$OTHER_PID" "http://127.0.0.1:$port/health" "$log" 120
+}
+
 # start_vllm PORT LOGFILE: starts vLLM (CPU build, from `approxy setup --vllm`) serving the
 # draft model as float32 under the name $VLLM_ALIAS, waits until healthy (start-up takes a
 # minute or two), sets VLLM_PID.

@@ -8,13 +8,17 @@ mkdir -p "$APPROXY_HOME/logs"
 PORT="$(free_port)"
 echo "==> starting llama-server (target) for the tests on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/test-target-server.log"
-VLLM_PID=""
+VLLM_PID="" OTHER_PID=""
 stop_servers() {
   # errexit holds in traps too: a server that is already gone must not fail the run.
-  for pid in "$TARGET_PID" $VLLM_PID; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in "$TARGET_PID" $VLLM_PID $OTHER_PID; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
 }
 trap stop_servers EXIT
+OTHER_PORT="$(free_port)"
+echo "==> starting llama-server with $OTHER_ALIAS (a target with another tokenizer) on 127.0.0.1:$OTHER_PORT"
+start_other_target "$OTHER_PORT" "$APPROXY_HOME/logs/test-other-target-server.log"
 export APPROXY_TEST_TARGET_URL="http://127.0.0.1:$PORT"
+export APPROXY_TEST_OTHER_TARGET_URL="http://127.0.0.1:$OTHER_PORT" APPROXY_TEST_OTHER_TARGET_MODEL="$OTHER_ALIAS"
 export APPROXY_BIN="$APPROXY"
 export APPROXY_TARGET_ALIAS="$TARGET_ALIAS"
 
@@ -33,6 +37,12 @@ if ! cmp -s "$REQ" "$VENV/.requirements" 2>/dev/null; then
 fi
 "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e" -p no:cacheprovider
 
+for kind in openai_text chat_prefix; do
+  echo "==> end-to-end tests (openai Python client) through approxy with llama-server as an $kind target"
+  APPROXY_E2E_TARGET_KIND=$kind "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e/test_openai_client.py" -p no:cacheprovider
+done
+kill -TERM "$OTHER_PID" 2>/dev/null || true; wait "$OTHER_PID" 2>/dev/null || true
+
 # vLLM runs only now: with llama-server and the draft busy too, two cores would starve it.
 kill -TERM "$TARGET_PID" 2>/dev/null || true; wait "$TARGET_PID" 2>/dev/null || true
 VLLM_PORT="$(free_port)"
@@ -46,3 +56,7 @@ cargo test --release --locked -p approxy-verifier --test target_vllm --no-fail-f
 echo "==> end-to-end tests (openai Python client) through approxy with vLLM as the target"
 APPROXY_E2E_TARGET_KIND=vllm APPROXY_TEST_TARGET_URL="$APPROXY_TEST_VLLM_URL" APPROXY_TARGET_ALIAS="$VLLM_ALIAS" \
   "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e/test_openai_client.py" -p no:cacheprovider
+
+echo "==> end-to-end tests (openai Python client) through approxy with vLLM as a chat_prefix target (continue_final_message)"
+APPROXY_E2E_TARGET_KIND=chat_prefix APPROXY_E2E_PREFIX_STYLE=continue_final_message APPROXY_TEST_TARGET_URL="$APPROXY_TEST_VLLM_URL" \
+  APPROXY_TARGET_ALIAS="$VLLM_ALIAS" "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e/test_openai_client.py" -p no:cacheprovider

@@ -62,6 +62,11 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &Mod
             "target_discarded_tokens": s.target_discarded_tokens,
             "target_input_tokens": s.target_input_tokens,
             "target_cacheable_input_tokens": s.target_cacheable_input_tokens,
+            // What the target said it served from its cache, when every call said (the cost
+            // estimate then uses it instead of the cache rules).
+            "target_reported_cached_tokens": (s.target_calls > 0 && s.target_calls_reporting_cache == s.target_calls)
+                .then_some(s.target_reported_cached_tokens),
+            "heal_retries": s.heal_retries,
             "estimated_cost_usd": cost.approxy,
             "estimated_passthrough_cost_usd": cost.passthrough,
         }

@@ -373,3 +373,57 @@ async fn auth_and_load_shedding() {
     drop(held);
     assert_eq!(call(&state, authed()).await.0, StatusCode::OK);
 }
+
+/// Shared parts around the scripted draft, claiming the identity `draft_sha256`.
+fn scripted_shared(draft_sha256: &str) -> Arc<Shared> {
+    let tokenizer = tiny_tokenizer();
+    Arc::new(Shared {
+        draft: Arc::new(ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1)),
+        eos: tokenizer.end_of_sequence_ids(),
+        tokenizer,
+        template: ChatTemplate::from_source(TEMPLATE.into()).unwrap(),
+        draft_sha256: draft_sha256.into(),
+        prometheus: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle(),
+        inflight: Arc::new(Semaphore::new(4)),
+        policy_path: "/tests/policy.toml".into(),
+    })
+}
+
+#[test]
+fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
+    let artifact = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/default.json");
+    let shared = scripted_shared(approxy_verifier::home::DRAFT_GGUF_SHA256);
+    let build = |model_line: &str| {
+        let text = format!(
+            "[target]\nkind = \"openai_text\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{model_line}\n[models.m]\nmode = \"approximate\"\nverifier = {:?}\nthreshold = 0.5\n",
+            artifact.display()
+        );
+        let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
+        Runtime::with_target(policy, &shared, Arc::new(ScriptedTarget::says("x", None))).map(|_| ())
+    };
+    assert!(build("model = \"qwen2.5-coder-1.5b-instruct\"").is_ok());
+    for other in ["model = \"smollm2-135m-instruct\"", ""] {
+        let e = build(other).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("calibrated with target") && e.contains("verifier = \"confidence\""), "{other}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_chat_prefix_target_continues_chat_and_passes_completions_through() {
+    let upstream = stub_upstream().await;
+    let text = format!(
+        "[target]\nkind = \"chat_prefix\"\nprefix_style = \"prefix\"\nbase_url = \"{upstream}/v1\"\ntimeout = \"5s\"\nretries = 0\n\n[models.m]\nmode = \"approximate\"\nthreshold = 0.5\n"
+    );
+    let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
+    let shared = scripted_shared("scripted");
+    let rt = Runtime::with_target(policy, &shared, Arc::new(ScriptedTarget::says("hello", Some(tiny_tokenizer())))).unwrap();
+    let state = AppState::new(shared, rt);
+    let (status, headers, _) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!((status, headers["x-approxy-mode"].to_str().unwrap()), (StatusCode::OK, "approximate"));
+    let (_, headers, _) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hi", "max_tokens": 4}))).await;
+    assert_eq!(headers["x-approxy-passthrough-reason"], "target_cannot_continue");
+    // Text goes both ways: no tokenizer comparison.
+    let (_, _, body) = call(&state, Request::get("/ready").body(Body::empty()).unwrap()).await;
+    let ready: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(ready["tokenizer_check"], json!("not needed: the target is sent text"));
+}

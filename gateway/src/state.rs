@@ -113,7 +113,21 @@ impl Runtime {
         for (id, m) in &policy.models {
             let v: Arc<dyn Verifier> = match &m.verifier {
                 VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
-                VerifierChoice::Learned(p) => Arc::new(LearnedVerifier::load(p, &shared.draft_sha256)?),
+                VerifierChoice::Learned(p) => {
+                    let v = LearnedVerifier::load(p, &shared.draft_sha256)?;
+                    // Its thresholds mean something only for the pair it was calibrated on.
+                    if policy.target.model.as_deref() != Some(v.target()) {
+                        anyhow::bail!(
+                            "models.{id:?}: the learned verifier {} was calibrated with target {:?}, but this policy's target.model is {}; \
+                             use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
+                            p.display(),
+                            v.target(),
+                            policy.target.model.as_deref().map_or("not set".to_string(), |m| format!("{m:?}"))
+                        );
+                    }
+                    tracing::info!(model = %id, verifier = %p.display(), draft_sha256 = %shared.draft_sha256, target = v.target(), "learned verifier for this draft-target pair");
+                    Arc::new(v)
+                }
             };
             verifiers.insert(id.clone(), v);
         }

@@ -21,9 +21,11 @@ BIN = os.environ.get("APPROXY_BIN", str(REPO / "target" / "release" / "approxy")
 TARGET = os.environ.get("APPROXY_TEST_TARGET_URL")
 MODEL = os.environ.get("APPROXY_TARGET_ALIAS", "qwen2.5-coder-1.5b-instruct")
 
-# "llama_cpp" (the default) or "vllm": test-all.sh runs the client suite a second time with a
-# real vLLM as the target.
+# "llama_cpp" (the default), "vllm", "openai_text" or "chat_prefix": test-all.sh runs the client
+# suite again with llama-server as an openai_text and a chat_prefix target (its prefill), with
+# a real vLLM as the target, and with vLLM as a chat_prefix target (continue_final_message).
 TARGET_KIND = os.environ.get("APPROXY_E2E_TARGET_KIND", "llama_cpp")
+PREFIX_STYLE = os.environ.get("APPROXY_E2E_PREFIX_STYLE", "prefill")
 
 if not TARGET:
     raise RuntimeError("APPROXY_TEST_TARGET_URL is not set: run ./deploy/test-all.sh (the README's test command)")
@@ -33,9 +35,11 @@ def policy_text(base_url=TARGET, **over):
     """policies/default.toml pointed at `base_url` (a server root) for the target kind under
     test, with `key = value` lines replaced."""
     text = (REPO / "policies" / "default.toml").read_text()
-    if TARGET_KIND == "vllm":
-        text = re.sub(r'^kind = .*$', 'kind = "vllm"', text, count=1, flags=re.M)
+    if TARGET_KIND != "llama_cpp":
+        text = re.sub(r'^kind = .*$', f'kind = "{TARGET_KIND}"', text, count=1, flags=re.M)
         base_url = base_url.rstrip("/") + "/v1"
+    if TARGET_KIND == "chat_prefix":
+        text = re.sub(r'^(kind = .*)$', rf'\1\nprefix_style = "{PREFIX_STYLE}"', text, count=1, flags=re.M)
     text = re.sub(r'^base_url = .*$', f'base_url = "{base_url}"', text, flags=re.M)
     for key, value in over.items():
         text, n = re.subn(rf'^{key} = .*$', f"{key} = {value}", text, flags=re.M)

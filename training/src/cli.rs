@@ -12,6 +12,7 @@ use approxy_verifier::calibration::{Auc, AucReport, ByKind, Calibration, DataSum
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
+use approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET;
 use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
 use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
 
@@ -110,6 +111,8 @@ pub struct FitArgs {
     pub out_dir: PathBuf,
     /// Seed for split, initialisation and shuffling.
     pub seed: u64,
+    /// The target model the rows were collected from: the head is bound to this pair.
+    pub target: String,
 }
 
 fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
@@ -179,7 +182,10 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     eprintln!("confidence baseline: held-out AUC {base_auc}");
     // The learned head is chosen on validation AUC; the held-out split only judges it.
     candidates.sort_by(|x, y| y.4.total_cmp(&x.4));
-    let (best_name, best_art, best_scores, best_auc, _) = candidates.remove(0);
+    let (best_name, mut best_art, best_scores, best_auc, _) = candidates.remove(0);
+    // Named only when it is not the shipped pair's target, so the committed artifact
+    // regenerates byte for byte.
+    best_art.target = (a.target != DEFAULT_CALIBRATION_TARGET).then(|| a.target.clone());
     let learned_wins = key(&best_auc) > key(&base_auc);
     let chosen = if learned_wins { best_name } else { "confidence" };
     let chosen_scores = if learned_wins { &best_scores } else { &base };

@@ -98,6 +98,7 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
             HeadKind::Mlp(_) => "mlp".into(),
         },
         draft_sha256: draft_sha256.to_string(),
+        target: None,
         features: FeatureSpec { stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(), hidden: opts.use_hidden, hidden_size },
         mean,
         std,

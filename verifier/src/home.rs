@@ -35,6 +35,11 @@ impl Home {
     pub fn target_gguf(&self) -> PathBuf {
         self.root.join("models").join(TARGET_GGUF_NAME)
     }
+    /// A small model with another tokenizer (SmolLM2-135M-Instruct): the test target for
+    /// text-level kinds in front of a model that does not share the draft's vocabulary.
+    pub fn other_tokenizer_gguf(&self) -> PathBuf {
+        self.root.join("models").join("smollm2-135m-instruct-q4_1.gguf")
+    }
     /// The draft GGUF.
     pub fn draft_gguf(&self) -> PathBuf {
         self.root.join("models").join(DRAFT_GGUF_NAME)

@@ -12,23 +12,34 @@ use std::sync::atomic::Ordering;
 
 use approxy_verifier::Verification;
 use approxy_verifier::draft::pool::DraftPool;
-use approxy_verifier::target::{OpenAiCompletionsTarget, TargetClient, WindowRequest};
+use approxy_verifier::target::{ChatPrefixTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient, WindowRequest};
 
 fn vllm_url() -> String {
     std::env::var("APPROXY_TEST_VLLM_URL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_URL is not set: deploy/test-all.sh starts vLLM and sets it"))
 }
 
-fn vllm() -> OpenAiCompletionsTarget {
-    let url = vllm_url();
-    let mut cfg = common::target_config(&format!("{url}/v1"));
+fn vllm_config() -> approxy_verifier::TargetConfig {
+    let mut cfg = common::target_config(&format!("{}/v1", vllm_url()));
     cfg.model = std::env::var("APPROXY_TEST_VLLM_MODEL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_MODEL is not set"));
-    OpenAiCompletionsTarget::new(cfg).unwrap_or_else(|e| panic!("{e}"))
+    cfg
 }
 
+fn vllm() -> OpenAiCompletionsTarget {
+    OpenAiCompletionsTarget::new(vllm_config()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The shared suite through the vllm kind and the text-level kinds vLLM also serves:
+/// `/v1/completions` with a text prompt, and chat completions with `continue_final_message`.
+/// Same model, same greedy answer.
 #[tokio::test]
 #[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
-async fn vllm_passes_the_shared_suite() {
-    common::suite("vllm", &vllm()).await;
+async fn vllm_passes_the_shared_suite_through_every_kind() {
+    let tok = common::tokenizer();
+    let by_ids = common::suite("vllm", &vllm()).await;
+    let text = OpenAiTextTarget::new(vllm_config(), tok.clone()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(common::suite("openai_text", &text).await, by_ids);
+    let chat = ChatPrefixTarget::new(vllm_config(), tok, PrefixStyle::ContinueFinalMessage).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(common::suite("chat_prefix", &chat).await, by_ids);
 }
 
 #[tokio::test]

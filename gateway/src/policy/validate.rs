@@ -126,6 +126,7 @@ impl Validator {
             retries: t.retries.unwrap_or(2),
             backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
+            model: t.model,
             prefix_style,
             cache_hints,
             cache_rules,

@@ -171,6 +171,8 @@ fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPo
         target: RawTarget {
             kind: "llama_cpp".into(),
             base_url: target_url.into(),
+            // The shipped learned verifier's pair: the benchmark's target is that model.
+            model: Some(approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET.into()),
             timeout: Some("300s".into()),
             retries: Some(2),
             backoff: Some("200ms".into()),

@@ -35,6 +35,10 @@ pub struct Dense {
     pub bias: Vec<f32>,
 }
 
+/// The target of the shipped calibration (the local llama-server's model): the pair an
+/// artifact that names no target was calibrated on.
+pub const DEFAULT_CALIBRATION_TARGET: &str = "qwen2.5-coder-1.5b-instruct";
+
 /// The artifact as stored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +49,10 @@ pub struct Artifact {
     pub kind: String,
     /// sha256 of the draft model the head was trained on.
     pub draft_sha256: String,
+    /// The target model its labels came from (a head is calibrated for one draft–target
+    /// pair); absent: [`DEFAULT_CALIBRATION_TARGET`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// Inputs.
     pub features: FeatureSpec,
     /// Per-input mean subtracted before the head.
@@ -117,6 +125,11 @@ impl LearnedVerifier {
         Ok(Self { artifact: a, stat_idx })
     }
 
+    /// The target model this head was calibrated against.
+    pub fn target(&self) -> &str {
+        self.artifact.target.as_deref().unwrap_or(DEFAULT_CALIBRATION_TARGET)
+    }
+
     /// The artifact (for reports).
     pub fn artifact(&self) -> &Artifact {
         &self.artifact
@@ -167,6 +180,7 @@ mod tests {
             format: FORMAT.into(),
             kind: "logistic".into(),
             draft_sha256: sha.into(),
+            target: None,
             features: FeatureSpec { stats: vec!["top1_prob".into()], hidden: true, hidden_size: 2 },
             mean: vec![0.5, 0.0, 0.0],
             std: vec![0.5, 1.0, 1.0],
