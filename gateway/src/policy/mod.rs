@@ -336,6 +336,25 @@ max_cost_ratio = -1
         Ok(())
     }
 
+    /// The README's provider snippets are these files' `[target]` tables, and every file loads.
+    #[test]
+    fn provider_policies_validate_and_are_the_readme_snippets() -> Result<(), PolicyError> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap_or_default();
+        let mut n = 0;
+        for entry in std::fs::read_dir(root.join("policies/providers")).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let p = Policy::load(&path)?;
+            assert!(p.model("any").is_some(), "{}", path.display());
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let target = text.split("\n\n").find(|b| b.starts_with("[target]")).unwrap_or_default();
+            assert!(!target.is_empty() && readme.contains(target), "README lacks the [target] of {}", path.display());
+            n += 1;
+        }
+        assert!(n >= 8, "{n} provider policies");
+        Ok(())
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
