@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use approxy_verifier::target::TextSettings;
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
     ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient, TargetConfig, Tokenizer, Verifier,
@@ -71,7 +72,9 @@ impl Runtime {
     /// artifact cannot be used.
     pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
         let t = &policy.target;
-        let target = approxy_verifier::target::build(t.kind, Self::target_config(&policy), &shared.tokenizer, t.prefix_style)?;
+        let chat_template = t.chat_template.as_deref().map(ChatTemplate::from_file).transpose()?.map(Arc::new);
+        let text = TextSettings { prefix_style: t.prefix_style, chat_template };
+        let target = approxy_verifier::target::build(t.kind, Self::target_config(&policy), &shared.tokenizer, &text)?;
         Self::with_target(policy, shared, target)
     }
 

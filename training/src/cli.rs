@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use approxy_verifier::calibration::{Auc, AucReport, ByKind, Calibration, DataSummary, FORMAT, KindGrids, OtherHead};
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
-use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind};
+use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET;
 use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
@@ -77,7 +77,8 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         ca_file: None,
         cache_hints: CacheHints::default(),
     };
-    let target: Arc<dyn TargetClient> = approxy_verifier::target::build(a.target_kind, cfg, &tok, a.prefix_style)?;
+    let text = TextSettings { prefix_style: a.prefix_style, chat_template: None };
+    let target: Arc<dyn TargetClient> = approxy_verifier::target::build(a.target_kind, cfg, &tok, &text)?;
     let pb = ProgressBar::new(items.len() as u64);
     pb.set_style(ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let started = Instant::now();

@@ -206,3 +206,21 @@ async fn dropping_a_text_stream_closes_the_upstream_connection() {
     drop(s);
     tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.expect("the stub kept streaming after the client dropped").unwrap();
 }
+
+#[tokio::test]
+async fn a_target_of_another_family_gets_its_own_chat_template() {
+    use approxy_verifier::template::ChatTemplate;
+    // Llama 3's header layout, reduced to what the prompt needs.
+    let llama3 = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+    let (url, calls) = stub(vec![vec!["_pal", "indrome"]], text_event, json!({})).await;
+    let c = OpenAiTextTarget::new(common::target_config(&url), common::tokenizer())
+        .unwrap()
+        .with_template(Some(Arc::new(ChatTemplate::from_source(llama3.into()).unwrap())));
+    let out = c.continue_tokens(&common::chat_req(TASK, &answer("def is_pal"), 8)).await.unwrap();
+    assert_eq!(decoded(&out.tokens), "indrome");
+    let prompt = calls.lock().unwrap()[0].0["prompt"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        prompt,
+        format!("<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{TASK}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\ndef is")
+    );
+}

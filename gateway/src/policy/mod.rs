@@ -47,6 +47,9 @@ pub struct TargetPolicy {
     pub model: Option<String>,
     /// How a `chat_prefix` target continues an answer.
     pub prefix_style: PrefixStyle,
+    /// The target's own chat template (`openai_text`), a file that compiled when the policy
+    /// was validated.
+    pub chat_template: Option<PathBuf>,
     /// Cache hints sent with engine calls.
     pub cache_hints: CacheHints,
     /// How the target's prompt cache serves re-sent prefixes.
@@ -282,6 +285,8 @@ max_cost_ratio = -1
         assert_eq!(openai.target.cache_hints, CacheHints { key: false, affinity_header: Some("x-session-affinity".into()) });
         assert_eq!(openai.target.cache_rules, CacheRules { min_tokens: 1024, block: 128 });
         assert!(with("vllm", "cache = { block = 0 }").is_err_and(|e| e.to_string().contains("target.cache.block")));
+        assert!(with("vllm", "chat_template = \"t.jinja\"").is_err_and(|e| e.to_string().contains("only an openai_text")));
+        assert!(with("openai_text", "chat_template = \"/nonexistent/t.jinja\"").is_err_and(|e| e.to_string().contains("target.chat_template")));
         Ok(())
     }
 

@@ -51,6 +51,10 @@ pub struct RawTarget {
     /// and is used only when this names its target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// `openai_text` only: the target's own chat template (a Jinja file), for a model of
+    /// another family than the draft's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
     /// `chat_prefix` only: `prefix` (DeepSeek, Mistral), `continue_final_message` (vLLM) or
     /// `prefill` (llama-server).
     #[serde(skip_serializing_if = "Option::is_none")]

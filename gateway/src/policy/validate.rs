@@ -91,6 +91,20 @@ impl Validator {
                 PrefixStyle::default()
             }
         };
+        let chat_template = match (&t.chat_template, kind) {
+            (None, _) => None,
+            (Some(_), k) if k != TargetKind::OpenaiText => {
+                self.err("target.chat_template: only an openai_text target is sent a rendered prompt");
+                None
+            }
+            (Some(p), _) => {
+                let path = self.path(p);
+                if let Err(e) = approxy_verifier::template::ChatTemplate::from_file(&path) {
+                    self.err(format!("target.chat_template: {e}"));
+                }
+                Some(path)
+            }
+        };
         // Per kind: the text-level kinds talk to hosted APIs, whose caches key on
         // `prompt_cache_key`; vLLM caches whole 16-token blocks; llama.cpp any common prefix.
         let cache = t.cache.unwrap_or_default();
@@ -127,6 +141,7 @@ impl Validator {
             backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
             model: t.model,
+            chat_template,
             prefix_style,
             cache_hints,
             cache_rules,

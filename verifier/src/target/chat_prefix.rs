@@ -87,7 +87,7 @@ impl ChatPrefixTarget {
     }
 
     fn call(&self, req: &ContinuationRequest) -> TextCall {
-        TextCall { open: self.opener(req), heal: true, echoes: self.style == PrefixStyle::Prefill }
+        TextCall { open: self.opener(req), heal: true, echoes: self.style == PrefixStyle::Prefill, template: None }
     }
 
     fn opener(&self, req: &ContinuationRequest) -> OpenText {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TargetError;
 use crate::sampling::SamplingParams;
-use crate::template::ChatMessage;
+use crate::template::{ChatMessage, ChatTemplate};
 use crate::tokenizer::Tokenizer;
 
 pub use chat_only::ChatOnlyTarget;
@@ -260,14 +260,24 @@ impl TargetKind {
     }
 }
 
+/// What the text-level kinds need beyond the connection.
+#[derive(Debug, Clone, Default)]
+pub struct TextSettings {
+    /// How a `chat_prefix` target is told to continue.
+    pub prefix_style: PrefixStyle,
+    /// The target's own chat template, for an `openai_text` target of another model family
+    /// (otherwise the prompt is the draft's rendering).
+    pub chat_template: Option<Arc<ChatTemplate>>,
+}
+
 /// Builds a client of the given kind. Text-level kinds re-tokenize with the draft's
-/// `tokenizer`; `style` is how a `chat_prefix` target is told to continue.
-pub fn build(kind: TargetKind, cfg: TargetConfig, tokenizer: &Tokenizer, style: PrefixStyle) -> Result<Arc<dyn TargetClient>, TargetError> {
+/// `tokenizer`.
+pub fn build(kind: TargetKind, cfg: TargetConfig, tokenizer: &Tokenizer, text: &TextSettings) -> Result<Arc<dyn TargetClient>, TargetError> {
     Ok(match kind {
         TargetKind::LlamaCpp => Arc::new(LlamaCppTarget::new(cfg)?),
         TargetKind::Vllm => Arc::new(OpenAiCompletionsTarget::new(cfg)?),
-        TargetKind::OpenaiText => Arc::new(OpenAiTextTarget::new(cfg, tokenizer.clone())?),
-        TargetKind::ChatPrefix => Arc::new(ChatPrefixTarget::new(cfg, tokenizer.clone(), style)?),
+        TargetKind::OpenaiText => Arc::new(OpenAiTextTarget::new(cfg, tokenizer.clone())?.with_template(text.chat_template.clone())),
+        TargetKind::ChatPrefix => Arc::new(ChatPrefixTarget::new(cfg, tokenizer.clone(), text.prefix_style)?),
         TargetKind::OpenAiChat => Arc::new(ChatOnlyTarget::new(cfg)?),
     })
 }

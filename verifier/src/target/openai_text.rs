@@ -16,6 +16,7 @@ use super::{
     Continuation, ContinuationRequest, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_sse, reported_cached_tokens,
 };
 use crate::error::TargetError;
+use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 
 /// Client for text completions.
@@ -24,18 +25,26 @@ pub struct OpenAiTextTarget {
     cfg: TargetConfig,
     http: reqwest::Client,
     tokenizer: Tokenizer,
+    template: Option<Arc<ChatTemplate>>,
 }
 
 impl OpenAiTextTarget {
     /// A client for `cfg.base_url` (ending in `/v1`) that re-tokenizes with `tokenizer`.
     pub fn new(cfg: TargetConfig, tokenizer: Tokenizer) -> Result<Self, TargetError> {
-        Ok(Self { http: http_client(&cfg)?, cfg, tokenizer })
+        Ok(Self { http: http_client(&cfg)?, cfg, tokenizer, template: None })
+    }
+
+    /// Renders chat prompts with the target's own chat template rather than the draft's (a
+    /// target of another model family).
+    pub fn with_template(mut self, template: Option<Arc<ChatTemplate>>) -> Self {
+        self.template = template;
+        self
     }
 
     /// One call per prefix, always streamed (a non-streamed continuation collects it): the
     /// healing check then stops a diverging answer at its first characters.
     fn call(&self, req: &ContinuationRequest) -> TextCall {
-        TextCall { open: self.opener(req), heal: true, echoes: false }
+        TextCall { open: self.opener(req), heal: true, echoes: false, template: self.template.clone() }
     }
 
     fn opener(&self, req: &ContinuationRequest) -> OpenText {

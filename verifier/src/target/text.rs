@@ -20,6 +20,7 @@ use futures::{Stream, StreamExt};
 
 use super::{Continuation, ContinuationRequest, StreamChunk, TokenStream};
 use crate::error::{EngineError, TargetError};
+use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 
 /// A continuation request as text.
@@ -36,10 +37,15 @@ pub struct TextPrefix {
 }
 
 impl TextPrefix {
-    /// The request's prefix as text, with the answer's last piece held back when `heal`.
-    pub fn of(tokenizer: &Tokenizer, req: &ContinuationRequest, heal: bool) -> Result<Self, TargetError> {
+    /// The request's prefix as text, with the answer's last piece held back when `heal`. The
+    /// prompt is the draft's rendering, or the chat messages rendered with `template` (the
+    /// target's own chat template) when both are given.
+    pub fn of(tokenizer: &Tokenizer, req: &ContinuationRequest, heal: bool, template: Option<&ChatTemplate>) -> Result<Self, TargetError> {
         let split = req.prompt_len.min(req.prefix.len());
-        let prompt = tokenizer.decode_with_specials(&req.prefix[..split]).map_err(tokenizer_failed)?;
+        let prompt = match (template, &req.messages) {
+            (Some(t), Some(m)) => t.render(m).map_err(|e| TargetError::Protocol(format!("rendering the target's chat template: {e}")))?,
+            _ => tokenizer.decode_with_specials(&req.prefix[..split]).map_err(tokenizer_failed)?,
+        };
         let answer = tokenizer.decode(&req.prefix[split..]).map_err(tokenizer_failed)?;
         let cut = if heal { tokenizer.last_piece_start(&answer).map_err(tokenizer_failed)? } else { answer.len() };
         let held_back_tokens = tokenizer.encode(&answer[cut..]).map_err(tokenizer_failed)?.len() as u32;
@@ -149,6 +155,8 @@ pub struct TextCall {
     pub heal: bool,
     /// The server's text starts with the answer it was sent (see [`TextPrefix::expected`]).
     pub echoes: bool,
+    /// The target's chat template, for the prompt text.
+    pub template: Option<Arc<ChatTemplate>>,
 }
 
 /// A continuation from a text-level target: healed first, and asked again without healing
@@ -229,7 +237,7 @@ impl Streaming {
 /// A text-level target's answer as a stream of the draft's token ids. Dropping it drops the
 /// upstream stream, which closes the connection and stops the target.
 pub async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<TokenStream, TargetError> {
-    let prefix = TextPrefix::of(&tokenizer, req, call.heal)?;
+    let prefix = TextPrefix::of(&tokenizer, req, call.heal, call.template.as_deref())?;
     let upstream = (call.open)(prefix.clone()).await?;
     let retok = Retokenizer::new(tokenizer.clone(), prefix.expected(call.echoes));
     let state = Streaming { tokenizer, call, prefix, upstream, retok, finished: None, cached: None, extra_calls: 0, ended: false };
@@ -286,11 +294,11 @@ mod tests {
     #[test]
     fn the_answer_is_cut_before_its_last_piece() {
         let t = merging_tokenizer();
-        let p = TextPrefix::of(&t, &request(&t, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "print(x) Hel"), true).unwrap_or_else(|e| unreachable!("{e}"));
+        let p = TextPrefix::of(&t, &request(&t, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "print(x) Hel"), true, None).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!(p.prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!((p.answer.as_str(), p.held_back.as_str()), ("print(x)", " Hel"));
         assert_eq!(p.unhealed().answer, "print(x) Hel");
-        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), true).unwrap_or_else(|e| unreachable!("{e}"));
+        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), true, None).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!((empty.answer.as_str(), empty.held_back.as_str()), ("", ""));
     }
 
