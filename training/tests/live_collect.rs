@@ -58,3 +58,45 @@ async fn live_rows_follow_the_decode_loop() {
     let again = collect_live(pool, &engine, &ConfidenceVerifier, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
     assert_eq!((again.shards_written, again.shards_skipped), (0, 1));
 }
+
+/// Teacher-forced collection works through a text-level kind too (so a user can calibrate for
+/// a target that takes text): the same llama-server, reached as `openai_text` and as
+/// `chat_prefix`, gives the same rows as through its native API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_through_the_text_level_kinds_matches_the_native_one() {
+    use approxy_training::collect::{CollectOptions, collect};
+    use approxy_verifier::target::{ChatPrefixTarget, OpenAiTextTarget, PrefixStyle};
+    let home = Home::from_env().unwrap();
+    let url = std::env::var("APPROXY_TEST_TARGET_URL").expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
+    let dir = home.draft_onnx_dir();
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let user = "Write a Python function that returns the sum of a list of integers.";
+    let items = vec![CollectItem {
+        id: 0,
+        kind: 0,
+        prompt: prompt(&tok, user),
+        messages: Arc::new(vec![
+            ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
+            ChatMessage { role: "user".into(), content: user.into() },
+        ]),
+    }];
+    let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
+    let cfg = |base: String| TargetConfig { base_url: base, api_key: None, model: "target".into(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default() };
+    let targets: Vec<(&str, Arc<dyn TargetClient>)> = vec![
+        ("llama_cpp", Arc::new(LlamaCppTarget::new(cfg(url.clone())).unwrap())),
+        ("openai_text", Arc::new(OpenAiTextTarget::new(cfg(format!("{url}/v1")), tok.clone()).unwrap())),
+        ("chat_prefix", Arc::new(ChatPrefixTarget::new(cfg(format!("{url}/v1")), tok.clone(), PrefixStyle::Prefill).unwrap())),
+    ];
+    let opts = CollectOptions { max_answer_tokens: 24, shard_prompts: 20, concurrency: 1 };
+    let mut all = Vec::new();
+    for (name, target) in targets {
+        let out = tempfile::tempdir().unwrap();
+        let s = collect(Arc::clone(&pool), target, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+        let rows = load_dir(out.path()).unwrap();
+        assert!(s.rows > 0 && rows.len() == s.rows, "{name}: {} rows", s.rows);
+        all.push((name, rows.labels.clone()));
+    }
+    for (name, labels) in &all[1..] {
+        assert_eq!(labels, &all[0].1, "{name} labels differ from llama_cpp's");
+    }
+}
