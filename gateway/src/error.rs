@@ -44,6 +44,24 @@ pub enum ApiError {
     /// The target rejected the request (4xx): its status is passed on.
     #[error("the target model server rejected the request (HTTP {0})")]
     UpstreamRejected(u16),
+    /// The target rejected a passed-through request (4xx) and said why: its status and the
+    /// message fields of its error, nothing else.
+    #[error("the target model server rejected the request: {}", message.as_deref().unwrap_or("no reason given"))]
+    UpstreamRejectedWith {
+        /// The target's status.
+        status: u16,
+        /// The target's `error.message`.
+        message: Option<String>,
+        /// The target's `error.param`.
+        param: Option<String>,
+    },
+    /// The target refused the gateway's own credentials (its 401 or 403): the operator's
+    /// problem, not the client's.
+    #[error("the target model server refused the gateway's credentials for it")]
+    TargetCredentials,
+    /// The target is rate-limiting the gateway; `retry-after` when it said.
+    #[error("the target model server is rate-limiting requests; retry later")]
+    TargetRateLimited(Option<HeaderValue>),
     /// Anything else; details go to the log only.
     #[error("internal error")]
     Internal(String),
@@ -65,11 +83,13 @@ impl ApiError {
             ApiError::BadGateway => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_unavailable")),
             ApiError::TargetTls => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_tls_error")),
             ApiError::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_error", Some("target_timeout")),
-            ApiError::UpstreamRejected(s) => (
+            ApiError::UpstreamRejected(s) | ApiError::UpstreamRejectedWith { status: s, .. } => (
                 StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
                 "invalid_request_error",
                 Some("target_rejected"),
             ),
+            ApiError::TargetCredentials => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_auth_failed")),
+            ApiError::TargetRateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("target_rate_limited")),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
         }
     }
@@ -83,7 +103,7 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let (_, kind, code) = self.parts();
         let param = match self {
-            ApiError::BadRequest { param, .. } => param.clone(),
+            ApiError::BadRequest { param, .. } | ApiError::UpstreamRejectedWith { param, .. } => param.clone(),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
@@ -101,6 +121,8 @@ impl From<TargetError> for ApiError {
         match e {
             TargetError::Timeout(_) => ApiError::GatewayTimeout,
             TargetError::Tls(_) => ApiError::TargetTls,
+            TargetError::Status { status: 401 | 403, .. } => ApiError::TargetCredentials,
+            TargetError::Status { status: 429, .. } => ApiError::TargetRateLimited(None),
             TargetError::Status { status, .. } if (400..500).contains(&status) => ApiError::UpstreamRejected(status),
             TargetError::Unreachable { .. } | TargetError::Status { .. } | TargetError::Protocol(_) => ApiError::BadGateway,
         }
@@ -121,12 +143,18 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
-            tracing::error!(error = ?self, "request failed");
+            tracing::error!(error = %self, "request failed");
         }
         metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string()).increment(1);
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::Overloaded) {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match self {
+            ApiError::Overloaded => {
+                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::TargetRateLimited(Some(v)) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            _ => {}
         }
         resp
     }

@@ -1,8 +1,10 @@
-//! Passthrough: forwards a request to the target's OpenAI-compatible API unchanged and streams
-//! the answer back without buffering it. The chat and completion handlers call [`forward`]
-//! when `decide` says so; [`Passthrough`] serves every other route. Connect failures are retried
-//! (nothing reached the target, so a retry cannot duplicate work); once the target has
-//! answered, its status and body are passed on as they are.
+//! Passthrough: forwards a request to the target's OpenAI-compatible API and streams the
+//! answer back without buffering it. The chat and completion handlers call [`forward`] when
+//! `decide` says so; [`Passthrough`] serves the other routes approxy allows (and refuses the
+//! rest). Headers cross in both directions through allow-lists; the target's errors are
+//! mapped to the gateway's. Connect failures are retried (nothing reached the target, so a
+//! retry cannot duplicate work); once the target has answered, its body is relayed with a
+//! bound on each read rather than on the whole stream.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,10 +14,10 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::StreamExt;
 
 use crate::decide::Reason;
 use crate::error::ApiError;
@@ -46,7 +48,15 @@ impl tower::Service<Request<Body>> for Passthrough {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move {
-            let limit = state.runtime().policy.gateway.max_body_bytes;
+            let rt = state.runtime();
+            let path = req.uri().path();
+            if has_dot_segments(path) {
+                return Ok(ApiError::bad("path", "the path has dot segments or encoded separators").into_response());
+            }
+            if !route_allowed(req.method(), path, &rt.policy.passthrough.extra_routes) {
+                return Ok(ApiError::NotFound.into_response());
+            }
+            let limit = rt.policy.gateway.max_body_bytes;
             let (parts, body) = req.into_parts();
             let response = match axum::body::to_bytes(body, limit).await {
                 Ok(bytes) => forward(&state, parts, bytes, Reason::Route).await,
@@ -57,14 +67,53 @@ impl tower::Service<Request<Body>> for Passthrough {
     }
 }
 
-/// Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones this hop
-/// sets itself.
-fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "te" | "trailer"
-            | "transfer-encoding" | "upgrade" | "host" | "content-length" | "authorization"
-    ) || name.as_str().starts_with("x-approxy-")
+/// The routes passthrough forwards besides chat and completions (which their handlers forward
+/// when they decide to): `METHOD /path`, where a path ending in `/*` covers everything below
+/// it. Anything else is refused, so the target's other routes (llama.cpp's `/slots`, vLLM's
+/// admin routes, a provider's files and batches) are not reachable with the operator's key
+/// unless the policy adds them (`passthrough.extra_routes`).
+pub const SERVED_ROUTES: [&str; 4] = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/*"];
+
+/// Whether `method path` is served: one of [`SERVED_ROUTES`] or of the policy's `extra`.
+pub fn route_allowed(method: &Method, path: &str, extra: &[String]) -> bool {
+    SERVED_ROUTES.iter().copied().chain(extra.iter().map(String::as_str)).any(|route| {
+        let Some((m, pattern)) = route.split_once(' ') else { return false };
+        if m != method.as_str() {
+            return false;
+        }
+        match pattern.strip_suffix("/*") {
+            Some(prefix) => path.strip_prefix(prefix).is_some_and(|rest| rest.len() > 1 && rest.starts_with('/')),
+            None => path == pattern,
+        }
+    })
+}
+
+/// A path that could resolve somewhere else upstream: `.` or `..` segments, their
+/// percent-encoded forms, encoded slashes or backslashes, or empty segments.
+pub fn has_dot_segments(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') || lower.contains("//") {
+        return true;
+    }
+    path.split('/').any(|seg| seg == "." || seg == "..")
+}
+
+/// Client headers passed to the target: what describes the request, and trace context.
+/// Credentials and account selectors (`authorization`, `api-key`, `openai-organization`,
+/// `openai-project`, cookies) are not: the target gets the gateway's key only.
+fn forwarded_request_header(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "content-type" | "accept" | "user-agent" | "traceparent" | "tracestate" | "openai-beta" | "idempotency-key")
+}
+
+/// Target headers passed back: what the client needs to read the body. Not the target's
+/// cookies, account or organisation headers, request ids or rate-limit state of the
+/// operator's account; `retry-after` only where it tells the client when to come back.
+fn returned_response_header(name: &HeaderName, status: u16) -> bool {
+    match name.as_str() {
+        "content-type" | "cache-control" => true,
+        "retry-after" => status == 429 || status == 503,
+        _ => false,
+    }
 }
 
 /// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
@@ -83,7 +132,7 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
     }
     let mut headers = HeaderMap::new();
     for (k, v) in &parts.headers {
-        if !hop_by_hop(k) {
+        if forwarded_request_header(k) {
             headers.append(k.clone(), v.clone());
         }
     }
@@ -92,24 +141,21 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
         headers.insert(header::AUTHORIZATION, v);
     }
     let started = Instant::now();
+    let timeout = rt.policy.target.timeout;
     let mut attempt = 0;
     let upstream = loop {
-        let sent = rt
-            .http
-            .request(parts.method.clone(), &url)
-            .headers(headers.clone())
-            .body(bytes.clone())
-            .timeout(rt.policy.target.timeout)
-            .send()
-            .await;
+        // The timeout covers the answer's head only; the body is bounded per read below, so a
+        // long stream is not cut while it flows.
+        let sent = tokio::time::timeout(timeout, rt.http.request(parts.method.clone(), &url).headers(headers.clone()).body(bytes.clone()).send()).await;
         match sent {
-            Ok(r) => break r,
-            Err(e) if e.is_connect() && attempt < rt.policy.target.retries => {
+            Err(_) => return Err(ApiError::GatewayTimeout),
+            Ok(Ok(r)) => break r,
+            Ok(Err(e)) if e.is_connect() && attempt < rt.policy.target.retries => {
                 tokio::time::sleep(rt.policy.target.backoff * 2u32.pow(attempt)).await;
                 attempt += 1;
             }
-            Err(e) if e.is_timeout() => return Err(ApiError::GatewayTimeout),
-            Err(e) => {
+            Ok(Err(e)) if e.is_timeout() => return Err(ApiError::GatewayTimeout),
+            Ok(Err(e)) => {
                 if let Some(why) = approxy_verifier::target::tls_failure(&e) {
                     tracing::error!(tls = %why, "passthrough: TLS with the target failed");
                     return Err(ApiError::TargetTls);
@@ -120,17 +166,69 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
         }
     };
     let status = upstream.status();
-    let outcome = if status.is_success() { "ok" } else { "upstream_error" };
-    metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => outcome).increment(1);
     metrics::counter!("approxy_passthrough_total", "reason" => reason).increment(1);
     metrics::histogram!("approxy_passthrough_head_seconds").record(started.elapsed().as_secs_f64());
+    if !status.is_success() {
+        metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "upstream_error").increment(1);
+        return Err(upstream_error(upstream).await);
+    }
+    metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "ok").increment(1);
     let mut resp = Response::builder().status(status.as_u16());
     for (k, v) in upstream.headers() {
-        if !hop_by_hop(k) {
+        if returned_response_header(k, status.as_u16()) {
             resp = resp.header(k, v);
         }
     }
+    let sse = upstream.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     resp = resp.header("x-approxy-mode", "passthrough").header("x-approxy-passthrough-reason", reason);
-    let stream = upstream.bytes_stream().map_err(|e| std::io::Error::other(e.without_url()));
-    resp.body(Body::from_stream(stream)).map_err(|e| ApiError::Internal(e.to_string()))
+    resp.body(Body::from_stream(relay(upstream, timeout, sse))).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// The target's body, chunk by chunk, each read bounded by `idle`. A body that stalls or
+/// breaks off ends with an error event when it is a stream of events (the client sees why,
+/// then the end), or is cut off otherwise, so that a truncated answer never reads as complete.
+fn relay(upstream: reqwest::Response, idle: std::time::Duration, sse: bool) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let body = upstream.bytes_stream();
+    futures::stream::unfold(Some(Box::pin(body)), move |body| async move {
+        let mut body = body?;
+        let failure = match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(Ok(chunk))) => return Some((Ok(chunk), Some(body))),
+            Ok(None) => return None,
+            Ok(Some(Err(e))) => {
+                tracing::warn!(error = %e.without_url(), "passthrough: the target's body broke off");
+                ApiError::BadGateway
+            }
+            Err(_) => {
+                tracing::warn!(idle = ?idle, "passthrough: the target's body stalled");
+                ApiError::GatewayTimeout
+            }
+        };
+        metrics::counter!("approxy_passthrough_broken_bodies_total").increment(1);
+        if sse {
+            let event = format!("data: {}\n\n", failure.body());
+            Some((Ok(Bytes::from(event)), None))
+        } else {
+            Some((Err(std::io::Error::other("the target's body broke off")), None))
+        }
+    })
+}
+
+/// A target's error answer as the client's: credentials the target refused are the gateway's
+/// problem (502, not the client's 401); a rate limit keeps its `retry-after`; other 4xx keep
+/// their status and the provider's message fields, nothing else; 5xx is a fixed 502.
+async fn upstream_error(upstream: reqwest::Response) -> ApiError {
+    let status = upstream.status().as_u16();
+    let retry_after = upstream.headers().get(header::RETRY_AFTER).cloned();
+    let body: serde_json::Value = upstream.json().await.unwrap_or(serde_json::Value::Null);
+    tracing::warn!(status, "passthrough: the target answered with an error");
+    match status {
+        401 | 403 => ApiError::TargetCredentials,
+        429 => ApiError::TargetRateLimited(retry_after),
+        400..=499 => {
+            let e = &body["error"];
+            let text = |v: &serde_json::Value| v.as_str().map(|s| s.chars().take(500).collect::<String>());
+            ApiError::UpstreamRejectedWith { status, message: text(&e["message"]).or_else(|| text(e)), param: text(&e["param"]) }
+        }
+        _ => ApiError::BadGateway,
+    }
 }

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -28,15 +29,38 @@ use crate::state::{AppState, Runtime, Shared};
 /// Renders every message's text, then `<|im_start|>`, where the scripted answers begin.
 const TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}<|im_start|>";
 
-/// A stub upstream (OpenAI chat-completions wire format) that echoes what it received.
+/// A stub upstream (OpenAI chat-completions wire format) that echoes what it received, with
+/// headers a gateway must not pass back. For fault injection, a request whose `model` is
+/// `status-N` gets HTTP N with a body holding a secret and a `retry-after`; `cut` gets one
+/// streamed event and then a broken connection; `stall` one event and then silence.
 async fn stub_upstream() -> String {
     let app = axum::Router::new().fallback(|req: Request<Body>| async move {
-        let auth = req.headers().get(header::AUTHORIZATION).is_some();
-        let body = axum::body::to_bytes(req.into_body(), usize::MAX).await.unwrap_or_default();
+        let (parts, body) = req.into_parts();
+        let auth = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let seen: Vec<String> = parts.headers.keys().map(|k| k.as_str().to_string()).collect();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
         let received: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let leaky = [("x-upstream", "stub"), ("set-cookie", "session=upstream-secret"), ("openai-organization", "org-operator"), ("x-request-id", "req-upstream")];
+        let model = received["model"].as_str().unwrap_or_default().to_string();
+        if let Some(code) = model.strip_prefix("status-").and_then(|c| c.parse::<u16>().ok()) {
+            let status = StatusCode::from_u16(code).unwrap();
+            let body = json!({"error": {"message": "bad thing", "type": "invalid_request_error", "param": "messages", "internal": "upstream-secret at /srv/x"}});
+            return (status, [("retry-after", "7"), leaky[1]], axum::Json(body)).into_response();
+        }
+        if model == "cut" || model == "stall" {
+            let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")) });
+            let rest = futures::stream::once(async move {
+                // Long enough for the head and the first event to be on their way.
+                let pause = if model == "stall" { 30_000 } else { 100 };
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                Err(std::io::Error::other("connection reset"))
+            });
+            return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(first.chain(rest))).into_response();
+        }
         let answer = json!({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "from upstream"}, "finish_reason": "stop"}],
-                            "received": received, "raw": String::from_utf8_lossy(&body), "authorization_forwarded": auth});
-        ([("x-upstream", "stub")], axum::Json(answer))
+                            "received": received, "raw": String::from_utf8_lossy(&body), "authorization_forwarded": auth.is_some(),
+                            "authorization": auth, "headers_seen": seen});
+        (leaky, axum::Json(answer)).into_response()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -50,6 +74,9 @@ struct Setup {
     workers: usize,
     max_concurrent: usize,
     client_keys: Vec<String>,
+    target_timeout: &'static str,
+    /// Policy text appended (more tables).
+    extra_policy: &'static str,
 }
 
 impl Setup {
@@ -60,6 +87,8 @@ impl Setup {
             workers: 1,
             max_concurrent: 4,
             client_keys: Vec::new(),
+            target_timeout: "5s",
+            extra_policy: "",
         }
     }
 
@@ -70,10 +99,11 @@ impl Setup {
 [target]
 kind = "llama_cpp"
 base_url = "{upstream}"
-timeout = "5s"
+timeout = "{}"
 retries = 0
 
 [gateway]
+auth = "none"
 max_body_bytes = 4096
 max_concurrent_requests = {}
 
@@ -94,8 +124,11 @@ correction = {{ mode = "span", max_span = 8, resync = 2 }}
 
 [models.pt]
 mode = "passthrough"
+{}
 "#,
-            self.max_concurrent
+            self.target_timeout,
+            self.max_concurrent,
+            self.extra_policy
         );
         let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
         let tokenizer = tiny_tokenizer();
@@ -259,7 +292,11 @@ async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
         assert_eq!(status, StatusCode::OK, "{reason}");
         assert_eq!(headers["x-approxy-mode"], "passthrough");
         assert_eq!(headers["x-approxy-passthrough-reason"], reason);
-        assert_eq!(headers["x-upstream"], "stub");
+        for leak in ["x-upstream", "set-cookie", "openai-organization"] {
+            assert!(!headers.contains_key(leak), "{leak} came back from the target");
+        }
+        // The request id is the gateway's own, not the target's.
+        assert_ne!(headers.get("x-request-id").map(|v| v.to_str().unwrap()), Some("req-upstream"));
         let v = json_of(&bytes);
         assert_eq!(v["raw"], raw, "forwarded byte for byte");
         assert_eq!(v["authorization_forwarded"], false, "the client's credentials never reach the target");
@@ -395,7 +432,7 @@ fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
     let shared = scripted_shared(approxy_verifier::home::DRAFT_GGUF_SHA256);
     let build = |model_line: &str| {
         let text = format!(
-            "[target]\nkind = \"openai_text\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{model_line}\n[models.m]\nmode = \"approximate\"\nverifier = {:?}\nthreshold = 0.5\n",
+            "[target]\nkind = \"openai_text\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{model_line}\n[gateway]\nauth = \"none\"\n[models.m]\nmode = \"approximate\"\nverifier = {:?}\nthreshold = 0.5\n",
             artifact.display()
         );
         let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
@@ -412,7 +449,7 @@ fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
 async fn a_chat_prefix_target_continues_chat_and_passes_completions_through() {
     let upstream = stub_upstream().await;
     let text = format!(
-        "[target]\nkind = \"chat_prefix\"\nprefix_style = \"prefix\"\nbase_url = \"{upstream}/v1\"\ntimeout = \"5s\"\nretries = 0\n\n[models.m]\nmode = \"approximate\"\nthreshold = 0.5\n"
+        "[target]\nkind = \"chat_prefix\"\nprefix_style = \"prefix\"\nbase_url = \"{upstream}/v1\"\ntimeout = \"5s\"\nretries = 0\n\n[gateway]\nauth = \"none\"\n\n[models.m]\nmode = \"approximate\"\nthreshold = 0.5\n"
     );
     let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
     let shared = scripted_shared("scripted");
@@ -426,4 +463,115 @@ async fn a_chat_prefix_target_continues_chat_and_passes_completions_through() {
     let (_, _, body) = call(&state, Request::get("/ready").body(Body::empty()).unwrap()).await;
     let ready: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(ready["tokenizer_check"], json!("not needed: the target is sent text"));
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
+    let state = Setup::new("x", 0.9, "x").state().await;
+    for path in ["/v1/models", "/v1/models/qwen", "/v1/models/org/model-name"] {
+        let (status, headers, _) = call(&state, get(path)).await;
+        assert_eq!((status, &headers["x-approxy-passthrough-reason"]), (StatusCode::OK, &"route".parse().unwrap()), "{path}");
+    }
+    // Other routes of the target, with the operator's key, stay out of reach.
+    for req in [get("/v1/files"), post("/v1/embeddings", &json!({})), Request::delete("/v1/models/x").body(Body::empty()).unwrap(), get("/v1/models/")] {
+        let what = format!("{} {}", req.method(), req.uri());
+        let (status, _, body) = call(&state, req).await;
+        assert_eq!((status, error_of(&body).1), (StatusCode::NOT_FOUND, json!("not_found")), "{what}");
+    }
+    for path in ["/v1/models/../../slots", "/v1/%2e%2e/slots", "/v1/models/%2E%2E/x", "/v1/models/a%2fb", "/v1/models//x", "/v1/./models"] {
+        let (status, _, body) = call(&state, get(path)).await;
+        assert_eq!((status, error_of(&body).0), (StatusCode::BAD_REQUEST, json!("path")), "{path}");
+    }
+    // A route the policy adds is forwarded.
+    let mut s = Setup::new("x", 0.9, "x");
+    s.extra_policy = "[passthrough]\nextra_routes = [\"POST /v1/embeddings\"]\n";
+    let state = s.state().await;
+    assert_eq!(call(&state, post("/v1/embeddings", &json!({"input": "a"}))).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn headers_cross_only_through_allow_lists() {
+    let state = Setup::new("x", 0.9, "x").state().await;
+    let mut req = post("/v1/chat/completions", &chat("pt", json!({})));
+    for (k, v) in [("api-key", "client-key"), ("openai-project", "proj"), ("openai-organization", "org"), ("cookie", "c=1"), ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")] {
+        req.headers_mut().insert(k, v.parse().unwrap());
+    }
+    let (status, headers, body) = call(&state, req).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen: Vec<String> = serde_json::from_value(json_of(&body)["headers_seen"].clone()).unwrap();
+    for kept_out in ["api-key", "openai-project", "openai-organization", "cookie", "authorization"] {
+        assert!(!seen.iter().any(|h| h == kept_out), "{kept_out} reached the target: {seen:?}");
+    }
+    assert!(seen.iter().any(|h| h == "traceparent"), "trace context is passed on: {seen:?}");
+    assert!(!headers.contains_key("set-cookie"));
+}
+
+#[tokio::test]
+async fn target_errors_become_the_gateways_without_their_details() {
+    let state = Setup::new("x", 0.9, "x").state().await;
+    for (code, status, err_code) in [
+        (401, StatusCode::BAD_GATEWAY, "target_auth_failed"),
+        (403, StatusCode::BAD_GATEWAY, "target_auth_failed"),
+        (429, StatusCode::TOO_MANY_REQUESTS, "target_rate_limited"),
+        (400, StatusCode::BAD_REQUEST, "target_rejected"),
+        (500, StatusCode::BAD_GATEWAY, "target_unavailable"),
+    ] {
+        let (got, headers, body) = call(&state, post("/v1/chat/completions", &chat(&format!("status-{code}"), json!({})))).await;
+        assert_eq!((got, error_of(&body).1), (status, json!(err_code)), "upstream {code}");
+        let text = String::from_utf8_lossy(&body);
+        assert!(!text.contains("upstream-secret") && !headers.contains_key("set-cookie"), "upstream {code}: {text}");
+        assert_eq!(headers.get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), (code == 429).then_some("7"), "upstream {code}");
+        if code == 400 {
+            // The provider's reason, which the client can act on, and nothing more.
+            assert_eq!(json_of(&body)["error"]["message"], "the target model server rejected the request: bad thing");
+            assert_eq!(error_of(&body).0, json!("messages"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_passthrough_stream_that_breaks_or_stalls_ends_with_an_error_event() {
+    let mut s = Setup::new("x", 0.9, "x");
+    s.target_timeout = "300ms";
+    let state = s.state().await;
+    for (model, code) in [("cut", "target_unavailable"), ("stall", "target_timeout")] {
+        let started = std::time::Instant::now();
+        let (status, _, body) = call(&state, post("/v1/chat/completions", &chat(model, json!({"stream": true})))).await;
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(status, StatusCode::OK);
+        assert!(text.starts_with("data: {\"choices\""), "{model}: {text}");
+        let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+        let event: Value = serde_json::from_str(last.trim_start_matches("data: ")).unwrap_or(Value::Null);
+        assert_eq!(event["error"]["code"], code, "{model}: {text}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{model}: the stall was not bounded");
+    }
+}
+
+#[test]
+fn auth_fails_closed_and_a_reload_cannot_turn_it_off() {
+    let shared = scripted_shared("scripted");
+    let policy = |gateway: &str| {
+        Policy::parse(&format!("[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:9\"\n\n[gateway]\n{gateway}\n"), Path::new("/tests/p.toml"))
+    };
+    let build = |gateway: &str| Runtime::with_target(policy(gateway).unwrap(), &shared, Arc::new(ScriptedTarget::says("x", None)));
+    // No keys and no explicit "none": refused, at validation or at start-up.
+    assert!(policy("").is_err_and(|e| e.to_string().contains("gateway.auth = \"none\"")));
+    let empty = build("api_keys_env = \"APPROXY_ROUTER_TEST_UNSET_VARIABLE\"").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(empty.contains("holds no key"), "{empty}");
+    assert!(policy("auth = \"none\"\napi_keys_env = \"X\"").is_err());
+    // cargo sets CARGO_PKG_NAME for the tests it runs: a variable that holds a key.
+    let keyed = build("api_keys_env = \"CARGO_PKG_NAME\"").unwrap();
+    assert_eq!(keyed.client_keys, vec![env!("CARGO_PKG_NAME").to_string()]);
+    assert!(build("auth = \"none\"").unwrap().client_keys.is_empty());
+    // A running gateway with keys keeps them through a reload that would drop them.
+    let state = AppState::new(shared.clone(), keyed);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, "[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:9\"\n\n[gateway]\nauth = \"none\"\n").unwrap();
+    assert!(!crate::server::reload(&state, &file));
+    assert!(!state.runtime().client_keys.is_empty());
 }

@@ -14,7 +14,7 @@ use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
 
-use crate::policy::Policy;
+use crate::policy::{Auth, Policy};
 use crate::stack::router;
 use crate::state::{AppState, Runtime, Shared};
 
@@ -133,6 +133,10 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
         let old = state.runtime();
         if p.draft != old.policy.draft {
             tracing::warn!("[draft] changes take effect at the next restart");
+        }
+        // A file edit must not open a gateway that was closed.
+        if old.policy.gateway.auth == Auth::Keys && p.gateway.auth == Auth::None {
+            anyhow::bail!("the new policy turns client auth off (gateway.auth = \"none\"); restart to do that");
         }
         Runtime::build(p, &state.shared)
     });

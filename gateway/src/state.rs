@@ -14,7 +14,7 @@ use approxy_verifier::{
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
-use crate::policy::{Mode, Policy, VerifierChoice};
+use crate::policy::{Auth, Mode, Policy, VerifierChoice};
 
 /// Process-wide parts.
 pub struct Shared {
@@ -61,7 +61,7 @@ pub struct Runtime {
     pub http: reqwest::Client,
     /// The target's API key, from the environment. Never logged.
     pub target_key: Option<String>,
-    /// Client keys; empty means no auth.
+    /// Client keys; empty only when the policy says `auth = "none"`.
     pub client_keys: Vec<String>,
     /// Lazily computed tokenizer comparison.
     pub tokenizer_check: OnceCell<TokenizerCheck>,
@@ -103,6 +103,14 @@ impl Runtime {
             .and_then(|v| std::env::var(v).ok())
             .map(|s| s.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default();
+        match policy.gateway.auth {
+            Auth::Keys if client_keys.is_empty() => anyhow::bail!(
+                "gateway.api_keys_env names {:?}, which holds no key: set it (comma-separated keys), or say gateway.auth = \"none\" to run without auth",
+                policy.gateway.api_keys_env.as_deref().unwrap_or_default()
+            ),
+            Auth::Keys => {}
+            Auth::None => tracing::warn!("gateway.auth = \"none\": ANY CLIENT THAT CAN REACH THIS PORT USES THE TARGET ON YOUR KEY; keep it on a trusted network"),
+        }
         let http = approxy_verifier::target::http_client_builder(&Self::target_config(&policy))?.build()?;
         let kind = policy.target.kind;
         if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {

@@ -267,6 +267,7 @@ mod tests {
 
     fn gw() -> GatewayPolicy {
         GatewayPolicy {
+            auth: crate::policy::Auth::None,
             api_keys_env: None,
             max_body_bytes: 1 << 20,
             max_concurrent_requests: 4,

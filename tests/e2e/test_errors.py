@@ -43,7 +43,7 @@ def test_body_over_limit(gateway):
 
 
 def test_auth(start_gateway):
-    g = start_gateway(env={"APPROXY_API_KEYS": "k-one, k-two"})
+    g = start_gateway(policy_text().replace('auth = "none"', 'api_keys_env = "APPROXY_API_KEYS"'), env={"APPROXY_API_KEYS": "k-one, k-two"})
     shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}), 401)
     shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}, headers={"authorization": "Bearer nope"}), 401)
     with pytest.raises(openai.AuthenticationError):

@@ -70,6 +70,8 @@ impl TargetPolicy {
 /// The gateway section, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayPolicy {
+    /// Whether clients need a key.
+    pub auth: Auth,
     /// Environment variable with client keys.
     pub api_keys_env: Option<String>,
     /// Body limit.
@@ -82,6 +84,22 @@ pub struct GatewayPolicy {
     pub max_tokens_limit: u32,
     /// Default `max_tokens`.
     pub default_max_tokens: u32,
+}
+
+/// What passthrough may forward, validated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PassthroughPolicy {
+    /// `METHOD /v1/path` routes beyond the served ones.
+    pub extra_routes: Vec<String>,
+}
+
+/// Client authentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// Every request needs one of the keys in `gateway.api_keys_env` (which must hold one).
+    Keys,
+    /// No keys: only when the policy says so.
+    None,
 }
 
 /// The draft section, validated.
@@ -156,6 +174,8 @@ pub struct Policy {
     pub gateway: GatewayPolicy,
     /// Draft.
     pub draft: DraftPolicy,
+    /// Passthrough.
+    pub passthrough: PassthroughPolicy,
     /// Models by id; `"*"` is the fallback.
     pub models: BTreeMap<String, ModelPolicy>,
 }
@@ -208,6 +228,9 @@ mod tests {
 kind = "llama_cpp"
 base_url = "http://127.0.0.1:8081"
 timeout = "30s"
+
+[gateway]
+auth = "none"
 
 [models."*"]
 mode = "approximate"

@@ -18,6 +18,9 @@ pub struct RawPolicy {
     /// Draft runtime.
     #[serde(default)]
     pub draft: RawDraft,
+    /// What passthrough may forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<RawPassthrough>,
     /// Per model id (`"*"` matches any model without its own entry).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, RawModel>,
@@ -82,11 +85,25 @@ pub struct RawCache {
     pub block: Option<u64>,
 }
 
+/// `[passthrough]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPassthrough {
+    /// Routes forwarded beyond the ones approxy serves, as `"METHOD /v1/path"` (`/*` at the end
+    /// covers everything below).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_routes: Vec<String>,
+}
+
 /// `[gateway]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGateway {
-    /// Environment variable with comma-separated client keys; unset or empty: no auth.
+    /// `keys` (the default: clients need a key from `api_keys_env`) or `none` (no auth, said
+    /// explicitly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
+    /// Environment variable with comma-separated client keys.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_keys_env: Option<String>,
     /// Largest request body in bytes.

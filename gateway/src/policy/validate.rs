@@ -9,7 +9,7 @@ use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPolicy};
-use super::{DraftPolicy, GatewayPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
+use super::{Auth, DraftPolicy, GatewayPolicy, PassthroughPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
 
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.
 pub(super) fn validate(raw: RawPolicy, path: &Path) -> (Policy, Vec<String>) {
@@ -158,7 +158,25 @@ impl Validator {
             self.err("target.retries: at most 10");
         }
         let g = raw.gateway;
+        // Fail closed: running without keys is a choice the policy states.
+        let auth = match (g.auth.as_deref(), &g.api_keys_env) {
+            (None | Some("keys"), Some(_)) => Auth::Keys,
+            (None | Some("keys"), None) => {
+                self.err("gateway.api_keys_env: needed for client keys; to run without them, say gateway.auth = \"none\"");
+                Auth::Keys
+            }
+            (Some("none"), None) => Auth::None,
+            (Some("none"), Some(_)) => {
+                self.err("gateway.auth = \"none\" and gateway.api_keys_env: give one, not both");
+                Auth::None
+            }
+            (Some(other), _) => {
+                self.err(format!("gateway.auth: {other:?} is not one of \"keys\", \"none\""));
+                Auth::Keys
+            }
+        };
         let gateway = GatewayPolicy {
+            auth,
             api_keys_env: g.api_keys_env,
             max_body_bytes: g.max_body_bytes.unwrap_or(4 << 20),
             max_concurrent_requests: g.max_concurrent_requests.unwrap_or(64),
@@ -193,7 +211,17 @@ impl Validator {
             let mp = self.model(&id, m, target.kind);
             (id, mp)
         }).collect();
-        Policy { path: path.to_path_buf(), target, gateway, draft, models }
+        let extra_routes = raw.passthrough.map(|p| p.extra_routes).unwrap_or_default();
+        for route in &extra_routes {
+            let ok = route.split_once(' ').is_some_and(|(m, p)| {
+                matches!(m, "GET" | "POST" | "PUT" | "PATCH" | "DELETE") && p.starts_with("/v1/") && !crate::passthrough::has_dot_segments(p)
+            });
+            if !ok {
+                self.err(format!("passthrough.extra_routes: {route:?} is not \"METHOD /v1/path\" (a path ending in /* covers what is below it)"));
+            }
+        }
+        let passthrough = PassthroughPolicy { extra_routes };
+        Policy { path: path.to_path_buf(), target, gateway, draft, passthrough, models }
     }
 
     fn model(&mut self, id: &str, m: RawModel, kind: TargetKind) -> ModelPolicy {

@@ -113,7 +113,7 @@ async fn start_stub() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
 fn passthrough_policy(stub: &str) -> String {
     format!(
         "# Written by `approxy bench overhead`.\n[target]\nkind = \"openai\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\n\n\
-         [gateway]\nmax_concurrent_requests = 1024\n\n[draft]\nworkers = 1\nthreads_per_worker = 1\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+         [gateway]\nauth = \"none\"\nmax_concurrent_requests = 1024\n\n[draft]\nworkers = 1\nthreads_per_worker = 1\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
     )
 }
 

@@ -168,6 +168,7 @@ fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPo
         ..RawModel::default()
     };
     let policy = RawPolicy {
+        passthrough: None,
         target: RawTarget {
             kind: "llama_cpp".into(),
             base_url: target_url.into(),
@@ -178,7 +179,7 @@ fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPo
             backoff: Some("200ms".into()),
             ..RawTarget::default()
         },
-        gateway: RawGateway { max_concurrent_requests: Some(4), request_timeout: Some("900s".into()), ..RawGateway::default() },
+        gateway: RawGateway { auth: Some("none".into()), max_concurrent_requests: Some(4), request_timeout: Some("900s".into()), ..RawGateway::default() },
         draft: RawDraft { workers: Some(1), threads_per_worker: Some(layout.draft_threads()), spin_wait: Some(false), ..RawDraft::default() },
         models: [
             ("bench-passthrough".to_string(), RawModel { mode: "passthrough".into(), ..RawModel::default() }),
