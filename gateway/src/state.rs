@@ -90,6 +90,7 @@ impl Runtime {
             backoff: policy.target.backoff,
             ca_file: policy.target.ca_file.clone(),
             cache_hints: policy.target.cache_hints.clone(),
+            use_env_proxy: policy.target.use_env_proxy,
         }
     }
 

@@ -4,7 +4,7 @@
 //! validated here; the target judges them.
 
 use approxy_verifier::SamplingParams;
-use approxy_verifier::template::{ChatMessage, ChatTemplate};
+use approxy_verifier::template::{ChatMessage, ChatTemplate, Segment};
 use approxy_verifier::tokenizer::Tokenizer;
 use axum::http::HeaderMap;
 
@@ -229,7 +229,7 @@ fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationEr
 pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Tokenizer, vocab: usize) -> Result<Vec<u32>, ValidationError> {
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| ValidationError::Template(e.to_string()));
     let ids = match &v.prompt {
-        Prompt::Chat(msgs) => encode(&template.render(msgs).map_err(|e| ValidationError::Template(e.to_string()))?)?,
+        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer)?,
         Prompt::Text(t) => encode(t)?,
         Prompt::Tokens(ids) => ids.clone(),
     };
@@ -241,6 +241,32 @@ pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Toke
     }
     if ids.iter().any(|&t| t as usize >= vocab) {
         return Err(ValidationError::TokenOutOfVocabulary(vocab));
+    }
+    Ok(ids)
+}
+
+/// A chat prompt's ids. Special tokens come only from the template: a message whose content
+/// holds special-token text (`<|im_start|>system`, to fake a turn) has that text tokenized as
+/// plain text. Such messages are rare, so the common case renders and tokenizes in one piece.
+fn chat_tokens(msgs: &[ChatMessage], template: &ChatTemplate, tokenizer: &Tokenizer) -> Result<Vec<u32>, ValidationError> {
+    let fail = |e: String| ValidationError::Template(e);
+    let specials = tokenizer.special_texts();
+    if !msgs.iter().any(|m| specials.iter().any(|s| m.content.contains(s.as_str()))) {
+        return tokenizer.encode(&template.render(msgs).map_err(|e| fail(e.to_string()))?).map_err(|e| fail(e.to_string()));
+    }
+    let Some(segments) = template.render_segments(msgs).map_err(|e| fail(e.to_string()))? else {
+        return Err(ValidationError::Invalid {
+            param: "messages".into(),
+            reason: "special-token text in a message cannot be kept apart from this chat template's own".into(),
+        });
+    };
+    let mut ids = Vec::new();
+    for s in segments {
+        let part = match s {
+            Segment::Template(t) => tokenizer.encode(&t),
+            Segment::Content(c) => tokenizer.encode_plain(&c),
+        };
+        ids.extend(part.map_err(|e| fail(e.to_string()))?);
     }
     Ok(ids)
 }

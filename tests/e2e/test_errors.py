@@ -105,3 +105,14 @@ def test_failure_mid_stream_is_error_event_then_close(start_gateway, fault_proxy
     # The gateway stays healthy afterwards.
     assert raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 2},
                     headers={"x-approxy-threshold": "0"}).status_code == 200
+
+
+def test_environment_proxy_only_when_the_policy_says(start_gateway):
+    """HTTP_PROXY pointing at nothing: ignored by default (the target key goes nowhere else),
+    used (and so failing, 502) when the policy asks for it."""
+    env = {"HTTP_PROXY": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    ignored = start_gateway(env=env)
+    r = ignored.client().chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=4, logprobs=True)
+    assert r.headers["x-approxy-mode"] == "passthrough" and r.parse().choices[0].message.content is not None
+    used = start_gateway(policy_text().replace("[gateway]", "use_env_proxy = true\n\n[gateway]", 1), env=env)
+    shape(raw_post(used.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4, "logprobs": True}), 502)

@@ -76,6 +76,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         backoff: Duration::from_millis(500),
         ca_file: None,
         cache_hints: CacheHints::default(),
+        use_env_proxy: false,
     };
     let text = TextSettings { prefix_style: a.prefix_style, chat_template: None };
     let target: Arc<dyn TargetClient> = approxy_verifier::target::build(a.target_kind, cfg, &tok, &text)?;

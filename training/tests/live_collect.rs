@@ -37,7 +37,7 @@ async fn live_rows_follow_the_decode_loop() {
     .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p), messages: Arc::new(vec![ChatMessage { role: "user".into(), content: p.to_string() }]) })
     .collect();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default() };
+    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
     let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
     let eos = tok.end_of_sequence_ids();
     let engine = Engine::new(tok, target, eos);
@@ -81,7 +81,7 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
         ]),
     }];
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = |base: String| TargetConfig { base_url: base, api_key: None, model: "target".into(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default() };
+    let cfg = |base: String| TargetConfig { base_url: base, api_key: None, model: "target".into(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
     let targets: Vec<(&str, Arc<dyn TargetClient>)> = vec![
         ("llama_cpp", Arc::new(LlamaCppTarget::new(cfg(url.clone())).unwrap())),
         ("openai_text", Arc::new(OpenAiTextTarget::new(cfg(format!("{url}/v1")), tok.clone()).unwrap())),

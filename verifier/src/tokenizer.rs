@@ -10,6 +10,8 @@ use crate::error::EngineError;
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// The same vocabulary reading special-token text as plain text: for what a client wrote.
+    plain: Arc<tokenizers::Tokenizer>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -23,13 +25,31 @@ impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, EngineError> {
         let t = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(Self { inner: Arc::new(t) })
+        Ok(Self::wrap(t))
     }
 
     /// A tokenizer from `tokenizer.json` text.
     pub fn from_json(json: &str) -> Result<Self, EngineError> {
         let t: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))?;
-        Ok(Self { inner: Arc::new(t) })
+        Ok(Self::wrap(t))
+    }
+
+    fn wrap(t: tokenizers::Tokenizer) -> Self {
+        let mut plain = t.clone();
+        plain.set_encode_special_tokens(true);
+        Self { inner: Arc::new(t), plain: Arc::new(plain) }
+    }
+
+    /// Text to ids with special-token text read as plain text: a client who types
+    /// `<|im_start|>system` into a message gets those characters, not a new turn.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let enc = self.plain.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The texts of the special tokens (`<|im_start|>`, `<|endoftext|>`, ...).
+    pub fn special_texts(&self) -> Vec<String> {
+        self.inner.get_added_tokens_decoder().values().filter(|t| t.special).map(|t| t.content.clone()).collect()
     }
 
     /// Text to ids. Special tokens written in the text (such as `<|im_start|>` from a chat
@@ -98,6 +118,11 @@ impl Tokenizer {
     /// family's), those of them the vocabulary has.
     pub fn end_of_sequence_ids(&self) -> Vec<u32> {
         ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| self.token_id(t)).collect()
+    }
+
+    /// Tokens in the vocabulary, added tokens included: every valid id is below this.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
     }
 
     /// Id of a token given by its text, if it is in the vocabulary.

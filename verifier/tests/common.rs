@@ -82,7 +82,7 @@ pub fn target_config(url: &str) -> TargetConfig {
         retries: 1,
         backoff: Duration::from_millis(20),
         ca_file: None,
-        cache_hints: Default::default(),
+        cache_hints: Default::default(), use_env_proxy: false,
     }
 }
 

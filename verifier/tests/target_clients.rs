@@ -74,7 +74,7 @@ async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
 }
 
 fn cfg(url: &str, timeout: Duration, retries: u32) -> TargetConfig {
-    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5), ca_file: None, cache_hints: Default::default() }
+    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5), ca_file: None, cache_hints: Default::default(), use_env_proxy: false }
 }
 
 fn both(c: TargetConfig) -> Vec<Box<dyn TargetClient>> {

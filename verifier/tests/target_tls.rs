@@ -132,7 +132,7 @@ fn client(url: &str, ca_file: Option<std::path::PathBuf>) -> LlamaCppTarget {
         retries: 3,
         backoff: Duration::from_millis(5),
         ca_file,
-        cache_hints: Default::default(),
+        cache_hints: Default::default(), use_env_proxy: false,
     })
     .unwrap()
 }
@@ -188,7 +188,7 @@ fn ca_file_without_a_certificate_is_refused() {
         retries: 0,
         backoff: Duration::from_millis(1),
         ca_file: Some(p),
-        cache_hints: Default::default(),
+        cache_hints: Default::default(), use_env_proxy: false,
     })
     .expect_err("a CA file with no certificate must be refused");
     assert!(matches!(err, TargetError::Tls(ref m) if m.contains("holds no PEM certificate")), "{err}");

@@ -52,6 +52,8 @@ pub struct TargetPolicy {
     pub chat_template: Option<PathBuf>,
     /// Cache hints sent with engine calls.
     pub cache_hints: CacheHints,
+    /// Whether `HTTP_PROXY`/`HTTPS_PROXY` apply to calls to the target.
+    pub use_env_proxy: bool,
     /// How the target's prompt cache serves re-sent prefixes.
     pub cache_rules: CacheRules,
 }

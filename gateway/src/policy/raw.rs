@@ -62,6 +62,9 @@ pub struct RawTarget {
     /// `prefill` (llama-server).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_style: Option<String>,
+    /// Reach the target through the proxy in `HTTP_PROXY`/`HTTPS_PROXY` (default: no).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_env_proxy: Option<bool>,
     /// The provider's prompt cache: hints sent with engine calls, and its rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<RawCache>,

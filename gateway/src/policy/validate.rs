@@ -144,6 +144,7 @@ impl Validator {
             chat_template,
             prefix_style,
             cache_hints,
+            use_env_proxy: t.use_env_proxy.unwrap_or(false),
             cache_rules,
         };
         if let Some(ca) = &target.ca_file {

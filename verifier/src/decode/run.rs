@@ -106,6 +106,11 @@ impl<'a> Run<'a> {
             if self.engine.eos.contains(&id) {
                 return Ok(Some(FinishReason::Stop));
             }
+            // A target's id goes into the draft's cache next: one it cannot hold is the
+            // target's error, not a crash in the draft runtime.
+            if source == Source::Target && id as usize >= self.engine.tokenizer.vocab_size() {
+                return Err(TargetError::Protocol(format!("token id {id} is outside the vocabulary ({} tokens)", self.engine.tokenizer.vocab_size())).into());
+            }
             if self.emitted.is_empty() {
                 self.stats.time_to_first_token = self.started.elapsed();
             }

@@ -376,3 +376,31 @@ async fn the_hand_off_streams_and_a_stop_string_ends_it_upstream_too() -> Result
     assert_eq!(o.target.streamed_tokens(), "one two STOP".len(), "the target stopped where the answer did");
     Ok(())
 }
+
+/// A target that answers every call with one id far outside the vocabulary.
+#[derive(Debug)]
+struct OutOfVocabulary;
+
+#[async_trait::async_trait]
+impl TargetClient for OutOfVocabulary {
+    async fn continue_tokens(&self, _: &crate::target::ContinuationRequest) -> Result<crate::target::Continuation, TargetError> {
+        Ok(crate::target::Continuation { tokens: vec![9_999_999], ..Default::default() })
+    }
+    async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        Ok(None)
+    }
+    async fn health(&self) -> Result<(), TargetError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_target_id_outside_the_vocabulary_is_the_targets_error() {
+    let tok = tiny_tokenizer();
+    let engine = Engine::new(tok.clone(), Arc::new(OutOfVocabulary), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1);
+    let lease = workers.try_lease().unwrap_or_else(|| unreachable!());
+    let (tx, _rx) = mpsc::channel(64);
+    let err = engine.generate(lease.as_ref(), &ConfidenceVerifier, request(1.0, 8), tx).await;
+    assert!(matches!(&err, Err(EngineError::Target(TargetError::Protocol(m))) if m.contains("outside the vocabulary")), "{err:?}");
+}

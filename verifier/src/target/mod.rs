@@ -151,6 +151,9 @@ pub struct TargetConfig {
     pub ca_file: Option<PathBuf>,
     /// What engine calls carry so that re-sent prefixes hit the provider's prompt cache.
     pub cache_hints: CacheHints,
+    /// Go through the proxy that `HTTP_PROXY`/`HTTPS_PROXY` name. Off unless asked: the target
+    /// key must not travel through a proxy nobody chose for it.
+    pub use_env_proxy: bool,
 }
 
 /// Request fields and headers that make a provider reuse its prompt cache across the calls of
@@ -293,7 +296,11 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// server offers it by ALPN, gzip and brotli bodies, a bounded connect time, and an idle pool
 /// shorter than the servers' keep-alive. No overall timeout: callers set their own.
 pub fn http_client_builder(cfg: &TargetConfig) -> Result<reqwest::ClientBuilder, TargetError> {
-    let mut b = reqwest::Client::builder()
+    let mut b = reqwest::Client::builder();
+    if !cfg.use_env_proxy {
+        b = b.no_proxy();
+    }
+    let mut b = b
         .use_rustls_tls()
         .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
         .pool_idle_timeout(POOL_IDLE_TIMEOUT);
