@@ -58,14 +58,17 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         Some(TokenizerCheck::Different(m)) => json!(format!("different: {m}")),
         Some(TokenizerCheck::NotNeeded) => json!("not needed: the target is sent text"),
     };
+    let alive = state.shared.draft.alive();
     let body = json!({
         "tokenizer_check": tokenizer,
         "draft_workers": state.shared.draft.workers(),
+        "draft_workers_alive": alive,
         "draft_workers_idle": state.shared.draft.idle(),
         "target_reachable": target.is_ok(),
         "target_error": target.as_ref().err(),
     });
-    let status = if target.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    // With no draft worker left every request would pass through: not ready as approxy.
+    let status = if target.is_ok() && alive > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, axum::Json(body)).into_response()
 }
 

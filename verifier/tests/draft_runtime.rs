@@ -96,3 +96,20 @@ fn long_prompt_is_chunked() {
     assert_eq!(s.tokens().len(), long.len());
     assert!(out.logits.iter().all(|x| x.is_finite()));
 }
+
+/// A panic inside a worker fails that call only: the worker stays alive and leasable, its
+/// session starts over, and it computes what it computed before.
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn a_worker_that_panics_carries_on() {
+    use approxy_verifier::{DraftPool, DraftWorkers};
+    let pool = DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"));
+    let prompt = common::chat_prompt("Say hello.");
+    let before = pool.try_lease().unwrap().prefill(prompt.clone()).await.unwrap();
+    assert!(pool.inject_panic().await.is_err());
+    assert_eq!((pool.alive(), pool.idle()), (1, 1));
+    let lease = pool.try_lease().expect("the worker is leasable again");
+    let after = lease.prefill(prompt).await.unwrap();
+    assert_eq!(argmax(&before.logits), argmax(&after.logits));
+    assert!(max_diff(&before, &after) < 1e-3, "{}", max_diff(&before, &after));
+}

@@ -89,4 +89,8 @@ pub trait DraftWorkers: Send + Sync {
     fn workers(&self) -> usize;
     /// Number of idle drafts.
     fn idle(&self) -> usize;
+    /// Number of drafts whose worker is running (one whose thread ended is never leased).
+    fn alive(&self) -> usize {
+        self.workers()
+    }
 }

@@ -18,6 +18,9 @@ enum Op {
     Prefill(Vec<u32>),
     Extend(Vec<u32>, bool),
     Rollback(usize),
+    /// Panics inside the worker (tests of the recovery).
+    #[cfg(feature = "testing")]
+    Panic,
 }
 
 struct Job {
@@ -80,7 +83,10 @@ impl DraftPool {
 
 impl DraftWorkers for DraftPool {
     fn try_lease(&self) -> Option<Box<dyn Draft>> {
-        let idx = self.workers.free.lock().ok()?.pop()?;
+        let mut free = self.workers.free.lock().ok()?;
+        // A worker whose thread has ended is dropped from the free list for good.
+        free.retain(|&i| !self.workers.senders[i].is_closed());
+        let idx = free.pop()?;
         Some(Box::new(DraftLease { workers: Arc::clone(&self.workers), idx }))
     }
 
@@ -94,6 +100,21 @@ impl DraftWorkers for DraftPool {
 
     fn idle(&self) -> usize {
         self.workers.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    fn alive(&self) -> usize {
+        self.workers.senders.iter().filter(|s| !s.is_closed()).count()
+    }
+}
+
+impl DraftPool {
+    /// Makes an idle worker panic in the middle of a job, as a bug in inference would (tests
+    /// of the recovery); the call's error.
+    #[cfg(feature = "testing")]
+    pub async fn inject_panic(&self) -> Result<(), EngineError> {
+        let idx = self.workers.free.lock().ok().and_then(|mut f| f.pop()).ok_or(EngineError::Saturated)?;
+        let lease = DraftLease { workers: Arc::clone(&self.workers), idx };
+        lease.call(Op::Panic).await.map(|_| ())
     }
 }
 
@@ -140,14 +161,25 @@ fn worker_loop(mut session: DraftSession, mut rx: mpsc::Receiver<Job>) {
         if job.reply.is_closed() {
             continue;
         }
-        let result = match job.op {
+        // A panic in one job must not take the worker down with it (the pool would go on
+        // handing out a dead worker): the job fails, the session starts over, the worker stays.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.op {
             Op::Prefill(p) => session.prefill(&p).map(|o| vec![o]),
             Op::Extend(t, all) => session.extend(&t, all),
             Op::Rollback(n) => {
                 session.rollback(n);
                 Ok(Vec::new())
             }
-        };
+            #[cfg(feature = "testing")]
+            #[allow(clippy::panic)]
+            Op::Panic => panic!("injected draft worker panic"),
+        }));
+        let result = run.unwrap_or_else(|_| {
+            session.reset();
+            metrics::counter!("approxy_draft_worker_panics_total").increment(1);
+            tracing::error!("a draft worker panicked; its session was reset and it carries on");
+            Err(EngineError::Draft("the draft worker failed on this request".into()))
+        });
         let _ = job.reply.send(result);
     }
 }

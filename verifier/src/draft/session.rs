@@ -135,7 +135,26 @@ impl DraftSession {
         Ok(outs)
     }
 
+    /// Forgets everything: an empty cache and token list, nothing aligned. After a failed step
+    /// (the cache was moved into the run's inputs and not put back) the next prefill starts over.
+    pub fn reset(&mut self) {
+        self.kv.clear();
+        self.tokens.clear();
+        self.last = None;
+        self.aligned_upto = 0;
+    }
+
+    /// One forward pass over `chunk`; on any failure the session is reset, so the cache, the
+    /// token list and the aligned length never disagree.
     fn run(&mut self, chunk: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+        let r = self.run_inner(chunk, all);
+        if r.is_err() {
+            self.reset();
+        }
+        r
+    }
+
+    fn run_inner(&mut self, chunk: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
         let past = self.kv.len();
         let total = past + chunk.len();
         let s = chunk.len();
@@ -149,15 +168,7 @@ impl DraftSession {
             inputs.push((vn.as_str().into(), Tensor::from_array((shape.to_vec(), v))?.into()));
         }
         let result = self.session.run(inputs);
-        let outputs = match result {
-            Ok(o) => o,
-            Err(e) => {
-                // The cache was moved into the inputs; it is gone, so start afresh next time.
-                self.tokens.clear();
-                self.last = None;
-                return Err(e.into());
-            }
-        };
+        let outputs = result?;
         let mut present = Vec::with_capacity(self.kv_names.len());
         for (_, _, pk, pv) in &self.kv_names {
             let k = outputs[pk.as_str()].try_extract_tensor::<f32>()?.1.to_vec();
@@ -177,7 +188,7 @@ impl DraftSession {
             .collect();
         drop(outputs);
         self.tokens.extend_from_slice(chunk);
-        self.kv.adopt(present, total).inspect_err(|_| self.tokens.clear())?;
+        self.kv.adopt(present, total)?;
         self.last = None;
         Ok(outs)
     }
