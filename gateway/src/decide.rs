@@ -59,6 +59,12 @@ pub enum Reason {
     DraftSaturated,
     /// Exact verification asked of a sampled request: windows verify greedy tokens only.
     SamplingInExactMode,
+    /// The prompt is longer than the draft takes.
+    PromptTooLong,
+    /// The draft/target tokenizer comparison could not be made (the target did not answer it).
+    TokenizerCheckFailed,
+    /// approxy's engine failed before the first token.
+    EngineFailed,
 }
 
 impl Reason {
@@ -83,6 +89,9 @@ impl Reason {
             Reason::TokenizerMismatch => "tokenizer_mismatch",
             Reason::DraftSaturated => "draft_saturated",
             Reason::SamplingInExactMode => "sampling_in_exact_mode",
+            Reason::PromptTooLong => "prompt_too_long",
+            Reason::TokenizerCheckFailed => "tokenizer_check_failed",
+            Reason::EngineFailed => "engine_failed",
         }
     }
 }
@@ -138,11 +147,20 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     if mp.verification == Verification::Exact && !valid.sampling.is_greedy() {
         return Ok(Decision::Passthrough(Reason::SamplingInExactMode));
     }
-    if let TokenizerCheck::Different(_) = rt.tokenizer_check().await? {
-        return Ok(Decision::Passthrough(Reason::TokenizerMismatch));
+    // From here on approxy could answer a valid request; what stops it is approxy's own
+    // limitation, which the policy's fallback turns into a passthrough.
+    let fallback = |reason: Reason, e: ApiError| if mp.fallback_to_passthrough { Ok(Decision::Passthrough(reason)) } else { Err(e) };
+    match rt.tokenizer_check().await {
+        Ok(TokenizerCheck::Different(_)) => return Ok(Decision::Passthrough(Reason::TokenizerMismatch)),
+        Ok(_) => {}
+        Err(e) => return fallback(Reason::TokenizerCheckFailed, e.into()),
     }
     let shared = &state.shared;
-    let prompt = validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size)?;
+    let prompt = match validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size) {
+        Ok(p) => p,
+        Err(e @ ValidationError::PromptTooLong { .. }) => return fallback(Reason::PromptTooLong, e.into()),
+        Err(e) => return Err(e.into()),
+    };
     let verifier = rt
         .verifiers
         .get(&valid.model)
@@ -263,7 +281,7 @@ mod tests {
         let all = [
             Route, ModelWithoutPolicy, PolicyPassthrough, TargetCannotContinue, Tools, Logprobs, LogitBias, ResponseFormat, Echo,
             Suffix, BestOf, NGreaterThan1, Penalties, NonTextMessages, MultiplePrompts, TokenizerMismatch, DraftSaturated,
-            SamplingInExactMode,
+            SamplingInExactMode, PromptTooLong, TokenizerCheckFailed, EngineFailed,
         ];
         let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), all.len());

@@ -135,8 +135,23 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// Why no answer was given.
+pub enum Failed {
+    /// The engine failed before its first token: nothing was sent, so the request can still
+    /// go to the target (with the engine's error, for when it may not).
+    BeforeFirstToken(approxy_verifier::EngineError),
+    /// Later, or not the engine's doing.
+    Error(ApiError),
+}
+
+impl From<ApiError> for Failed {
+    fn from(e: ApiError) -> Self {
+        Failed::Error(e)
+    }
+}
+
 /// Runs the generation and answers the client.
-pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, ApiError> {
+pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, Failed> {
     let Approximate { request: valid, generation: request, policy: mp, verifier, draft: lease } = a;
     let threshold = request.threshold;
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
@@ -156,7 +171,11 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, A
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;
     if first.is_none() {
-        let stats = finished(task).await?;
+        let stats = match task.await {
+            Ok(Ok(stats)) => stats,
+            Ok(Err(e)) => return Err(Failed::BeforeFirstToken(e)),
+            Err(e) => return Err(ApiError::Internal(e.to_string()).into()),
+        };
         return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
     }
     if valid.stream {

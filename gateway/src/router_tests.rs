@@ -124,6 +124,11 @@ correction = {{ mode = "span", max_span = 8, resync = 2 }}
 
 [models.pt]
 mode = "passthrough"
+
+[models.no-fallback]
+mode = "approximate"
+threshold = 0.5
+fallback = "error"
 {}
 "#,
             self.target_timeout,
@@ -355,18 +360,28 @@ async fn bad_requests_get_400_in_the_openai_shape_naming_the_field() {
 
 #[tokio::test]
 async fn target_failures_map_to_gateway_errors_without_leaking() {
-    for (fault, status, code) in [
-        (TargetFault::Status(503), StatusCode::BAD_GATEWAY, "target_unavailable"),
-        (TargetFault::Status(400), StatusCode::BAD_REQUEST, "target_rejected"),
+    // A target that is failing would fail a passthrough too: the error is the answer. A target
+    // that refuses approxy's continuation call (a 4xx) may still answer the request itself,
+    // which the policy's fallback does unless it says "error".
+    for (fault, model, status, code) in [
+        (TargetFault::Status(503), "m", StatusCode::BAD_GATEWAY, "target_unavailable"),
+        (TargetFault::Status(401), "m", StatusCode::BAD_GATEWAY, "target_auth_failed"),
+        (TargetFault::Status(400), "no-fallback", StatusCode::BAD_REQUEST, "target_rejected"),
     ] {
         let mut s = Setup::new("hello", 0.1, "hello");
         s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_fault(fault);
         let state = s.state().await;
-        let (got, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+        let (got, _, body) = call(&state, post("/v1/chat/completions", &chat(model, json!({})))).await;
         assert_eq!(got, status);
         assert_eq!(error_of(&body).1, code);
         assert!(!String::from_utf8_lossy(&body).contains("scripted failure"), "upstream body leaked");
     }
+    let mut s = Setup::new("hello", 0.1, "hello");
+    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_fault(TargetFault::Status(400));
+    let state = s.state().await;
+    let (got, headers, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!((got, headers["x-approxy-passthrough-reason"].to_str().unwrap()), (StatusCode::OK, "engine_failed"));
+    assert_eq!(json_of(&body)["choices"][0]["message"]["content"], "from upstream");
 }
 
 #[tokio::test]

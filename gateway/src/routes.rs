@@ -9,10 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::decide::{Decision, decide};
+use approxy_verifier::{EngineError, TargetError};
+
+use crate::decide::{Decision, Reason, decide};
 use crate::error::ApiError;
 use crate::request::Endpoint;
 use crate::state::{AppState, TokenizerCheck};
+use crate::respond::Failed;
 use crate::{passthrough, respond};
 
 /// `POST /v1/chat/completions`.
@@ -32,9 +35,40 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else { return ApiError::PayloadTooLarge(limit).into_response() };
     match decide(&state, &rt, endpoint, &parts.headers, &bytes).await {
-        Ok(Decision::Approximate(a)) => respond::approximate(rt, *a).await.unwrap_or_else(IntoResponse::into_response),
+        Ok(Decision::Approximate(a)) => {
+            let fallback = a.policy.fallback_to_passthrough;
+            match respond::approximate(rt, *a).await {
+                Ok(r) => r,
+                // Nothing was sent yet. A target that is down or refuses the gateway would fail
+                // the same way again, so only the engine's own failures go to the target.
+                Err(Failed::BeforeFirstToken(e)) if fallback && engine_could_be_bypassed(&e) => {
+                    tracing::warn!(error = %e, "the engine failed before its first token; passing the request through");
+                    metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "fell_back").increment(1);
+                    passthrough::forward(&state, parts, bytes, Reason::EngineFailed).await
+                }
+                Err(Failed::BeforeFirstToken(e)) => {
+                    metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
+                    ApiError::from(e).into_response()
+                }
+                Err(Failed::Error(e)) => e.into_response(),
+            }
+        }
         Ok(Decision::Passthrough(reason)) => passthrough::forward(&state, parts, bytes, reason).await,
         Err(e) => e.into_response(),
+    }
+}
+
+/// Whether passing the request through could succeed where the engine failed: not when the
+/// target itself is unreachable, slow, untrusted, limiting or refusing the gateway.
+fn engine_could_be_bypassed(e: &EngineError) -> bool {
+    match e {
+        EngineError::Target(t) => match t {
+            TargetError::Protocol(_) => true,
+            TargetError::Status { status, .. } => !matches!(status, 401 | 403 | 429) && *status < 500,
+            TargetError::Unreachable { .. } | TargetError::Timeout(_) | TargetError::Tls(_) => false,
+        },
+        EngineError::Saturated => false,
+        EngineError::Draft(_) | EngineError::Tokenizer(_) | EngineError::Artifact(_) | EngineError::TokenizerMismatch(_) | EngineError::WorkerGone => true,
     }
 }
 

@@ -163,6 +163,10 @@ pub struct ModelPolicy {
     pub threshold_override: (f32, f32),
     /// Prices.
     pub price: Price,
+    /// When approxy cannot answer (its engine fails before the first token, the tokenizer
+    /// check cannot run, the prompt is beyond the draft), pass the request to the target
+    /// instead of answering with an error.
+    pub fallback_to_passthrough: bool,
 }
 
 /// A validated policy.

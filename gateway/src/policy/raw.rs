@@ -171,6 +171,10 @@ pub struct RawModel {
     /// What a rejection asks the target for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correction: Option<RawCorrection>,
+    /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
+    /// request it would have answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// `approximate` (the verifier decides) or `exact` (the target scores every token).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<String>,

@@ -324,7 +324,15 @@ impl Validator {
         if [price.input, price.cached_input, price.output].iter().any(|x| !x.is_finite() || *x < 0.0) {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
-        ModelPolicy { mode, verifier, threshold, verification, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price }
+        let fallback_to_passthrough = match m.fallback.as_deref() {
+            None | Some("passthrough") => true,
+            Some("error") => false,
+            Some(other) => {
+                self.err(format!("{}: {other:?} is not one of \"passthrough\", \"error\"", f("fallback")));
+                true
+            }
+        };
+        ModelPolicy { mode, verifier, threshold, verification, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price, fallback_to_passthrough }
     }
 
     fn fixed(&mut self, field: &str, tokens: u32) -> Correction {
