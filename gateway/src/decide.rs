@@ -185,6 +185,7 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
             Prompt::Text(_) | Prompt::Tokens(_) => None,
         },
         cache: rt.policy.target.cache_rules,
+        max_target_calls: mp.max_target_calls,
     };
     Ok(Decision::Approximate(Box::new(Approximate { request: valid, generation, policy: mp.clone(), verifier, draft })))
 }

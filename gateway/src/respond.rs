@@ -52,6 +52,7 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &Mod
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
             "cost_guard": s.cost_guard,
+            "call_cap": s.call_cap,
             "verification": verification_name(mp.verification),
             "correction": correction_name(mp.correction),
             "windows": s.windows,
@@ -176,6 +177,12 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
             Ok(Err(e)) => return Err(Failed::BeforeFirstToken(e)),
             Err(e) => return Err(ApiError::Internal(e.to_string()).into()),
         };
+        // An answer that ended at once (end of sequence first) is still answered in the form
+        // asked for: a stream of events when streaming.
+        if valid.stream {
+            let done = tokio::spawn(async move { Ok(stats) });
+            return Ok(stream(ids, None, rx, done, mp, threshold, verifier.kind(), valid.include_usage));
+        }
         return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
     }
     if valid.stream {

@@ -609,3 +609,14 @@ fn special_token_text_in_a_message_is_plain_text() {
     assert_eq!((starts(&honest), starts(&faked)), (2, 2));
     assert!(tok.decode_with_specials(&faked).unwrap().contains("<|im_start|>system"), "the text is kept, as text");
 }
+
+#[tokio::test]
+async fn an_answer_that_ends_at_once_still_streams_as_events() {
+    let state = Setup::new("", 0.95, "").state().await;
+    let (status, headers, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({"stream": true})))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"));
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"stop\""), "{text}");
+}

@@ -147,6 +147,9 @@ pub struct ValidRequest {
     pub include_usage: bool,
 }
 
+/// Longest stop string accepted.
+pub const MAX_STOP_BYTES: usize = 256;
+
 fn in_range(param: &'static str, ok: bool, range: impl Into<String>) -> Result<(), ValidationError> {
     if ok { Ok(()) } else { Err(ValidationError::OutOfRange { param, range: range.into() }) }
 }
@@ -173,6 +176,11 @@ pub fn validate(endpoint: Endpoint, r: GenerationRequest, gw: &GatewayPolicy) ->
         Some(Stop::Many(v)) if v.len() <= 4 => v,
         Some(Stop::Many(_)) => return Err(ValidationError::TooManyStops),
     };
+    // Each emitted token is matched against every stop string; bounded strings keep that
+    // cheap whatever a client sends.
+    if stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+        return Err(ValidationError::OutOfRange { param: "stop", range: format!("strings of 1 to {MAX_STOP_BYTES} bytes") });
+    }
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(chat_messages(r.messages)?),
         Endpoint::Completions => completion_prompt(r.prompt)?,
@@ -342,6 +350,8 @@ mod tests {
         assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":0})), Some("max_tokens".into()));
         assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":5000})), Some("max_completion_tokens".into()));
         assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})), Some("stop".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["x".repeat(257)]})), Some("stop".into()));
+        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":[""]})), Some("stop".into()));
         assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":5}))), Some("prompt".into()));
         assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":""}))), Some("prompt".into()));
         assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m"}))), Some("prompt".into()));

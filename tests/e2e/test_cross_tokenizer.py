@@ -24,6 +24,7 @@ def policy(kind, style=None):
     text = (REPO / "policies" / "default.toml").read_text()
     text = re.sub(r'^kind = .*$', f'kind = "{kind}"' + (f'\nprefix_style = "{style}"' if style else ""), text, count=1, flags=re.M)
     text = re.sub(r'^base_url = .*$', f'base_url = "{OTHER}/v1"', text, flags=re.M)
+    text = re.sub(r'^threshold_override = .*$', "threshold_override = [0.0, 1.0]", text, flags=re.M)
     # A self-hosted target: no prices, so no cost guard, and every rejection is a span call.
     return re.sub(r'^price = .*$', "price = { input = 0.0, cached_input = 0.0, output = 0.0 }", text, flags=re.M)
 

@@ -222,6 +222,7 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
         model: None,
         messages: Some(Arc::clone(&item.messages)),
         cache: Default::default(),
+        max_target_calls: None,
     };
     let drain = async move {
         let mut v = Vec::new();

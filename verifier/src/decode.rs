@@ -125,6 +125,8 @@ pub struct GenerateRequest {
     pub cost_guard: Option<CostGuard>,
     /// Model id the client asked for, passed on to the target.
     pub model: Option<String>,
+    /// Most target calls one request may make; the last one writes the rest of the answer.
+    pub max_target_calls: Option<u32>,
     /// The chat messages the prompt was rendered from (chat requests), for targets that are
     /// sent messages rather than the rendered prompt.
     pub messages: Option<Arc<Vec<ChatMessage>>>,
@@ -151,6 +153,8 @@ pub struct Stats {
     pub bailed_out: bool,
     /// True when the cost guard handed the rest of the answer to the target.
     pub cost_guard: bool,
+    /// True when the request reached its cap on target calls and the target finished it.
+    pub call_cap: bool,
     /// Spans that ended because the draft caught up with the target.
     pub resyncs: u32,
     /// Tokens the target generated that were not used (a span cancelled mid-chunk); paid for
@@ -270,7 +274,13 @@ impl Engine {
             let proposal = sampler.pick(&out.logits);
             let exact = run.req.verification == Verification::Exact;
             let accepted = !exact && decide(verifier, &out, run.req.threshold);
-            let over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
+            let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
+            // The last call a request may make writes the rest of the answer.
+            let at_call_cap = !accepted && run.req.max_target_calls.is_some_and(|cap| run.stats.target_calls + 1 >= cap);
+            if at_call_cap {
+                run.stats.call_cap = true;
+                over_budget = true;
+            }
             let produced = if accepted {
                 accepted_run += 1;
                 if let Some(reason) = run.emit(&[proposal], Source::Draft).await? {
@@ -307,7 +317,7 @@ impl Engine {
                 if over_budget || guarded {
                     // One call lets the target write the rest: too many rejections, or another
                     // correction could make the request dearer than passing it through.
-                    run.stats.bailed_out = over_budget;
+                    run.stats.bailed_out = over_budget && !at_call_cap;
                     run.stats.cost_guard = guarded && !over_budget;
                     break run.hand_off().await?;
                 }

@@ -160,6 +160,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         model: None,
         messages: None,
         cache: Default::default(),
+        max_target_calls: None,
     }
 }
 

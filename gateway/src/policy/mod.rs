@@ -167,6 +167,8 @@ pub struct ModelPolicy {
     /// check cannot run, the prompt is beyond the draft), pass the request to the target
     /// instead of answering with an error.
     pub fallback_to_passthrough: bool,
+    /// Most target calls one request may make (the last writes the rest).
+    pub max_target_calls: Option<u32>,
 }
 
 /// A validated policy.

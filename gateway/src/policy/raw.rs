@@ -171,6 +171,9 @@ pub struct RawModel {
     /// What a rejection asks the target for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correction: Option<RawCorrection>,
+    /// Most target calls one request may make; the last one writes the rest of the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_target_calls: Option<u32>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -332,7 +332,22 @@ impl Validator {
                 true
             }
         };
-        ModelPolicy { mode, verifier, threshold, verification, correction, max_cost_ratio, bailout, threshold_override: (lo, hi), price, fallback_to_passthrough }
+        if m.max_target_calls == Some(0) {
+            self.err(format!("{}: at least 1", f("max_target_calls")));
+        }
+        ModelPolicy {
+            mode,
+            verifier,
+            threshold,
+            verification,
+            correction,
+            max_cost_ratio,
+            bailout,
+            threshold_override: (lo, hi),
+            price,
+            fallback_to_passthrough,
+            max_target_calls: m.max_target_calls,
+        }
     }
 
     fn fixed(&mut self, field: &str, tokens: u32) -> Correction {

@@ -34,6 +34,7 @@ fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         model: None,
         messages: None,
         cache: Default::default(),
+        max_target_calls: None,
     }
 }
 
@@ -403,4 +404,15 @@ async fn a_target_id_outside_the_vocabulary_is_the_targets_error() {
     let (tx, _rx) = mpsc::channel(64);
     let err = engine.generate(lease.as_ref(), &ConfidenceVerifier, request(1.0, 8), tx).await;
     assert!(matches!(&err, Err(EngineError::Target(TargetError::Protocol(m))) if m.contains("outside the vocabulary")), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_cap_on_target_calls_hands_the_rest_to_the_last_one() -> Result<(), EngineError> {
+    let mut req = request(1.0, 64);
+    req.max_target_calls = Some(3);
+    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("world", None), req).await?;
+    assert_eq!(o.text, "world");
+    // Two one-token corrections, then one call that writes the rest.
+    assert_eq!((o.stats.target_calls, o.stats.call_cap, o.stats.bailed_out), (3, true, false));
+    Ok(())
 }
