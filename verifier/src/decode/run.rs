@@ -314,6 +314,8 @@ impl<'a> Run<'a> {
         let n = self.remaining();
         let Some(mut stream) = self.open_stream(n).await? else { return Ok(FinishReason::Cancelled) };
         let mut received = 0usize;
+        // A text-level target ends on end-of-sequence without a token for it.
+        let mut ended = false;
         loop {
             let Some(chunk) = unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await else {
                 return Ok(FinishReason::Cancelled);
@@ -330,10 +332,11 @@ impl<'a> Run<'a> {
                 }
             }
             if chunk.stopped_on_eos {
+                ended = true;
                 break;
             }
         }
-        if received == 0 && self.remaining() > 0 {
+        if received == 0 && !ended && self.remaining() > 0 {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
         Ok(if self.remaining() == 0 { FinishReason::Length } else { FinishReason::Stop })

@@ -416,3 +416,34 @@ async fn a_cap_on_target_calls_hands_the_rest_to_the_last_one() -> Result<(), En
     assert_eq!((o.stats.target_calls, o.stats.call_cap, o.stats.bailed_out), (3, true, false));
     Ok(())
 }
+
+/// A text-level target whose answer is over: no text, end of sequence (no token stands for it).
+#[derive(Debug)]
+struct AlreadyDone;
+
+#[async_trait::async_trait]
+impl TargetClient for AlreadyDone {
+    async fn continue_tokens(&self, _: &crate::target::ContinuationRequest) -> Result<crate::target::Continuation, TargetError> {
+        Ok(crate::target::Continuation { stopped_on_eos: true, ..Default::default() })
+    }
+    async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        Ok(None)
+    }
+    async fn health(&self) -> Result<(), TargetError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_hand_off_to_a_target_with_nothing_more_to_say_ends_the_answer() -> Result<(), EngineError> {
+    let tok = tiny_tokenizer();
+    let engine = Engine::new(tok.clone(), Arc::new(AlreadyDone), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1);
+    let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
+    let (tx, _rx) = mpsc::channel(64);
+    let mut req = request(1.0, 8);
+    req.max_target_calls = Some(1);
+    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await?;
+    assert_eq!((stats.completion_tokens, stats.finish_reason, stats.call_cap), (0, Some(FinishReason::Stop), true));
+    Ok(())
+}
