@@ -161,6 +161,13 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         Err(e @ ValidationError::PromptTooLong { .. }) => return fallback(Reason::PromptTooLong, e.into()),
         Err(e) => return Err(e.into()),
     };
+    // Checked before any work: the draft cannot hold more, and failing mid-answer would cost
+    // the tokens already streamed.
+    let context = shared.draft.meta().context_length;
+    if prompt.len() + valid.max_tokens as usize > context {
+        let e = ValidationError::ContextTooLong { prompt: prompt.len(), max_tokens: valid.max_tokens, context };
+        return fallback(Reason::PromptTooLong, e.into());
+    }
     let verifier = rt
         .verifiers
         .get(&valid.model)

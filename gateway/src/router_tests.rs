@@ -620,3 +620,16 @@ async fn an_answer_that_ends_at_once_still_streams_as_events() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     assert!(text.contains("\"finish_reason\":\"stop\""), "{text}");
 }
+
+#[tokio::test]
+async fn a_prompt_and_answer_beyond_the_drafts_context_pass_through_before_any_work() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let fits = chat("m", json!({"max_tokens": 100}));
+    let (_, headers, _) = call(&state, post("/v1/chat/completions", &fits)).await;
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    let beyond = chat("m", json!({"max_tokens": approxy_verifier::testing::CONTEXT}));
+    let (status, headers, _) = call(&state, post("/v1/chat/completions", &beyond)).await;
+    assert_eq!((status, headers["x-approxy-passthrough-reason"].to_str().unwrap()), (StatusCode::OK, "prompt_too_long"));
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("no-fallback", json!({"max_tokens": approxy_verifier::testing::CONTEXT})))).await;
+    assert_eq!((status, error_of(&body).0), (StatusCode::BAD_REQUEST, json!("max_tokens")));
+}

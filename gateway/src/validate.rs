@@ -62,7 +62,17 @@ pub enum ValidationError {
     /// Nothing to continue.
     #[error("the prompt is empty")]
     EmptyPrompt(Endpoint),
-    /// More prompt tokens than the draft's context allows.
+    /// The prompt and the answer it may get do not fit the draft's context.
+    #[error("the prompt ({prompt} tokens) and max_tokens ({max_tokens}) exceed the draft's context of {context} tokens")]
+    ContextTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested answer length.
+        max_tokens: u32,
+        /// The draft's context.
+        context: usize,
+    },
+    /// More prompt tokens than approxy tokenizes.
     #[error("the prompt has {tokens} tokens; at most {MAX_PROMPT_TOKENS}")]
     PromptTooLong {
         /// Endpoint (names the field).
@@ -99,6 +109,7 @@ impl ValidationError {
             Self::UnknownRole { index, .. } => Some(format!("messages[{index}].role")),
             Self::Template(_) => Some("messages".into()),
             Self::EmptyPrompt(e) | Self::PromptTooLong { endpoint: e, .. } => Some(e.prompt_field().into()),
+            Self::ContextTooLong { .. } => Some("max_tokens".into()),
             Self::TokenOutOfVocabulary(_) => Some("prompt".into()),
             Self::ThresholdNotANumber | Self::ThresholdOutOfRange { .. } => Some(THRESHOLD_HEADER.into()),
         }

@@ -24,6 +24,8 @@ pub const IM_START: u32 = 257;
 pub const IM_END: u32 = 258;
 /// Vocabulary size of the tiny tokenizer.
 pub const VOCAB: usize = 259;
+/// Positions the scripted draft takes.
+pub const CONTEXT: usize = 2048;
 /// Width of the scripted draft's hidden state.
 pub const HIDDEN: usize = 8;
 
@@ -186,6 +188,7 @@ impl ScriptedWorkers {
             hidden_size: HIDDEN,
             vocab_size: VOCAB,
             eos_token: Some("<|im_end|>".into()),
+            context_length: CONTEXT,
         };
         Self { script, workers, busy: Default::default(), steps: Default::default(), meta }
     }

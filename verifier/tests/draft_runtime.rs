@@ -113,3 +113,19 @@ async fn a_worker_that_panics_carries_on() {
     assert_eq!(argmax(&before.logits), argmax(&after.logits));
     assert!(max_diff(&before, &after) < 1e-3, "{}", max_diff(&before, &after));
 }
+
+/// Trimming an idle session keeps the start of its cache (still reused by the next prompt),
+/// gives the rest of the memory back, and changes no result.
+#[test]
+fn trimming_frees_memory_and_keeps_results() {
+    let mut s = session();
+    let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(20));
+    let before = s.prefill(&long).unwrap();
+    let full = s.kv_bytes();
+    s.trim(64);
+    assert!(s.kv_bytes() < full / 2, "{} of {full} bytes kept", s.kv_bytes());
+    assert_eq!(s.tokens(), &long[..64]);
+    let again = s.prefill(&long).unwrap();
+    assert_eq!(argmax(&before.logits), argmax(&again.logits));
+    assert!(max_diff(&before, &again) < 1e-3);
+}

@@ -91,6 +91,19 @@ impl KvCache {
         self.rollback(self.len);
     }
 
+    /// Gives back memory beyond what the cache holds now (a rollback keeps its buffers' size).
+    pub fn shrink(&mut self) {
+        for (k, v) in &mut self.data {
+            k.shrink_to_fit();
+            v.shrink_to_fit();
+        }
+    }
+
+    /// Bytes the buffers hold.
+    pub fn capacity_bytes(&self) -> usize {
+        self.data.iter().map(|(k, v)| (k.capacity() + v.capacity()) * std::mem::size_of::<f32>()).sum()
+    }
+
     /// Key buffer of one layer (for tests and diagnostics).
     pub fn key(&self, layer: usize) -> &[f32] {
         self.data.get(layer).map(|(k, _)| k.as_slice()).unwrap_or(&[])

@@ -29,6 +29,14 @@ pub struct DraftMeta {
     pub vocab_size: usize,
     /// End-of-sequence token text.
     pub eos_token: Option<String>,
+    /// Positions the model takes (prompt and answer together), from `genai_config.json`.
+    #[serde(default = "default_context_length")]
+    pub context_length: usize,
+}
+
+/// The Qwen2.5 family's context, for a model directory that does not say.
+fn default_context_length() -> usize {
+    32_768
 }
 
 impl DraftMeta {
@@ -36,7 +44,13 @@ impl DraftMeta {
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
         let p = dir.join("approxy_draft.json");
         let bytes = std::fs::read(&p).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
-        serde_json::from_slice(&bytes).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))
+        let mut meta: Self = serde_json::from_slice(&bytes).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
+        // The ONNX export's own config holds the context length.
+        let genai: Option<serde_json::Value> = std::fs::read(dir.join("genai_config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(n) = genai.as_ref().and_then(|g| g["model"]["context_length"].as_u64()) {
+            meta.context_length = usize::try_from(n).unwrap_or(meta.context_length);
+        }
+        Ok(meta)
     }
 }
 

@@ -135,6 +135,20 @@ impl DraftSession {
         Ok(outs)
     }
 
+    /// Keeps at most the first `max_positions` of the cache (the part a later prompt can reuse)
+    /// and frees the rest: what an idle worker holds stays bounded.
+    pub fn trim(&mut self, max_positions: usize) {
+        if self.kv.len() > max_positions {
+            self.rollback(self.kv.len() - max_positions);
+        }
+        self.kv.shrink();
+    }
+
+    /// Bytes the KV cache holds.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.capacity_bytes()
+    }
+
     /// Forgets everything: an empty cache and token list, nothing aligned. After a failed step
     /// (the cache was moved into the run's inputs and not put back) the next prefill starts over.
     pub fn reset(&mut self) {
