@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
@@ -181,12 +181,12 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
         // asked for: a stream of events when streaming.
         if valid.stream {
             let done = tokio::spawn(async move { Ok(stats) });
-            return Ok(stream(ids, None, rx, done, mp, threshold, verifier.kind(), valid.include_usage));
+            return Ok(stream(ids, None, rx, done, mp, threshold, verifier.kind(), valid.include_usage, rt.policy.gateway.write_idle_timeout));
         }
         return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
     }
     if valid.stream {
-        Ok(stream(ids, first, rx, task, mp, threshold, verifier.kind(), valid.include_usage))
+        Ok(stream(ids, first, rx, task, mp, threshold, verifier.kind(), valid.include_usage, rt.policy.gateway.write_idle_timeout))
     } else {
         let mut text = String::new();
         let mut last = Instant::now();
@@ -252,8 +252,25 @@ fn stream(
     threshold: f32,
     verifier: &'static str,
     include_usage: bool,
+    write_idle: Duration,
 ) -> Response {
     let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    // A client that stops reading would hold the draft worker and its slot for ever: once the
+    // buffer is full and nothing is read for `write_idle`, it counts as gone.
+    let send = move |b: Bytes| {
+        let body_tx = body_tx.clone();
+        async move {
+            match tokio::time::timeout(write_idle, body_tx.send(Ok(b))).await {
+                Ok(Ok(())) => true,
+                Ok(Err(_)) => false,
+                Err(_) => {
+                    metrics::counter!("approxy_stream_write_timeouts_total").increment(1);
+                    tracing::warn!(?write_idle, "the client stopped reading a stream; giving up on it");
+                    false
+                }
+            }
+        }
+    };
     tokio::spawn(async move {
         let mut first_chunk = true;
         let mut last = Instant::now();
@@ -276,7 +293,7 @@ fn stream(
             let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
             first_chunk = false;
             // The client is gone: dropping `rx` (by returning) stops the engine.
-            if body_tx.send(Ok(sse(&chunk))).await.is_err() {
+            if !send(sse(&chunk)).await {
                 return;
             }
         }
@@ -293,7 +310,7 @@ fn stream(
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
                 for b in out {
-                    if body_tx.send(Ok(b)).await.is_err() {
+                    if !send(b).await {
                         return;
                     }
                 }
@@ -302,12 +319,12 @@ fn stream(
                 metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
                 let err = ApiError::from(e);
                 tracing::error!(error = ?err, "generation failed mid-stream");
-                let _ = body_tx.send(Ok(sse(&err.body()))).await;
+                let _ = send(sse(&err.body())).await;
             }
             Err(e) => {
                 let err = ApiError::Internal(e.to_string());
                 tracing::error!(error = ?err, "generation task failed mid-stream");
-                let _ = body_tx.send(Ok(sse(&err.body()))).await;
+                let _ = send(sse(&err.body())).await;
             }
         }
     });

@@ -75,6 +75,7 @@ struct Setup {
     max_concurrent: usize,
     client_keys: Vec<String>,
     target_timeout: &'static str,
+    write_idle: &'static str,
     /// Policy text appended (more tables).
     extra_policy: &'static str,
 }
@@ -88,6 +89,7 @@ impl Setup {
             max_concurrent: 4,
             client_keys: Vec::new(),
             target_timeout: "5s",
+            write_idle: "60s",
             extra_policy: "",
         }
     }
@@ -105,6 +107,7 @@ retries = 0
 [gateway]
 auth = "none"
 max_body_bytes = 4096
+write_idle_timeout = "{}"
 max_concurrent_requests = {}
 
 [models.m]
@@ -132,6 +135,7 @@ fallback = "error"
 {}
 "#,
             self.target_timeout,
+            self.write_idle,
             self.max_concurrent,
             self.extra_policy
         );
@@ -632,4 +636,21 @@ async fn a_prompt_and_answer_beyond_the_drafts_context_pass_through_before_any_w
     assert_eq!((status, headers["x-approxy-passthrough-reason"].to_str().unwrap()), (StatusCode::OK, "prompt_too_long"));
     let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("no-fallback", json!({"max_tokens": approxy_verifier::testing::CONTEXT})))).await;
     assert_eq!((status, error_of(&body).0), (StatusCode::BAD_REQUEST, json!("max_tokens")));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_a_stream_frees_its_draft_worker() {
+    let answer = "x".repeat(800);
+    let mut s = Setup::new(&answer, 0.95, "x");
+    s.write_idle = "200ms";
+    let state = s.state().await;
+    // The response is taken and its body never read: buffers fill, then the stream gives up.
+    let resp = router(state.clone()).oneshot(post("/v1/chat/completions", &chat("m", json!({"stream": true, "max_tokens": 800})))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let started = std::time::Instant::now();
+    while state.shared.draft.idle() == 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the draft worker stayed leased to a client that stopped reading");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop(resp);
 }

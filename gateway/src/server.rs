@@ -7,14 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::serve::ListenerExt;
 use tokio::sync::Semaphore;
 
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
 
-use crate::policy::{Auth, Policy};
+use crate::policy::{Auth, GatewayPolicy, Policy};
 use crate::stack::router;
 use crate::state::{AppState, Runtime, Shared};
 
@@ -74,16 +73,60 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests wait for.
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
-    // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks) waits
-    // on the client's delayed ACK: milliseconds per request, and per SSE token.
-    let listener = listener.tap_io(|tcp| {
+    let gw = state.runtime().policy.gateway.clone();
+    accept_loop(listener, router(state), &gw, shutdown_signal()).await;
+    tracing::info!("drained; bye");
+    Ok(())
+}
+
+/// Serves connections until `shutdown`, then lets open ones finish. At most
+/// `max_connections` are open at once (more wait in the kernel's accept queue), and a
+/// connection that does not complete a request's headers within `header_timeout` (a slow
+/// or idle client) is closed. Both are start-up settings.
+pub async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, gw: &GatewayPolicy, shutdown: impl std::future::Future<Output = ()>) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    let slots = Arc::new(Semaphore::new(gw.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(gw.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s { Ok(s) => s, Err(_) => break },
+            () = &mut shutdown => break,
+        };
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks)
+        // waits on the client's delayed ACK: milliseconds per request, and per SSE token.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-    });
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
-    tracing::info!("drained; bye");
-    Ok(())
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(app.clone())).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tracing::info!("shutdown signal: finishing in-flight requests");
+    graceful.shutdown().await;
 }
 
 async fn shutdown_signal() {
@@ -99,7 +142,6 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutdown signal: finishing in-flight requests");
 }
 
 fn fingerprint(p: &Path) -> Option<(SystemTime, u64, Vec<u8>)> {

@@ -317,6 +317,9 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_concurrent_requests: 4,
             request_timeout: std::time::Duration::from_secs(5),
+            header_timeout: std::time::Duration::from_secs(10),
+            max_connections: 16,
+            write_idle_timeout: std::time::Duration::from_secs(60),
             max_tokens_limit: 1000,
             default_max_tokens: 100,
         }

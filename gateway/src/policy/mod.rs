@@ -82,6 +82,12 @@ pub struct GatewayPolicy {
     pub max_concurrent_requests: usize,
     /// Time to produce a response head.
     pub request_timeout: Duration,
+    /// Time a connection has to send a request's headers.
+    pub header_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Time a stream waits for a client that stopped reading.
+    pub write_idle_timeout: Duration,
     /// Largest `max_tokens`.
     pub max_tokens_limit: u32,
     /// Default `max_tokens`.

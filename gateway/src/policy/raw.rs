@@ -115,6 +115,15 @@ pub struct RawGateway {
     /// Requests in flight before new ones get 429.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_requests: Option<usize>,
+    /// Time a connection has to send a request's headers, e.g. "10s" (start-up setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_timeout: Option<String>,
+    /// Connections open at once (start-up setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    /// Time a streamed answer waits for a client that stopped reading before giving up, e.g. "60s".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_idle_timeout: Option<String>,
     /// Time limit to produce a response (head), e.g. "300s".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<String>,

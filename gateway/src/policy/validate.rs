@@ -182,11 +182,17 @@ impl Validator {
             max_body_bytes: g.max_body_bytes.unwrap_or(4 << 20),
             max_concurrent_requests: g.max_concurrent_requests.unwrap_or(64),
             request_timeout: self.duration("gateway.request_timeout", g.request_timeout, Duration::from_secs(600)),
+            header_timeout: self.duration("gateway.header_timeout", g.header_timeout, Duration::from_secs(10)),
+            max_connections: g.max_connections.unwrap_or(1024),
+            write_idle_timeout: self.duration("gateway.write_idle_timeout", g.write_idle_timeout, Duration::from_secs(60)),
             max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
             default_max_tokens: g.default_max_tokens.unwrap_or(512),
         };
         if gateway.max_body_bytes < 1024 {
             self.err("gateway.max_body_bytes: at least 1024");
+        }
+        if gateway.max_connections == 0 {
+            self.err("gateway.max_connections: at least 1");
         }
         if gateway.max_concurrent_requests == 0 {
             self.err("gateway.max_concurrent_requests: at least 1");
