@@ -232,3 +232,53 @@ async fn upstream_error(upstream: reqwest::Response) -> ApiError {
         _ => ApiError::BadGateway,
     }
 }
+
+/// Property tests (a fixed budget in every test run): whatever path a client sends, one that
+/// passes the guards stays under `/v1/` once percent-decoded and resolved, so the URL built
+/// from it never leaves the target's API prefix.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn percent_decoded(p: &str) -> String {
+        let b = p.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if b[i] == b'%'
+                && let (Some(h), Some(l)) = (b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex))
+            {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(approxy_verifier::testing::property_cases(2048)))]
+        #[test]
+        fn an_allowed_path_never_leaves_the_api_prefix(
+            segments in proptest::collection::vec(
+                proptest::sample::select(vec!["v1", "models", "chat", "completions", "files", ".", "..", "%2e", "%2E%2e", "%2f", "%5C", "\\", "", "a", "x.y", ".hidden", "%252e"]),
+                0..7,
+            ),
+            post in any::<bool>(),
+        ) {
+            let path = format!("/{}", segments.join("/"));
+            let method = if post { Method::POST } else { Method::GET };
+            if route_allowed(&method, &path, &[]) && !has_dot_segments(&path) {
+                let decoded = percent_decoded(&path);
+                prop_assert!(decoded.starts_with("/v1/"), "{path} -> {decoded}");
+                prop_assert!(!decoded.contains("//") && !decoded.contains('\\'), "{path} -> {decoded}");
+                prop_assert!(decoded.split('/').all(|s| s != "." && s != ".."), "{path} -> {decoded}");
+            }
+        }
+    }
+}

@@ -154,3 +154,69 @@ mod tests {
         assert_eq!(at(serde_json::json!({"messages": []})), Some(".".into()));
     }
 }
+
+/// Property tests (a fixed budget in every test run): any JSON a client sends is parsed and
+/// validated without a panic, into a request or an error that names a field.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, json};
+
+    use super::*;
+
+    /// JSON values with the request's field names (so the parser gets past the outer layer),
+    /// and arbitrary values beneath them.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            "\\PC{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    proptest::sample::select(vec!["role", "content", "type", "text", "model", "x"]).prop_map(str::to_string),
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(approxy_verifier::testing::property_cases(1024)))]
+        #[test]
+        fn any_body_parses_or_names_a_field(
+            fields in proptest::collection::btree_map(
+                proptest::sample::select(vec!["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "other"]),
+                value(),
+                0..8,
+            ),
+            chat in any::<bool>(),
+        ) {
+            let mut body = Map::new();
+            body.insert("model".into(), json!("m"));
+            for (k, v) in fields {
+                body.insert(k.to_string(), v);
+            }
+            let body = Value::Object(body);
+            match parse(&body) {
+                Err((path, reason)) => prop_assert!(!path.is_empty() && !reason.is_empty()),
+                Ok(typed) => {
+                    let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
+                    let gw = crate::policy::Policy::parse("[target]\nkind = \"llama_cpp\"\nbase_url = \"http://h:1\"\n[gateway]\nauth = \"none\"\n", std::path::Path::new("/p.toml"))
+                        .map(|p| p.gateway);
+                    prop_assert!(gw.is_ok());
+                    if let Ok(gw) = gw {
+                        // Either a valid request or an error; never a panic.
+                        let _ = crate::validate::validate(endpoint, typed, &gw);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -88,3 +88,51 @@ mod tests {
         assert_eq!(m.push("!b"), StopResult::Stop("".into()));
     }
 }
+
+/// Property tests (a fixed budget in every test run; `PROPTEST_CASES=100000` for a long run):
+/// the streamed matcher against a reference that sees the whole text at once.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The whole text cut at the earliest stop string, and whether one was found.
+    fn reference(text: &str, stops: &[String]) -> (String, bool) {
+        match stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min() {
+            Some(i) => (text[..i].to_string(), true),
+            None => (text.to_string(), false),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::testing::property_cases(512)))]
+        #[test]
+        fn streamed_matching_equals_matching_the_whole_text(
+            // A small alphabet, with a multi-byte letter, so stops really occur and straddle deltas.
+            pieces in proptest::collection::vec("[abé\n]{0,6}", 0..20),
+            stops in proptest::collection::vec("[abé\n]{0,4}", 0..4),
+        ) {
+            let mut m = StopMatcher::new(stops.clone());
+            let mut out = String::new();
+            let mut stopped = false;
+            for p in &pieces {
+                let started = std::time::Instant::now();
+                let r = m.push(p);
+                prop_assert!(started.elapsed() < std::time::Duration::from_millis(50), "one push took {:?}", started.elapsed());
+                match r {
+                    StopResult::Continue(t) => out.push_str(&t),
+                    StopResult::Stop(t) => {
+                        out.push_str(&t);
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
+            if !stopped {
+                out.push_str(&m.finish());
+            }
+            prop_assert_eq!((out, stopped), reference(&pieces.concat(), &stops));
+        }
+    }
+}

@@ -411,3 +411,9 @@ mod tests {
         assert_eq!(crate::verify::Features::from_output(&s.output(&[IM_START, 1, 2])).top1, IM_END);
     }
 }
+
+/// Cases a property test runs: `default` (the budget of every test run), or `PROPTEST_CASES`
+/// for a long run.
+pub fn property_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

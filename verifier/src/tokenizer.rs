@@ -180,3 +180,40 @@ impl StreamDecoder {
         &self.ids
     }
 }
+
+/// Property tests: streamed decoding gives back the text, whatever the characters and however
+/// they fall across tokens (the tiny tokenizer has one token per byte, so every multi-byte
+/// character spans several).
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::testing::tiny_tokenizer;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::testing::property_cases(256)))]
+        #[test]
+        fn streamed_decoding_gives_back_the_text(text in "\\PC{0,40}") {
+            let tok = tiny_tokenizer();
+            let ids = tok.encode_plain(&text).unwrap_or_default();
+            let mut d = StreamDecoder::new(tok);
+            let mut out = String::new();
+            for id in ids {
+                let delta = d.push(id).unwrap_or_default();
+                prop_assert!(!delta.contains('\u{FFFD}') || text.contains('\u{FFFD}'), "half a character was emitted");
+                out.push_str(&delta);
+            }
+            out.push_str(&d.flush().unwrap_or_default());
+            prop_assert_eq!(out, text);
+        }
+
+        #[test]
+        fn retokenized_pieces_give_back_the_text(text in "[a-zA-Z0-9 _.,()\\n]{0,60}", cut in 0usize..60) {
+            let tok = tiny_tokenizer();
+            let cut = text.char_indices().map(|(i, _)| i).chain([text.len()]).find(|&i| i >= cut.min(text.len())).unwrap_or(0);
+            let ids = tok.encode_tail(&text, cut).unwrap_or_default();
+            prop_assert_eq!(tok.decode_with_specials(&ids).unwrap_or_default(), &text[cut..]);
+        }
+    }
+}

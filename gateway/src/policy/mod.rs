@@ -405,3 +405,22 @@ max_cost_ratio = -1
         assert_eq!(parse_duration("x s"), None);
     }
 }
+
+/// Property tests (a fixed budget in every test run): any text loads as a policy or says why.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(approxy_verifier::testing::property_cases(1024)))]
+        #[test]
+        fn any_policy_text_loads_or_says_why(text in "\\PC{0,200}", table in proptest::sample::select(vec!["[target]\n", "[gateway]\n", "[models.\"*\"]\n", ""])) {
+            let r = Policy::parse(&format!("{table}{text}"), Path::new("/p.toml"));
+            if let Err(e) = r {
+                prop_assert!(!e.problems.is_empty());
+            }
+        }
+    }
+}
