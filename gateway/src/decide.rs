@@ -156,7 +156,18 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         Err(e) => return fallback(Reason::TokenizerCheckFailed, e.into()),
     }
     let shared = &state.shared;
-    let prompt = match validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size) {
+    // Rendering and tokenizing a prompt of megabytes takes long enough to stall the async
+    // runtime's other requests: it runs on a blocking thread.
+    let (valid, tokens) = {
+        let shared = Arc::clone(shared);
+        tokio::task::spawn_blocking(move || {
+            let tokens = validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size);
+            (valid, tokens)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("prompt tokenization: {e}")))?
+    };
+    let prompt = match tokens {
         Ok(p) => p,
         Err(e @ ValidationError::PromptTooLong { .. }) => return fallback(Reason::PromptTooLong, e.into()),
         Err(e) => return Err(e.into()),
