@@ -385,6 +385,12 @@ impl TargetClient for ScriptedTarget {
     }
 }
 
+/// Cases a property test runs: `default` (the budget of every test run), or `PROPTEST_CASES`
+/// for a long run.
+pub fn property_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,10 +416,4 @@ mod tests {
         assert!((f.top1_prob - 0.9).abs() < 1e-4, "{}", f.top1_prob);
         assert_eq!(crate::verify::Features::from_output(&s.output(&[IM_START, 1, 2])).top1, IM_END);
     }
-}
-
-/// Cases a property test runs: `default` (the budget of every test run), or `PROPTEST_CASES`
-/// for a long run.
-pub fn property_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
