@@ -11,7 +11,12 @@ start_target "$PORT" "$APPROXY_HOME/logs/test-target-server.log"
 VLLM_PID="" OTHER_PID=""
 stop_servers() {
   # errexit holds in traps too: a server that is already gone must not fail the run.
-  for pid in "$TARGET_PID" $VLLM_PID $OTHER_PID; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  # Children first (vLLM's multiprocessing helpers outlive their parent otherwise).
+  for pid in "$TARGET_PID" $VLLM_PID $OTHER_PID; do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
 }
 trap stop_servers EXIT
 OTHER_PORT="$(free_port)"
