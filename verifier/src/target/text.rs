@@ -1,6 +1,8 @@
-//! What the text-level targets share (`openai_text`, `chat_prefix`): the exact token prefix
-//! turned into text and cut at its last clean boundary, and the target's text turned back
-//! into the draft's token ids.
+//! What the text-level targets share (`openai_text`, `chat_prefix`): one client,
+//! [`TextTarget`], over a [`TextWire`] that says what differs between them (the path, the
+//! prompt or the messages, how an event carries its text); the exact token prefix turned into
+//! text and cut at its last clean boundary; and the target's text turned back into the
+//! draft's token ids.
 //!
 //! Token healing: an answer that ends mid-word ("def is_pal") makes a model that reads it as
 //! text continue oddly, because its tokenizer splits the unfinished word differently from how
@@ -16,9 +18,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
 
-use super::{Continuation, ContinuationRequest, StreamChunk, TokenStream};
+use super::{
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_sse,
+};
 use crate::error::{EngineError, TargetError};
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
@@ -37,17 +43,17 @@ pub struct TextPrefix {
 }
 
 impl TextPrefix {
-    /// The request's prefix as text, with the answer's last piece held back when `heal`. The
-    /// prompt is the draft's rendering, or the chat messages rendered with `template` (the
-    /// target's own chat template) when both are given.
-    pub fn of(tokenizer: &Tokenizer, req: &ContinuationRequest, heal: bool, template: Option<&ChatTemplate>) -> Result<Self, TargetError> {
+    /// The request's prefix as text, with the answer's last piece held back. The prompt is the
+    /// draft's rendering, or the chat messages rendered with `template` (the target's own chat
+    /// template) when both are given.
+    pub fn of(tokenizer: &Tokenizer, req: &ContinuationRequest, template: Option<&ChatTemplate>) -> Result<Self, TargetError> {
         let split = req.prompt_len.min(req.prefix.len());
         let prompt = match (template, &req.messages) {
             (Some(t), Some(m)) => t.render(m).map_err(|e| TargetError::Protocol(format!("rendering the target's chat template: {e}")))?,
             _ => tokenizer.decode_with_specials(&req.prefix[..split]).map_err(tokenizer_failed)?,
         };
         let answer = tokenizer.decode(&req.prefix[split..]).map_err(tokenizer_failed)?;
-        let cut = if heal { tokenizer.last_piece_start(&answer).map_err(tokenizer_failed)? } else { answer.len() };
+        let cut = tokenizer.last_piece_start(&answer).map_err(tokenizer_failed)?;
         let held_back_tokens = tokenizer.encode(&answer[cut..]).map_err(tokenizer_failed)?.len() as u32;
         Ok(Self { prompt, held_back: answer[cut..].to_string(), answer: answer[..cut].to_string(), held_back_tokens })
     }
@@ -146,22 +152,117 @@ pub type TextStream = Pin<Box<dyn Stream<Item = Result<TextChunk, TargetError>> 
 /// Opens a text stream for a prefix (one call to the target).
 pub type OpenText = Arc<dyn Fn(TextPrefix) -> Pin<Box<dyn Future<Output = Result<TextStream, TargetError>> + Send>> + Send + Sync>;
 
+/// What differs between the text-level kinds.
+pub trait TextWire: std::fmt::Debug + Clone + Send + Sync + 'static {
+    /// Path under the base URL.
+    const PATH: &'static str;
+    /// The kind's own body fields: the prompt text, or the messages and how the last one is
+    /// marked.
+    fn fields(&self, req: &ContinuationRequest, p: &TextPrefix, body: &mut Value) -> Result<(), TargetError>;
+    /// One streamed event as text.
+    fn piece(v: &Value) -> TextChunk;
+    /// The server's text starts with the answer it was sent (see [`TextPrefix::expected`]).
+    fn echoes(&self) -> bool {
+        false
+    }
+    /// The target's own chat template, for the prompt text.
+    fn template(&self) -> Option<Arc<ChatTemplate>> {
+        None
+    }
+}
+
+/// A text-level target. Every call is streamed (a non-streamed continuation collects it), so
+/// the healing check stops a diverging answer at its first characters; the text is
+/// re-tokenized with the draft's tokenizer, so the target's own tokenizer does not matter.
+#[derive(Debug, Clone)]
+pub struct TextTarget<W> {
+    cfg: TargetConfig,
+    http: reqwest::Client,
+    tokenizer: Tokenizer,
+    pub(super) wire: W,
+}
+
+impl<W: TextWire> TextTarget<W> {
+    /// A client for `cfg.base_url` speaking `wire`, re-tokenizing with `tokenizer`.
+    pub(super) fn with_wire(cfg: TargetConfig, tokenizer: Tokenizer, wire: W) -> Result<Self, TargetError> {
+        Ok(Self { http: http_client(&cfg)?, cfg, tokenizer, wire })
+    }
+
+    /// The body of one call: the sampling shared by the kinds, the kind's own fields, the
+    /// cache hints.
+    fn body(&self, req: &ContinuationRequest, p: &TextPrefix, key: &str) -> Result<Value, TargetError> {
+        let s = req.sampling;
+        let mut body = json!({
+            "model": req.model.as_deref().unwrap_or(&self.cfg.model),
+            // The held-back piece is written again; allow for it.
+            "max_tokens": req.max_tokens + p.held_back_tokens,
+            "temperature": s.temperature.max(0.0),
+            "top_p": s.top_p,
+            "stream": true,
+            // The usage (with the cached prompt tokens) comes in a last chunk.
+            "stream_options": {"include_usage": true},
+        });
+        if let Some(seed) = s.seed {
+            body["seed"] = json!(seed);
+        }
+        self.wire.fields(req, p, &mut body)?;
+        self.cfg.cache_hints.apply_to_body(&mut body, key);
+        Ok(body)
+    }
+
+    fn call(&self, req: &ContinuationRequest) -> TextCall {
+        let this = self.clone();
+        let req = req.clone();
+        let open: OpenText = Arc::new(move |p: TextPrefix| {
+            let this = this.clone();
+            let key = req.cache_key();
+            let body = this.body(&req, &p, &key);
+            Box::pin(async move {
+                let body = body?;
+                let header = this.cfg.cache_hints.header(&key);
+                let url = join(&this.cfg.base_url, W::PATH);
+                let events = post_sse(&this.http, &this.cfg, &url, &body, header.as_ref()).await?;
+                Ok(Box::pin(events.map(|ev| ev.map(|v| W::piece(&v)))) as TextStream)
+            })
+        });
+        TextCall { open, echoes: self.wire.echoes(), template: self.wire.template() }
+    }
+}
+
+#[async_trait]
+impl<W: TextWire> TargetClient for TextTarget<W> {
+    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+        continuation(&self.tokenizer, req, self.call(req)).await
+    }
+
+    async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        token_stream(self.tokenizer.clone(), req, self.call(req)).await
+    }
+
+    async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {
+        // Text goes both ways: the target's tokenizer does not need to match.
+        Ok(None)
+    }
+
+    async fn health(&self) -> Result<(), TargetError> {
+        get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await
+    }
+}
+
 /// How a text-level target is called.
 #[derive(Clone)]
-pub struct TextCall {
+struct TextCall {
     /// Opens one call.
-    pub open: OpenText,
-    /// Hold back the answer's last piece (token healing).
-    pub heal: bool,
+    open: OpenText,
     /// The server's text starts with the answer it was sent (see [`TextPrefix::expected`]).
-    pub echoes: bool,
+    echoes: bool,
     /// The target's chat template, for the prompt text.
-    pub template: Option<Arc<ChatTemplate>>,
+    template: Option<Arc<ChatTemplate>>,
 }
 
 /// A continuation from a text-level target: healed first, and asked again without healing
 /// when the target diverged from the held-back piece.
-pub async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<Continuation, TargetError> {
+async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<Continuation, TargetError> {
     let mut s = token_stream(tokenizer.clone(), req, call).await?;
     let mut c = Continuation::default();
     while let Some(chunk) = s.next().await {
@@ -236,8 +337,8 @@ impl Streaming {
 
 /// A text-level target's answer as a stream of the draft's token ids. Dropping it drops the
 /// upstream stream, which closes the connection and stops the target.
-pub async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<TokenStream, TargetError> {
-    let prefix = TextPrefix::of(&tokenizer, req, call.heal, call.template.as_deref())?;
+async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<TokenStream, TargetError> {
+    let prefix = TextPrefix::of(&tokenizer, req, call.template.as_deref())?;
     let upstream = (call.open)(prefix.clone()).await?;
     let retok = Retokenizer::new(tokenizer.clone(), prefix.expected(call.echoes));
     let state = Streaming { tokenizer, call, prefix, upstream, retok, finished: None, cached: None, extra_calls: 0, ended: false };
@@ -294,11 +395,11 @@ mod tests {
     #[test]
     fn the_answer_is_cut_before_its_last_piece() {
         let t = merging_tokenizer();
-        let p = TextPrefix::of(&t, &request(&t, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "print(x) Hel"), true, None).unwrap_or_else(|e| unreachable!("{e}"));
+        let p = TextPrefix::of(&t, &request(&t, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "print(x) Hel"), None).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!(p.prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!((p.answer.as_str(), p.held_back.as_str()), ("print(x)", " Hel"));
         assert_eq!(p.unhealed().answer, "print(x) Hel");
-        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), true, None).unwrap_or_else(|e| unreachable!("{e}"));
+        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), None).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!((empty.answer.as_str(), empty.held_back.as_str()), ("", ""));
     }
 
