@@ -65,8 +65,7 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &Mod
             "target_cacheable_input_tokens": s.target_cacheable_input_tokens,
             // What the target said it served from its cache, when every call said (the cost
             // estimate then uses it instead of the cache rules).
-            "target_reported_cached_tokens": (s.target_calls > 0 && s.target_calls_reporting_cache == s.target_calls)
-                .then_some(s.target_reported_cached_tokens),
+            "target_reported_cached_tokens": s.reported_cached_tokens(),
             "heal_retries": s.heal_retries,
             "estimated_cost_usd": cost.approxy,
             "estimated_passthrough_cost_usd": cost.passthrough,
@@ -242,6 +241,21 @@ fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32
     resp
 }
 
+/// Sends one piece of a stream; false when the client is gone. A client that stops reading
+/// would hold the draft worker and its slot for ever: once the buffer is full and nothing is
+/// read for `write_idle`, it counts as gone.
+async fn send_within(tx: &mpsc::Sender<Result<Bytes, Infallible>>, b: Bytes, write_idle: Duration) -> bool {
+    match tokio::time::timeout(write_idle, tx.send(Ok(b))).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            metrics::counter!("approxy_stream_write_timeouts_total").increment(1);
+            tracing::warn!(?write_idle, "the client stopped reading a stream; giving up on it");
+            false
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn stream(
     ids: Ids,
@@ -255,22 +269,6 @@ fn stream(
     write_idle: Duration,
 ) -> Response {
     let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
-    // A client that stops reading would hold the draft worker and its slot for ever: once the
-    // buffer is full and nothing is read for `write_idle`, it counts as gone.
-    let send = move |b: Bytes| {
-        let body_tx = body_tx.clone();
-        async move {
-            match tokio::time::timeout(write_idle, body_tx.send(Ok(b))).await {
-                Ok(Ok(())) => true,
-                Ok(Err(_)) => false,
-                Err(_) => {
-                    metrics::counter!("approxy_stream_write_timeouts_total").increment(1);
-                    tracing::warn!(?write_idle, "the client stopped reading a stream; giving up on it");
-                    false
-                }
-            }
-        }
-    };
     tokio::spawn(async move {
         let mut first_chunk = true;
         let mut last = Instant::now();
@@ -293,7 +291,7 @@ fn stream(
             let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
             first_chunk = false;
             // The client is gone: dropping `rx` (by returning) stops the engine.
-            if !send(sse(&chunk)).await {
+            if !send_within(&body_tx, sse(&chunk), write_idle).await {
                 return;
             }
         }
@@ -310,7 +308,7 @@ fn stream(
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
                 for b in out {
-                    if !send(b).await {
+                    if !send_within(&body_tx, b, write_idle).await {
                         return;
                     }
                 }
@@ -319,12 +317,12 @@ fn stream(
                 metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
                 let err = ApiError::from(e);
                 tracing::error!(error = ?err, "generation failed mid-stream");
-                let _ = send(sse(&err.body())).await;
+                let _ = send_within(&body_tx, sse(&err.body()), write_idle).await;
             }
             Err(e) => {
                 let err = ApiError::Internal(e.to_string());
                 tracing::error!(error = ?err, "generation task failed mid-stream");
-                let _ = send(sse(&err.body())).await;
+                let _ = send_within(&body_tx, sse(&err.body()), write_idle).await;
             }
         }
     });

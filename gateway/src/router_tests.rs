@@ -140,17 +140,7 @@ fallback = "error"
             self.extra_policy
         );
         let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
-        let tokenizer = tiny_tokenizer();
-        let shared = Arc::new(Shared {
-            draft: Arc::new(ScriptedWorkers::new(self.draft, self.workers)),
-            eos: tokenizer.end_of_sequence_ids(),
-            tokenizer,
-            template: ChatTemplate::from_source(TEMPLATE.into()).unwrap(),
-            draft_sha256: "scripted".into(),
-            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle(),
-            inflight: Arc::new(Semaphore::new(self.max_concurrent)),
-            policy_path: "/tests/policy.toml".into(),
-        });
+        let shared = shared_parts(ScriptedWorkers::new(self.draft, self.workers), "scripted", self.max_concurrent);
         let mut rt = Runtime::with_target(policy, &shared, Arc::new(self.target)).unwrap();
         rt.client_keys = self.client_keys;
         AppState::new(shared, rt)
@@ -430,19 +420,25 @@ async fn auth_and_load_shedding() {
     assert_eq!(call(&state, authed()).await.0, StatusCode::OK);
 }
 
-/// Shared parts around the scripted draft, claiming the identity `draft_sha256`.
-fn scripted_shared(draft_sha256: &str) -> Arc<Shared> {
+/// Shared parts around scripted draft `workers`, claiming the identity `draft_sha256`, with
+/// `max_concurrent` request slots.
+fn shared_parts(workers: ScriptedWorkers, draft_sha256: &str, max_concurrent: usize) -> Arc<Shared> {
     let tokenizer = tiny_tokenizer();
     Arc::new(Shared {
-        draft: Arc::new(ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1)),
+        draft: Arc::new(workers),
         eos: tokenizer.end_of_sequence_ids(),
         tokenizer,
         template: ChatTemplate::from_source(TEMPLATE.into()).unwrap(),
         draft_sha256: draft_sha256.into(),
         prometheus: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle(),
-        inflight: Arc::new(Semaphore::new(4)),
+        inflight: Arc::new(Semaphore::new(max_concurrent)),
         policy_path: "/tests/policy.toml".into(),
     })
+}
+
+/// Shared parts around one scripted draft worker, claiming the identity `draft_sha256`.
+fn scripted_shared(draft_sha256: &str) -> Arc<Shared> {
+    shared_parts(ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1), draft_sha256, 4)
 }
 
 #[test]

@@ -14,9 +14,14 @@ use approxy_verifier::template::ChatMessage;
 use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
 use indicatif::ProgressBar;
 
-fn prompt(tok: &Tokenizer, user: &str) -> Vec<u32> {
+/// A code prompt: its ids in the Qwen template and the messages they were rendered from.
+fn item(tok: &Tokenizer, id: u32, user: &str) -> CollectItem {
     let text = format!("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
-    tok.encode(&text).unwrap()
+    let messages = vec![
+        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
+        ChatMessage { role: "user".into(), content: user.into() },
+    ];
+    CollectItem { id, kind: 0, prompt: tok.encode(&text).unwrap(), messages: Arc::new(messages) }
 }
 
 /// Rows land at the visited positions, one per emitted token, and their labels line up with
@@ -34,7 +39,7 @@ async fn live_rows_follow_the_decode_loop() {
     ]
     .iter()
     .enumerate()
-    .map(|(i, p)| CollectItem { id: i as u32, kind: 0, prompt: prompt(&tok, p), messages: Arc::new(vec![ChatMessage { role: "user".into(), content: p.to_string() }]) })
+    .map(|(i, p)| item(&tok, i as u32, p))
     .collect();
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
     let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
@@ -71,15 +76,7 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let user = "Write a Python function that returns the sum of a list of integers.";
-    let items = vec![CollectItem {
-        id: 0,
-        kind: 0,
-        prompt: prompt(&tok, user),
-        messages: Arc::new(vec![
-            ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
-            ChatMessage { role: "user".into(), content: user.into() },
-        ]),
-    }];
+    let items = vec![item(&tok, 0, user)];
     let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
     let cfg = |base: String| TargetConfig { base_url: base, api_key: None, model: "target".into(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
     let targets: Vec<(&str, Arc<dyn TargetClient>)> = vec![

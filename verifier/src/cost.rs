@@ -83,11 +83,7 @@ pub struct CostEstimate {
 /// Costs of a finished generation. The cached input is what the target reported when every
 /// call reported it, else the estimate under the cache rules.
 pub fn estimate(s: &Stats, p: &Price) -> CostEstimate {
-    let cached = if s.target_calls > 0 && s.target_calls_reporting_cache == s.target_calls {
-        s.target_reported_cached_tokens
-    } else {
-        s.target_cacheable_input_tokens
-    };
+    let cached = s.reported_cached_tokens().unwrap_or(s.target_cacheable_input_tokens);
     CostEstimate {
         approxy: p.input_cost(s.target_input_tokens, cached)
             + p.output_cost(u64::from(s.target_tokens) + s.target_discarded_tokens),

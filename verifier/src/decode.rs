@@ -199,6 +199,14 @@ pub struct Stats {
     pub finish_reason: Option<FinishReason>,
 }
 
+impl Stats {
+    /// The cached prompt tokens the target reported, when every call reported them (then they
+    /// replace the estimate under the cache rules).
+    pub fn reported_cached_tokens(&self) -> Option<u64> {
+        (self.target_calls > 0 && self.target_calls_reporting_cache == self.target_calls).then_some(self.target_reported_cached_tokens)
+    }
+}
+
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }

@@ -12,6 +12,8 @@ pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     /// The same vocabulary reading special-token text as plain text: for what a client wrote.
     plain: Arc<tokenizers::Tokenizer>,
+    /// The texts of the special tokens, listed once.
+    specials: Arc<Vec<String>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -37,7 +39,8 @@ impl Tokenizer {
     fn wrap(t: tokenizers::Tokenizer) -> Self {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
-        Self { inner: Arc::new(t), plain: Arc::new(plain) }
+        let specials = t.get_added_tokens_decoder().values().filter(|a| a.special).map(|a| a.content.clone()).collect();
+        Self { inner: Arc::new(t), plain: Arc::new(plain), specials: Arc::new(specials) }
     }
 
     /// Text to ids with special-token text read as plain text: a client who types
@@ -48,8 +51,8 @@ impl Tokenizer {
     }
 
     /// The texts of the special tokens (`<|im_start|>`, `<|endoftext|>`, ...).
-    pub fn special_texts(&self) -> Vec<String> {
-        self.inner.get_added_tokens_decoder().values().filter(|t| t.special).map(|t| t.content.clone()).collect()
+    pub fn special_texts(&self) -> &[String] {
+        &self.specials
     }
 
     /// Text to ids. Special tokens written in the text (such as `<|im_start|>` from a chat
