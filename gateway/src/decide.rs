@@ -120,16 +120,33 @@ pub enum Decision {
 
 /// Decides for one request body sent to `endpoint`. `Err` is a 400 (or a target failure
 /// during the tokenizer check).
-pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<Decision, ApiError> {
-    let json: Value = serde_json::from_slice(body).map_err(|e| ValidationError::NotJson(e.to_string()))?;
-    let Value::Object(map) = &json else { return Err(ValidationError::NotObject.into()) };
+pub async fn decide(
+    state: &AppState,
+    rt: &Runtime,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Decision, ApiError> {
+    let json: Value =
+        serde_json::from_slice(body).map_err(|e| ValidationError::NotJson(e.to_string()))?;
+    let Value::Object(map) = &json else {
+        return Err(ValidationError::NotObject.into());
+    };
     // The model picks the policy, so it is the one field read before deciding.
     let model = match map.get("model") {
         Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(ValidationError::Invalid { param: "model".into(), reason: "must be a string".into() }.into()),
+        Some(_) => {
+            return Err(ValidationError::Invalid {
+                param: "model".into(),
+                reason: "must be a string".into(),
+            }
+            .into());
+        }
         None => return Err(ValidationError::Missing("model".into()).into()),
     };
-    let Some(mp) = rt.policy.model(model) else { return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy)) };
+    let Some(mp) = rt.policy.model(model) else {
+        return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy));
+    };
     if mp.mode == Mode::Passthrough {
         return Ok(Decision::Passthrough(Reason::PolicyPassthrough));
     }
@@ -141,7 +158,8 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     if let Some(r) = unsupported_feature(endpoint, map) {
         return Ok(Decision::Passthrough(r));
     }
-    let typed = request::parse(&json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
+    let typed = request::parse(&json)
+        .map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     let threshold = validate::requested_threshold(headers, mp)?.unwrap_or(mp.threshold);
     if mp.verification == Verification::Exact && !valid.sampling.is_greedy() {
@@ -149,9 +167,17 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     }
     // From here on approxy could answer a valid request; what stops it is approxy's own
     // limitation, which the policy's fallback turns into a passthrough.
-    let fallback = |reason: Reason, e: ApiError| if mp.fallback_to_passthrough { Ok(Decision::Passthrough(reason)) } else { Err(e) };
+    let fallback = |reason: Reason, e: ApiError| {
+        if mp.fallback_to_passthrough {
+            Ok(Decision::Passthrough(reason))
+        } else {
+            Err(e)
+        }
+    };
     match rt.tokenizer_check().await {
-        Ok(TokenizerCheck::Different(_)) => return Ok(Decision::Passthrough(Reason::TokenizerMismatch)),
+        Ok(TokenizerCheck::Different(_)) => {
+            return Ok(Decision::Passthrough(Reason::TokenizerMismatch));
+        }
         Ok(_) => {}
         Err(e) => return fallback(Reason::TokenizerCheckFailed, e.into()),
     }
@@ -161,7 +187,12 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     let (valid, tokens) = {
         let shared = Arc::clone(shared);
         tokio::task::spawn_blocking(move || {
-            let tokens = validate::prompt_tokens(&valid, &shared.template, &shared.tokenizer, shared.draft.meta().vocab_size);
+            let tokens = validate::prompt_tokens(
+                &valid,
+                &shared.template,
+                &shared.tokenizer,
+                shared.draft.meta().vocab_size,
+            );
             (valid, tokens)
         })
         .await
@@ -169,14 +200,20 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
     };
     let prompt = match tokens {
         Ok(p) => p,
-        Err(e @ ValidationError::PromptTooLong { .. }) => return fallback(Reason::PromptTooLong, e.into()),
+        Err(e @ ValidationError::PromptTooLong { .. }) => {
+            return fallback(Reason::PromptTooLong, e.into());
+        }
         Err(e) => return Err(e.into()),
     };
     // Checked before any work: the draft cannot hold more, and failing mid-answer would cost
     // the tokens already streamed.
     let context = shared.draft.meta().context_length;
     if prompt.len() + valid.max_tokens as usize > context {
-        let e = ValidationError::ContextTooLong { prompt: prompt.len(), max_tokens: valid.max_tokens, context };
+        let e = ValidationError::ContextTooLong {
+            prompt: prompt.len(),
+            max_tokens: valid.max_tokens,
+            context,
+        };
         return fallback(Reason::PromptTooLong, e.into());
     }
     let verifier = rt
@@ -186,7 +223,9 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         .cloned()
         .ok_or_else(|| ApiError::Internal("no verifier for model".into()))?;
     // Last, so a worker is held only by a request that will use it.
-    let Some(draft) = shared.draft.try_lease() else { return Ok(Decision::Passthrough(Reason::DraftSaturated)) };
+    let Some(draft) = shared.draft.try_lease() else {
+        return Ok(Decision::Passthrough(Reason::DraftSaturated));
+    };
     let generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
@@ -196,7 +235,11 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         verification: mp.verification,
         correction: mp.correction,
         bailout: mp.bailout,
-        cost_guard: Some(CostGuard { price: mp.price, max_cost_ratio: mp.max_cost_ratio, cache: rt.policy.target.cache_rules }),
+        cost_guard: Some(CostGuard {
+            price: mp.price,
+            max_cost_ratio: mp.max_cost_ratio,
+            cache: rt.policy.target.cache_rules,
+        }),
         model: Some(valid.model.clone()),
         messages: match &valid.prompt {
             Prompt::Chat(m) => Some(Arc::new(m.clone())),
@@ -205,12 +248,19 @@ pub async fn decide(state: &AppState, rt: &Runtime, endpoint: Endpoint, headers:
         cache: rt.policy.target.cache_rules,
         max_target_calls: mp.max_target_calls,
     };
-    Ok(Decision::Approximate(Box::new(Approximate { request: valid, generation, policy: mp.clone(), verifier, draft })))
+    Ok(Decision::Approximate(Box::new(Approximate {
+        request: valid,
+        generation,
+        policy: mp.clone(),
+        verifier,
+        draft,
+    })))
 }
 
 /// A field is "used" when present and not null or `false`.
 fn used(body: &Map<String, Value>, field: &str) -> bool {
-    body.get(field).is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+    body.get(field)
+        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
 }
 
 /// The first feature of the request the draft loop does not implement.
@@ -230,21 +280,40 @@ pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Opt
     if let Some((_, r)) = features.iter().find(|(f, _)| used(body, f)) {
         return Some(*r);
     }
-    if body.get("n").is_some_and(|n| !n.is_null() && n.as_u64() != Some(1)) {
+    if body
+        .get("n")
+        .is_some_and(|n| !n.is_null() && n.as_u64() != Some(1))
+    {
         return Some(Reason::NGreaterThan1);
     }
-    let nonzero = |f: &str| body.get(f).is_some_and(|v| !v.is_null() && v.as_f64() != Some(0.0));
+    let nonzero = |f: &str| {
+        body.get(f)
+            .is_some_and(|v| !v.is_null() && v.as_f64() != Some(0.0))
+    };
     if nonzero("presence_penalty") || nonzero("frequency_penalty") {
         return Some(Reason::Penalties);
     }
     match endpoint {
         Endpoint::Chat => {
-            let messages = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-            messages.iter().any(not_text).then_some(Reason::NonTextMessages)
+            let messages = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            messages
+                .iter()
+                .any(not_text)
+                .then_some(Reason::NonTextMessages)
         }
         Endpoint::Completions => match body.get("prompt") {
-            Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => Some(Reason::MultiplePrompts),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_array() => Some(Reason::MultiplePrompts),
+            Some(Value::Array(a))
+                if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) =>
+            {
+                Some(Reason::MultiplePrompts)
+            }
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_array() => {
+                Some(Reason::MultiplePrompts)
+            }
             _ => None,
         },
     }
@@ -253,9 +322,16 @@ pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Opt
 /// A message the chat template cannot render as text: tool traffic or non-text parts.
 fn not_text(m: &Value) -> bool {
     let role = m.get("role").and_then(Value::as_str);
-    let parts_not_text = m.get("content").and_then(Value::as_array).is_some_and(|parts| {
-        parts.iter().any(|p| p.get("type").and_then(Value::as_str).is_some_and(|t| t != "text"))
-    });
+    let parts_not_text = m
+        .get("content")
+        .and_then(Value::as_array)
+        .is_some_and(|parts| {
+            parts.iter().any(|p| {
+                p.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t != "text")
+            })
+        });
     matches!(role, Some("tool" | "function")) || used_value(m.get("tool_calls")) || parts_not_text
 }
 
@@ -279,31 +355,97 @@ mod tests {
     #[test]
     fn features_the_draft_loop_lacks_pass_through() {
         let msg = json!([{"role": "user", "content": "a"}]);
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "tools": [{"type": "function"}]})), Some(Reason::Tools));
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "n": 2})), Some(Reason::NGreaterThan1));
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "n": 1, "logprobs": false})), None);
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "presence_penalty": 0.5})), Some(Reason::Penalties));
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": msg, "frequency_penalty": 0})), None);
-        assert_eq!(reason(Endpoint::Completions, json!({"prompt": "a", "logprobs": 2})), Some(Reason::Logprobs));
-        assert_eq!(reason(Endpoint::Completions, json!({"prompt": ["a", "b"]})), Some(Reason::MultiplePrompts));
-        assert_eq!(reason(Endpoint::Completions, json!({"prompt": [[1, 2]]})), Some(Reason::MultiplePrompts));
-        assert_eq!(reason(Endpoint::Completions, json!({"prompt": [1, 2]})), None);
+        assert_eq!(
+            reason(
+                Endpoint::Chat,
+                json!({"messages": msg, "tools": [{"type": "function"}]})
+            ),
+            Some(Reason::Tools)
+        );
+        assert_eq!(
+            reason(Endpoint::Chat, json!({"messages": msg, "n": 2})),
+            Some(Reason::NGreaterThan1)
+        );
+        assert_eq!(
+            reason(
+                Endpoint::Chat,
+                json!({"messages": msg, "n": 1, "logprobs": false})
+            ),
+            None
+        );
+        assert_eq!(
+            reason(
+                Endpoint::Chat,
+                json!({"messages": msg, "presence_penalty": 0.5})
+            ),
+            Some(Reason::Penalties)
+        );
+        assert_eq!(
+            reason(
+                Endpoint::Chat,
+                json!({"messages": msg, "frequency_penalty": 0})
+            ),
+            None
+        );
+        assert_eq!(
+            reason(Endpoint::Completions, json!({"prompt": "a", "logprobs": 2})),
+            Some(Reason::Logprobs)
+        );
+        assert_eq!(
+            reason(Endpoint::Completions, json!({"prompt": ["a", "b"]})),
+            Some(Reason::MultiplePrompts)
+        );
+        assert_eq!(
+            reason(Endpoint::Completions, json!({"prompt": [[1, 2]]})),
+            Some(Reason::MultiplePrompts)
+        );
+        assert_eq!(
+            reason(Endpoint::Completions, json!({"prompt": [1, 2]})),
+            None
+        );
         let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": image})), Some(Reason::NonTextMessages));
+        assert_eq!(
+            reason(Endpoint::Chat, json!({"messages": image})),
+            Some(Reason::NonTextMessages)
+        );
         let tool = json!([{"role": "tool", "content": "42", "tool_call_id": "t"}]);
-        assert_eq!(reason(Endpoint::Chat, json!({"messages": tool})), Some(Reason::NonTextMessages));
+        assert_eq!(
+            reason(Endpoint::Chat, json!({"messages": tool})),
+            Some(Reason::NonTextMessages)
+        );
     }
 
     #[test]
     fn reason_names_are_distinct_snake_case() {
         use Reason::*;
         let all = [
-            Route, ModelWithoutPolicy, PolicyPassthrough, TargetCannotContinue, Tools, Logprobs, LogitBias, ResponseFormat, Echo,
-            Suffix, BestOf, NGreaterThan1, Penalties, NonTextMessages, MultiplePrompts, TokenizerMismatch, DraftSaturated,
-            SamplingInExactMode, PromptTooLong, TokenizerCheckFailed, EngineFailed,
+            Route,
+            ModelWithoutPolicy,
+            PolicyPassthrough,
+            TargetCannotContinue,
+            Tools,
+            Logprobs,
+            LogitBias,
+            ResponseFormat,
+            Echo,
+            Suffix,
+            BestOf,
+            NGreaterThan1,
+            Penalties,
+            NonTextMessages,
+            MultiplePrompts,
+            TokenizerMismatch,
+            DraftSaturated,
+            SamplingInExactMode,
+            PromptTooLong,
+            TokenizerCheckFailed,
+            EngineFailed,
         ];
         let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), all.len());
-        assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')));
+        assert!(names.iter().all(|n| {
+            n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        }));
     }
 }

@@ -70,27 +70,70 @@ pub enum ApiError {
 impl ApiError {
     /// A 400 naming the field.
     pub fn bad(param: &str, message: impl Into<String>) -> Self {
-        ApiError::BadRequest { message: message.into(), param: Some(param.to_string()) }
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
     }
 
     fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
             ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", Some("invalid_api_key")),
-            ApiError::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found")),
-            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("payload_too_large")),
-            ApiError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("overloaded")),
-            ApiError::BadGateway => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_unavailable")),
-            ApiError::TargetTls => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_tls_error")),
-            ApiError::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_error", Some("target_timeout")),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                Some("invalid_api_key"),
+            ),
+            ApiError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("not_found"),
+            ),
+            ApiError::PayloadTooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("payload_too_large"),
+            ),
+            ApiError::Overloaded => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("overloaded"),
+            ),
+            ApiError::BadGateway => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("target_unavailable"),
+            ),
+            ApiError::TargetTls => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("target_tls_error"),
+            ),
+            ApiError::GatewayTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                Some("target_timeout"),
+            ),
             ApiError::UpstreamRejected(s) | ApiError::UpstreamRejectedWith { status: s, .. } => (
                 StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
                 "invalid_request_error",
                 Some("target_rejected"),
             ),
-            ApiError::TargetCredentials => (StatusCode::BAD_GATEWAY, "upstream_error", Some("target_auth_failed")),
-            ApiError::TargetRateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("target_rate_limited")),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
+            ApiError::TargetCredentials => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("target_auth_failed"),
+            ),
+            ApiError::TargetRateLimited(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("target_rate_limited"),
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some("internal_error"),
+            ),
         }
     }
 
@@ -103,7 +146,9 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let (_, kind, code) = self.parts();
         let param = match self {
-            ApiError::BadRequest { param, .. } | ApiError::UpstreamRejectedWith { param, .. } => param.clone(),
+            ApiError::BadRequest { param, .. } | ApiError::UpstreamRejectedWith { param, .. } => {
+                param.clone()
+            }
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
@@ -112,7 +157,10 @@ impl ApiError {
 
 impl From<crate::validate::ValidationError> for ApiError {
     fn from(e: crate::validate::ValidationError) -> Self {
-        ApiError::BadRequest { param: e.param(), message: e.to_string() }
+        ApiError::BadRequest {
+            param: e.param(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -121,10 +169,16 @@ impl From<TargetError> for ApiError {
         match e {
             TargetError::Timeout(_) => ApiError::GatewayTimeout,
             TargetError::Tls(_) => ApiError::TargetTls,
-            TargetError::Status { status: 401 | 403, .. } => ApiError::TargetCredentials,
+            TargetError::Status {
+                status: 401 | 403, ..
+            } => ApiError::TargetCredentials,
             TargetError::Status { status: 429, .. } => ApiError::TargetRateLimited(None),
-            TargetError::Status { status, .. } if (400..500).contains(&status) => ApiError::UpstreamRejected(status),
-            TargetError::Unreachable { .. } | TargetError::Status { .. } | TargetError::Protocol(_) => ApiError::BadGateway,
+            TargetError::Status { status, .. } if (400..500).contains(&status) => {
+                ApiError::UpstreamRejected(status)
+            }
+            TargetError::Unreachable { .. }
+            | TargetError::Status { .. }
+            | TargetError::Protocol(_) => ApiError::BadGateway,
         }
     }
 }
@@ -145,11 +199,13 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
-        metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string()).increment(1);
+        metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string())
+            .increment(1);
         let mut resp = (status, axum::Json(self.body())).into_response();
         match self {
             ApiError::Overloaded => {
-                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ApiError::TargetRateLimited(Some(v)) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
@@ -170,15 +226,26 @@ mod tests {
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
         assert_eq!(e.body()["error"]["param"], "temperature");
         assert_eq!(e.body()["error"]["type"], "invalid_request_error");
-        assert_eq!(ApiError::Overloaded.into_response().headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            ApiError::Overloaded.into_response().headers()[header::RETRY_AFTER],
+            "1"
+        );
     }
 
     #[test]
     fn upstream_details_never_leak() {
-        let e: ApiError = TargetError::Status { status: 500, body: "secret-key-123 stack trace".into() }.into();
+        let e: ApiError = TargetError::Status {
+            status: 500,
+            body: "secret-key-123 stack trace".into(),
+        }
+        .into();
         assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
         assert!(!e.body().to_string().contains("secret"));
-        let e: ApiError = TargetError::Unreachable { url: "http://user:pw@host".into(), reason: "refused".into() }.into();
+        let e: ApiError = TargetError::Unreachable {
+            url: "http://user:pw@host".into(),
+            reason: "refused".into(),
+        }
+        .into();
         assert!(!e.body().to_string().contains("pw"));
         let e: ApiError = EngineError::Draft("onnx internals".into()).into();
         assert!(!e.body().to_string().contains("onnx"));

@@ -27,23 +27,41 @@ pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Re
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let ok = given.is_some_and(|g| rt.client_keys.iter().fold(false, |found, k| found | keys_match(k, g)));
-    if ok { next.run(req).await } else { ApiError::Unauthorized.into_response() }
+    let ok = given.is_some_and(|g| {
+        rt.client_keys
+            .iter()
+            .fold(false, |found, k| found | keys_match(k, g))
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
 }
 
 /// Compares digests rather than the keys, so neither a shared prefix nor the key's length
 /// shows in the time taken; every configured key is compared (no early exit).
 fn keys_match(key: &str, given: &str) -> bool {
     use sha2::{Digest, Sha256};
-    let (a, b) = (Sha256::digest(key.as_bytes()), Sha256::digest(given.as_bytes()));
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (a, b) = (
+        Sha256::digest(key.as_bytes()),
+        Sha256::digest(given.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// Refuses bodies whose declared length is over the limit before reading them (bodies
 /// without a length are limited where they are read).
 pub async fn body_limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let limit = state.runtime().policy.gateway.max_body_bytes;
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return ApiError::PayloadTooLarge(limit).into_response();
     }
@@ -81,7 +99,11 @@ pub async fn timeout(State(state): State<AppState>, req: Request, next: Next) ->
 pub async fn request_metrics(req: Request, next: Next) -> Response {
     // The route that matched, not the raw path: a label per client-chosen path would let
     // clients grow the metric without bound.
-    let path = match req.extensions().get::<MatchedPath>().map(MatchedPath::as_str) {
+    let path = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
         Some("/v1/chat/completions") => "/v1/chat/completions",
         Some("/v1/completions") => "/v1/completions",
         Some("/v1/models") => "/v1/models",
@@ -90,7 +112,8 @@ pub async fn request_metrics(req: Request, next: Next) -> Response {
     let started = Instant::now();
     let resp = next.run(req).await;
     metrics::counter!("approxy_http_requests_total", "path" => path, "status" => resp.status().as_str().to_string()).increment(1);
-    metrics::histogram!("approxy_http_response_head_seconds", "path" => path).record(started.elapsed().as_secs_f64());
+    metrics::histogram!("approxy_http_response_head_seconds", "path" => path)
+        .record(started.elapsed().as_secs_f64());
     resp
 }
 

@@ -51,7 +51,11 @@ impl tower::Service<Request<Body>> for Passthrough {
             let rt = state.runtime();
             let path = req.uri().path();
             if has_dot_segments(path) {
-                return Ok(ApiError::bad("path", "the path has dot segments or encoded separators").into_response());
+                return Ok(ApiError::bad(
+                    "path",
+                    "the path has dot segments or encoded separators",
+                )
+                .into_response());
             }
             if !route_allowed(req.method(), path, &rt.policy.passthrough.extra_routes) {
                 return Ok(ApiError::NotFound.into_response());
@@ -72,27 +76,45 @@ impl tower::Service<Request<Body>> for Passthrough {
 /// it. Anything else is refused, so the target's other routes (llama.cpp's `/slots`, vLLM's
 /// admin routes, a provider's files and batches) are not reachable with the operator's key
 /// unless the policy adds them (`passthrough.extra_routes`).
-pub const SERVED_ROUTES: [&str; 4] = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/*"];
+pub const SERVED_ROUTES: [&str; 4] = [
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /v1/models/*",
+];
 
 /// Whether `method path` is served: one of [`SERVED_ROUTES`] or of the policy's `extra`.
 pub fn route_allowed(method: &Method, path: &str, extra: &[String]) -> bool {
-    SERVED_ROUTES.iter().copied().chain(extra.iter().map(String::as_str)).any(|route| {
-        let Some((m, pattern)) = route.split_once(' ') else { return false };
-        if m != method.as_str() {
-            return false;
-        }
-        match pattern.strip_suffix("/*") {
-            Some(prefix) => path.strip_prefix(prefix).is_some_and(|rest| rest.len() > 1 && rest.starts_with('/')),
-            None => path == pattern,
-        }
-    })
+    SERVED_ROUTES
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .any(|route| {
+            let Some((m, pattern)) = route.split_once(' ') else {
+                return false;
+            };
+            if m != method.as_str() {
+                return false;
+            }
+            match pattern.strip_suffix("/*") {
+                Some(prefix) => path
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/')),
+                None => path == pattern,
+            }
+        })
 }
 
 /// A path that could resolve somewhere else upstream: `.` or `..` segments, their
 /// percent-encoded forms, encoded slashes or backslashes, or empty segments.
 pub fn has_dot_segments(path: &str) -> bool {
     let lower = path.to_ascii_lowercase();
-    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') || lower.contains("//") {
+    if lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || lower.contains('\\')
+        || lower.contains("//")
+    {
         return true;
     }
     path.split('/').any(|seg| seg == "." || seg == "..")
@@ -102,7 +124,16 @@ pub fn has_dot_segments(path: &str) -> bool {
 /// Credentials and account selectors (`authorization`, `api-key`, `openai-organization`,
 /// `openai-project`, cookies) are not: the target gets the gateway's key only.
 fn forwarded_request_header(name: &HeaderName) -> bool {
-    matches!(name.as_str(), "content-type" | "accept" | "user-agent" | "traceparent" | "tracestate" | "openai-beta" | "idempotency-key")
+    matches!(
+        name.as_str(),
+        "content-type"
+            | "accept"
+            | "user-agent"
+            | "traceparent"
+            | "tracestate"
+            | "openai-beta"
+            | "idempotency-key"
+    )
 }
 
 /// Target headers passed back: what the client needs to read the body. Not the target's
@@ -119,12 +150,23 @@ fn returned_response_header(name: &HeaderName, status: u16) -> bool {
 /// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
 /// marked with `reason`.
 pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reason) -> Response {
-    send(state, parts, bytes, reason.as_str()).await.unwrap_or_else(IntoResponse::into_response)
+    send(state, parts, bytes, reason.as_str())
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str) -> Result<Response, ApiError> {
+async fn send(
+    state: &AppState,
+    parts: Parts,
+    bytes: Bytes,
+    reason: &'static str,
+) -> Result<Response, ApiError> {
     let rt = state.runtime();
-    let path = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
+    let path = parts
+        .uri
+        .path()
+        .strip_prefix("/v1")
+        .unwrap_or(parts.uri.path());
     let mut url = format!("{}{}", rt.policy.target.openai_base(), path);
     if let Some(q) = parts.uri.query() {
         url.push('?');
@@ -137,7 +179,8 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
         }
     }
     if let Some(key) = &rt.target_key {
-        let v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| ApiError::Internal("target key is not a valid header value".into()))?;
+        let v = HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| ApiError::Internal("target key is not a valid header value".into()))?;
         headers.insert(header::AUTHORIZATION, v);
     }
     let started = Instant::now();
@@ -146,7 +189,15 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
     let upstream = loop {
         // The timeout covers the answer's head only; the body is bounded per read below, so a
         // long stream is not cut while it flows.
-        let sent = tokio::time::timeout(timeout, rt.http.request(parts.method.clone(), &url).headers(headers.clone()).body(bytes.clone()).send()).await;
+        let sent = tokio::time::timeout(
+            timeout,
+            rt.http
+                .request(parts.method.clone(), &url)
+                .headers(headers.clone())
+                .body(bytes.clone())
+                .send(),
+        )
+        .await;
         match sent {
             Err(_) => return Err(ApiError::GatewayTimeout),
             Ok(Ok(r)) => break r,
@@ -172,22 +223,34 @@ async fn send(state: &AppState, parts: Parts, bytes: Bytes, reason: &'static str
         metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "upstream_error").increment(1);
         return Err(upstream_error(upstream).await);
     }
-    metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "ok").increment(1);
+    metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "ok")
+        .increment(1);
     let mut resp = Response::builder().status(status.as_u16());
     for (k, v) in upstream.headers() {
         if returned_response_header(k, status.as_u16()) {
             resp = resp.header(k, v);
         }
     }
-    let sse = upstream.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
-    resp = resp.header("x-approxy-mode", "passthrough").header("x-approxy-passthrough-reason", reason);
-    resp.body(Body::from_stream(relay(upstream, timeout, sse))).map_err(|e| ApiError::Internal(e.to_string()))
+    let sse = upstream
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    resp = resp
+        .header("x-approxy-mode", "passthrough")
+        .header("x-approxy-passthrough-reason", reason);
+    resp.body(Body::from_stream(relay(upstream, timeout, sse)))
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 /// The target's body, chunk by chunk, each read bounded by `idle`. A body that stalls or
 /// breaks off ends with an error event when it is a stream of events (the client sees why,
 /// then the end), or is cut off otherwise, so that a truncated answer never reads as complete.
-fn relay(upstream: reqwest::Response, idle: std::time::Duration, sse: bool) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+fn relay(
+    upstream: reqwest::Response,
+    idle: std::time::Duration,
+    sse: bool,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let body = upstream.bytes_stream();
     futures::stream::unfold(Some(Box::pin(body)), move |body| async move {
         let mut body = body?;
@@ -208,7 +271,10 @@ fn relay(upstream: reqwest::Response, idle: std::time::Duration, sse: bool) -> i
             let event = format!("data: {}\n\n", failure.body());
             Some((Ok(Bytes::from(event)), None))
         } else {
-            Some((Err(std::io::Error::other("the target's body broke off")), None))
+            Some((
+                Err(std::io::Error::other("the target's body broke off")),
+                None,
+            ))
         }
     })
 }
@@ -226,8 +292,13 @@ async fn upstream_error(upstream: reqwest::Response) -> ApiError {
         429 => ApiError::TargetRateLimited(retry_after),
         400..=499 => {
             let e = &body["error"];
-            let text = |v: &serde_json::Value| v.as_str().map(|s| s.chars().take(500).collect::<String>());
-            ApiError::UpstreamRejectedWith { status, message: text(&e["message"]).or_else(|| text(e)), param: text(&e["param"]) }
+            let text =
+                |v: &serde_json::Value| v.as_str().map(|s| s.chars().take(500).collect::<String>());
+            ApiError::UpstreamRejectedWith {
+                status,
+                message: text(&e["message"]).or_else(|| text(e)),
+                param: text(&e["param"]),
+            }
         }
         _ => ApiError::BadGateway,
     }
@@ -249,7 +320,10 @@ mod properties {
         while i < b.len() {
             let hex = |c: u8| (c as char).to_digit(16);
             if b[i] == b'%'
-                && let (Some(h), Some(l)) = (b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex))
+                && let (Some(h), Some(l)) = (
+                    b.get(i + 1).copied().and_then(hex),
+                    b.get(i + 2).copied().and_then(hex),
+                )
             {
                 out.push((h * 16 + l) as u8);
                 i += 3;

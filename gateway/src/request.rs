@@ -139,7 +139,10 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi", "name": "x"}], "user": "u-1", "temperature": 0.5});
         let r = parse(&body)?;
         assert_eq!(r.extra.get("user"), Some(&Value::from("u-1")));
-        assert_eq!(r.messages.as_ref().map(|m| m[0].extra.contains_key("name")), Some(true));
+        assert_eq!(
+            r.messages.as_ref().map(|m| m[0].extra.contains_key("name")),
+            Some(true)
+        );
         assert_eq!(r.temperature, Some(0.5));
         Ok(())
     }
@@ -147,10 +150,22 @@ mod tests {
     #[test]
     fn type_errors_name_the_field() {
         let at = |v: Value| parse(&v).err().map(|e| e.0);
-        assert_eq!(at(serde_json::json!({"model": "m", "temperature": "hot"})), Some("temperature".into()));
-        assert_eq!(at(serde_json::json!({"model": "m", "max_tokens": -1})), Some("max_tokens".into()));
-        assert_eq!(at(serde_json::json!({"model": "m", "messages": [{"content": "x"}]})), Some("messages[0]".into()));
-        assert_eq!(at(serde_json::json!({"model": "m", "prompt": 42})), Some("prompt".into()));
+        assert_eq!(
+            at(serde_json::json!({"model": "m", "temperature": "hot"})),
+            Some("temperature".into())
+        );
+        assert_eq!(
+            at(serde_json::json!({"model": "m", "max_tokens": -1})),
+            Some("max_tokens".into())
+        );
+        assert_eq!(
+            at(serde_json::json!({"model": "m", "messages": [{"content": "x"}]})),
+            Some("messages[0]".into())
+        );
+        assert_eq!(
+            at(serde_json::json!({"model": "m", "prompt": 42})),
+            Some("prompt".into())
+        );
         assert_eq!(at(serde_json::json!({"messages": []})), Some(".".into()));
     }
 }
@@ -171,14 +186,17 @@ mod properties {
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),
             any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
             "\\PC{0,12}".prop_map(Value::from),
         ];
         leaf.prop_recursive(3, 24, 4, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
                 proptest::collection::btree_map(
-                    proptest::sample::select(vec!["role", "content", "type", "text", "model", "x"]).prop_map(str::to_string),
+                    proptest::sample::select(vec!["role", "content", "type", "text", "model", "x"])
+                        .prop_map(str::to_string),
                     inner,
                     0..4
                 )

@@ -81,11 +81,15 @@ fn finish_str(r: Option<FinishReason>) -> &'static str {
 }
 
 fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
-    metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => outcome).increment(1);
-    metrics::counter!("approxy_tokens_total", "source" => "draft").increment(u64::from(s.draft_tokens));
-    metrics::counter!("approxy_tokens_total", "source" => "target").increment(u64::from(s.target_tokens));
+    metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => outcome)
+        .increment(1);
+    metrics::counter!("approxy_tokens_total", "source" => "draft")
+        .increment(u64::from(s.draft_tokens));
+    metrics::counter!("approxy_tokens_total", "source" => "target")
+        .increment(u64::from(s.target_tokens));
     metrics::counter!("approxy_target_calls_total").increment(u64::from(s.target_calls));
-    metrics::counter!("approxy_verifier_rejections_total").increment(u64::from(s.verifier_rejections));
+    metrics::counter!("approxy_verifier_rejections_total")
+        .increment(u64::from(s.verifier_rejections));
     if s.bailed_out {
         metrics::counter!("approxy_bailouts_total").increment(1);
     }
@@ -94,10 +98,13 @@ fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
     }
     metrics::counter!("approxy_span_resyncs_total").increment(u64::from(s.resyncs));
     // The metrics facade's counters are integers; a gauge that only grows carries the dollars.
-    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy").increment(cost.approxy);
-    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough").increment(cost.passthrough);
+    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy")
+        .increment(cost.approxy);
+    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough")
+        .increment(cost.passthrough);
     if s.completion_tokens > 0 {
-        metrics::histogram!("approxy_time_to_first_token_seconds").record(s.time_to_first_token.as_secs_f64());
+        metrics::histogram!("approxy_time_to_first_token_seconds")
+            .record(s.time_to_first_token.as_secs_f64());
     }
     for &r in &s.accepted_runs {
         metrics::histogram!("approxy_accepted_run_length").record(f64::from(r));
@@ -125,8 +132,10 @@ impl Ids {
                 json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
             }
-            Endpoint::Completions => json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                       "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]}),
+            Endpoint::Completions => {
+                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                       "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]})
+            }
         }
     }
 }
@@ -152,18 +161,35 @@ impl From<ApiError> for Failed {
 
 /// Runs the generation and answers the client.
 pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, Failed> {
-    let Approximate { request: valid, generation: request, policy: mp, verifier, draft: lease } = a;
+    let Approximate {
+        request: valid,
+        generation: request,
+        policy: mp,
+        verifier,
+        draft: lease,
+    } = a;
     let threshold = request.threshold;
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
     let engine = rt.engine.clone();
     let v2 = Arc::clone(&verifier);
     // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
     // dropped (client gone), which also frees the worker.
-    let task = tokio::spawn(async move { engine.generate(lease.as_ref(), v2.as_ref(), request, tx).await });
-    let prefix = if valid.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    let task = tokio::spawn(async move {
+        engine
+            .generate(lease.as_ref(), v2.as_ref(), request, tx)
+            .await
+    });
+    let prefix = if valid.endpoint == Endpoint::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
     let ids = Ids {
         id: format!("{prefix}-{:032x}", rand::random::<u128>()),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         model: valid.model.clone(),
         endpoint: valid.endpoint,
     };
@@ -180,12 +206,39 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
         // asked for: a stream of events when streaming.
         if valid.stream {
             let done = tokio::spawn(async move { Ok(stats) });
-            return Ok(stream(ids, None, rx, done, mp, threshold, verifier.kind(), valid.include_usage, rt.policy.gateway.write_idle_timeout));
+            return Ok(stream(
+                ids,
+                None,
+                rx,
+                done,
+                mp,
+                threshold,
+                verifier.kind(),
+                valid.include_usage,
+                rt.policy.gateway.write_idle_timeout,
+            ));
         }
-        return Ok(complete(&ids, String::new(), &stats, &mp, threshold, verifier.kind()));
+        return Ok(complete(
+            &ids,
+            String::new(),
+            &stats,
+            &mp,
+            threshold,
+            verifier.kind(),
+        ));
     }
     if valid.stream {
-        Ok(stream(ids, first, rx, task, mp, threshold, verifier.kind(), valid.include_usage, rt.policy.gateway.write_idle_timeout))
+        Ok(stream(
+            ids,
+            first,
+            rx,
+            task,
+            mp,
+            threshold,
+            verifier.kind(),
+            valid.include_usage,
+            rt.policy.gateway.write_idle_timeout,
+        ))
     } else {
         let mut text = String::new();
         let mut last = Instant::now();
@@ -193,32 +246,57 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
             text.push_str(&ev.text);
         }
         while let Some(ev) = rx.recv().await {
-            metrics::histogram!("approxy_inter_token_latency_seconds").record(last.elapsed().as_secs_f64());
+            metrics::histogram!("approxy_inter_token_latency_seconds")
+                .record(last.elapsed().as_secs_f64());
             last = Instant::now();
             text.push_str(&ev.text);
         }
         let stats = finished(task).await?;
-        Ok(complete(&ids, text, &stats, &mp, threshold, verifier.kind()))
+        Ok(complete(
+            &ids,
+            text,
+            &stats,
+            &mp,
+            threshold,
+            verifier.kind(),
+        ))
     }
 }
 
 /// Waits for the generation task; a failure is counted here, where it ends the request.
-async fn finished(task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>) -> Result<Stats, ApiError> {
+async fn finished(
+    task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>,
+) -> Result<Stats, ApiError> {
     task.await.map_err(|e| ApiError::Internal(e.to_string()))?.map_err(|e| {
         metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
         ApiError::from(e)
     })
 }
 
-fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32, verifier: &str) -> Response {
+fn complete(
+    ids: &Ids,
+    text: String,
+    s: &Stats,
+    mp: &ModelPolicy,
+    threshold: f32,
+    verifier: &str,
+) -> Response {
     let cost = estimate_cost(s, &mp.price);
     record_metrics(s, cost, "ok");
     let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
-        Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
-        Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+        Endpoint::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+        }
+        Endpoint::Completions => {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+        }
     };
-    let object = if ids.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+    let object = if ids.endpoint == Endpoint::Chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
                       "choices": [choice], "usage": usage(s, cost, threshold, verifier, mp)});
     let mut resp = axum::Json(body).into_response();
@@ -232,25 +310,41 @@ fn complete(ids: &Ids, text: String, s: &Stats, mp: &ModelPolicy, threshold: f32
     put("x-approxy-draft-tokens", s.draft_tokens.to_string());
     put("x-approxy-target-tokens", s.target_tokens.to_string());
     put("x-approxy-target-calls", s.target_calls.to_string());
-    put("x-approxy-verifier-rejections", s.verifier_rejections.to_string());
+    put(
+        "x-approxy-verifier-rejections",
+        s.verifier_rejections.to_string(),
+    );
     put("x-approxy-bailed-out", s.bailed_out.to_string());
     put("x-approxy-cost-guard", s.cost_guard.to_string());
     put("x-approxy-threshold", threshold.to_string());
-    put("x-approxy-estimated-cost-usd", format!("{:.8}", cost.approxy));
-    put("x-approxy-estimated-passthrough-cost-usd", format!("{:.8}", cost.passthrough));
+    put(
+        "x-approxy-estimated-cost-usd",
+        format!("{:.8}", cost.approxy),
+    );
+    put(
+        "x-approxy-estimated-passthrough-cost-usd",
+        format!("{:.8}", cost.passthrough),
+    );
     resp
 }
 
 /// Sends one piece of a stream; false when the client is gone. A client that stops reading
 /// would hold the draft worker and its slot for ever: once the buffer is full and nothing is
 /// read for `write_idle`, it counts as gone.
-async fn send_within(tx: &mpsc::Sender<Result<Bytes, Infallible>>, b: Bytes, write_idle: Duration) -> bool {
+async fn send_within(
+    tx: &mpsc::Sender<Result<Bytes, Infallible>>,
+    b: Bytes,
+    write_idle: Duration,
+) -> bool {
     match tokio::time::timeout(write_idle, tx.send(Ok(b))).await {
         Ok(Ok(())) => true,
         Ok(Err(_)) => false,
         Err(_) => {
             metrics::counter!("approxy_stream_write_timeouts_total").increment(1);
-            tracing::warn!(?write_idle, "the client stopped reading a stream; giving up on it");
+            tracing::warn!(
+                ?write_idle,
+                "the client stopped reading a stream; giving up on it"
+            );
             false
         }
     }
@@ -278,7 +372,8 @@ fn stream(
                 Some(ev) => ev,
                 None => match rx.recv().await {
                     Some(ev) => {
-                        metrics::histogram!("approxy_inter_token_latency_seconds").record(last.elapsed().as_secs_f64());
+                        metrics::histogram!("approxy_inter_token_latency_seconds")
+                            .record(last.elapsed().as_secs_f64());
                         last = Instant::now();
                         ev
                     }
@@ -299,7 +394,11 @@ fn stream(
             Ok(Ok(stats)) => {
                 let cost = estimate_cost(&stats, &mp.price);
                 record_metrics(&stats, cost, "ok");
-                let mut out = vec![sse(&ids.chunk(None, Some(finish_str(stats.finish_reason)), false))];
+                let mut out = vec![sse(&ids.chunk(
+                    None,
+                    Some(finish_str(stats.finish_reason)),
+                    false,
+                ))];
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
@@ -329,7 +428,10 @@ fn stream(
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-approxy-mode", HeaderValue::from_static("approximate"));
     if let Ok(v) = HeaderValue::from_str(&threshold.to_string()) {

@@ -14,8 +14,8 @@ use approxy_verifier::{EngineError, TargetError};
 use crate::decide::{Decision, Reason, decide};
 use crate::error::ApiError;
 use crate::request::Endpoint;
-use crate::state::{AppState, TokenizerCheck};
 use crate::respond::Failed;
+use crate::state::{AppState, TokenizerCheck};
 use crate::{passthrough, respond};
 
 /// `POST /v1/chat/completions`.
@@ -33,7 +33,9 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response
     let rt = state.runtime();
     let limit = rt.policy.gateway.max_body_bytes;
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else { return ApiError::PayloadTooLarge(limit).into_response() };
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return ApiError::PayloadTooLarge(limit).into_response();
+    };
     match decide(&state, &rt, endpoint, &parts.headers, &bytes).await {
         Ok(Decision::Approximate(a)) => {
             let fallback = a.policy.fallback_to_passthrough;
@@ -53,7 +55,9 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response
                 Err(Failed::Error(e)) => e.into_response(),
             }
         }
-        Ok(Decision::Passthrough(reason)) => passthrough::forward(&state, parts, bytes, reason).await,
+        Ok(Decision::Passthrough(reason)) => {
+            passthrough::forward(&state, parts, bytes, reason).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -64,11 +68,19 @@ fn engine_could_be_bypassed(e: &EngineError) -> bool {
     match e {
         EngineError::Target(t) => match t {
             TargetError::Protocol(_) => true,
-            TargetError::Status { status, .. } => !matches!(status, 401 | 403 | 429) && *status < 500,
-            TargetError::Unreachable { .. } | TargetError::Timeout(_) | TargetError::Tls(_) => false,
+            TargetError::Status { status, .. } => {
+                !matches!(status, 401 | 403 | 429) && *status < 500
+            }
+            TargetError::Unreachable { .. } | TargetError::Timeout(_) | TargetError::Tls(_) => {
+                false
+            }
         },
         EngineError::Saturated => false,
-        EngineError::Draft(_) | EngineError::Tokenizer(_) | EngineError::Artifact(_) | EngineError::TokenizerMismatch(_) | EngineError::WorkerGone => true,
+        EngineError::Draft(_)
+        | EngineError::Tokenizer(_)
+        | EngineError::Artifact(_)
+        | EngineError::TokenizerMismatch(_)
+        | EngineError::WorkerGone => true,
     }
 }
 
@@ -81,10 +93,11 @@ pub async fn health() -> Response {
 pub async fn ready(State(state): State<AppState>) -> Response {
     let rt = state.runtime();
     // Bounded well below the target's call timeout: a probe must answer while the probe waits.
-    let target = match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("no answer within 5 s".to_string()),
-    };
+    let target =
+        match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 5 s".to_string()),
+        };
     let tokenizer = match rt.tokenizer_check.get() {
         None => json!("not checked yet"),
         Some(TokenizerCheck::Same) => json!("same"),
@@ -102,7 +115,11 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         "target_error": target.as_ref().err(),
     });
     // With no draft worker left every request would pass through: not ready as approxy.
-    let status = if target.is_ok() && alive > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if target.is_ok() && alive > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, axum::Json(body)).into_response()
 }
 

@@ -29,19 +29,32 @@ pub struct ServeOptions {
 }
 
 /// Loads everything and builds the state (used by `serve` and by tests).
-pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metrics_exporter_prometheus::PrometheusHandle) -> anyhow::Result<AppState> {
+pub fn build_state(
+    policy_path: &Path,
+    workers: Option<usize>,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+) -> anyhow::Result<AppState> {
     let policy = Policy::load(policy_path)?;
     let home = Home::from_env()?;
-    let model_dir = policy.draft.model_dir.clone().unwrap_or_else(|| home.draft_onnx_dir());
+    let model_dir = policy
+        .draft
+        .model_dir
+        .clone()
+        .unwrap_or_else(|| home.draft_onnx_dir());
     let cfg = DraftConfig {
         model_dir: model_dir.clone(),
-        onnxruntime_lib: std::env::var_os("APPROXY_ONNXRUNTIME_LIB").map(PathBuf::from).unwrap_or_else(|| home.onnxruntime_lib()),
+        onnxruntime_lib: std::env::var_os("APPROXY_ONNXRUNTIME_LIB")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.onnxruntime_lib()),
         workers: workers.unwrap_or(policy.draft.workers),
         threads_per_worker: policy.draft.threads_per_worker,
         spin_wait: policy.draft.spin_wait,
     };
     if !model_dir.join("model.onnx").is_file() {
-        anyhow::bail!("no draft model at {}; run `approxy setup` first", model_dir.display());
+        anyhow::bail!(
+            "no draft model at {}; run `approxy setup` first",
+            model_dir.display()
+        );
     }
     let tokenizer = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
     let template = ChatTemplate::from_file(&model_dir.join("chat_template.jinja"))?;
@@ -52,7 +65,11 @@ pub fn build_state(policy_path: &Path, workers: Option<usize>, prometheus: metri
         tokenizer,
         template,
         eos,
-        draft_sha256: policy.draft.model_sha256.clone().unwrap_or_else(|| DRAFT_GGUF_SHA256.to_string()),
+        draft_sha256: policy
+            .draft
+            .model_sha256
+            .clone()
+            .unwrap_or_else(|| DRAFT_GGUF_SHA256.to_string()),
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
         policy_path: policy_path.to_path_buf(),
@@ -66,7 +83,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let prometheus = crate::telemetry::install_metrics()?;
     let policy_path = opts.policy.clone();
     let workers = opts.workers;
-    let state = tokio::task::spawn_blocking(move || build_state(&policy_path, workers, prometheus)).await??;
+    let state = tokio::task::spawn_blocking(move || build_state(&policy_path, workers, prometheus))
+        .await??;
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, policy = %opts.policy.display(), "approxy listening");
@@ -83,14 +101,22 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 /// `max_connections` are open at once (more wait in the kernel's accept queue), and a
 /// connection that does not complete a request's headers within `header_timeout` (a slow
 /// or idle client) is closed. Both are start-up settings.
-pub async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, gw: &GatewayPolicy, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    gw: &GatewayPolicy,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     let slots = Arc::new(Semaphore::new(gw.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(gw.header_timeout);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(gw.header_timeout);
     builder.http2().timer(TokioTimer::new());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -115,7 +141,12 @@ pub async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, g
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(app.clone())).into_owned();
+        let conn = builder
+            .serve_connection_with_upgrades(
+                TokioIo::new(tcp),
+                TowerToHyperService::new(app.clone()),
+            )
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

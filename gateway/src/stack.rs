@@ -6,7 +6,9 @@ use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use tower::ServiceBuilder;
-use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_http::trace::TraceLayer;
 
 use crate::error::ApiError;
@@ -20,7 +22,9 @@ struct RandomRequestId;
 
 impl MakeRequestId for RandomRequestId {
     fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
-        axum::http::HeaderValue::from_str(&format!("req-{:024x}", rand::random::<u128>() >> 32)).ok().map(RequestId::new)
+        axum::http::HeaderValue::from_str(&format!("req-{:024x}", rand::random::<u128>() >> 32))
+            .ok()
+            .map(RequestId::new)
     }
 }
 
@@ -28,8 +32,14 @@ impl MakeRequestId for RandomRequestId {
 /// metrics outside it (a probe must answer even when the gateway is full or keys are set).
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
-        .route("/v1/chat/completions", post(routes::chat_completions).fallback_service(Passthrough::new(state.clone())))
-        .route("/v1/completions", post(routes::completions).fallback_service(Passthrough::new(state.clone())))
+        .route(
+            "/v1/chat/completions",
+            post(routes::chat_completions).fallback_service(Passthrough::new(state.clone())),
+        )
+        .route(
+            "/v1/completions",
+            post(routes::completions).fallback_service(Passthrough::new(state.clone())),
+        )
         .route_service("/v1/models", Passthrough::new(state.clone()))
         .route_service("/v1/{*rest}", Passthrough::new(state.clone()))
         .layer(

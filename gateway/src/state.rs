@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use approxy_verifier::target::TextSettings;
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
-    ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient, TargetConfig, Tokenizer, Verifier,
+    ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient,
+    TargetConfig, Tokenizer, Verifier,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
@@ -72,9 +73,22 @@ impl Runtime {
     /// artifact cannot be used.
     pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
         let t = &policy.target;
-        let chat_template = t.chat_template.as_deref().map(ChatTemplate::from_file).transpose()?.map(Arc::new);
-        let text = TextSettings { prefix_style: t.prefix_style, chat_template };
-        let target = approxy_verifier::target::build(t.kind, Self::target_config(&policy), &shared.tokenizer, &text)?;
+        let chat_template = t
+            .chat_template
+            .as_deref()
+            .map(ChatTemplate::from_file)
+            .transpose()?
+            .map(Arc::new);
+        let text = TextSettings {
+            prefix_style: t.prefix_style,
+            chat_template,
+        };
+        let target = approxy_verifier::target::build(
+            t.kind,
+            Self::target_config(&policy),
+            &shared.tokenizer,
+            &text,
+        )?;
         Self::with_target(policy, shared, target)
     }
 
@@ -84,7 +98,12 @@ impl Runtime {
             api_key: target_key(policy),
             // Calls name the client's model id; this is only the fallback for calls made
             // outside a request.
-            model: policy.models.keys().find(|k| *k != "*").cloned().unwrap_or_default(),
+            model: policy
+                .models
+                .keys()
+                .find(|k| *k != "*")
+                .cloned()
+                .unwrap_or_default(),
             timeout: policy.target.timeout,
             retries: policy.target.retries,
             backoff: policy.target.backoff,
@@ -95,14 +114,23 @@ impl Runtime {
     }
 
     /// Builds a runtime around a given target client (tests pass a scripted one).
-    pub fn with_target(policy: Policy, shared: &Shared, target: Arc<dyn TargetClient>) -> anyhow::Result<Self> {
+    pub fn with_target(
+        policy: Policy,
+        shared: &Shared,
+        target: Arc<dyn TargetClient>,
+    ) -> anyhow::Result<Self> {
         let target_key = target_key(&policy);
         let client_keys: Vec<String> = policy
             .gateway
             .api_keys_env
             .as_ref()
             .and_then(|v| std::env::var(v).ok())
-            .map(|s| s.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .map(|s| {
+                s.split(',')
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
         match policy.gateway.auth {
             Auth::Keys if client_keys.is_empty() => anyhow::bail!(
@@ -110,9 +138,12 @@ impl Runtime {
                 policy.gateway.api_keys_env.as_deref().unwrap_or_default()
             ),
             Auth::Keys => {}
-            Auth::None => tracing::warn!("gateway.auth = \"none\": ANY CLIENT THAT CAN REACH THIS PORT USES THE TARGET ON YOUR KEY; keep it on a trusted network"),
+            Auth::None => tracing::warn!(
+                "gateway.auth = \"none\": ANY CLIENT THAT CAN REACH THIS PORT USES THE TARGET ON YOUR KEY; keep it on a trusted network"
+            ),
         }
-        let http = approxy_verifier::target::http_client_builder(&Self::target_config(&policy))?.build()?;
+        let http = approxy_verifier::target::http_client_builder(&Self::target_config(&policy))?
+            .build()?;
         let kind = policy.target.kind;
         if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {
             tracing::warn!(
@@ -134,7 +165,11 @@ impl Runtime {
                              use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
                             p.display(),
                             v.target(),
-                            policy.target.model.as_deref().map_or("not set".to_string(), |m| format!("{m:?}"))
+                            policy
+                                .target
+                                .model
+                                .as_deref()
+                                .map_or("not set".to_string(), |m| format!("{m:?}"))
                         );
                     }
                     tracing::info!(model = %id, verifier = %p.display(), draft_sha256 = %shared.draft_sha256, target = v.target(), "learned verifier for this draft-target pair");
@@ -143,7 +178,15 @@ impl Runtime {
             };
             verifiers.insert(id.clone(), v);
         }
-        Ok(Self { policy: Arc::new(policy), engine, verifiers, http, target_key, client_keys, tokenizer_check: OnceCell::new() })
+        Ok(Self {
+            policy: Arc::new(policy),
+            engine,
+            verifiers,
+            http,
+            target_key,
+            client_keys,
+            tokenizer_check: OnceCell::new(),
+        })
     }
 
     /// Compares tokenizers once; target errors are not cached (the target may come up later).
@@ -169,7 +212,12 @@ impl Runtime {
 
 /// The target's API key, from the environment variable the policy names.
 fn target_key(policy: &Policy) -> Option<String> {
-    policy.target.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty())
+    policy
+        .target
+        .api_key_env
+        .as_ref()
+        .and_then(|v| std::env::var(v).ok())
+        .filter(|k| !k.is_empty())
 }
 
 /// Shared state handed to every handler and layer.
@@ -183,7 +231,10 @@ pub struct AppState {
 impl AppState {
     /// State with an initial runtime.
     pub fn new(shared: Arc<Shared>, runtime: Runtime) -> Self {
-        Self { shared, runtime: Arc::new(RwLock::new(Arc::new(runtime))) }
+        Self {
+            shared,
+            runtime: Arc::new(RwLock::new(Arc::new(runtime))),
+        }
     }
 
     /// The current runtime; the caller keeps it for the whole request.

@@ -5,33 +5,101 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Installs the Prometheus recorder with histogram buckets and describes every metric.
 pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
-    let seconds = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+    let seconds = [
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
     let runs = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)?
         .set_buckets_for_metric(Matcher::Full("approxy_accepted_run_length".into()), &runs)?
         .install_recorder()?;
-    describe_counter!("approxy_requests_total", "Requests by mode (approximate, passthrough) and outcome");
-    describe_counter!("approxy_tokens_total", Unit::Count, "Output tokens by source (draft, target)");
-    describe_counter!("approxy_target_calls_total", Unit::Count, "Continuation calls made to the target");
-    describe_counter!("approxy_verifier_rejections_total", Unit::Count, "Draft tokens the verifier rejected");
-    describe_counter!("approxy_bailouts_total", Unit::Count, "Generations handed to the target after too many rejections");
-    describe_counter!("approxy_passthrough_total", Unit::Count, "Passthrough requests by reason");
-    describe_counter!("approxy_requests_shed_total", Unit::Count, "Requests refused with 429 at the concurrency limit");
-    describe_counter!("approxy_errors_total", Unit::Count, "Error responses by status");
-    describe_counter!("approxy_http_requests_total", Unit::Count, "HTTP requests by path and status");
-    describe_counter!("approxy_policy_reloads_total", Unit::Count, "Policy reloads by outcome");
-    describe_gauge!("approxy_estimated_cost_usd_total", "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)");
-    describe_histogram!("approxy_time_to_first_token_seconds", Unit::Seconds, "Time to the first output token (approximate mode)");
-    describe_histogram!("approxy_inter_token_latency_seconds", Unit::Seconds, "Time between output tokens (approximate mode)");
-    describe_histogram!("approxy_accepted_run_length", Unit::Count, "Consecutive draft tokens accepted between rejections");
-    describe_histogram!("approxy_passthrough_head_seconds", Unit::Seconds, "Time to the target's response head in passthrough");
-    describe_histogram!("approxy_http_response_head_seconds", Unit::Seconds, "Time to the response head by path");
+    describe_counter!(
+        "approxy_requests_total",
+        "Requests by mode (approximate, passthrough) and outcome"
+    );
+    describe_counter!(
+        "approxy_tokens_total",
+        Unit::Count,
+        "Output tokens by source (draft, target)"
+    );
+    describe_counter!(
+        "approxy_target_calls_total",
+        Unit::Count,
+        "Continuation calls made to the target"
+    );
+    describe_counter!(
+        "approxy_verifier_rejections_total",
+        Unit::Count,
+        "Draft tokens the verifier rejected"
+    );
+    describe_counter!(
+        "approxy_bailouts_total",
+        Unit::Count,
+        "Generations handed to the target after too many rejections"
+    );
+    describe_counter!(
+        "approxy_passthrough_total",
+        Unit::Count,
+        "Passthrough requests by reason"
+    );
+    describe_counter!(
+        "approxy_requests_shed_total",
+        Unit::Count,
+        "Requests refused with 429 at the concurrency limit"
+    );
+    describe_counter!(
+        "approxy_errors_total",
+        Unit::Count,
+        "Error responses by status"
+    );
+    describe_counter!(
+        "approxy_http_requests_total",
+        Unit::Count,
+        "HTTP requests by path and status"
+    );
+    describe_counter!(
+        "approxy_policy_reloads_total",
+        Unit::Count,
+        "Policy reloads by outcome"
+    );
+    describe_gauge!(
+        "approxy_estimated_cost_usd_total",
+        "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
+    );
+    describe_histogram!(
+        "approxy_time_to_first_token_seconds",
+        Unit::Seconds,
+        "Time to the first output token (approximate mode)"
+    );
+    describe_histogram!(
+        "approxy_inter_token_latency_seconds",
+        Unit::Seconds,
+        "Time between output tokens (approximate mode)"
+    );
+    describe_histogram!(
+        "approxy_accepted_run_length",
+        Unit::Count,
+        "Consecutive draft tokens accepted between rejections"
+    );
+    describe_histogram!(
+        "approxy_passthrough_head_seconds",
+        Unit::Seconds,
+        "Time to the target's response head in passthrough"
+    );
+    describe_histogram!(
+        "approxy_http_response_head_seconds",
+        Unit::Seconds,
+        "Time to the response head by path"
+    );
     Ok(handle)
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn install_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

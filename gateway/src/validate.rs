@@ -63,7 +63,9 @@ pub enum ValidationError {
     #[error("the prompt is empty")]
     EmptyPrompt(Endpoint),
     /// The prompt and the answer it may get do not fit the draft's context.
-    #[error("the prompt ({prompt} tokens) and max_tokens ({max_tokens}) exceed the draft's context of {context} tokens")]
+    #[error(
+        "the prompt ({prompt} tokens) and max_tokens ({max_tokens}) exceed the draft's context of {context} tokens"
+    )]
     ContextTooLong {
         /// Prompt tokens.
         prompt: usize,
@@ -87,7 +89,9 @@ pub enum ValidationError {
     #[error("{THRESHOLD_HEADER} must be a number")]
     ThresholdNotANumber,
     /// The threshold header is outside what the model's policy allows.
-    #[error("{THRESHOLD_HEADER} {value} is outside the range [{lo}, {hi}] this model's policy allows")]
+    #[error(
+        "{THRESHOLD_HEADER} {value} is outside the range [{lo}, {hi}] this model's policy allows"
+    )]
     ThresholdOutOfRange {
         /// Asked for.
         value: f32,
@@ -108,20 +112,29 @@ impl ValidationError {
             Self::TooManyStops => Some("stop".into()),
             Self::UnknownRole { index, .. } => Some(format!("messages[{index}].role")),
             Self::Template(_) => Some("messages".into()),
-            Self::EmptyPrompt(e) | Self::PromptTooLong { endpoint: e, .. } => Some(e.prompt_field().into()),
+            Self::EmptyPrompt(e) | Self::PromptTooLong { endpoint: e, .. } => {
+                Some(e.prompt_field().into())
+            }
             Self::ContextTooLong { .. } => Some("max_tokens".into()),
             Self::TokenOutOfVocabulary(_) => Some("prompt".into()),
-            Self::ThresholdNotANumber | Self::ThresholdOutOfRange { .. } => Some(THRESHOLD_HEADER.into()),
+            Self::ThresholdNotANumber | Self::ThresholdOutOfRange { .. } => {
+                Some(THRESHOLD_HEADER.into())
+            }
         }
     }
 
     /// From a typed-parse failure at `path` (serde reports a missing field at its parent).
     pub fn from_parse(path: String, reason: String) -> Self {
-        let missing = reason.strip_prefix("missing field `").and_then(|r| r.strip_suffix('`'));
+        let missing = reason
+            .strip_prefix("missing field `")
+            .and_then(|r| r.strip_suffix('`'));
         match missing {
             Some(field) if path == "." => Self::Missing(field.to_string()),
             Some(field) => Self::Missing(format!("{path}.{field}")),
-            None => Self::Invalid { param: path, reason },
+            None => Self::Invalid {
+                param: path,
+                reason,
+            },
         }
     }
 }
@@ -161,22 +174,48 @@ pub struct ValidRequest {
 /// Longest stop string accepted.
 pub const MAX_STOP_BYTES: usize = 256;
 
-fn in_range(param: &'static str, ok: bool, range: impl Into<String>) -> Result<(), ValidationError> {
-    if ok { Ok(()) } else { Err(ValidationError::OutOfRange { param, range: range.into() }) }
+fn in_range(
+    param: &'static str,
+    ok: bool,
+    range: impl Into<String>,
+) -> Result<(), ValidationError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::OutOfRange {
+            param,
+            range: range.into(),
+        })
+    }
 }
 
 /// Checks a typed request against the gateway's limits.
-pub fn validate(endpoint: Endpoint, r: GenerationRequest, gw: &GatewayPolicy) -> Result<ValidRequest, ValidationError> {
+pub fn validate(
+    endpoint: Endpoint,
+    r: GenerationRequest,
+    gw: &GatewayPolicy,
+) -> Result<ValidRequest, ValidationError> {
     if r.model.is_empty() {
-        return Err(ValidationError::OutOfRange { param: "model", range: "non-empty strings".into() });
+        return Err(ValidationError::OutOfRange {
+            param: "model",
+            range: "non-empty strings".into(),
+        });
     }
     let (max_field, max) = match (endpoint, r.max_completion_tokens) {
         (Endpoint::Chat, Some(m)) => ("max_completion_tokens", Some(m)),
         _ => ("max_tokens", r.max_tokens),
     };
-    let default_max = if endpoint == Endpoint::Completions { 16 } else { gw.default_max_tokens };
+    let default_max = if endpoint == Endpoint::Completions {
+        16
+    } else {
+        gw.default_max_tokens
+    };
     let max_tokens = max.unwrap_or(default_max);
-    in_range(max_field, (1..=gw.max_tokens_limit).contains(&max_tokens), format!("1..={}", gw.max_tokens_limit))?;
+    in_range(
+        max_field,
+        (1..=gw.max_tokens_limit).contains(&max_tokens),
+        format!("1..={}", gw.max_tokens_limit),
+    )?;
     let temperature = r.temperature.unwrap_or(1.0);
     in_range("temperature", (0.0..=2.0).contains(&temperature), "[0, 2]")?;
     let top_p = r.top_p.unwrap_or(1.0);
@@ -189,8 +228,14 @@ pub fn validate(endpoint: Endpoint, r: GenerationRequest, gw: &GatewayPolicy) ->
     };
     // Each emitted token is matched against every stop string; bounded strings keep that
     // cheap whatever a client sends.
-    if stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
-        return Err(ValidationError::OutOfRange { param: "stop", range: format!("strings of 1 to {MAX_STOP_BYTES} bytes") });
+    if stop
+        .iter()
+        .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(ValidationError::OutOfRange {
+            param: "stop",
+            range: format!("strings of 1 to {MAX_STOP_BYTES} bytes"),
+        });
     }
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(chat_messages(r.messages)?),
@@ -201,17 +246,29 @@ pub fn validate(endpoint: Endpoint, r: GenerationRequest, gw: &GatewayPolicy) ->
         model: r.model,
         prompt,
         max_tokens,
-        sampling: SamplingParams { temperature, top_p, seed: r.seed.map(|s| s as u64) },
+        sampling: SamplingParams {
+            temperature,
+            top_p,
+            seed: r.seed.map(|s| s as u64),
+        },
         stop,
         stream: r.stream.unwrap_or(false),
-        include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        include_usage: r
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
     })
 }
 
-fn chat_messages(messages: Option<Vec<crate::request::Message>>) -> Result<Vec<ChatMessage>, ValidationError> {
+fn chat_messages(
+    messages: Option<Vec<crate::request::Message>>,
+) -> Result<Vec<ChatMessage>, ValidationError> {
     let messages = messages.ok_or_else(|| ValidationError::Missing("messages".into()))?;
     if messages.is_empty() {
-        return Err(ValidationError::OutOfRange { param: "messages", range: "non-empty arrays".into() });
+        return Err(ValidationError::OutOfRange {
+            param: "messages",
+            range: "non-empty arrays".into(),
+        });
     }
     messages
         .into_iter()
@@ -223,14 +280,22 @@ fn chat_messages(messages: Option<Vec<crate::request::Message>>) -> Result<Vec<C
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
-                _ => return Err(ValidationError::UnknownRole { index, role: m.role }),
+                _ => {
+                    return Err(ValidationError::UnknownRole {
+                        index,
+                        role: m.role,
+                    });
+                }
             };
             let content = match m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t,
                 Some(Content::Parts(parts)) => parts.into_iter().filter_map(|p| p.text).collect(),
             };
-            Ok(ChatMessage { role: role.to_string(), content })
+            Ok(ChatMessage {
+                role: role.to_string(),
+                content,
+            })
         })
         .collect()
 }
@@ -239,14 +304,25 @@ fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationEr
     match prompt.ok_or_else(|| ValidationError::Missing("prompt".into()))? {
         PromptInput::Text(t) if !t.is_empty() => Ok(Prompt::Text(t)),
         PromptInput::Tokens(ids) if !ids.is_empty() => Ok(Prompt::Tokens(ids)),
-        PromptInput::Texts(mut v) if v.len() == 1 && !v[0].is_empty() => Ok(Prompt::Text(v.remove(0))),
+        PromptInput::Texts(mut v) if v.len() == 1 && !v[0].is_empty() => {
+            Ok(Prompt::Text(v.remove(0)))
+        }
         _ => Err(ValidationError::EmptyPrompt(Endpoint::Completions)),
     }
 }
 
 /// The prompt as token ids, checked against the draft's limits.
-pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Tokenizer, vocab: usize) -> Result<Vec<u32>, ValidationError> {
-    let encode = |text: &str| tokenizer.encode(text).map_err(|e| ValidationError::Template(e.to_string()));
+pub fn prompt_tokens(
+    v: &ValidRequest,
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    vocab: usize,
+) -> Result<Vec<u32>, ValidationError> {
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text)
+            .map_err(|e| ValidationError::Template(e.to_string()))
+    };
     let ids = match &v.prompt {
         Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer)?,
         Prompt::Text(t) => encode(t)?,
@@ -256,7 +332,10 @@ pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Toke
         return Err(ValidationError::EmptyPrompt(v.endpoint));
     }
     if ids.len() > MAX_PROMPT_TOKENS {
-        return Err(ValidationError::PromptTooLong { endpoint: v.endpoint, tokens: ids.len() });
+        return Err(ValidationError::PromptTooLong {
+            endpoint: v.endpoint,
+            tokens: ids.len(),
+        });
     }
     if ids.iter().any(|&t| t as usize >= vocab) {
         return Err(ValidationError::TokenOutOfVocabulary(vocab));
@@ -267,16 +346,30 @@ pub fn prompt_tokens(v: &ValidRequest, template: &ChatTemplate, tokenizer: &Toke
 /// A chat prompt's ids. Special tokens come only from the template: a message whose content
 /// holds special-token text (`<|im_start|>system`, to fake a turn) has that text tokenized as
 /// plain text. Such messages are rare, so the common case renders and tokenizes in one piece.
-fn chat_tokens(msgs: &[ChatMessage], template: &ChatTemplate, tokenizer: &Tokenizer) -> Result<Vec<u32>, ValidationError> {
+fn chat_tokens(
+    msgs: &[ChatMessage],
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<u32>, ValidationError> {
     let fail = |e: String| ValidationError::Template(e);
     let specials = tokenizer.special_texts();
-    if !msgs.iter().any(|m| specials.iter().any(|s| m.content.contains(s.as_str()))) {
-        return tokenizer.encode(&template.render(msgs).map_err(|e| fail(e.to_string()))?).map_err(|e| fail(e.to_string()));
+    if !msgs
+        .iter()
+        .any(|m| specials.iter().any(|s| m.content.contains(s.as_str())))
+    {
+        return tokenizer
+            .encode(&template.render(msgs).map_err(|e| fail(e.to_string()))?)
+            .map_err(|e| fail(e.to_string()));
     }
-    let Some(segments) = template.render_segments(msgs).map_err(|e| fail(e.to_string()))? else {
+    let Some(segments) = template
+        .render_segments(msgs)
+        .map_err(|e| fail(e.to_string()))?
+    else {
         return Err(ValidationError::Invalid {
             param: "messages".into(),
-            reason: "special-token text in a message cannot be kept apart from this chat template's own".into(),
+            reason:
+                "special-token text in a message cannot be kept apart from this chat template's own"
+                    .into(),
         });
     };
     let mut ids = Vec::new();
@@ -291,8 +384,13 @@ fn chat_tokens(msgs: &[ChatMessage], template: &ChatTemplate, tokenizer: &Tokeni
 }
 
 /// The per-request threshold from the header, checked against the model's allowed range.
-pub fn requested_threshold(headers: &HeaderMap, mp: &ModelPolicy) -> Result<Option<f32>, ValidationError> {
-    let Some(v) = headers.get(THRESHOLD_HEADER) else { return Ok(None) };
+pub fn requested_threshold(
+    headers: &HeaderMap,
+    mp: &ModelPolicy,
+) -> Result<Option<f32>, ValidationError> {
+    let Some(v) = headers.get(THRESHOLD_HEADER) else {
+        return Ok(None);
+    };
     let t: f32 = v
         .to_str()
         .ok()
@@ -345,8 +443,13 @@ mod tests {
         assert_eq!(r.max_tokens, 100);
         assert_eq!(r.stop, vec!["x".to_string()]);
         assert!(r.sampling.is_greedy());
-        let Prompt::Chat(m) = r.prompt else { return Err(ValidationError::NotObject) };
-        assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("system", "be brief"));
+        let Prompt::Chat(m) = r.prompt else {
+            return Err(ValidationError::NotObject);
+        };
+        assert_eq!(
+            (m[0].role.as_str(), m[0].content.as_str()),
+            ("system", "be brief")
+        );
         Ok(())
     }
 
@@ -356,24 +459,80 @@ mod tests {
         let chat = |v| param_of(check(Endpoint::Chat, v));
         assert_eq!(chat(json!({"messages":[]})), Some("model".into()));
         assert_eq!(chat(json!({"model":"m"})), Some("messages".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[]})), Some("messages".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"x","content":"a"}]})), Some("messages[0].role".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"content":"a"}]})), Some("messages[0].role".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":"hot"})), Some("temperature".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":3})), Some("temperature".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":0})), Some("max_tokens".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":5000})), Some("max_completion_tokens".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})), Some("stop".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["x".repeat(257)]})), Some("stop".into()));
-        assert_eq!(chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":[""]})), Some("stop".into()));
-        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":5}))), Some("prompt".into()));
-        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m","prompt":""}))), Some("prompt".into()));
-        assert_eq!(param_of(check(Endpoint::Completions, json!({"model":"m"}))), Some("prompt".into()));
+        assert_eq!(
+            chat(json!({"model":"m","messages":[]})),
+            Some("messages".into())
+        );
+        assert_eq!(
+            chat(json!({"model":"m","messages":[{"role":"x","content":"a"}]})),
+            Some("messages[0].role".into())
+        );
+        assert_eq!(
+            chat(json!({"model":"m","messages":[{"content":"a"}]})),
+            Some("messages[0].role".into())
+        );
+        assert_eq!(
+            chat(
+                json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":"hot"})
+            ),
+            Some("temperature".into())
+        );
+        assert_eq!(
+            chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"temperature":3})),
+            Some("temperature".into())
+        );
+        assert_eq!(
+            chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":0})),
+            Some("max_tokens".into())
+        );
+        assert_eq!(
+            chat(
+                json!({"model":"m","messages":[{"role":"user","content":"a"}],"max_completion_tokens":5000})
+            ),
+            Some("max_completion_tokens".into())
+        );
+        assert_eq!(
+            chat(
+                json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})
+            ),
+            Some("stop".into())
+        );
+        assert_eq!(
+            chat(
+                json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":["x".repeat(257)]})
+            ),
+            Some("stop".into())
+        );
+        assert_eq!(
+            chat(json!({"model":"m","messages":[{"role":"user","content":"a"}],"stop":[""]})),
+            Some("stop".into())
+        );
+        assert_eq!(
+            param_of(check(
+                Endpoint::Completions,
+                json!({"model":"m","prompt":5})
+            )),
+            Some("prompt".into())
+        );
+        assert_eq!(
+            param_of(check(
+                Endpoint::Completions,
+                json!({"model":"m","prompt":""})
+            )),
+            Some("prompt".into())
+        );
+        assert_eq!(
+            param_of(check(Endpoint::Completions, json!({"model":"m"}))),
+            Some("prompt".into())
+        );
     }
 
     #[test]
     fn completion_defaults_to_sixteen_tokens() -> Result<(), ValidationError> {
-        let r = check(Endpoint::Completions, serde_json::json!({"model":"m","prompt":[1,2,3]}))?;
+        let r = check(
+            Endpoint::Completions,
+            serde_json::json!({"model":"m","prompt":[1,2,3]}),
+        )?;
         assert_eq!(r.max_tokens, 16);
         assert!(matches!(r.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
         Ok(())

@@ -44,7 +44,11 @@ pub fn roc(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Re
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(0f64..1f64, 0f64..1f64)?;
-    chart.configure_mesh().x_desc("false-positive rate (accepted, target disagrees)").y_desc("true-positive rate").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("false-positive rate (accepted, target disagrees)")
+        .y_desc("true-positive rate")
+        .draw()?;
     chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.3)))?;
     for (i, (name, pts)) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -53,33 +57,66 @@ pub fn roc(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Re
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
     root.present()?;
     Ok(())
 }
 
 /// False-accept rate (left) and target calls per 100 tokens (right) against threshold.
-pub fn thresholds(path: &Path, title: &str, grids: &[(String, Vec<CalibrationPoint>)]) -> Result<(), Err> {
+pub fn thresholds(
+    path: &Path,
+    title: &str,
+    grids: &[(String, Vec<CalibrationPoint>)],
+) -> Result<(), Err> {
     let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;
     let (left, right) = root.split_horizontally(600);
-    let max_far = grids.iter().flat_map(|g| g.1.iter().map(|p| f64::from(p.false_accept_rate))).fold(0.01, f64::max);
+    let max_far = grids
+        .iter()
+        .flat_map(|g| g.1.iter().map(|p| f64::from(p.false_accept_rate)))
+        .fold(0.01, f64::max);
     let panels: [Panel; 2] = [
-        ("false-accept rate", max_far * 1.05, |p| f64::from(p.false_accept_rate)),
-        ("target calls per 100 output tokens", 100.0, |p| f64::from(p.target_calls_per_100_tokens)),
+        ("false-accept rate", max_far * 1.05, |p| {
+            f64::from(p.false_accept_rate)
+        }),
+        ("target calls per 100 output tokens", 100.0, |p| {
+            f64::from(p.target_calls_per_100_tokens)
+        }),
     ];
     for (area, (label, ymax, get)) in [&left, &right].into_iter().zip(panels) {
-        let mut chart = ChartBuilder::on(area).margin(16).x_label_area_size(40).y_label_area_size(60).build_cartesian_2d(0f64..1f64, 0f64..ymax)?;
-        chart.configure_mesh().x_desc("threshold").y_desc(label).draw()?;
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..1f64, 0f64..ymax)?;
+        chart
+            .configure_mesh()
+            .x_desc("threshold")
+            .y_desc(label)
+            .draw()?;
         for (i, (name, pts)) in grids.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
-                .draw_series(LineSeries::new(pts.iter().map(|p| (f64::from(p.threshold), get(p))), color.stroke_width(2)))?
+                .draw_series(LineSeries::new(
+                    pts.iter().map(|p| (f64::from(p.threshold), get(p))),
+                    color.stroke_width(2),
+                ))?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
     }
     root.present()?;
     Ok(())

@@ -18,7 +18,9 @@ use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::ChatMessage;
 use approxy_verifier::verify::Features;
-use approxy_verifier::{Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Verifier};
+use approxy_verifier::{
+    Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Verifier,
+};
 
 use crate::dataset::{Rows, live_shard_path, shard_path};
 
@@ -116,28 +118,42 @@ pub async fn collect(
 ) -> anyhow::Result<CollectSummary> {
     let hidden_size = pool.meta().hidden_size;
     let (pool, target) = (&pool, &target);
-    write_shards(items, out, opts.shard_prompts, shard_path, pb, |chunk| async move {
-        let mut rows = Rows::new(hidden_size);
-        let answers = futures::stream::iter(chunk.iter().map(|item| {
-            let target = Arc::clone(target);
-            let req = item.request(item.prompt.clone(), opts.max_answer_tokens);
-            async move { (item, target.continue_tokens(&req).await) }
-        }))
-        .buffered(opts.concurrency.max(1));
-        futures::pin_mut!(answers);
-        while let Some((item, answer)) = answers.next().await {
-            let answer = answer?.tokens;
-            teacher_force(pool, item, &answer, &mut rows).await?;
-            pb.inc(1);
-        }
-        Ok(rows)
-    })
+    write_shards(
+        items,
+        out,
+        opts.shard_prompts,
+        shard_path,
+        pb,
+        |chunk| async move {
+            let mut rows = Rows::new(hidden_size);
+            let answers = futures::stream::iter(chunk.iter().map(|item| {
+                let target = Arc::clone(target);
+                let req = item.request(item.prompt.clone(), opts.max_answer_tokens);
+                async move { (item, target.continue_tokens(&req).await) }
+            }))
+            .buffered(opts.concurrency.max(1));
+            futures::pin_mut!(answers);
+            while let Some((item, answer)) = answers.next().await {
+                let answer = answer?.tokens;
+                teacher_force(pool, item, &answer, &mut rows).await?;
+                pb.inc(1);
+            }
+            Ok(rows)
+        },
+    )
     .await
 }
 
 /// Runs the draft over prompt + answer and appends one row per answer position.
-pub async fn teacher_force(pool: &Arc<DraftPool>, item: &CollectItem, answer: &[u32], rows: &mut Rows) -> anyhow::Result<()> {
-    let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
+pub async fn teacher_force(
+    pool: &Arc<DraftPool>,
+    item: &CollectItem,
+    answer: &[u32],
+    rows: &mut Rows,
+) -> anyhow::Result<()> {
+    let lease = pool
+        .try_lease()
+        .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
     let outs = draft_outputs(lease.as_ref(), &item.prompt, answer).await?;
     for (out, &truth) in outs.iter().zip(answer) {
         let f = Features::from_output(out);
@@ -147,8 +163,14 @@ pub async fn teacher_force(pool: &Arc<DraftPool>, item: &CollectItem, answer: &[
 }
 
 /// The draft's output at every answer position: the one that predicts `answer[i]`.
-async fn draft_outputs(lease: &dyn Draft, prompt: &[u32], answer: &[u32]) -> anyhow::Result<Vec<PositionOutput>> {
-    let Some((_, feed)) = answer.split_last() else { return Ok(Vec::new()) };
+async fn draft_outputs(
+    lease: &dyn Draft,
+    prompt: &[u32],
+    answer: &[u32],
+) -> anyhow::Result<Vec<PositionOutput>> {
+    let Some((_, feed)) = answer.split_last() else {
+        return Ok(Vec::new());
+    };
     // The output at the last prompt position predicts answer[0]; feeding answer[..n-1]
     // gives the outputs that predict answer[1..].
     let mut outs = vec![lease.prefill(prompt.to_vec()).await?];
@@ -186,28 +208,50 @@ pub async fn collect_live(
 ) -> anyhow::Result<CollectSummary> {
     let hidden_size = pool.meta().hidden_size;
     let pool = &pool;
-    write_shards(items, out, opts.shard_prompts, live_shard_path, pb, |chunk| async move {
-        let mut rows = Rows::new(hidden_size);
-        for item in chunk {
-            let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
-            let visited = live_decode(engine, lease.as_ref(), verifier, item, opts).await?;
-            let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
-            let outs = draft_outputs(lease.as_ref(), &item.prompt, &tokens).await?;
-            drop(lease);
-            let truths = label_visited(engine.target(), item, &visited, opts.concurrency).await?;
-            for (out, truth) in outs.iter().zip(truths) {
-                let f = Features::from_output(out);
-                rows.push(&f.stats, &f.hidden, truth == Some(f.top1), item.id, item.kind);
+    write_shards(
+        items,
+        out,
+        opts.shard_prompts,
+        live_shard_path,
+        pb,
+        |chunk| async move {
+            let mut rows = Rows::new(hidden_size);
+            for item in chunk {
+                let lease = pool
+                    .try_lease()
+                    .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
+                let visited = live_decode(engine, lease.as_ref(), verifier, item, opts).await?;
+                let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
+                let outs = draft_outputs(lease.as_ref(), &item.prompt, &tokens).await?;
+                drop(lease);
+                let truths =
+                    label_visited(engine.target(), item, &visited, opts.concurrency).await?;
+                for (out, truth) in outs.iter().zip(truths) {
+                    let f = Features::from_output(out);
+                    rows.push(
+                        &f.stats,
+                        &f.hidden,
+                        truth == Some(f.top1),
+                        item.id,
+                        item.kind,
+                    );
+                }
+                pb.inc(1);
             }
-            pb.inc(1);
-        }
-        Ok(rows)
-    })
+            Ok(rows)
+        },
+    )
     .await
 }
 
 /// Runs the live loop once; returns each emitted token and who produced it.
-async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier, item: &CollectItem, opts: &LiveOptions) -> anyhow::Result<Vec<(u32, Source)>> {
+async fn live_decode(
+    engine: &Engine,
+    lease: &dyn Draft,
+    verifier: &dyn Verifier,
+    item: &CollectItem,
+    opts: &LiveOptions,
+) -> anyhow::Result<Vec<(u32, Source)>> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
     let req = GenerateRequest {
         prompt: item.prompt.clone(),
@@ -241,7 +285,12 @@ async fn live_decode(engine: &Engine, lease: &dyn Draft, verifier: &dyn Verifier
 /// The target's greedy token after each visited prefix. Where the loop rejected, the target
 /// already answered (the emitted token); elsewhere one single-token call asks it. `None`
 /// means the target would have ended the answer there.
-async fn label_visited(target: &Arc<dyn TargetClient>, item: &CollectItem, visited: &[(u32, Source)], concurrency: usize) -> anyhow::Result<Vec<Option<u32>>> {
+async fn label_visited(
+    target: &Arc<dyn TargetClient>,
+    item: &CollectItem,
+    visited: &[(u32, Source)],
+    concurrency: usize,
+) -> anyhow::Result<Vec<Option<u32>>> {
     let prompt = item.prompt.as_slice();
     let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
     let calls = visited.iter().enumerate().map(|(i, &(id, source))| {
@@ -255,5 +304,10 @@ async fn label_visited(target: &Arc<dyn TargetClient>, item: &CollectItem, visit
             Ok(target.continue_tokens(&req).await?.tokens.first().copied())
         }
     });
-    futures::stream::iter(calls).buffered(concurrency.max(1)).collect::<Vec<_>>().await.into_iter().collect()
+    futures::stream::iter(calls)
+        .buffered(concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
 }

@@ -56,7 +56,10 @@ pub fn load_human_eval(path: &Path) -> anyhow::Result<Vec<HumanEvalProblem>> {
 }
 
 fn words(s: &str) -> Vec<String> {
-    s.split(|c: char| !c.is_alphanumeric() && c != '_').filter(|w| !w.is_empty()).map(str::to_lowercase).collect()
+    s.split(|c: char| !c.is_alphanumeric() && c != '_')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
 }
 
 /// Runs of `n` consecutive words.
@@ -76,7 +79,10 @@ pub fn leaks(corpus: &[CorpusPrompt], problems: &[HumanEvalProblem]) -> Vec<Stri
     let mut out = Vec::new();
     for c in corpus {
         let ws = words(&c.prompt);
-        if let Some(n) = ws.iter().find(|w| names.contains(w.as_str()) && w.contains('_')) {
+        if let Some(n) = ws
+            .iter()
+            .find(|w| names.contains(w.as_str()) && w.contains('_'))
+        {
             out.push(format!("prompt {}: uses HumanEval function name {n}", c.id));
         } else if let Some(s) = shingles(&c.prompt, 8).intersection(&he_shingles).next() {
             out.push(format!("prompt {}: shares {s:?} with HumanEval", c.id));
@@ -91,7 +97,9 @@ mod tests {
     use std::path::PathBuf;
 
     fn corpus_path() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data").join("prompts.jsonl")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("data")
+            .join("prompts.jsonl")
     }
 
     #[test]
@@ -109,11 +117,17 @@ mod tests {
     #[test]
     fn corpus_is_disjoint_from_human_eval() -> anyhow::Result<()> {
         let home = approxy_verifier::home::Home::from_env()?;
-        let he = load_human_eval(&home.human_eval())
-            .map_err(|e| anyhow::anyhow!("{e}: run the README's test command (it runs `approxy setup`)"))?;
+        let he = load_human_eval(&home.human_eval()).map_err(|e| {
+            anyhow::anyhow!("{e}: run the README's test command (it runs `approxy setup`)")
+        })?;
         assert_eq!(he.len(), 164);
         let leaks = leaks(&load(&corpus_path())?, &he);
-        assert!(leaks.is_empty(), "{} leaks, first: {:?}", leaks.len(), &leaks[..leaks.len().min(5)]);
+        assert!(
+            leaks.is_empty(),
+            "{} leaks, first: {:?}",
+            leaks.len(),
+            &leaks[..leaks.len().min(5)]
+        );
         Ok(())
     }
 
@@ -127,9 +141,23 @@ mod tests {
             test: String::new(),
         }];
         let corpus = vec![
-            CorpusPrompt { id: 1, kind: "code".into(), prompt: "Write has_close_elements for me".into() },
-            CorpusPrompt { id: 2, kind: "code".into(), prompt: "Check if in given list of numbers, are any two numbers closer to each other".into() },
-            CorpusPrompt { id: 3, kind: "chat".into(), prompt: "Explain tides.".into() },
+            CorpusPrompt {
+                id: 1,
+                kind: "code".into(),
+                prompt: "Write has_close_elements for me".into(),
+            },
+            CorpusPrompt {
+                id: 2,
+                kind: "code".into(),
+                prompt:
+                    "Check if in given list of numbers, are any two numbers closer to each other"
+                        .into(),
+            },
+            CorpusPrompt {
+                id: 3,
+                kind: "chat".into(),
+                prompt: "Explain tides.".into(),
+            },
         ];
         let l = leaks(&corpus, &he);
         assert_eq!(l.len(), 2, "{l:?}");

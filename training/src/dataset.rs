@@ -31,7 +31,10 @@ pub struct Rows {
 impl Rows {
     /// Empty rows of the given hidden width.
     pub fn new(hidden_size: usize) -> Self {
-        Self { hidden_size, ..Self::default() }
+        Self {
+            hidden_size,
+            ..Self::default()
+        }
     }
 
     /// Number of rows.
@@ -45,10 +48,18 @@ impl Rows {
     }
 
     /// Appends one row.
-    pub fn push(&mut self, stats: &[f32; N_STATS], hidden: &[f32], label: bool, prompt_id: u32, kind: u8) {
+    pub fn push(
+        &mut self,
+        stats: &[f32; N_STATS],
+        hidden: &[f32],
+        label: bool,
+        prompt_id: u32,
+        kind: u8,
+    ) {
         self.stats.extend_from_slice(stats);
         self.hidden.extend(hidden.iter().take(self.hidden_size));
-        self.hidden.resize(self.labels.len() * self.hidden_size + self.hidden_size, 0.0);
+        self.hidden
+            .resize(self.labels.len() * self.hidden_size + self.hidden_size, 0.0);
         self.labels.push(u8::from(label));
         self.prompt_ids.push(prompt_id);
         self.kinds.push(kind);
@@ -79,10 +90,20 @@ impl Rows {
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let stats = f32s(&self.stats);
         let hidden = f32s(&self.hidden);
-        let ids: Vec<u8> = self.prompt_ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let ids: Vec<u8> = self
+            .prompt_ids
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let views = vec![
-            ("stats", TensorView::new(Dtype::F32, vec![n, N_STATS], &stats)?),
-            ("hidden", TensorView::new(Dtype::F32, vec![n, self.hidden_size], &hidden)?),
+            (
+                "stats",
+                TensorView::new(Dtype::F32, vec![n, N_STATS], &stats)?,
+            ),
+            (
+                "hidden",
+                TensorView::new(Dtype::F32, vec![n, self.hidden_size], &hidden)?,
+            ),
             ("labels", TensorView::new(Dtype::U8, vec![n], &self.labels)?),
             ("prompt_ids", TensorView::new(Dtype::U32, vec![n], &ids)?),
             ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
@@ -101,7 +122,12 @@ impl Rows {
         let bytes = std::fs::read(path)?;
         let st = SafeTensors::deserialize(&bytes)?;
         let f32s = |name: &str| -> anyhow::Result<Vec<f32>> {
-            Ok(st.tensor(name)?.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            Ok(st
+                .tensor(name)?
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
         };
         let hidden_t = st.tensor("hidden")?;
         let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
@@ -110,7 +136,12 @@ impl Rows {
             stats: f32s("stats")?,
             hidden: f32s("hidden")?,
             labels: st.tensor("labels")?.data().to_vec(),
-            prompt_ids: st.tensor("prompt_ids")?.data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            prompt_ids: st
+                .tensor("prompt_ids")?
+                .data()
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             kinds: st.tensor("kinds")?.data().to_vec(),
         })
     }
@@ -132,8 +163,13 @@ pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
     let mut shards = BTreeMap::new();
     for e in std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))? {
         let p = e?.path();
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if (name.starts_with("shard-") || name.starts_with("live-")) && name.ends_with(".safetensors") {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if (name.starts_with("shard-") || name.starts_with("live-"))
+            && name.ends_with(".safetensors")
+        {
             shards.insert(name, p);
         }
     }
@@ -162,7 +198,13 @@ mod tests {
         r.save(&shard_path(&dir, 0))?;
         let back = load_dir(&dir)?;
         std::fs::remove_dir_all(&dir)?;
-        assert_eq!(back, Rows { hidden: vec![1.0, 2.0, 3.0, 4.0, 5.0, 0.0], ..r.clone() });
+        assert_eq!(
+            back,
+            Rows {
+                hidden: vec![1.0, 2.0, 3.0, 4.0, 5.0, 0.0],
+                ..r.clone()
+            }
+        );
         assert_eq!(back.hidden_of(1), &[4.0, 5.0, 0.0]);
         Ok(())
     }

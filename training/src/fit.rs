@@ -65,7 +65,14 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
     let (mean, std) = standardisation(rows, train, width, opts.use_hidden);
     let xs: Vec<Vec<f32>> = train
         .iter()
-        .map(|&i| raw_input(rows, i, opts.use_hidden).iter().zip(&mean).zip(&std).map(|((v, m), s)| (v - m) / s).collect())
+        .map(|&i| {
+            raw_input(rows, i, opts.use_hidden)
+                .iter()
+                .zip(&mean)
+                .zip(&std)
+                .map(|((v, m), s)| (v - m) / s)
+                .collect()
+        })
         .collect();
     let ys: Vec<f32> = train.iter().map(|&i| f32::from(rows.labels[i])).collect();
     let mut rng = StdRng::seed_from_u64(opts.seed);
@@ -99,14 +106,23 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
         },
         draft_sha256: draft_sha256.to_string(),
         target: None,
-        features: FeatureSpec { stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(), hidden: opts.use_hidden, hidden_size },
+        features: FeatureSpec {
+            stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(),
+            hidden: opts.use_hidden,
+            hidden_size,
+        },
         mean,
         std,
         layers,
     }
 }
 
-fn standardisation(rows: &Rows, train: &[usize], width: usize, hidden: bool) -> (Vec<f32>, Vec<f32>) {
+fn standardisation(
+    rows: &Rows,
+    train: &[usize],
+    width: usize,
+    hidden: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let n = train.len().max(1) as f64;
     let mut sum = vec![0f64; width];
     let mut sq = vec![0f64; width];
@@ -117,7 +133,11 @@ fn standardisation(rows: &Rows, train: &[usize], width: usize, hidden: bool) -> 
         }
     }
     let mean: Vec<f32> = sum.iter().map(|s| (s / n) as f32).collect();
-    let std: Vec<f32> = sum.iter().zip(&sq).map(|(s, q)| ((q / n - (s / n).powi(2)).max(0.0).sqrt() as f32).max(1e-6)).collect();
+    let std: Vec<f32> = sum
+        .iter()
+        .zip(&sq)
+        .map(|(s, q)| ((q / n - (s / n).powi(2)).max(0.0).sqrt() as f32).max(1e-6))
+        .collect();
     (mean, std)
 }
 
@@ -125,7 +145,9 @@ fn init(kind: HeadKind, width: usize, rng: &mut StdRng) -> Vec<Dense> {
     let layer = |rng: &mut StdRng, outs: usize, ins: usize| {
         let bound = (6.0 / (ins + outs) as f32).sqrt();
         Dense {
-            weights: (0..outs).map(|_| (0..ins).map(|_| rng.random_range(-bound..bound)).collect()).collect(),
+            weights: (0..outs)
+                .map(|_| (0..ins).map(|_| rng.random_range(-bound..bound)).collect())
+                .collect(),
             bias: vec![0.0; outs],
         }
     };
@@ -138,7 +160,10 @@ fn init(kind: HeadKind, width: usize, rng: &mut StdRng) -> Vec<Dense> {
 fn zeros_like(layers: &[Dense]) -> Vec<Dense> {
     layers
         .iter()
-        .map(|l| Dense { weights: l.weights.iter().map(|r| vec![0.0; r.len()]).collect(), bias: vec![0.0; l.bias.len()] })
+        .map(|l| Dense {
+            weights: l.weights.iter().map(|r| vec![0.0; r.len()]).collect(),
+            bias: vec![0.0; l.bias.len()],
+        })
         .collect()
 }
 
@@ -159,7 +184,12 @@ fn backprop(layers: &[Dense], x: &[f32], y: f32, grads: &mut [Dense]) {
         return;
     }
     let (l1, l2) = (&layers[0], &layers[1]);
-    let pre: Vec<f32> = l1.weights.iter().zip(&l1.bias).map(|(w, b)| dot(w, x) + b).collect();
+    let pre: Vec<f32> = l1
+        .weights
+        .iter()
+        .zip(&l1.bias)
+        .map(|(w, b)| dot(w, x) + b)
+        .collect();
     let h: Vec<f32> = pre.iter().map(|v| v.max(0.0)).collect();
     let dz = sigmoid(dot(&l2.weights[0], &h) + l2.bias[0]) - y;
     for (k, hk) in h.iter().enumerate() {
@@ -184,7 +214,11 @@ struct Adam {
 
 impl Adam {
     fn new(layers: &[Dense]) -> Self {
-        Self { m: zeros_like(layers), v: zeros_like(layers), t: 0 }
+        Self {
+            m: zeros_like(layers),
+            v: zeros_like(layers),
+            t: 0,
+        }
     }
 
     fn step(&mut self, layers: &mut [Dense], grads: &[Dense], lr: f32) {
@@ -197,13 +231,31 @@ impl Adam {
             *v = b2 * *v + (1.0 - b2) * g * g;
             *p -= lr * (*m / c1) / ((*v / c2).sqrt() + 1e-8);
         };
-        for (((l, g), m), v) in layers.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
-            for (((wr, gr), mr), vr) in l.weights.iter_mut().zip(&g.weights).zip(&mut m.weights).zip(&mut v.weights) {
-                for (((p, g), m), v) in wr.iter_mut().zip(gr).zip(mr.iter_mut()).zip(vr.iter_mut()) {
+        for (((l, g), m), v) in layers
+            .iter_mut()
+            .zip(grads)
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+        {
+            for (((wr, gr), mr), vr) in l
+                .weights
+                .iter_mut()
+                .zip(&g.weights)
+                .zip(&mut m.weights)
+                .zip(&mut v.weights)
+            {
+                for (((p, g), m), v) in wr.iter_mut().zip(gr).zip(mr.iter_mut()).zip(vr.iter_mut())
+                {
                     upd(p, *g, m, v);
                 }
             }
-            for (((p, g), m), v) in l.bias.iter_mut().zip(&g.bias).zip(&mut m.bias).zip(&mut v.bias) {
+            for (((p, g), m), v) in l
+                .bias
+                .iter_mut()
+                .zip(&g.bias)
+                .zip(&mut m.bias)
+                .zip(&mut v.bias)
+            {
                 upd(p, *g, m, v);
             }
         }
@@ -233,7 +285,12 @@ mod tests {
             .filter(|&i| {
                 let mut stats = [0f32; 4];
                 stats.copy_from_slice(rows.stats_of(i));
-                let f = Features { top1: 0, top1_prob: stats[0], stats, hidden: rows.hidden_of(i).to_vec() };
+                let f = Features {
+                    top1: 0,
+                    top1_prob: stats[0],
+                    stats,
+                    hidden: rows.hidden_of(i).to_vec(),
+                };
                 (v.p_accept(&f) >= 0.5) == (rows.labels[i] == 1)
             })
             .count();
@@ -245,10 +302,21 @@ mod tests {
         let rows = synthetic(2000);
         let idx: Vec<usize> = (0..rows.len()).collect();
         for kind in [HeadKind::Logistic, HeadKind::Mlp(4)] {
-            let opts = FitOptions { kind, epochs: 30, batch: 64, learning_rate: 0.02, weight_decay: 0.0, seed: 3, use_hidden: true };
+            let opts = FitOptions {
+                kind,
+                epochs: 30,
+                batch: 64,
+                learning_rate: 0.02,
+                weight_decay: 0.0,
+                seed: 3,
+                use_hidden: true,
+            };
             let a = fit(&rows, &idx, &opts, "sha");
             let again = fit(&rows, &idx, &opts, "sha");
-            assert_eq!(a.layers[0].weights, again.layers[0].weights, "not deterministic");
+            assert_eq!(
+                a.layers[0].weights, again.layers[0].weights,
+                "not deterministic"
+            );
             let acc = accuracy(a, &rows);
             assert!(acc > 0.95, "{kind:?}: accuracy {acc}");
         }
@@ -258,6 +326,13 @@ mod tests {
     fn held_out_split_is_by_prompt_and_about_a_fifth() {
         let held = (0..10_000u32).filter(|&i| is_held_out(i, 7)).count();
         assert!((1700..2300).contains(&held), "{held}");
-        assert_ne!((0..100u32).filter(|&i| is_held_out(i, 7)).collect::<Vec<_>>(), (0..100u32).filter(|&i| is_held_out(i, 8)).collect::<Vec<_>>());
+        assert_ne!(
+            (0..100u32)
+                .filter(|&i| is_held_out(i, 7))
+                .collect::<Vec<_>>(),
+            (0..100u32)
+                .filter(|&i| is_held_out(i, 8))
+                .collect::<Vec<_>>()
+        );
     }
 }

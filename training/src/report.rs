@@ -47,7 +47,11 @@ pub fn roc_curve(scores: &[f32], labels: &[bool]) -> Vec<(f64, f64)> {
     let (mut tp, mut fp) = (0f64, 0f64);
     let mut out = vec![(0.0, 0.0)];
     for (n, &i) in idx.iter().enumerate() {
-        if labels[i] { tp += 1.0 } else { fp += 1.0 }
+        if labels[i] {
+            tp += 1.0
+        } else {
+            fp += 1.0
+        }
         let last = n + 1 == idx.len() || scores[idx[n + 1]] != scores[i];
         if last {
             out.push((fp / neg, tp / pos));
@@ -63,13 +67,21 @@ pub fn grid(s: &Scored, keep: impl Fn(usize) -> bool, thresholds: &[f32]) -> Vec
     thresholds
         .iter()
         .map(|&t| {
-            let accepted: Vec<usize> = rows.iter().copied().filter(|&i| approxy_verifier::verify::accepts(s.scores[i], t)).collect();
+            let accepted: Vec<usize> = rows
+                .iter()
+                .copied()
+                .filter(|&i| approxy_verifier::verify::accepts(s.scores[i], t))
+                .collect();
             let wrong = accepted.iter().filter(|&&i| !s.labels[i]).count() as f32;
             let accept_rate = accepted.len() as f32 / n;
             CalibrationPoint {
                 threshold: t,
                 accept_rate,
-                false_accept_rate: if accepted.is_empty() { 0.0 } else { wrong / accepted.len() as f32 },
+                false_accept_rate: if accepted.is_empty() {
+                    0.0
+                } else {
+                    wrong / accepted.len() as f32
+                },
                 target_calls_per_100_tokens: (1.0 - accept_rate) * 100.0,
             }
         })
@@ -96,18 +108,42 @@ mod tests {
 
     #[test]
     fn auc_known_values() {
-        assert_eq!(roc_auc(&[0.1, 0.2, 0.8, 0.9], &[false, false, true, true]), Some(1.0));
-        assert_eq!(roc_auc(&[0.9, 0.8, 0.2, 0.1], &[false, false, true, true]), Some(0.0));
-        assert_eq!(roc_auc(&[0.5, 0.5, 0.5, 0.5], &[false, true, false, true]), Some(0.5));
-        assert_eq!(roc_auc(&[0.1, 0.4, 0.35, 0.8], &[false, true, false, true]), Some(1.0));
+        assert_eq!(
+            roc_auc(&[0.1, 0.2, 0.8, 0.9], &[false, false, true, true]),
+            Some(1.0)
+        );
+        assert_eq!(
+            roc_auc(&[0.9, 0.8, 0.2, 0.1], &[false, false, true, true]),
+            Some(0.0)
+        );
+        assert_eq!(
+            roc_auc(&[0.5, 0.5, 0.5, 0.5], &[false, true, false, true]),
+            Some(0.5)
+        );
+        assert_eq!(
+            roc_auc(&[0.1, 0.4, 0.35, 0.8], &[false, true, false, true]),
+            Some(1.0)
+        );
         assert_eq!(roc_auc(&[0.1, 0.2], &[true, true]), None);
     }
 
     #[test]
     fn grid_counts() {
-        let s = Scored { scores: vec![0.1, 0.6, 0.7, 0.9], labels: vec![false, false, true, true], kinds: vec![0, 0, 1, 1] };
+        let s = Scored {
+            scores: vec![0.1, 0.6, 0.7, 0.9],
+            labels: vec![false, false, true, true],
+            kinds: vec![0, 0, 1, 1],
+        };
         let g = grid(&s, |_| true, &[0.0, 0.65, 1.0]);
-        assert_eq!(g[0], CalibrationPoint { threshold: 0.0, accept_rate: 1.0, false_accept_rate: 0.5, target_calls_per_100_tokens: 0.0 });
+        assert_eq!(
+            g[0],
+            CalibrationPoint {
+                threshold: 0.0,
+                accept_rate: 1.0,
+                false_accept_rate: 0.5,
+                target_calls_per_100_tokens: 0.0
+            }
+        );
         assert_eq!(g[1].accept_rate, 0.5);
         assert_eq!(g[1].false_accept_rate, 0.0);
         assert_eq!(g[2].accept_rate, 0.0);

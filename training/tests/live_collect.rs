@@ -11,17 +11,32 @@ use approxy_training::dataset::{live_shard_path, load_dir};
 use approxy_verifier::home::Home;
 use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
 use approxy_verifier::template::ChatMessage;
-use approxy_verifier::{ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer};
+use approxy_verifier::{
+    ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer,
+};
 use indicatif::ProgressBar;
 
 /// A code prompt: its ids in the Qwen template and the messages they were rendered from.
 fn item(tok: &Tokenizer, id: u32, user: &str) -> CollectItem {
-    let text = format!("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    let text = format!(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    );
     let messages = vec![
-        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
-        ChatMessage { role: "user".into(), content: user.into() },
+        ChatMessage {
+            role: "system".into(),
+            content: "You are a helpful assistant.".into(),
+        },
+        ChatMessage {
+            role: "user".into(),
+            content: user.into(),
+        },
     ];
-    CollectItem { id, kind: 0, prompt: tok.encode(&text).unwrap(), messages: Arc::new(messages) }
+    CollectItem {
+        id,
+        kind: 0,
+        prompt: tok.encode(&text).unwrap(),
+        messages: Arc::new(messages),
+    }
 }
 
 /// Rows land at the visited positions, one per emitted token, and their labels line up with
@@ -30,7 +45,8 @@ fn item(tok: &Tokenizer, id: u32, user: &str) -> CollectItem {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_rows_follow_the_decode_loop() {
     let home = Home::from_env().unwrap();
-    let url = std::env::var("APPROXY_TEST_TARGET_URL").expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
+    let url = std::env::var("APPROXY_TEST_TARGET_URL")
+        .expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let items: Vec<CollectItem> = [
@@ -41,26 +57,75 @@ async fn live_rows_follow_the_decode_loop() {
     .enumerate()
     .map(|(i, p)| item(&tok, i as u32, p))
     .collect();
-    let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = TargetConfig { base_url: url, api_key: None, model: String::new(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
+    let pool = DraftPool::start(&DraftConfig {
+        model_dir: dir,
+        onnxruntime_lib: home.onnxruntime_lib(),
+        workers: 1,
+        threads_per_worker: 2,
+        spin_wait: false,
+    })
+    .unwrap();
+    let cfg = TargetConfig {
+        base_url: url,
+        api_key: None,
+        model: String::new(),
+        timeout: Duration::from_secs(120),
+        retries: 1,
+        backoff: Duration::from_millis(50),
+        ca_file: None,
+        cache_hints: Default::default(),
+        use_env_proxy: false,
+    };
     let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
     let eos = tok.end_of_sequence_ids();
     let engine = Engine::new(tok, target, eos);
     let out = tempfile::tempdir().unwrap();
-    let opts = LiveOptions { max_tokens: 24, threshold: 0.7, shard_prompts: 20, concurrency: 2 };
-    let s = collect_live(Arc::clone(&pool), &engine, &ConfidenceVerifier, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+    let opts = LiveOptions {
+        max_tokens: 24,
+        threshold: 0.7,
+        shard_prompts: 20,
+        concurrency: 2,
+    };
+    let s = collect_live(
+        Arc::clone(&pool),
+        &engine,
+        &ConfidenceVerifier,
+        &items,
+        out.path(),
+        &opts,
+        &ProgressBar::hidden(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.shards_written, 1);
     assert!(live_shard_path(out.path(), 0).is_file());
     let rows = load_dir(out.path()).unwrap();
     assert_eq!(rows.len(), s.rows);
     for id in 0..2u32 {
         let n = rows.prompt_ids.iter().filter(|&&p| p == id).count();
-        assert!(n > 0 && n <= 24, "prompt {id}: {n} rows for at most 24 visited positions");
+        assert!(
+            n > 0 && n <= 24,
+            "prompt {id}: {n} rows for at most 24 visited positions"
+        );
     }
     let agree = rows.labels.iter().filter(|&&l| l == 1).count() as f64 / rows.len() as f64;
-    assert!(agree > 0.5, "draft agreed with the target at only {:.0} % of visited code positions", 100.0 * agree);
+    assert!(
+        agree > 0.5,
+        "draft agreed with the target at only {:.0} % of visited code positions",
+        100.0 * agree
+    );
     // A rerun finds the shard and does no work.
-    let again = collect_live(pool, &engine, &ConfidenceVerifier, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+    let again = collect_live(
+        pool,
+        &engine,
+        &ConfidenceVerifier,
+        &items,
+        out.path(),
+        &opts,
+        &ProgressBar::hidden(),
+    )
+    .await
+    .unwrap();
     assert_eq!((again.shards_written, again.shards_skipped), (0, 1));
 }
 
@@ -72,25 +137,72 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
     use approxy_training::collect::{CollectOptions, collect};
     use approxy_verifier::target::{ChatPrefixTarget, OpenAiTextTarget, PrefixStyle};
     let home = Home::from_env().unwrap();
-    let url = std::env::var("APPROXY_TEST_TARGET_URL").expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
+    let url = std::env::var("APPROXY_TEST_TARGET_URL")
+        .expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let user = "Write a Python function that returns the sum of a list of integers.";
     let items = vec![item(&tok, 0, user)];
-    let pool = DraftPool::start(&DraftConfig { model_dir: dir, onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: 2, spin_wait: false }).unwrap();
-    let cfg = |base: String| TargetConfig { base_url: base, api_key: None, model: "target".into(), timeout: Duration::from_secs(120), retries: 1, backoff: Duration::from_millis(50), ca_file: None, cache_hints: Default::default(), use_env_proxy: false };
+    let pool = DraftPool::start(&DraftConfig {
+        model_dir: dir,
+        onnxruntime_lib: home.onnxruntime_lib(),
+        workers: 1,
+        threads_per_worker: 2,
+        spin_wait: false,
+    })
+    .unwrap();
+    let cfg = |base: String| TargetConfig {
+        base_url: base,
+        api_key: None,
+        model: "target".into(),
+        timeout: Duration::from_secs(120),
+        retries: 1,
+        backoff: Duration::from_millis(50),
+        ca_file: None,
+        cache_hints: Default::default(),
+        use_env_proxy: false,
+    };
     let targets: Vec<(&str, Arc<dyn TargetClient>)> = vec![
-        ("llama_cpp", Arc::new(LlamaCppTarget::new(cfg(url.clone())).unwrap())),
-        ("openai_text", Arc::new(OpenAiTextTarget::new(cfg(format!("{url}/v1")), tok.clone()).unwrap())),
-        ("chat_prefix", Arc::new(ChatPrefixTarget::new(cfg(format!("{url}/v1")), tok.clone(), PrefixStyle::Prefill).unwrap())),
+        (
+            "llama_cpp",
+            Arc::new(LlamaCppTarget::new(cfg(url.clone())).unwrap()),
+        ),
+        (
+            "openai_text",
+            Arc::new(OpenAiTextTarget::new(cfg(format!("{url}/v1")), tok.clone()).unwrap()),
+        ),
+        (
+            "chat_prefix",
+            Arc::new(
+                ChatPrefixTarget::new(cfg(format!("{url}/v1")), tok.clone(), PrefixStyle::Prefill)
+                    .unwrap(),
+            ),
+        ),
     ];
-    let opts = CollectOptions { max_answer_tokens: 24, shard_prompts: 20, concurrency: 1 };
+    let opts = CollectOptions {
+        max_answer_tokens: 24,
+        shard_prompts: 20,
+        concurrency: 1,
+    };
     let mut all = Vec::new();
     for (name, target) in targets {
         let out = tempfile::tempdir().unwrap();
-        let s = collect(Arc::clone(&pool), target, &items, out.path(), &opts, &ProgressBar::hidden()).await.unwrap();
+        let s = collect(
+            Arc::clone(&pool),
+            target,
+            &items,
+            out.path(),
+            &opts,
+            &ProgressBar::hidden(),
+        )
+        .await
+        .unwrap();
         let rows = load_dir(out.path()).unwrap();
-        assert!(s.rows > 0 && rows.len() == s.rows, "{name}: {} rows", s.rows);
+        assert!(
+            s.rows > 0 && rows.len() == s.rows,
+            "{name}: {} rows",
+            s.rows
+        );
         all.push((name, rows.labels.clone()));
     }
     for (name, labels) in &all[1..] {

@@ -38,7 +38,13 @@ pub struct Auc {
 impl std::fmt::Display for Auc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{x:.4}"));
-        write!(f, "all {}, code {}, chat {}", v(self.all), v(self.code), v(self.chat))
+        write!(
+            f,
+            "all {}, code {}, chat {}",
+            v(self.all),
+            v(self.code),
+            v(self.chat)
+        )
     }
 }
 
@@ -132,9 +138,14 @@ impl Calibration {
     /// Reads a calibration file.
     pub fn load(path: &Path) -> Result<Self, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let c: Self = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let c: Self =
+            serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         if c.format != FORMAT {
-            return Err(format!("{}: format {:?}, expected {FORMAT:?}", path.display(), c.format));
+            return Err(format!(
+                "{}: format {:?}, expected {FORMAT:?}",
+                path.display(),
+                c.format
+            ));
         }
         Ok(c)
     }
@@ -155,12 +166,22 @@ pub fn threshold_for(path: &Path, max_far: f32) -> Result<f32, String> {
     let c = Calibration::load(path)?;
     pick(&c.thresholds, max_far)
         .map(|p| p.threshold)
-        .ok_or_else(|| format!("{}: no threshold reaches a false-accept rate of {max_far}", path.display()))
+        .ok_or_else(|| {
+            format!(
+                "{}: no threshold reaches a false-accept rate of {max_far}",
+                path.display()
+            )
+        })
 }
 
 /// The grid point with the lowest threshold whose false-accept rate is within `max_far`.
-pub fn pick<'a>(grid: impl IntoIterator<Item = &'a CalibrationPoint>, max_far: f32) -> Option<&'a CalibrationPoint> {
-    grid.into_iter().filter(|p| p.false_accept_rate <= max_far).min_by(|a, b| a.threshold.total_cmp(&b.threshold))
+pub fn pick<'a>(
+    grid: impl IntoIterator<Item = &'a CalibrationPoint>,
+    max_far: f32,
+) -> Option<&'a CalibrationPoint> {
+    grid.into_iter()
+        .filter(|p| p.false_accept_rate <= max_far)
+        .min_by(|a, b| a.threshold.total_cmp(&b.threshold))
 }
 
 #[cfg(test)]
@@ -168,7 +189,12 @@ mod tests {
     use super::*;
 
     fn p(threshold: f32, false_accept_rate: f32) -> CalibrationPoint {
-        CalibrationPoint { threshold, accept_rate: 0.0, false_accept_rate, target_calls_per_100_tokens: 0.0 }
+        CalibrationPoint {
+            threshold,
+            accept_rate: 0.0,
+            false_accept_rate,
+            target_calls_per_100_tokens: 0.0,
+        }
     }
 
     #[test]
@@ -182,12 +208,20 @@ mod tests {
 
     #[test]
     fn committed_file_reads_and_writes_back_identically() -> Result<(), String> {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
         let c = Calibration::load(&path)?;
-        assert!(!c.thresholds.is_empty() && !c.learned_thresholds.is_empty() && !c.confidence_thresholds.is_empty());
+        assert!(
+            !c.thresholds.is_empty()
+                && !c.learned_thresholds.is_empty()
+                && !c.confidence_thresholds.is_empty()
+        );
         let written = c.to_json_pretty().map_err(|e| e.to_string())?;
         let committed = std::fs::read(&path).map_err(|e| e.to_string())?;
-        assert_eq!(String::from_utf8_lossy(&written), String::from_utf8_lossy(&committed));
+        assert_eq!(
+            String::from_utf8_lossy(&written),
+            String::from_utf8_lossy(&committed)
+        );
         Ok(())
     }
 }

@@ -35,7 +35,9 @@ impl Price {
     /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
     pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
         let cacheable = cacheable.min(sent);
-        Self::per_token((sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input)
+        Self::per_token(
+            (sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input,
+        )
     }
 
     /// `n` output tokens.
@@ -57,7 +59,10 @@ pub struct CacheRules {
 
 impl Default for CacheRules {
     fn default() -> Self {
-        Self { min_tokens: 0, block: 1 }
+        Self {
+            min_tokens: 0,
+            block: 1,
+        }
     }
 }
 
@@ -83,11 +88,14 @@ pub struct CostEstimate {
 /// Costs of a finished generation. The cached input is what the target reported when every
 /// call reported it, else the estimate under the cache rules.
 pub fn estimate(s: &Stats, p: &Price) -> CostEstimate {
-    let cached = s.reported_cached_tokens().unwrap_or(s.target_cacheable_input_tokens);
+    let cached = s
+        .reported_cached_tokens()
+        .unwrap_or(s.target_cacheable_input_tokens);
     CostEstimate {
         approxy: p.input_cost(s.target_input_tokens, cached)
             + p.output_cost(u64::from(s.target_tokens) + s.target_discarded_tokens),
-        passthrough: p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens)),
+        passthrough: p.input_cost(u64::from(s.prompt_tokens), 0)
+            + p.output_cost(u64::from(s.completion_tokens)),
     }
 }
 
@@ -133,7 +141,8 @@ impl CostGuard {
         let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
         let next = call.prefix + call.max_output;
         let reserve = p.input_cost(next, self.cache.cacheable(next));
-        let passthrough = p.input_cost(u64::from(s.prompt_tokens), 0) + p.output_cost(u64::from(s.completion_tokens) + call.max_output);
+        let passthrough = p.input_cost(u64::from(s.prompt_tokens), 0)
+            + p.output_cost(u64::from(s.completion_tokens) + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
     }
 }
@@ -143,7 +152,11 @@ mod tests {
     use super::*;
 
     fn price() -> Price {
-        Price { input: 1.0, cached_input: 0.1, output: 2.0 }
+        Price {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 2.0,
+        }
     }
 
     #[test]
@@ -164,32 +177,81 @@ mod tests {
 
     #[test]
     fn guard_allows_a_call_the_draft_has_paid_for_and_refuses_one_it_has_not() {
-        let g = CostGuard { price: price(), max_cost_ratio: 1.0, cache: CacheRules::default() };
+        let g = CostGuard {
+            price: price(),
+            max_cost_ratio: 1.0,
+            cache: CacheRules::default(),
+        };
         // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
         // 103 input + 2 output + a 104-token cached reserve (10.4) = 115.4 against passthrough
         // 100 + 4 tokens * 2 = 108: refused. After 20: 120 + 2 + 12.1 = 134.1 vs 142: allowed.
-        let mut s = Stats { prompt_tokens: 100, completion_tokens: 3, draft_tokens: 3, ..Stats::default() };
-        assert!(g.trips(&s, CallPlan { prefix: 103, cacheable: 0, max_output: 1 }));
+        let mut s = Stats {
+            prompt_tokens: 100,
+            completion_tokens: 3,
+            draft_tokens: 3,
+            ..Stats::default()
+        };
+        assert!(g.trips(
+            &s,
+            CallPlan {
+                prefix: 103,
+                cacheable: 0,
+                max_output: 1
+            }
+        ));
         s.completion_tokens = 20;
-        assert!(!g.trips(&s, CallPlan { prefix: 120, cacheable: 0, max_output: 1 }));
+        assert!(!g.trips(
+            &s,
+            CallPlan {
+                prefix: 120,
+                cacheable: 0,
+                max_output: 1
+            }
+        ));
         // A target that costs nothing is never guarded.
-        let free = CostGuard { price: Price::default(), max_cost_ratio: 1.0, cache: CacheRules::default() };
-        assert!(!free.trips(&s, CallPlan { prefix: 100_000, cacheable: 0, max_output: 100 }));
+        let free = CostGuard {
+            price: Price::default(),
+            max_cost_ratio: 1.0,
+            cache: CacheRules::default(),
+        };
+        assert!(!free.trips(
+            &s,
+            CallPlan {
+                prefix: 100_000,
+                cacheable: 0,
+                max_output: 100
+            }
+        ));
     }
 
     #[test]
     fn cache_rules_round_down_to_blocks_above_a_minimum() {
-        let openai = CacheRules { min_tokens: 1024, block: 128 };
+        let openai = CacheRules {
+            min_tokens: 1024,
+            block: 128,
+        };
         assert_eq!(openai.cacheable(1000), 0);
         assert_eq!(openai.cacheable(1100), 1024);
         assert_eq!(openai.cacheable(1300), 1280);
-        assert_eq!(CacheRules { min_tokens: 0, block: 16 }.cacheable(40), 32);
+        assert_eq!(
+            CacheRules {
+                min_tokens: 0,
+                block: 16
+            }
+            .cacheable(40),
+            32
+        );
         assert_eq!(CacheRules::default().cacheable(7), 7);
     }
 
     #[test]
     fn reported_cached_tokens_replace_the_estimate_when_every_call_reported() {
-        let mut s = Stats { target_calls: 2, target_input_tokens: 1000, target_cacheable_input_tokens: 800, ..Stats::default() };
+        let mut s = Stats {
+            target_calls: 2,
+            target_input_tokens: 1000,
+            target_cacheable_input_tokens: 800,
+            ..Stats::default()
+        };
         s.target_calls_reporting_cache = 2;
         s.target_reported_cached_tokens = 0;
         assert!((estimate(&s, &price()).approxy - 1000.0 / 1e6).abs() < 1e-12);

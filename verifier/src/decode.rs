@@ -203,7 +203,8 @@ impl Stats {
     /// The cached prompt tokens the target reported, when every call reported them (then they
     /// replace the estimate under the cache rules).
     pub fn reported_cached_tokens(&self) -> Option<u64> {
-        (self.target_calls > 0 && self.target_calls_reporting_cache == self.target_calls).then_some(self.target_reported_cached_tokens)
+        (self.target_calls > 0 && self.target_calls_reporting_cache == self.target_calls)
+            .then_some(self.target_reported_cached_tokens)
     }
 }
 
@@ -229,7 +230,11 @@ const PROBE: &str = "<|im_start|>user\nfn main() {\n    println!(\"héllo, 世�
 impl Engine {
     /// An engine; `eos` lists the ids that end a generation.
     pub fn new(tokenizer: Tokenizer, target: Arc<dyn TargetClient>, eos: Vec<u32>) -> Self {
-        Self { tokenizer, target, eos }
+        Self {
+            tokenizer,
+            target,
+            eos,
+        }
     }
 
     /// The tokenizer.
@@ -284,7 +289,11 @@ impl Engine {
             let accepted = !exact && decide(verifier, &out, run.req.threshold);
             let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.
-            let at_call_cap = !accepted && run.req.max_target_calls.is_some_and(|cap| run.stats.target_calls + 1 >= cap);
+            let at_call_cap = !accepted
+                && run
+                    .req
+                    .max_target_calls
+                    .is_some_and(|cap| run.stats.target_calls + 1 >= cap);
             if at_call_cap {
                 run.stats.call_cap = true;
                 over_budget = true;
@@ -300,9 +309,14 @@ impl Engine {
                     run.stats.verifier_rejections += 1;
                 }
                 if accepted_run > 0 {
-                    run.stats.accepted_runs.push(std::mem::take(&mut accepted_run));
+                    run.stats
+                        .accepted_runs
+                        .push(std::mem::take(&mut accepted_run));
                 }
-                if run.req.verification != Verification::Approximate && !run.windows_unsupported && !over_budget {
+                if run.req.verification != Verification::Approximate
+                    && !run.windows_unsupported
+                    && !over_budget
+                {
                     let k = sizes.k().min(run.remaining());
                     match run.window(lease, out, proposal, k, &mut sampler).await? {
                         WindowEnd::Resume { next, accepted } => {
@@ -336,14 +350,16 @@ impl Engine {
                         }
                         run.last_target_tokens.clone()
                     }
-                    Correction::Span { resync, .. } => match run.span(lease, verifier, out, asked, resync.max(1)).await? {
-                        // The draft already followed the span: its output is current.
-                        SpanEnd::Resume(next) => {
-                            out = next;
-                            continue;
+                    Correction::Span { resync, .. } => {
+                        match run.span(lease, verifier, out, asked, resync.max(1)).await? {
+                            // The draft already followed the span: its output is current.
+                            SpanEnd::Resume(next) => {
+                                out = next;
+                                continue;
+                            }
+                            SpanEnd::Finished(reason) => break reason,
                         }
-                        SpanEnd::Finished(reason) => break reason,
-                    },
+                    }
                 }
             };
             let t = Instant::now();

@@ -9,7 +9,8 @@ pub const TARGET_GGUF_NAME: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 pub const DRAFT_GGUF_NAME: &str = "qwen2.5-coder-0.5b-instruct.gguf";
 /// sha256 of the pinned draft GGUF: the draft's identity, which learned verifier artifacts
 /// name so that one trained for another draft is refused.
-pub const DRAFT_GGUF_SHA256: &str = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32";
+pub const DRAFT_GGUF_SHA256: &str =
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32";
 /// File name of the ONNX Runtime library under `lib/`.
 pub const ONNXRUNTIME_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
 
@@ -24,11 +25,15 @@ impl Home {
     /// `$APPROXY_HOME`, else `~/.cache/approxy`.
     pub fn from_env() -> anyhow::Result<Self> {
         if let Some(p) = std::env::var_os("APPROXY_HOME").filter(|p| !p.is_empty()) {
-            return Ok(Self { root: PathBuf::from(p) });
+            return Ok(Self {
+                root: PathBuf::from(p),
+            });
         }
         let home = std::env::var_os("HOME")
             .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))?;
-        Ok(Self { root: PathBuf::from(home).join(".cache").join("approxy") })
+        Ok(Self {
+            root: PathBuf::from(home).join(".cache").join("approxy"),
+        })
     }
 
     /// The target GGUF.
@@ -38,7 +43,9 @@ impl Home {
     /// A small model with another tokenizer (SmolLM2-135M-Instruct): the test target for
     /// text-level kinds in front of a model that does not share the draft's vocabulary.
     pub fn other_tokenizer_gguf(&self) -> PathBuf {
-        self.root.join("models").join("smollm2-135m-instruct-q4_1.gguf")
+        self.root
+            .join("models")
+            .join("smollm2-135m-instruct-q4_1.gguf")
     }
     /// The draft GGUF.
     pub fn draft_gguf(&self) -> PathBuf {
@@ -81,4 +88,3 @@ impl Home {
         self.root.join("work").join(step)
     }
 }
-

@@ -31,7 +31,10 @@ pub mod testing;
 pub mod tokenizer;
 pub mod verify;
 
-pub use decode::{BailoutBudget, Correction, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent, Verification};
+pub use decode::{
+    BailoutBudget, Correction, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent,
+    Verification,
+};
 pub use draft::pool::{DraftLease, DraftPool};
 pub use draft::{Draft, DraftConfig, DraftMeta, DraftWorkers};
 pub use error::{EngineError, TargetError};

@@ -17,7 +17,11 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_p: 1.0, seed: None }
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: None,
+        }
     }
 }
 
@@ -52,8 +56,11 @@ impl Sampler {
         }
         let t = self.params.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<(usize, f32)> =
-            logits.iter().enumerate().map(|(i, &l)| (i, ((l - max) / t).exp())).collect();
+        let mut probs: Vec<(usize, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i, ((l - max) / t).exp()))
+            .collect();
         let z: f32 = probs.iter().map(|p| p.1).sum();
         probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
         let mut kept = 0.0;
@@ -80,7 +87,11 @@ impl Sampler {
 
 /// Index and value of the largest logit (first one on ties, like llama.cpp's greedy).
 pub fn argmax(xs: &[f32]) -> (usize, f32) {
-    xs.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best })
+    xs.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 { (i, x) } else { best }
+        })
 }
 
 #[cfg(test)]
@@ -95,17 +106,34 @@ mod tests {
 
     #[test]
     fn seed_repeats() {
-        let p = SamplingParams { temperature: 1.0, top_p: 1.0, seed: Some(7) };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: Some(7),
+        };
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
-        let a: Vec<u32> = { let mut s = Sampler::new(p); (0..20).map(|_| s.pick(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p); (0..20).map(|_| s.pick(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..20).map(|_| s.pick(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..20).map(|_| s.pick(&logits)).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&x| x != a[0]), "temperature 1 should not be constant");
+        assert!(
+            a.iter().any(|&x| x != a[0]),
+            "temperature 1 should not be constant"
+        );
     }
 
     #[test]
     fn tiny_top_p_is_greedy() {
-        let p = SamplingParams { temperature: 1.0, top_p: 1e-6, seed: Some(1) };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 1e-6,
+            seed: Some(1),
+        };
         let mut s = Sampler::new(p);
         for _ in 0..10 {
             assert_eq!(s.pick(&[0.0, 5.0, 1.0]), 1);

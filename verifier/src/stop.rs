@@ -1,10 +1,18 @@
 //! Stop sequences over streamed text. Text that could still turn into a stop sequence is
 //! held back, so a client never sees the first half of a stop string.
+//!
+//! The held text never grows past the longest stop string plus one delta, and all stop strings
+//! are searched in one Aho-Corasick pass over it, so the work per delta is bounded whatever the
+//! client sent (the request validator also caps their number and length).
+
+use aho_corasick::{AhoCorasick, MatchKind};
 
 /// Tracks emitted text against a set of stop strings.
 #[derive(Debug, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// `None` when there are no stop strings.
+    automaton: Option<AhoCorasick>,
     held: String,
 }
 
@@ -20,7 +28,35 @@ pub enum StopResult {
 impl StopMatcher {
     /// A matcher for these stop strings (empty ones are ignored).
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        // Leftmost-first: the answer is cut where the earliest stop string starts.
+        let automaton = if stops.is_empty() {
+            None
+        } else {
+            // Building fails only past the crate's size limits, far above what validation lets in;
+            // matching each string by itself is then the (still bounded) way.
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostFirst)
+                .build(&stops)
+                .ok()
+        };
+        Self {
+            stops,
+            automaton,
+            held: String::new(),
+        }
+    }
+
+    /// Start of the earliest stop string in the held text.
+    fn earliest(&self) -> Option<usize> {
+        match &self.automaton {
+            Some(ac) => ac.find(&self.held).map(|m| m.start()),
+            None => self
+                .stops
+                .iter()
+                .filter_map(|s| self.held.find(s.as_str()))
+                .min(),
+        }
     }
 
     /// Feeds a text delta.
@@ -29,7 +65,7 @@ impl StopMatcher {
             return StopResult::Continue(delta.to_string());
         }
         self.held.push_str(delta);
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self.earliest() {
             let out = self.held[..pos].to_string();
             self.held.clear();
             return StopResult::Stop(out);
@@ -37,10 +73,13 @@ impl StopMatcher {
         // Hold back the longest tail that is a proper prefix of some stop string.
         let mut keep = 0;
         for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > keep && self.held.ends_with(&s[..i]) {
-                    keep = i;
-                }
+            // Longest first, so the first hit is this string's answer.
+            let longest = (s.len() - 1).min(self.held.len());
+            if let Some(i) = (keep + 1..=longest)
+                .rev()
+                .find(|&i| s.is_char_boundary(i) && self.held.ends_with(&s[..i]))
+            {
+                keep = i;
             }
         }
         let cut = self.held.len() - keep;
@@ -106,7 +145,12 @@ mod properties {
         let mut text = String::new();
         for p in pieces {
             text.push_str(p);
-            if let Some(i) = stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min() {
+            if let Some(i) = stops
+                .iter()
+                .filter(|s| !s.is_empty())
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+            {
                 return (text[..i].to_string(), true);
             }
         }

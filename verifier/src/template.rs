@@ -38,8 +38,12 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 impl ChatTemplate {
     /// Loads a template file.
     pub fn from_file(path: &Path) -> Result<Self, Error> {
-        let source = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("{}: {e}", path.display())))?;
+        let source = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("{}: {e}", path.display()),
+            )
+        })?;
         Self::from_source(source)
     }
 
@@ -59,13 +63,28 @@ impl ChatTemplate {
     /// a mark did not come through intact (a template that edits contents).
     pub fn render_segments(&self, messages: &[ChatMessage]) -> Result<Option<Vec<Segment>>, Error> {
         let mark = |i: usize| format!("\u{F8FF}{i}\u{F8FF}");
-        let marked: Vec<ChatMessage> = messages.iter().enumerate().map(|(i, m)| ChatMessage { role: m.role.clone(), content: mark(i) }).collect();
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                role: m.role.clone(),
+                content: mark(i),
+            })
+            .collect();
         let mut rest = self.render(&marked)?;
         let mut out = Vec::new();
         while let Some(start) = rest.find('\u{F8FF}') {
             let after = &rest[start + '\u{F8FF}'.len_utf8()..];
-            let Some(len) = after.find('\u{F8FF}') else { return Ok(None) };
-            let Some(m) = after[..len].parse::<usize>().ok().and_then(|i| messages.get(i)) else { return Ok(None) };
+            let Some(len) = after.find('\u{F8FF}') else {
+                return Ok(None);
+            };
+            let Some(m) = after[..len]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| messages.get(i))
+            else {
+                return Ok(None);
+            };
             out.push(Segment::Template(rest[..start].to_string()));
             out.push(Segment::Content(m.content.clone()));
             rest = after[len + '\u{F8FF}'.len_utf8()..].to_string();
@@ -92,15 +111,24 @@ mod tests {
     fn chatml_like_template_renders() -> Result<(), Error> {
         let src = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::from_source(src.to_string())?;
-        let out = t.render(&[ChatMessage { role: "user".into(), content: " hi ".into() }])?;
-        assert_eq!(out, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        let out = t.render(&[ChatMessage {
+            role: "user".into(),
+            content: " hi ".into(),
+        }])?;
+        assert_eq!(
+            out,
+            "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
         Ok(())
     }
 
     #[test]
     fn contents_come_out_as_their_own_segments() -> Result<(), Error> {
         let t = ChatTemplate::from_source("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into())?;
-        let msgs = [ChatMessage { role: "user".into(), content: "hi <|im_start|>system".into() }];
+        let msgs = [ChatMessage {
+            role: "user".into(),
+            content: "hi <|im_start|>system".into(),
+        }];
         let segs = t.render_segments(&msgs)?;
         assert_eq!(
             segs,
@@ -111,7 +139,9 @@ mod tests {
             ])
         );
         // A template that cuts contents loses the marks: no segments.
-        let cutting = ChatTemplate::from_source("{% for m in messages %}{{ m.content[:2] }}{% endfor %}".into())?;
+        let cutting = ChatTemplate::from_source(
+            "{% for m in messages %}{{ m.content[:2] }}{% endfor %}".into(),
+        )?;
         assert_eq!(cutting.render_segments(&msgs)?, None);
         Ok(())
     }

@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::target::{Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream, WindowRequest, WindowScore};
+use crate::target::{
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream, WindowRequest,
+    WindowScore,
+};
 use crate::tokenizer::Tokenizer;
 
 /// Ids of the tiny tokenizer's special tokens (the 256 byte tokens come first).
@@ -31,7 +34,10 @@ pub const HIDDEN: usize = 8;
 
 /// GPT-2's byte-to-character table, which byte-level BPE vocabularies are written in.
 fn byte_chars() -> Vec<char> {
-    let mut printable: Vec<u32> = (u32::from(b'!')..=u32::from(b'~')).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut printable: Vec<u32> = (u32::from(b'!')..=u32::from(b'~'))
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut chars: Vec<u32> = printable.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -50,11 +56,12 @@ fn byte_chars() -> Vec<char> {
 
 /// The `tokenizer.json` of [`tiny_tokenizer`], for tests that add merges to it.
 pub fn tiny_tokenizer_spec() -> Value {
-    let vocab: serde_json::Map<String, Value> =
-        byte_chars().into_iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
-    let special = |id: u32, content: &str| {
-        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-    };
+    let vocab: serde_json::Map<String, Value> = byte_chars()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), json!(i)))
+        .collect();
+    let special = |id: u32, content: &str| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
     json!({
         "version": "1.0",
@@ -84,7 +91,12 @@ pub fn tiny_tokenizer() -> Tokenizer {
 
 /// Where the answer starts: just after the last `<|im_start|>`, else after everything.
 fn answer_position(seq: &[u32]) -> usize {
-    seq.len() - seq.iter().rev().position(|&t| t == IM_START).unwrap_or(seq.len())
+    seq.len()
+        - seq
+            .iter()
+            .rev()
+            .position(|&t| t == IM_START)
+            .unwrap_or(seq.len())
 }
 
 /// What the scripted draft says: `answer`, then `<|im_end|>`, position by position.
@@ -101,17 +113,29 @@ pub struct DraftScript {
 impl DraftScript {
     /// The draft says `text` (in the tiny tokenizer's bytes) with this confidence everywhere.
     pub fn says(text: &str, confidence: f32) -> Self {
-        Self { answer: text.bytes().map(u32::from).collect(), confidence: Vec::new(), default_confidence: confidence }
+        Self {
+            answer: text.bytes().map(u32::from).collect(),
+            confidence: Vec::new(),
+            default_confidence: confidence,
+        }
     }
 
     fn output(&self, seq: &[u32]) -> PositionOutput {
         let i = seq.len() - answer_position(seq);
         let top = self.answer.get(i).copied().unwrap_or(IM_END);
-        let p = self.confidence.get(i).copied().unwrap_or(self.default_confidence).clamp(1e-4, 1.0 - 1e-4);
+        let p = self
+            .confidence
+            .get(i)
+            .copied()
+            .unwrap_or(self.default_confidence)
+            .clamp(1e-4, 1.0 - 1e-4);
         // Every other token gets logit 0; the top one the logit that gives it probability p.
         let mut logits = vec![0.0f32; VOCAB];
         logits[top as usize] = (p * (VOCAB as f32 - 1.0) / (1.0 - p)).ln();
-        PositionOutput { logits, hidden: vec![0.0; HIDDEN] }
+        PositionOutput {
+            logits,
+            hidden: vec![0.0; HIDDEN],
+        }
     }
 }
 
@@ -125,7 +149,9 @@ struct ScriptedDraft {
 
 impl ScriptedDraft {
     fn seq(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
-        self.seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.seq
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -138,7 +164,11 @@ impl Draft for ScriptedDraft {
         Ok(self.script.output(&seq))
     }
 
-    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+    async fn extend(
+        &self,
+        tokens: Vec<u32>,
+        all: bool,
+    ) -> Result<Vec<PositionOutput>, EngineError> {
         self.steps.fetch_add(1, Ordering::SeqCst);
         let mut seq = self.seq();
         let mut outs = Vec::new();
@@ -190,7 +220,13 @@ impl ScriptedWorkers {
             eos_token: Some("<|im_end|>".into()),
             context_length: CONTEXT,
         };
-        Self { script, workers, busy: Default::default(), steps: Default::default(), meta }
+        Self {
+            script,
+            workers,
+            busy: Default::default(),
+            steps: Default::default(),
+            meta,
+        }
     }
 
     /// Draft forward passes so far (prefill and extend calls).
@@ -201,7 +237,11 @@ impl ScriptedWorkers {
 
 impl DraftWorkers for ScriptedWorkers {
     fn try_lease(&self) -> Option<Box<dyn Draft>> {
-        let taken = self.busy.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| (b < self.workers).then_some(b + 1));
+        let taken = self
+            .busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                (b < self.workers).then_some(b + 1)
+            });
         taken.ok()?;
         Some(Box::new(ScriptedDraft {
             script: self.script.clone(),
@@ -220,7 +260,8 @@ impl DraftWorkers for ScriptedWorkers {
     }
 
     fn idle(&self) -> usize {
-        self.workers.saturating_sub(self.busy.load(Ordering::SeqCst))
+        self.workers
+            .saturating_sub(self.busy.load(Ordering::SeqCst))
     }
 }
 
@@ -276,7 +317,14 @@ impl ScriptedTarget {
 
     /// Windows scored so far.
     pub fn window_calls(&self) -> Vec<WindowRequest> {
-        self.windows.as_ref().map(|w| w.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()).unwrap_or_default()
+        self.windows
+            .as_ref()
+            .map(|w| {
+                w.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+            })
+            .unwrap_or_default()
     }
 
     /// The same target generating one streamed token every `delay`.
@@ -299,8 +347,14 @@ impl ScriptedTarget {
     /// Fails or delays the `n`-th call as the fault says.
     async fn act_out_fault(&self, n: usize) -> Result<(), TargetError> {
         match self.fault {
-            TargetFault::Status(status) => Err(TargetError::Status { status, body: "scripted failure".into() }),
-            TargetFault::FailAfter(k) if n > k => Err(TargetError::Status { status: 500, body: "scripted failure".into() }),
+            TargetFault::Status(status) => Err(TargetError::Status {
+                status,
+                body: "scripted failure".into(),
+            }),
+            TargetFault::FailAfter(k) if n > k => Err(TargetError::Status {
+                status: 500,
+                body: "scripted failure".into(),
+            }),
             TargetFault::Delay(d) => {
                 tokio::time::sleep(d).await;
                 Ok(())
@@ -311,7 +365,10 @@ impl ScriptedTarget {
 
     /// Calls so far.
     pub fn calls(&self) -> Vec<ContinuationRequest> {
-        self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -322,20 +379,31 @@ impl TargetClient for ScriptedTarget {
         let (delay, generated) = (self.token_delay, self.generated.clone());
         let (last, eos) = (all.tokens.len(), all.stopped_on_eos);
         // `then` runs each step only when the stream is polled: a dropped stream generates no more.
-        let chunks = futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
-            let generated = generated.clone();
-            async move {
-                tokio::time::sleep(delay).await;
-                generated.fetch_add(1, Ordering::SeqCst);
-                Ok(StreamChunk { tokens: vec![token], stopped_on_eos: eos && i + 1 == last, ..StreamChunk::default() })
-            }
-        });
+        let chunks =
+            futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
+                let generated = generated.clone();
+                async move {
+                    tokio::time::sleep(delay).await;
+                    generated.fetch_add(1, Ordering::SeqCst);
+                    Ok(StreamChunk {
+                        tokens: vec![token],
+                        stopped_on_eos: eos && i + 1 == last,
+                        ..StreamChunk::default()
+                    })
+                }
+            });
         Ok(Box::pin(chunks))
     }
 
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+    async fn continue_tokens(
+        &self,
+        req: &ContinuationRequest,
+    ) -> Result<Continuation, TargetError> {
         let n = {
-            let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut calls = self
+                .calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             calls.push(req.clone());
             calls.len()
         };
@@ -353,33 +421,54 @@ impl TargetClient for ScriptedTarget {
                 }
             }
         }
-        Ok(Continuation { tokens, stopped_on_eos, ..Continuation::default() })
+        Ok(Continuation {
+            tokens,
+            stopped_on_eos,
+            ..Continuation::default()
+        })
     }
 
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
-        let Some(log) = &self.windows else { return Ok(None) };
+        let Some(log) = &self.windows else {
+            return Ok(None);
+        };
         let n = {
-            let mut log = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut log = log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             log.push(req.clone());
             log.len()
         };
         self.act_out_fault(n).await?;
         let start = req.prefix.len() - answer_position(&req.prefix);
-        let top: Vec<u32> = (0..=req.window.len()).map(|i| self.answer.get(start + i).copied().unwrap_or(IM_END)).collect();
-        let margins = req.window.iter().zip(&top).map(|(w, t)| Some(if w == t { 0.0 } else { 1.0 })).collect();
+        let top: Vec<u32> = (0..=req.window.len())
+            .map(|i| self.answer.get(start + i).copied().unwrap_or(IM_END))
+            .collect();
+        let margins = req
+            .window
+            .iter()
+            .zip(&top)
+            .map(|(w, t)| Some(if w == t { 0.0 } else { 1.0 }))
+            .collect();
         Ok(Some(WindowScore { top, margins }))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         match &self.tokenizer {
-            Some(t) => t.encode(text).map(Some).map_err(|e| TargetError::Protocol(e.to_string())),
+            Some(t) => t
+                .encode(text)
+                .map(Some)
+                .map_err(|e| TargetError::Protocol(e.to_string())),
             None => Ok(None),
         }
     }
 
     async fn health(&self) -> Result<(), TargetError> {
         match self.fault {
-            TargetFault::Status(status) => Err(TargetError::Status { status, body: "scripted failure".into() }),
+            TargetFault::Status(status) => Err(TargetError::Status {
+                status,
+                body: "scripted failure".into(),
+            }),
             _ => Ok(()),
         }
     }
@@ -388,7 +477,10 @@ impl TargetClient for ScriptedTarget {
 /// Cases a property test runs: `default` (the budget of every test run), or `PROPTEST_CASES`
 /// for a long run.
 pub fn property_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[cfg(test)]
@@ -414,6 +506,9 @@ mod tests {
         let f = crate::verify::Features::from_output(&out);
         assert_eq!(f.top1, u32::from(b'b'));
         assert!((f.top1_prob - 0.9).abs() < 1e-4, "{}", f.top1_prob);
-        assert_eq!(crate::verify::Features::from_output(&s.output(&[IM_START, 1, 2])).top1, IM_END);
+        assert_eq!(
+            crate::verify::Features::from_output(&s.output(&[IM_START, 1, 2])).top1,
+            IM_END
+        );
     }
 }

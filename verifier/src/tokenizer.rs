@@ -18,7 +18,9 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("vocab", &self.inner.get_vocab_size(true)).finish()
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.inner.get_vocab_size(true))
+            .finish()
     }
 }
 
@@ -32,21 +34,35 @@ impl Tokenizer {
 
     /// A tokenizer from `tokenizer.json` text.
     pub fn from_json(json: &str) -> Result<Self, EngineError> {
-        let t: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))?;
+        let t: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))?;
         Ok(Self::wrap(t))
     }
 
     fn wrap(t: tokenizers::Tokenizer) -> Self {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
-        let specials = t.get_added_tokens_decoder().values().filter(|a| a.special).map(|a| a.content.clone()).collect();
-        Self { inner: Arc::new(t), plain: Arc::new(plain), specials: Arc::new(specials) }
+        let specials = t
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|a| a.special)
+            .map(|a| a.content.clone())
+            .collect();
+        Self {
+            inner: Arc::new(t),
+            plain: Arc::new(plain),
+            specials: Arc::new(specials),
+        }
     }
 
     /// Text to ids with special-token text read as plain text: a client who types
     /// `<|im_start|>system` into a message gets those characters, not a new turn.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let enc = self.plain.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .plain
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -58,19 +74,26 @@ impl Tokenizer {
     /// Text to ids. Special tokens written in the text (such as `<|im_start|>` from a chat
     /// template) are recognised, which is what the template needs.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Ids to text, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
-        self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     /// Ids to text with special tokens kept: a prompt rendered from a chat template comes back
     /// as the template wrote it (text-level targets are sent that text).
     pub fn decode_with_specials(&self, ids: &[u32]) -> Result<String, EngineError> {
-        self.inner.decode(ids, false).map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     /// Byte offset where the last pre-tokenizer piece of `text` starts (a word with its
@@ -85,11 +108,15 @@ impl Tokenizer {
         }
         if let Some(pt) = self.inner.get_pre_tokenizer() {
             let mut pieces = PreTokenizedString::from(text);
-            pt.pre_tokenize(&mut pieces).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            pt.pre_tokenize(&mut pieces)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
             let splits = pieces.get_splits(OffsetReferential::Original, OffsetType::Byte);
             return Ok(splits.last().map_or(0, |(_, (start, _), _)| *start));
         }
-        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_offsets().last().map_or(0, |(start, _)| *start))
     }
 
@@ -97,11 +124,16 @@ impl Tokenizer {
     /// tokens starts exactly at `from` (the canonical ids, as if the text had been tokenized in
     /// one piece), else `text[from..]` tokenized on its own (the text is the same either way).
     pub fn encode_tail(&self, text: &str, from: usize) -> Result<Vec<u32>, EngineError> {
-        let tail = text.get(from..).ok_or_else(|| EngineError::Tokenizer(format!("offset {from} is not a character boundary")))?;
+        let tail = text.get(from..).ok_or_else(|| {
+            EngineError::Tokenizer(format!("offset {from} is not a character boundary"))
+        })?;
         if from == 0 {
             return self.encode(text);
         }
-        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         let offsets = enc.get_offsets();
         let split = (0..offsets.len()).find(|&i| offsets[i].0 >= from);
         if let Some(i) = split
@@ -120,7 +152,10 @@ impl Tokenizer {
     /// Ids that end a generation: ChatML's end of turn and the end-of-text token (the Qwen
     /// family's), those of them the vocabulary has.
     pub fn end_of_sequence_ids(&self) -> Vec<u32> {
-        ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| self.token_id(t)).collect()
+        ["<|im_end|>", "<|endoftext|>"]
+            .iter()
+            .filter_map(|t| self.token_id(t))
+            .collect()
     }
 
     /// Tokens in the vocabulary, added tokens included: every valid id is below this.
@@ -150,15 +185,25 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// A decoder with no tokens yet.
     pub fn new(tokenizer: Tokenizer) -> Self {
-        Self { tokenizer, ids: Vec::new(), prefix_offset: 0, read_offset: 0 }
+        Self {
+            tokenizer,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+        }
     }
 
     /// Adds one token and returns the text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, EngineError> {
         self.ids.push(id);
-        let prefix = self.tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.tokenizer.decode(&self.ids[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let delta = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -171,7 +216,9 @@ impl StreamDecoder {
     /// Everything still held back (at the end of a stream: an incomplete character, shown as
     /// the replacement character rather than dropped silently).
     pub fn flush(&mut self) -> Result<String, EngineError> {
-        let prefix = self.tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.tokenizer.decode(&self.ids[self.prefix_offset..])?;
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();

@@ -3,7 +3,6 @@
 
 // Tests fail by panicking; helpers here are test code too.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
-
 #![allow(dead_code)]
 
 use approxy_verifier::home::Home;
@@ -23,7 +22,13 @@ pub fn home() -> Home {
 /// Draft pool settings for tests: `workers` sessions of 2 threads, no spinning.
 pub fn draft_config(workers: usize) -> DraftConfig {
     let h = home();
-    DraftConfig { model_dir: h.draft_onnx_dir(), onnxruntime_lib: h.onnxruntime_lib(), workers, threads_per_worker: 2, spin_wait: false }
+    DraftConfig {
+        model_dir: h.draft_onnx_dir(),
+        onnxruntime_lib: h.onnxruntime_lib(),
+        workers,
+        threads_per_worker: 2,
+        spin_wait: false,
+    }
 }
 
 /// The converted draft's shape facts.
@@ -33,12 +38,15 @@ pub fn meta() -> DraftMeta {
 
 /// The draft's tokenizer.
 pub fn tokenizer() -> Tokenizer {
-    Tokenizer::from_file(&home().draft_onnx_dir().join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"))
+    Tokenizer::from_file(&home().draft_onnx_dir().join("tokenizer.json"))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A chat prompt in the Qwen template, as token ids.
 pub fn chat_prompt(user: &str) -> Vec<u32> {
-    let text = format!("<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    let text = format!(
+        "<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    );
     tokenizer().encode(&text).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -47,7 +55,16 @@ const SYSTEM: &str = "You are a helpful assistant.";
 /// The messages [`chat_prompt`] renders.
 pub fn chat_messages(user: &str) -> Vec<approxy_verifier::template::ChatMessage> {
     use approxy_verifier::template::ChatMessage;
-    vec![ChatMessage { role: "system".into(), content: SYSTEM.into() }, ChatMessage { role: "user".into(), content: user.into() }]
+    vec![
+        ChatMessage {
+            role: "system".into(),
+            content: SYSTEM.into(),
+        },
+        ChatMessage {
+            role: "user".into(),
+            content: user.into(),
+        },
+    ]
 }
 
 /// A greedy request for `n` tokens after the chat prompt for `user` and a partial `answer`,
@@ -55,7 +72,11 @@ pub fn chat_messages(user: &str) -> Vec<approxy_verifier::template::ChatMessage>
 pub fn chat_req(user: &str, answer: &[u32], n: u32) -> ContinuationRequest {
     let prompt = chat_prompt(user);
     let prefix = [prompt.as_slice(), answer].concat();
-    ContinuationRequest { prompt_len: prompt.len(), messages: Some(Arc::new(chat_messages(user))), ..ContinuationRequest::greedy(prefix, n) }
+    ContinuationRequest {
+        prompt_len: prompt.len(),
+        messages: Some(Arc::new(chat_messages(user))),
+        ..ContinuationRequest::greedy(prefix, n)
+    }
 }
 
 /// Base URL of the real llama-server target for tests: `APPROXY_TEST_TARGET_URL`, which the
@@ -69,8 +90,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use approxy_verifier::target::{Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig, TokenStream};
-use approxy_verifier::{ConfidenceVerifier, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Stats, TargetError, TokenEvent};
+use approxy_verifier::target::{
+    Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig, TokenStream,
+};
+use approxy_verifier::{
+    ConfidenceVerifier, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Stats,
+    TargetError, TokenEvent,
+};
 
 /// Client settings for a target at `url`: generous timeout, one quick retry.
 pub fn target_config(url: &str) -> TargetConfig {
@@ -82,7 +108,8 @@ pub fn target_config(url: &str) -> TargetConfig {
         retries: 1,
         backoff: Duration::from_millis(20),
         ca_file: None,
-        cache_hints: Default::default(), use_env_proxy: false,
+        cache_hints: Default::default(),
+        use_env_proxy: false,
     }
 }
 
@@ -105,13 +132,20 @@ pub struct Counting<T> {
 impl<T> Counting<T> {
     /// Wraps `inner` with zero counts.
     pub fn new(inner: T) -> Self {
-        Self { inner, calls: AtomicU32::new(0), sampling: Default::default() }
+        Self {
+            inner,
+            calls: AtomicU32::new(0),
+            sampling: Default::default(),
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl<T: TargetClient> TargetClient for Counting<T> {
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+    async fn continue_tokens(
+        &self,
+        req: &ContinuationRequest,
+    ) -> Result<Continuation, TargetError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut v) = self.sampling.lock() {
             v.push(req.sampling);
@@ -165,8 +199,14 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
 }
 
 /// Runs one generation to the end; returns the emitted ids and the stats.
-pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -> Result<(Vec<u32>, String, Stats), approxy_verifier::EngineError> {
-    let lease = pool.try_lease().unwrap_or_else(|| panic!("no idle draft worker"));
+pub async fn run(
+    engine: &Engine,
+    pool: &Arc<DraftPool>,
+    req: GenerateRequest,
+) -> Result<(Vec<u32>, String, Stats), approxy_verifier::EngineError> {
+    let lease = pool
+        .try_lease()
+        .unwrap_or_else(|| panic!("no idle draft worker"));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1024);
     let collect = tokio::spawn(async move {
         let mut ids = Vec::new();
@@ -177,10 +217,16 @@ pub async fn run(engine: &Engine, pool: &Arc<DraftPool>, req: GenerateRequest) -
         }
         (ids, text)
     });
-    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await;
+    let stats = engine
+        .generate(lease.as_ref(), &ConfidenceVerifier, req, tx)
+        .await;
     let (ids, text) = collect.await.unwrap_or_else(|e| panic!("{e}"));
     let stats = stats?;
-    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what must add up: {stats:?}");
+    assert_eq!(
+        stats.draft_tokens + stats.target_tokens,
+        stats.completion_tokens,
+        "who wrote what must add up: {stats:?}"
+    );
     assert_eq!(stats.completion_tokens as usize, ids.len());
     Ok((ids, text, stats))
 }
@@ -193,30 +239,60 @@ pub fn req(prefix: Vec<u32>, n: u32) -> ContinuationRequest {
 /// The contract every target client must meet against a real server with the draft's
 /// tokenizer; returns the greedy continuation of a fixed prompt.
 pub async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
-    c.health().await.unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
+    c.health()
+        .await
+        .unwrap_or_else(|e| panic!("{name}: not healthy: {e}"));
     let tok = tokenizer();
     let task = "Write a Python function that squares a number.";
-    let long = c.continue_tokens(&chat_req(task, &[], 12)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let long = c
+        .continue_tokens(&chat_req(task, &[], 12))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(long.tokens.len(), 12, "{name}: wrong count");
     assert!(!long.stopped_on_eos);
     // Greedy continuation of an exact prefix is consistent: continuing prompt + first 5 gives
     // the rest (for a text-level client, across a healed boundary).
-    let rest = c.continue_tokens(&chat_req(task, &long.tokens[..5], 7)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_eq!(rest.tokens, long.tokens[5..], "{name}: prefix continuation differs");
+    let rest = c
+        .continue_tokens(&chat_req(task, &long.tokens[..5], 7))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        rest.tokens,
+        long.tokens[5..],
+        "{name}: prefix continuation differs"
+    );
     // A short answer ends on end-of-sequence.
     let ok = "Reply with the single word OK.";
-    let short = c.continue_tokens(&chat_req(ok, &[], 40)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let short = c
+        .continue_tokens(&chat_req(ok, &[], 40))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(short.stopped_on_eos, "{name}: {short:?}");
     // Streamed, the same greedy continuation arrives, and a short answer still ends on
     // end-of-sequence.
     let streamed = collect_stream(c, &chat_req(task, &[], 12)).await;
-    assert_eq!(streamed.0, long.tokens, "{name}: streamed continuation differs");
+    assert_eq!(
+        streamed.0, long.tokens,
+        "{name}: streamed continuation differs"
+    );
     assert!(!streamed.1);
     let streamed_short = collect_stream(c, &chat_req(ok, &[], 40)).await;
-    assert!(streamed_short.1, "{name}: streamed short answer did not end on end-of-sequence: {streamed_short:?}");
+    assert!(
+        streamed_short.1,
+        "{name}: streamed short answer did not end on end-of-sequence: {streamed_short:?}"
+    );
     // Tokenizer agreement when the target can tokenize.
-    if let Some(ids) = c.tokenize("fn main() { println!(\"héllo 🚀\"); }").await.unwrap_or_else(|e| panic!("{name}: {e}")) {
-        assert_eq!(ids, tok.encode("fn main() { println!(\"héllo 🚀\"); }").unwrap_or_default(), "{name}");
+    if let Some(ids) = c
+        .tokenize("fn main() { println!(\"héllo 🚀\"); }")
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    {
+        assert_eq!(
+            ids,
+            tok.encode("fn main() { println!(\"héllo 🚀\"); }")
+                .unwrap_or_default(),
+            "{name}"
+        );
     }
     long.tokens
 }
@@ -243,7 +319,11 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     use futures::StreamExt;
-    let r = chat_req("Write a long essay about the history of computing, with many details.", &[], 2000);
+    let r = chat_req(
+        "Write a long essay about the history of computing, with many details.",
+        &[],
+        2000,
+    );
     let mut s = c.stream_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));
     let first = s.next().await;
     assert!(matches!(first, Some(Ok(_))), "{first:?}");
@@ -251,7 +331,10 @@ where
     drop(s);
     let started = std::time::Instant::now();
     while busy().await {
-        assert!(started.elapsed() < Duration::from_secs(10), "the server kept generating after the stream was dropped");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the server kept generating after the stream was dropped"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -12,26 +12,46 @@ use approxy_verifier::sampling::argmax;
 
 fn session() -> DraftSession {
     let h = common::home();
-    DraftSession::load(&h.onnxruntime_lib(), &h.draft_onnx_dir(), common::meta(), 2, false).unwrap_or_else(|e| panic!("{e}"))
+    DraftSession::load(
+        &h.onnxruntime_lib(),
+        &h.draft_onnx_dir(),
+        common::meta(),
+        2,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn max_diff(a: &PositionOutput, b: &PositionOutput) -> f32 {
-    a.logits.iter().zip(&b.logits).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.logits
+        .iter()
+        .zip(&b.logits)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn greedy_decode_writes_python() {
     let mut s = session();
-    let mut out = s.prefill(&common::chat_prompt("Write a Python function add(a, b) that returns a + b.")).unwrap_or_else(|e| panic!("{e}"));
+    let mut out = s
+        .prefill(&common::chat_prompt(
+            "Write a Python function add(a, b) that returns a + b.",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.hidden.len(), common::meta().hidden_size);
     assert_eq!(out.logits.len(), common::meta().vocab_size);
     let mut ids = Vec::new();
     for _ in 0..24 {
         let t = argmax(&out.logits).0 as u32;
         ids.push(t);
-        out = s.extend(&[t], false).unwrap_or_else(|e| panic!("{e}")).remove(0);
+        out = s
+            .extend(&[t], false)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .remove(0);
     }
-    let text = common::tokenizer().decode(&ids).unwrap_or_else(|e| panic!("{e}"));
+    let text = common::tokenizer()
+        .decode(&ids)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(text.contains("def add"), "draft wrote: {text:?}");
 }
 
@@ -40,14 +60,18 @@ fn rollback_then_rerun_matches() {
     let mut s = session();
     let prompt = common::chat_prompt("Say hello.");
     s.prefill(&prompt).unwrap_or_else(|e| panic!("{e}"));
-    let extra = common::tokenizer().encode("Hello there, friend").unwrap_or_else(|e| panic!("{e}"));
+    let extra = common::tokenizer()
+        .encode("Hello there, friend")
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(extra.len() >= 3);
     let first = s.extend(&extra, true).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(first.len(), extra.len());
     assert_eq!(s.tokens().len(), prompt.len() + extra.len());
     s.rollback(2);
     assert_eq!(s.tokens().len(), prompt.len() + extra.len() - 2);
-    let again = s.extend(&extra[extra.len() - 2..], true).unwrap_or_else(|e| panic!("{e}"));
+    let again = s
+        .extend(&extra[extra.len() - 2..], true)
+        .unwrap_or_else(|e| panic!("{e}"));
     for (a, b) in first[first.len() - 2..].iter().zip(&again) {
         assert!(max_diff(a, b) < 1e-2, "logits differ by {}", max_diff(a, b));
         assert_eq!(argmax(&a.logits).0, argmax(&b.logits).0);
@@ -72,19 +96,26 @@ fn prefill_reuses_common_prefix() {
 
 #[test]
 fn prefill_is_independent_of_history() {
-    let long = common::chat_prompt(&"Explain how a hash map resolves collisions, in detail. ".repeat(12));
+    let long =
+        common::chat_prompt(&"Explain how a hash map resolves collisions, in detail. ".repeat(12));
     assert!(long.len() > 130);
     let mut cold = session();
     let fresh = cold.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
     let mut warm = session();
     // Histories that leave different cached prefixes: a shorter prompt, generated tokens, a rollback.
     warm.prefill(&long[..70]).unwrap_or_else(|e| panic!("{e}"));
-    warm.extend(&long[70..100], false).unwrap_or_else(|e| panic!("{e}"));
-    warm.extend(&[11, 12, 13], false).unwrap_or_else(|e| panic!("{e}"));
+    warm.extend(&long[70..100], false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    warm.extend(&[11, 12, 13], false)
+        .unwrap_or_else(|e| panic!("{e}"));
     let again = warm.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(again.logits, fresh.logits);
-    warm.extend(&[5, 6], false).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(warm.prefill(&long).unwrap_or_else(|e| panic!("{e}")).logits, fresh.logits);
+    warm.extend(&[5, 6], false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        warm.prefill(&long).unwrap_or_else(|e| panic!("{e}")).logits,
+        fresh.logits
+    );
 }
 
 #[test]
@@ -105,13 +136,22 @@ async fn a_worker_that_panics_carries_on() {
     use approxy_verifier::{DraftPool, DraftWorkers};
     let pool = DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"));
     let prompt = common::chat_prompt("Say hello.");
-    let before = pool.try_lease().unwrap().prefill(prompt.clone()).await.unwrap();
+    let before = pool
+        .try_lease()
+        .unwrap()
+        .prefill(prompt.clone())
+        .await
+        .unwrap();
     assert!(pool.inject_panic().await.is_err());
     assert_eq!((pool.alive(), pool.idle()), (1, 1));
     let lease = pool.try_lease().expect("the worker is leasable again");
     let after = lease.prefill(prompt).await.unwrap();
     assert_eq!(argmax(&before.logits), argmax(&after.logits));
-    assert!(max_diff(&before, &after) < 1e-3, "{}", max_diff(&before, &after));
+    assert!(
+        max_diff(&before, &after) < 1e-3,
+        "{}",
+        max_diff(&before, &after)
+    );
 }
 
 /// Trimming an idle session keeps the start of its cache (still reused by the next prompt),
@@ -123,7 +163,11 @@ fn trimming_frees_memory_and_keeps_results() {
     let before = s.prefill(&long).unwrap();
     let full = s.kv_bytes();
     s.trim(64);
-    assert!(s.kv_bytes() < full / 2, "{} of {full} bytes kept", s.kv_bytes());
+    assert!(
+        s.kv_bytes() < full / 2,
+        "{} of {full} bytes kept",
+        s.kv_bytes()
+    );
     assert_eq!(s.tokens(), &long[..64]);
     let again = s.prefill(&long).unwrap();
     assert_eq!(argmax(&before.logits), argmax(&again.logits));

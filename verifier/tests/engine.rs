@@ -10,7 +10,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
-use approxy_verifier::{BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams, Source, TargetError, TokenEvent};
+use approxy_verifier::{
+    BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams,
+    Source, TargetError, TokenEvent,
+};
 use common::Counting;
 
 const PROMPTS: [&str; 5] = [
@@ -28,11 +31,19 @@ fn pool() -> Arc<DraftPool> {
 /// What the target writes on its own: one greedy call for the whole answer.
 async fn target_greedy(t: &LlamaCppTarget, prompt: &[u32], n: u32) -> Vec<u32> {
     let req = ContinuationRequest::greedy(prompt.to_vec(), n);
-    t.continue_tokens(&req).await.unwrap_or_else(|e| panic!("{e}")).tokens
+    t.continue_tokens(&req)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .tokens
 }
 
 /// A draft pool and an engine whose real target counts its calls; plus the EOS ids.
-fn counted_setup() -> (Arc<DraftPool>, Arc<Counting<LlamaCppTarget>>, approxy_verifier::Engine, Vec<u32>) {
+fn counted_setup() -> (
+    Arc<DraftPool>,
+    Arc<Counting<LlamaCppTarget>>,
+    approxy_verifier::Engine,
+    Vec<u32>,
+) {
     let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
@@ -48,12 +59,17 @@ async fn reject_everything_equals_target_greedy() {
         let mut expected = target_greedy(&target.inner, &prompt, n).await;
         expected.retain(|t| !eos.contains(t));
         let before = target.calls.load(Ordering::SeqCst);
-        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, n, 1.0)).await.unwrap_or_else(|e| panic!("{e}"));
+        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, n, 1.0))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ids, expected, "prompt {p:?}");
         assert_eq!(stats.draft_tokens, 0);
         assert_eq!(stats.target_tokens as usize, expected.len());
         assert_eq!(stats.verifier_rejections, stats.target_calls);
-        assert_eq!(target.calls.load(Ordering::SeqCst) - before, stats.target_calls);
+        assert_eq!(
+            target.calls.load(Ordering::SeqCst) - before,
+            stats.target_calls
+        );
     }
 }
 
@@ -64,7 +80,10 @@ async fn accept_everything_equals_draft_greedy_without_target() {
         let prompt = common::chat_prompt(p);
         // Draft-only greedy reference, straight on the worker.
         let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
-        let mut out = lease.prefill(prompt.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut out = lease
+            .prefill(prompt.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut expected = Vec::new();
         for _ in 0..24 {
             let t = approxy_verifier::sampling::argmax(&out.logits).0 as u32;
@@ -72,10 +91,16 @@ async fn accept_everything_equals_draft_greedy_without_target() {
                 break;
             }
             expected.push(t);
-            out = lease.extend(vec![t], false).await.unwrap_or_else(|e| panic!("{e}")).remove(0);
+            out = lease
+                .extend(vec![t], false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .remove(0);
         }
         drop(lease);
-        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, 24, 0.0)).await.unwrap_or_else(|e| panic!("{e}"));
+        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, 24, 0.0))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ids, expected, "prompt {p:?}");
         assert_eq!(stats.target_calls, 0);
         assert_eq!(stats.target_tokens, 0);
@@ -88,17 +113,30 @@ async fn middle_threshold_mixes_sources_and_bails_out() {
     let pool = pool();
     let engine = common::engine_with(Arc::new(common::llama_target()));
     let prompt = common::chat_prompt(PROMPTS[0]);
-    let (ids, text, stats) = common::run(&engine, &pool, common::greedy(prompt.clone(), 48, 0.7)).await.unwrap_or_else(|e| panic!("{e}"));
+    let (ids, text, stats) = common::run(&engine, &pool, common::greedy(prompt.clone(), 48, 0.7))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ids.len() as u32, stats.completion_tokens);
-    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens);
+    assert_eq!(
+        stats.draft_tokens + stats.target_tokens,
+        stats.completion_tokens
+    );
     assert!(stats.draft_tokens > stats.target_tokens, "{stats:?}");
     assert!(text.contains("def"), "{text:?}");
     // A budget nobody can meet: the first rejection window hands the rest to the target.
     let mut req = common::greedy(prompt, 48, 1.0);
-    req.bailout = Some(BailoutBudget { window: 2, max_rejection_rate: 0.4 });
-    let (_, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    req.bailout = Some(BailoutBudget {
+        window: 2,
+        max_rejection_rate: 0.4,
+    });
+    let (_, _, stats) = common::run(&engine, &pool, req)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(stats.bailed_out);
-    assert_eq!(stats.target_calls, 2, "one correction, then one call for the rest: {stats:?}");
+    assert_eq!(
+        stats.target_calls, 2,
+        "one correction, then one call for the rest: {stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,13 +147,26 @@ async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls
         let mut expected = target_greedy(&target.inner, &prompt, 40).await;
         expected.retain(|t| !eos.contains(t));
         let mut req = common::greedy(prompt, 40, 1.0);
-        req.correction = Correction::Span { max_span: 16, resync: 3 };
-        let (ids, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+        req.correction = Correction::Span {
+            max_span: 16,
+            resync: 3,
+        };
+        let (ids, _, stats) = common::run(&engine, &pool, req)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ids, expected, "prompt {p:?}");
         // At threshold 1 the draft never agrees confidently: every span runs to its length.
         // Tokens the target streamed: the answer, plus its end-of-sequence when it ended early.
-        let streamed = if expected.len() < 40 { expected.len() + 1 } else { 40 };
-        assert_eq!(stats.target_calls as usize, streamed.div_ceil(16), "{stats:?}");
+        let streamed = if expected.len() < 40 {
+            expected.len() + 1
+        } else {
+            40
+        };
+        assert_eq!(
+            stats.target_calls as usize,
+            streamed.div_ceil(16),
+            "{stats:?}"
+        );
         assert_eq!(stats.resyncs, 0);
     }
 }
@@ -127,18 +178,34 @@ async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections
     let (mut fixed_calls, mut span_calls, mut resyncs) = (0, 0, 0);
     for p in PROMPTS {
         let prompt = common::chat_prompt(p);
-        let (_, _, fixed) = common::run(&engine, &pool, common::greedy(prompt.clone(), 64, 0.7)).await.unwrap_or_else(|e| panic!("{e}"));
+        let (_, _, fixed) = common::run(&engine, &pool, common::greedy(prompt.clone(), 64, 0.7))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut req = common::greedy(prompt, 64, 0.7);
-        req.correction = Correction::Span { max_span: 32, resync: 3 };
-        let (_, _, span) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("{p:?}: fixed {} calls / {} target tokens; span {} calls / {} target tokens, {} resyncs",
-                  fixed.target_calls, fixed.target_tokens, span.target_calls, span.target_tokens, span.resyncs);
+        req.correction = Correction::Span {
+            max_span: 32,
+            resync: 3,
+        };
+        let (_, _, span) = common::run(&engine, &pool, req)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "{p:?}: fixed {} calls / {} target tokens; span {} calls / {} target tokens, {} resyncs",
+            fixed.target_calls,
+            fixed.target_tokens,
+            span.target_calls,
+            span.target_tokens,
+            span.resyncs
+        );
         fixed_calls += fixed.target_calls;
         span_calls += span.target_calls;
         resyncs += span.resyncs;
     }
     assert!(resyncs > 0, "no span ever resynced");
-    assert!(span_calls < fixed_calls, "span {span_calls} calls, fixed {fixed_calls}");
+    assert!(
+        span_calls < fixed_calls,
+        "span {span_calls} calls, fixed {fixed_calls}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,19 +214,36 @@ async fn seeded_sampling_repeats_and_reaches_the_target() {
     let target = Arc::new(Counting::new(common::llama_target()));
     let engine = common::engine_with(target.clone());
     let prompt = common::chat_prompt("Tell me a one-line joke about computers.");
-    let sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42) };
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(42),
+    };
     // Draft side: the same seed gives the same tokens (threshold 0 keeps the target out, whose
     // prompt cache makes it only approximately repeatable).
     let mut req = common::greedy(prompt.clone(), 24, 0.0);
     req.sampling = sampling;
-    let a = common::run(&engine, &pool, req.clone()).await.unwrap_or_else(|e| panic!("{e}"));
-    let b = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    let a = common::run(&engine, &pool, req.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = common::run(&engine, &pool, req)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.0, b.0);
     req = common::greedy(prompt, 6, 1.0);
-    req.sampling = SamplingParams { seed: Some(43), ..sampling };
-    let c = common::run(&engine, &pool, req.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+    req.sampling = SamplingParams {
+        seed: Some(43),
+        ..sampling
+    };
+    let c = common::run(&engine, &pool, req.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     // Target side: every call carries the same sampling parameters.
-    let seen = target.sampling.lock().map(|v| v.clone()).unwrap_or_default();
+    let seen = target
+        .sampling
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
     assert_eq!(seen.len() as u32, c.2.target_calls);
     assert!(seen.iter().all(|s| *s == req.sampling), "{seen:?}");
 }
@@ -171,7 +255,9 @@ async fn stop_sequence_ends_generation() {
     let prompt = common::chat_prompt("Count from 1 to 20, separated by commas.");
     let mut req = common::greedy(prompt, 80, 0.0);
     req.stop = vec!["5".into()];
-    let (_, text, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+    let (_, text, stats) = common::run(&engine, &pool, req)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(stats.finish_reason, Some(FinishReason::Stop));
     assert!(!text.contains('5') && text.contains('4'), "{text:?}");
 }
@@ -184,9 +270,21 @@ async fn cancellation_stops_target_calls() {
     let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<TokenEvent>(1);
     let req = common::greedy(common::chat_prompt(PROMPTS[4]), 200, 1.0);
-    let task = tokio::spawn(async move { engine.generate(lease.as_ref(), &approxy_verifier::ConfidenceVerifier, req, tx).await });
+    let task = tokio::spawn(async move {
+        engine
+            .generate(
+                lease.as_ref(),
+                &approxy_verifier::ConfidenceVerifier,
+                req,
+                tx,
+            )
+            .await
+    });
     for _ in 0..3 {
-        let ev = rx.recv().await.unwrap_or_else(|| panic!("stream ended early"));
+        let ev = rx
+            .recv()
+            .await
+            .unwrap_or_else(|| panic!("stream ended early"));
         assert_eq!(ev.source, Source::Target);
     }
     drop(rx);
@@ -199,23 +297,41 @@ async fn cancellation_stops_target_calls() {
     let calls = target.calls.load(Ordering::SeqCst);
     assert!(calls <= 5, "{calls} target calls for 3 received tokens");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(target.calls.load(Ordering::SeqCst), calls, "calls continued after cancellation");
+    assert_eq!(
+        target.calls.load(Ordering::SeqCst),
+        calls,
+        "calls continued after cancellation"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_down_is_a_typed_error() {
     let pool = pool();
     // Port 9 (discard) is closed on loopback here: connection refused at once.
-    let down = LlamaCppTarget::new(common::target_config("http://127.0.0.1:9")).unwrap_or_else(|e| panic!("{e}"));
+    let down = LlamaCppTarget::new(common::target_config("http://127.0.0.1:9"))
+        .unwrap_or_else(|e| panic!("{e}"));
     let engine = common::engine_with(Arc::new(down));
     let started = std::time::Instant::now();
-    let r = common::run(&engine, &pool, common::greedy(common::chat_prompt("hi"), 8, 1.0)).await;
-    assert!(matches!(r, Err(EngineError::Target(TargetError::Unreachable { .. }))), "{r:?}");
+    let r = common::run(
+        &engine,
+        &pool,
+        common::greedy(common::chat_prompt("hi"), 8, 1.0),
+    )
+    .await;
+    assert!(
+        matches!(r, Err(EngineError::Target(TargetError::Unreachable { .. }))),
+        "{r:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenizers_agree_with_target() {
     let engine = common::engine_with(Arc::new(common::llama_target()));
-    assert!(engine.check_tokenizer().await.unwrap_or_else(|e| panic!("{e}")));
+    assert!(
+        engine
+            .check_tokenizer()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
 }

@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use approxy_verifier::target::{ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient, TargetConfig};
 use approxy_verifier::TargetError;
+use approxy_verifier::target::{
+    ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle,
+    TargetClient, TargetConfig,
+};
 
 /// Every kind llama-server can stand in for: its native API, `/v1/completions` with token ids
 /// (the vllm kind's wire format) and with text, and chat completions continuing a final
@@ -21,10 +24,29 @@ fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
     oa.model = "target".into();
     let tok = common::tokenizer();
     vec![
-        ("llama_cpp", Box::new(LlamaCppTarget::new(common::target_config(url)).unwrap_or_else(|e| panic!("{e}")))),
-        ("openai", Box::new(OpenAiCompletionsTarget::new(oa.clone()).unwrap_or_else(|e| panic!("{e}")))),
-        ("openai_text", Box::new(OpenAiTextTarget::new(oa.clone(), tok.clone()).unwrap_or_else(|e| panic!("{e}")))),
-        ("chat_prefix", Box::new(ChatPrefixTarget::new(oa, tok, PrefixStyle::Prefill).unwrap_or_else(|e| panic!("{e}")))),
+        (
+            "llama_cpp",
+            Box::new(
+                LlamaCppTarget::new(common::target_config(url)).unwrap_or_else(|e| panic!("{e}")),
+            ),
+        ),
+        (
+            "openai",
+            Box::new(OpenAiCompletionsTarget::new(oa.clone()).unwrap_or_else(|e| panic!("{e}"))),
+        ),
+        (
+            "openai_text",
+            Box::new(
+                OpenAiTextTarget::new(oa.clone(), tok.clone()).unwrap_or_else(|e| panic!("{e}")),
+            ),
+        ),
+        (
+            "chat_prefix",
+            Box::new(
+                ChatPrefixTarget::new(oa, tok, PrefixStyle::Prefill)
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+        ),
     ]
 }
 
@@ -46,8 +68,17 @@ async fn dropping_a_stream_stops_llama_server() {
     let http = reqwest::Client::new();
     // llama-server's /slots says which slots are generating.
     let busy = || async {
-        let slots: serde_json::Value = http.get(format!("{url}/slots")).send().await.unwrap_or_else(|e| panic!("{e}")).json().await.unwrap_or_else(|e| panic!("{e}"));
-        slots.as_array().is_some_and(|a| a.iter().any(|s| s["is_processing"] == true))
+        let slots: serde_json::Value = http
+            .get(format!("{url}/slots"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        slots
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["is_processing"] == true))
     };
     for (name, c) in clients(&url) {
         eprintln!("{name}");
@@ -64,17 +95,33 @@ async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
         async move {
             c.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
-            (axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::IM_A_TEAPOT), "{\"error\":\"stub\"}")
+            (
+                axum::http::StatusCode::from_u16(status)
+                    .unwrap_or(axum::http::StatusCode::IM_A_TEAPOT),
+                "{\"error\":\"stub\"}",
+            )
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     (format!("http://{addr}"), calls)
 }
 
 fn cfg(url: &str, timeout: Duration, retries: u32) -> TargetConfig {
-    TargetConfig { base_url: url.into(), api_key: Some("k".into()), model: "m".into(), timeout, retries, backoff: Duration::from_millis(5), ca_file: None, cache_hints: Default::default(), use_env_proxy: false }
+    TargetConfig {
+        base_url: url.into(),
+        api_key: Some("k".into()),
+        model: "m".into(),
+        timeout,
+        retries,
+        backoff: Duration::from_millis(5),
+        ca_file: None,
+        cache_hints: Default::default(),
+        use_env_proxy: false,
+    }
 }
 
 fn both(c: TargetConfig) -> Vec<Box<dyn TargetClient>> {
@@ -90,7 +137,10 @@ async fn server_errors_are_retried_then_typed() {
         let (url, calls) = stub(503, Duration::ZERO).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
         let r = c.continue_tokens(&common::req(vec![1, 2, 3], 1)).await;
-        assert!(matches!(r, Err(TargetError::Status { status: 503, .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 503, .. })),
+            "{r:?}"
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 }
@@ -101,7 +151,10 @@ async fn client_errors_are_not_retried() {
         let (url, calls) = stub(400, Duration::ZERO).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 3))[i];
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
-        assert!(matches!(r, Err(TargetError::Status { status: 400, .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 400, .. })),
+            "{r:?}"
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }
@@ -148,16 +201,35 @@ async fn openai_calls_name_the_requested_model() {
             if let Ok(mut s) = s2.lock() {
                 s.push(v["model"].as_str().unwrap_or_default().to_string());
             }
-            axum::Json(serde_json::json!({"choices": [{"token_ids": [7, 8], "finish_reason": "length"}]}))
+            axum::Json(
+                serde_json::json!({"choices": [{"token_ids": [7, 8], "finish_reason": "length"}]}),
+            )
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("http://{}/v1", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "http://{}/v1",
+        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    );
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let c = OpenAiCompletionsTarget::new(cfg(&url, Duration::from_secs(5), 0)).unwrap_or_else(|e| panic!("{e}"));
+    let c = OpenAiCompletionsTarget::new(cfg(&url, Duration::from_secs(5), 0))
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut r = common::req(vec![1, 2], 2);
-    assert_eq!(c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}")).tokens, vec![7, 8]);
+    assert_eq!(
+        c.continue_tokens(&r)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .tokens,
+        vec![7, 8]
+    );
     r.model = Some("client-model".into());
-    c.continue_tokens(&r).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(*seen.lock().unwrap_or_else(|e| panic!("{e}")), vec!["m".to_string(), "client-model".to_string()]);
+    c.continue_tokens(&r)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        *seen.lock().unwrap_or_else(|e| panic!("{e}")),
+        vec!["m".to_string(), "client-model".to_string()]
+    );
 }

@@ -12,15 +12,21 @@ use std::sync::atomic::Ordering;
 
 use approxy_verifier::Verification;
 use approxy_verifier::draft::pool::DraftPool;
-use approxy_verifier::target::{ChatPrefixTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient, WindowRequest};
+use approxy_verifier::target::{
+    ChatPrefixTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient,
+    WindowRequest,
+};
 
 fn vllm_url() -> String {
-    std::env::var("APPROXY_TEST_VLLM_URL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_URL is not set: deploy/test-all.sh starts vLLM and sets it"))
+    std::env::var("APPROXY_TEST_VLLM_URL").unwrap_or_else(|_| {
+        panic!("APPROXY_TEST_VLLM_URL is not set: deploy/test-all.sh starts vLLM and sets it")
+    })
 }
 
 fn vllm_config() -> approxy_verifier::TargetConfig {
     let mut cfg = common::target_config(&format!("{}/v1", vllm_url()));
-    cfg.model = std::env::var("APPROXY_TEST_VLLM_MODEL").unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_MODEL is not set"));
+    cfg.model = std::env::var("APPROXY_TEST_VLLM_MODEL")
+        .unwrap_or_else(|_| panic!("APPROXY_TEST_VLLM_MODEL is not set"));
     cfg
 }
 
@@ -38,7 +44,8 @@ async fn vllm_passes_the_shared_suite_through_every_kind() {
     let by_ids = common::suite("vllm", &vllm()).await;
     let text = OpenAiTextTarget::new(vllm_config(), tok.clone()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(common::suite("openai_text", &text).await, by_ids);
-    let chat = ChatPrefixTarget::new(vllm_config(), tok, PrefixStyle::ContinueFinalMessage).unwrap_or_else(|e| panic!("{e}"));
+    let chat = ChatPrefixTarget::new(vllm_config(), tok, PrefixStyle::ContinueFinalMessage)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(common::suite("chat_prefix", &chat).await, by_ids);
 }
 
@@ -49,7 +56,14 @@ async fn dropping_a_stream_stops_vllm() {
     let http = reqwest::Client::new();
     // vLLM's Prometheus gauge of requests it is generating for.
     let busy = || async {
-        let text = http.get(format!("{url}/metrics")).send().await.unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default();
+        let text = http
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .text()
+            .await
+            .unwrap_or_default();
         text.lines()
             .filter(|l| l.starts_with("vllm:num_requests_running"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -65,15 +79,28 @@ async fn reject_everything_equals_vllm_greedy() {
     let target = Arc::new(common::Counting::new(vllm()));
     let engine = common::engine_with(target.clone());
     let eos = common::eos(engine.tokenizer());
-    for p in ["Write a Python function that reverses a string.", "What is the capital of France?"] {
+    for p in [
+        "Write a Python function that reverses a string.",
+        "What is the capital of France?",
+    ] {
         let prompt = common::chat_prompt(p);
-        let mut expected = target.inner.continue_tokens(&common::req(prompt.clone(), 16)).await.unwrap_or_else(|e| panic!("{e}")).tokens;
+        let mut expected = target
+            .inner
+            .continue_tokens(&common::req(prompt.clone(), 16))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .tokens;
         expected.retain(|t| !eos.contains(t));
         let before = target.calls.load(Ordering::SeqCst);
-        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, 16, 1.0)).await.unwrap_or_else(|e| panic!("{e}"));
+        let (ids, _, stats) = common::run(&engine, &pool, common::greedy(prompt, 16, 1.0))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ids, expected, "prompt {p:?}");
         assert_eq!(stats.draft_tokens, 0);
-        assert_eq!(target.calls.load(Ordering::SeqCst) - before, stats.target_calls);
+        assert_eq!(
+            target.calls.load(Ordering::SeqCst) - before,
+            stats.target_calls
+        );
     }
 }
 
@@ -82,27 +109,47 @@ async fn reject_everything_equals_vllm_greedy() {
 async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
     let c = vllm();
     let prompt = common::chat_prompt("Write a Python function that squares a number.");
-    let greedy = c.continue_tokens(&common::req(prompt.clone(), 9)).await.unwrap_or_else(|e| panic!("{e}")).tokens;
+    let greedy = c
+        .continue_tokens(&common::req(prompt.clone(), 9))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .tokens;
     // Its own continuation: every position agrees, and the token after the window is the next one.
     let window = greedy[..8].to_vec();
     let score = c
-        .score_window(&WindowRequest { prefix: prompt.clone(), window: window.clone(), model: None })
+        .score_window(&WindowRequest {
+            prefix: prompt.clone(),
+            window: window.clone(),
+            model: None,
+        })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("vLLM returned no prompt log-probabilities"));
     assert_eq!(score.top[..8], window[..]);
     assert_eq!(score.top[8], greedy[8]);
-    assert!(score.margins.iter().all(|m| *m == Some(0.0)), "{:?}", score.margins);
+    assert!(
+        score.margins.iter().all(|m| *m == Some(0.0)),
+        "{:?}",
+        score.margins
+    );
     // A wrong token in the window: the target says what it would have written instead.
     let mut wrong = window.clone();
     wrong[3] = if wrong[3] == 11 { 12 } else { 11 };
     let score = c
-        .score_window(&WindowRequest { prefix: prompt, window: wrong, model: None })
+        .score_window(&WindowRequest {
+            prefix: prompt,
+            window: wrong,
+            model: None,
+        })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("no scores"));
     assert_eq!(score.top[..4], greedy[..4]);
-    assert!(score.margins[3].is_some_and(|m| m > 0.0), "{:?}", score.margins);
+    assert!(
+        score.margins[3].is_some_and(|m| m > 0.0),
+        "{:?}",
+        score.margins
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,11 +169,17 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
     let (mut tokens, mut calls, mut windows, mut proposed) = (0u64, 0u64, 0u64, 0u64);
     for p in prompts {
         let prompt = common::chat_prompt(p);
-        let mut expected = target.continue_tokens(&common::req(prompt.clone(), 32)).await.unwrap_or_else(|e| panic!("{e}")).tokens;
+        let mut expected = target
+            .continue_tokens(&common::req(prompt.clone(), 32))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .tokens;
         expected.retain(|t| !eos.contains(t));
         let mut req = common::greedy(prompt, 32, 0.7);
         req.verification = Verification::Exact;
-        let (ids, _, stats) = common::run(&engine, &pool, req).await.unwrap_or_else(|e| panic!("{e}"));
+        let (ids, _, stats) = common::run(&engine, &pool, req)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         eprintln!(
             "{p:?}: {} tokens, {} target calls, {} windows (mean {:.1} tokens, {:.0} % accepted), near ties {:?}",
             stats.completion_tokens,
@@ -139,14 +192,24 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
         if ids != expected {
             // The one allowed difference: a position where the target's choice was a numerical
             // tie (batch shapes differ between the window call and a plain continuation).
-            let at = ids.iter().zip(&expected).take_while(|(a, b)| a == b).count() as u32;
-            assert!(stats.near_ties.iter().any(|(pos, _)| *pos == at), "prompt {p:?}: differs at {at} without a near tie: {ids:?} vs {expected:?}");
+            let at = ids
+                .iter()
+                .zip(&expected)
+                .take_while(|(a, b)| a == b)
+                .count() as u32;
+            assert!(
+                stats.near_ties.iter().any(|(pos, _)| *pos == at),
+                "prompt {p:?}: differs at {at} without a near tie: {ids:?} vs {expected:?}"
+            );
         }
         tokens += u64::from(stats.completion_tokens);
         calls += u64::from(stats.target_calls);
         windows += u64::from(stats.windows);
         proposed += stats.window_tokens;
     }
-    eprintln!("exact mode over five prompts: {tokens} tokens, {calls} target calls ({:.1} per 100 tokens), mean window {:.1}",
-              100.0 * calls as f64 / tokens as f64, proposed as f64 / windows.max(1) as f64);
+    eprintln!(
+        "exact mode over five prompts: {tokens} tokens, {calls} target calls ({:.1} per 100 tokens), mean window {:.1}",
+        100.0 * calls as f64 / tokens as f64,
+        proposed as f64 / windows.max(1) as f64
+    );
 }

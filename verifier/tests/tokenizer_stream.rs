@@ -14,13 +14,22 @@ fn multibyte_characters_stream_whole() {
     let text = "héllo 世界 🚀🦀 naïve — ñandú 👩‍💻 done";
     let ids = tok.encode(text).unwrap_or_else(|e| panic!("{e}"));
     // At least one character must span several tokens, or this test proves nothing.
-    let pieces: Vec<String> = ids.iter().map(|&i| tok.decode(&[i]).unwrap_or_default()).collect();
-    assert!(pieces.iter().any(|p| p.contains('\u{FFFD}')), "no split character in {pieces:?}");
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&i| tok.decode(&[i]).unwrap_or_default())
+        .collect();
+    assert!(
+        pieces.iter().any(|p| p.contains('\u{FFFD}')),
+        "no split character in {pieces:?}"
+    );
     let mut d = StreamDecoder::new(tok.clone());
     let mut out = String::new();
     for &id in &ids {
         let delta = d.push(id).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!delta.contains('\u{FFFD}'), "half a character emitted: {delta:?}");
+        assert!(
+            !delta.contains('\u{FFFD}'),
+            "half a character emitted: {delta:?}"
+        );
         out.push_str(&delta);
     }
     out.push_str(&d.flush().unwrap_or_else(|e| panic!("{e}")));

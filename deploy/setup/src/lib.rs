@@ -64,17 +64,72 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
     let all: [(&str, &str, bool, Step); 11] = [
-        ("draft-gguf", "draft model (Qwen2.5-Coder-0.5B)", false, steps::draft_gguf),
-        ("onnxruntime", "ONNX Runtime library", false, steps::onnxruntime),
-        ("draft-onnx", "draft model as int4 ONNX with hidden states", false, steps::draft_onnx),
-        ("target-gguf", "target model (Qwen2.5-Coder-1.5B Q4_K_M)", false, steps::target_gguf),
-        ("tools-venv", "build tools (cmake)", false, steps::tools_venv),
-        ("llama-server", "llama-server (llama.cpp)", true, steps::llama_server),
-        ("human-eval", "HumanEval problems (evaluation set)", false, steps::human_eval),
-        ("hey", "HTTP load generator (hey, for benchmarks)", false, steps::hey),
-        ("smollm2-gguf", "SmolLM2-135M (a target with another tokenizer, for tests)", false, steps::other_tokenizer_gguf),
-        ("draft-hf", "draft model as float32 safetensors (for vLLM)", false, vllm::draft_hf),
-        ("vllm-venv", "vLLM (CPU build, test target)", true, vllm::vllm_venv),
+        (
+            "draft-gguf",
+            "draft model (Qwen2.5-Coder-0.5B)",
+            false,
+            steps::draft_gguf,
+        ),
+        (
+            "onnxruntime",
+            "ONNX Runtime library",
+            false,
+            steps::onnxruntime,
+        ),
+        (
+            "draft-onnx",
+            "draft model as int4 ONNX with hidden states",
+            false,
+            steps::draft_onnx,
+        ),
+        (
+            "target-gguf",
+            "target model (Qwen2.5-Coder-1.5B Q4_K_M)",
+            false,
+            steps::target_gguf,
+        ),
+        (
+            "tools-venv",
+            "build tools (cmake)",
+            false,
+            steps::tools_venv,
+        ),
+        (
+            "llama-server",
+            "llama-server (llama.cpp)",
+            true,
+            steps::llama_server,
+        ),
+        (
+            "human-eval",
+            "HumanEval problems (evaluation set)",
+            false,
+            steps::human_eval,
+        ),
+        (
+            "hey",
+            "HTTP load generator (hey, for benchmarks)",
+            false,
+            steps::hey,
+        ),
+        (
+            "smollm2-gguf",
+            "SmolLM2-135M (a target with another tokenizer, for tests)",
+            false,
+            steps::other_tokenizer_gguf,
+        ),
+        (
+            "draft-hf",
+            "draft model as float32 safetensors (for vLLM)",
+            false,
+            vllm::draft_hf,
+        ),
+        (
+            "vllm-venv",
+            "vLLM (CPU build, test target)",
+            true,
+            vllm::vllm_venv,
+        ),
     ];
     for (key, label, cpu_specific, step) in all {
         // The test command's targets: vLLM, and a model with another tokenizer.
@@ -93,7 +148,10 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         let outcome = if mismatch.is_none() && manifest.is_present(&home.root, key) {
             Outcome::Present
         } else {
-            eprintln!("approxy setup: {label}: working (log: {})", home.log(key).display());
+            eprintln!(
+                "approxy setup: {label}: working (log: {})",
+                home.log(key).display()
+            );
             step(home, &mut manifest, opts, &pb)?;
             manifest.save(&home.root)?;
             Outcome::Done
@@ -107,7 +165,10 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     }
     let convert = home.root.join("venv").join(steps::CONVERT_VENV);
     if !opts.keep_convert_env && convert.exists() {
-        eprintln!("approxy setup: removing the conversion venv ({})", convert.display());
+        eprintln!(
+            "approxy setup: removing the conversion venv ({})",
+            convert.display()
+        );
         std::fs::remove_dir_all(&convert)?;
     }
     let _ = std::fs::remove_dir(home.root.join("work"));
@@ -153,8 +214,10 @@ pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<Stri
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

@@ -55,14 +55,29 @@ impl LocalServer {
         let deadline = tokio::time::Instant::now() + limit;
         while tokio::time::Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited ({status}) before it was ready; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log));
+                bail!(
+                    "{} exited ({status}) before it was ready; log {}:\n{}",
+                    self.url,
+                    self.log.display(),
+                    log_tail(&self.log)
+                );
             }
-            if http.get(format!("{}{path}", self.url)).send().await.is_ok_and(|r| r.status().is_success()) {
+            if http
+                .get(format!("{}{path}", self.url))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        bail!("{} was not ready after {limit:?}; log {}:\n{}", self.url, self.log.display(), log_tail(&self.log))
+        bail!(
+            "{} was not ready after {limit:?}; log {}:\n{}",
+            self.url,
+            self.log.display(),
+            log_tail(&self.log)
+        )
     }
 }
 

@@ -70,9 +70,9 @@ impl Manifest {
     pub fn is_present(&self, home: &Path, key: &str) -> bool {
         self.assets.get(key).is_some_and(|a| {
             !a.files.is_empty()
-                && a.files.iter().all(|f| {
-                    std::fs::metadata(home.join(&f.path)).is_ok_and(|m| m.len() == f.size)
-                })
+                && a.files
+                    .iter()
+                    .all(|f| std::fs::metadata(home.join(&f.path)).is_ok_and(|m| m.len() == f.size))
         })
     }
 
@@ -85,10 +85,18 @@ impl Manifest {
             Some(b) => {
                 let missing = cpu.missing(&b.requires);
                 (!missing.is_empty()).then(|| {
-                    format!("it was built on {} for {}; this CPU ({}) lacks {}", b.verified_on, b.isa, cpu.model, missing.join(" "))
+                    format!(
+                        "it was built on {} for {}; this CPU ({}) lacks {}",
+                        b.verified_on,
+                        b.isa,
+                        cpu.model,
+                        missing.join(" ")
+                    )
                 })
             }
-            None if cpu_specific => Some("the cache does not record which CPU features it was built for".to_string()),
+            None if cpu_specific => {
+                Some("the cache does not record which CPU features it was built for".to_string())
+            }
             None => None,
         }
     }
@@ -109,7 +117,11 @@ mod tests {
                 source_packages: vec!["x==1".into()],
                 registry: "pypi".into(),
                 method: "test".into(),
-                files: vec![AssetFile { path: "a.bin".into(), size: 5, sha256: "00".into() }],
+                files: vec![AssetFile {
+                    path: "a.bin".into(),
+                    size: 5,
+                    sha256: "00".into(),
+                }],
                 built_for: None,
             },
         );
@@ -118,7 +130,10 @@ mod tests {
         assert!(loaded.is_present(dir.path(), "a"));
         assert!(!loaded.is_present(dir.path(), "b"));
         std::fs::write(dir.path().join("a.bin"), b"hell")?;
-        assert!(!loaded.is_present(dir.path(), "a"), "truncated file must not count");
+        assert!(
+            !loaded.is_present(dir.path(), "a"),
+            "truncated file must not count"
+        );
         Ok(())
     }
 
@@ -137,21 +152,41 @@ mod tests {
         let mut m = Manifest::default();
         m.assets.insert(
             "llama-server".into(),
-            asset(Some(BuiltFor { isa: "x".into(), requires: built.requires.clone(), verified_on: xeon.model.clone() })),
+            asset(Some(BuiltFor {
+                isa: "x".into(),
+                requires: built.requires.clone(),
+                verified_on: xeon.model.clone(),
+            })),
         );
         m.assets.insert("legacy".into(), asset(None));
-        let why = m.cpu_mismatch("llama-server", &avx2, true).unwrap_or_default();
-        assert!(why.contains("avx512f") && why.contains("AMD EPYC 7B13"), "{why}");
+        let why = m
+            .cpu_mismatch("llama-server", &avx2, true)
+            .unwrap_or_default();
+        assert!(
+            why.contains("avx512f") && why.contains("AMD EPYC 7B13"),
+            "{why}"
+        );
         assert_eq!(m.cpu_mismatch("llama-server", &xeon, true), None);
-        assert!(m.cpu_mismatch("legacy", &xeon, true).is_some(), "no record means rebuild");
+        assert!(
+            m.cpu_mismatch("legacy", &xeon, true).is_some(),
+            "no record means rebuild"
+        );
         assert_eq!(m.cpu_mismatch("legacy", &xeon, false), None);
         assert_eq!(m.cpu_mismatch("absent", &xeon, true), None);
         // Round trip: old manifests without the field still load.
         let json = serde_json::to_string(&m)?;
         let back: Manifest = serde_json::from_str(&json)?;
-        assert_eq!(back.assets["llama-server"].built_for, m.assets["llama-server"].built_for);
-        let old = r#"{"assets":{"a":{"source_packages":[],"registry":"pypi","method":"m","files":[]}}}"#;
-        assert!(serde_json::from_str::<Manifest>(old)?.assets["a"].built_for.is_none());
+        assert_eq!(
+            back.assets["llama-server"].built_for,
+            m.assets["llama-server"].built_for
+        );
+        let old =
+            r#"{"assets":{"a":{"source_packages":[],"registry":"pypi","method":"m","files":[]}}}"#;
+        assert!(
+            serde_json::from_str::<Manifest>(old)?.assets["a"]
+                .built_for
+                .is_none()
+        );
         Ok(())
     }
 }

@@ -13,7 +13,14 @@ pub fn log_handles(log: &Path, append: bool) -> anyhow::Result<(File, File)> {
     if let Some(dir) = log.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let out = if append { std::fs::OpenOptions::new().create(true).append(true).open(log)? } else { File::create(log)? };
+    let out = if append {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?
+    } else {
+        File::create(log)?
+    };
     let err = out.try_clone()?;
     Ok((out, err))
 }
@@ -33,7 +40,11 @@ pub fn run_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(25).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("{shown} failed ({status}); log {}:\n{}", log.display(), tail.join("\n"));
+        bail!(
+            "{shown} failed ({status}); log {}:\n{}",
+            log.display(),
+            tail.join("\n")
+        );
     }
     Ok(())
 }

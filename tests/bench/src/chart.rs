@@ -17,7 +17,9 @@ type CostPanel = (&'static str, fn(&super::quality::Summary) -> f64);
 pub fn pareto_front(points: &[(f64, f64)]) -> Vec<usize> {
     let dominated = |i: usize| {
         let (ci, qi) = points[i];
-        points.iter().any(|&(c, q)| c <= ci && q >= qi && (c < ci || q > qi))
+        points
+            .iter()
+            .any(|&(c, q)| c <= ci && q >= qi && (c < ci || q > qi))
     };
     let mut front: Vec<usize> = (0..points.len()).filter(|&i| !dominated(i)).collect();
     front.sort_by(|&a, &b| points[a].0.total_cmp(&points[b].0));
@@ -37,35 +39,87 @@ pub fn pareto(path: &Path, r: &QualityReport) -> Result<(), Err> {
     let rows: Vec<_> = r.runs.iter().filter(|x| x.layout == layout).collect();
     let root = BitMapBackend::new(path, (1400, 620)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(&format!("HumanEval pass@1 against target cost ({} of {} problems, cores {layout})", r.problems, r.problems_total), ("sans-serif", 22))?;
+    let root = root.titled(
+        &format!(
+            "HumanEval pass@1 against target cost ({} of {} problems, cores {layout})",
+            r.problems, r.problems_total
+        ),
+        ("sans-serif", 22),
+    )?;
     let (left, right) = root.split_horizontally(700);
-    let panels: [CostPanel; 2] =
-        [("USD per 1,000 problems, no prompt-cache discount", |s| s.cost_usd), ("USD per 1,000 problems, re-sent input at the cached price", |s| s.cost_usd_cached)];
+    let panels: [CostPanel; 2] = [
+        ("USD per 1,000 problems, no prompt-cache discount", |s| {
+            s.cost_usd
+        }),
+        (
+            "USD per 1,000 problems, re-sent input at the cached price",
+            |s| s.cost_usd_cached,
+        ),
+    ];
     for (area, (xlabel, cost)) in [&left, &right].into_iter().zip(panels) {
-        let pts: Vec<(f64, f64)> = rows.iter().map(|x| (super::report::per_1k(cost(&x.summary), x.summary.problems), x.summary.pass_at_1)).collect();
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .map(|x| {
+                (
+                    super::report::per_1k(cost(&x.summary), x.summary.problems),
+                    x.summary.pass_at_1,
+                )
+            })
+            .collect();
         let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max) * 1.3 + 1e-9;
-        let mut chart = ChartBuilder::on(area).margin(16).x_label_area_size(44).y_label_area_size(56).build_cartesian_2d(0f64..xmax, 0f64..100f64)?;
-        chart.configure_mesh().x_desc(xlabel).y_desc("pass@1 (%)").draw()?;
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0f64..xmax, 0f64..100f64)?;
+        chart
+            .configure_mesh()
+            .x_desc(xlabel)
+            .y_desc("pass@1 (%)")
+            .draw()?;
         let front = pareto_front(&pts);
         chart
-            .draw_series(LineSeries::new(front.iter().map(|&i| pts[i]), RED.mix(0.6).stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                front.iter().map(|&i| pts[i]),
+                RED.mix(0.6).stroke_width(2),
+            ))?
             .label("Pareto front")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
         let xspan = xmax;
         let mut placed: Vec<(f64, f64)> = Vec::new();
         for (i, (x, p)) in rows.iter().zip(&pts).enumerate() {
             let on_front = front.contains(&i);
-            let color = if on_front { RED.to_rgba() } else { BLUE.mix(0.7) };
-            chart.draw_series(std::iter::once(Circle::new(*p, if on_front { 7 } else { 5 }, color.filled())))?;
+            let color = if on_front {
+                RED.to_rgba()
+            } else {
+                BLUE.mix(0.7)
+            };
+            chart.draw_series(std::iter::once(Circle::new(
+                *p,
+                if on_front { 7 } else { 5 },
+                color.filled(),
+            )))?;
             // Points at (nearly) the same place stack their labels instead of overprinting.
             let mut label = (p.0, p.1 + 3.5);
-            while placed.iter().any(|q| (q.0 - label.0).abs() < 0.12 * xspan && (q.1 - label.1).abs() < 3.0) {
+            while placed
+                .iter()
+                .any(|q| (q.0 - label.0).abs() < 0.12 * xspan && (q.1 - label.1).abs() < 3.0)
+            {
                 label.1 -= 3.5;
             }
             placed.push(label);
-            chart.draw_series(std::iter::once(Text::new(x.config.id.clone(), label, ("sans-serif", 14))))?;
+            chart.draw_series(std::iter::once(Text::new(
+                x.config.id.clone(),
+                label,
+                ("sans-serif", 14),
+            )))?;
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()?;
     }
     root.present()?;
     Ok(())
@@ -78,7 +132,13 @@ mod tests {
     #[test]
     fn front_keeps_only_undominated_points() {
         // cheap+bad, expensive+good, dominated (costlier and worse than the second), a tie.
-        let pts = [(0.0, 40.0), (5.0, 70.0), (6.0, 65.0), (2.0, 60.0), (2.0, 60.0)];
+        let pts = [
+            (0.0, 40.0),
+            (5.0, 70.0),
+            (6.0, 65.0),
+            (2.0, 60.0),
+            (2.0, 60.0),
+        ];
         assert_eq!(pareto_front(&pts), vec![0, 3, 4, 1]);
     }
 }

@@ -73,14 +73,22 @@ pub struct Ask<'a> {
 pub async fn complete(http: &reqwest::Client, ask: &Ask<'_>) -> Generation {
     let start = Instant::now();
     let mut g = Generation::default();
-    if let Err(e) = tokio::time::timeout(ask.timeout, stream_into(http, ask, start, &mut g)).await.unwrap_or_else(|_| Err(format!("timed out after {:?}", ask.timeout))) {
+    if let Err(e) = tokio::time::timeout(ask.timeout, stream_into(http, ask, start, &mut g))
+        .await
+        .unwrap_or_else(|_| Err(format!("timed out after {:?}", ask.timeout)))
+    {
         g.error = Some(e);
     }
     g.seconds = start.elapsed().as_secs_f64();
     g
 }
 
-async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &mut Generation) -> Result<(), String> {
+async fn stream_into(
+    http: &reqwest::Client,
+    ask: &Ask<'_>,
+    start: Instant,
+    g: &mut Generation,
+) -> Result<(), String> {
     let body = json!({
         "model": ask.model,
         "prompt": ask.prompt,
@@ -110,7 +118,10 @@ async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &
     let status = resp.status();
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();
-        return Err(format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()));
+        return Err(format!(
+            "HTTP {status}: {}",
+            text.chars().take(300).collect::<String>()
+        ));
     }
     let mut bytes = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
@@ -125,7 +136,8 @@ async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &
                     if data == "[DONE]" {
                         return Ok(());
                     }
-                    let v: Value = serde_json::from_str(data).map_err(|e| format!("bad event {data}: {e}"))?;
+                    let v: Value =
+                        serde_json::from_str(data).map_err(|e| format!("bad event {data}: {e}"))?;
                     absorb(&v, start, g)?;
                 }
             }
@@ -137,7 +149,10 @@ async fn stream_into(http: &reqwest::Client, ask: &Ask<'_>, start: Instant, g: &
 /// End of the first complete SSE event in `buf`: (its length, separator length).
 fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
@@ -163,7 +178,8 @@ fn absorb(v: &Value, start: Instant, g: &mut Generation) -> Result<(), String> {
         g.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
         g.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
         if let Some(a) = u.get("approxy") {
-            g.approxy = Some(serde_json::from_value(a.clone()).map_err(|e| format!("usage.approxy: {e}"))?);
+            g.approxy =
+                Some(serde_json::from_value(a.clone()).map_err(|e| format!("usage.approxy: {e}"))?);
         }
     }
     if let Some(t) = v.get("timings") {
@@ -188,10 +204,17 @@ mod tests {
     fn usage_text_and_errors_are_absorbed() {
         let start = Instant::now();
         let mut g = Generation::default();
-        absorb(&json!({"choices": [{"text": ""}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        absorb(&json!({"choices": [{"text": ""}]}), start, &mut g)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(g.ttft.is_none(), "empty text is not a first token");
-        absorb(&json!({"choices": [{"text": "ab"}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
-        absorb(&json!({"choices": [{"text": "c", "finish_reason": "stop"}]}), start, &mut g).unwrap_or_else(|e| panic!("{e}"));
+        absorb(&json!({"choices": [{"text": "ab"}]}), start, &mut g)
+            .unwrap_or_else(|e| panic!("{e}"));
+        absorb(
+            &json!({"choices": [{"text": "c", "finish_reason": "stop"}]}),
+            start,
+            &mut g,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let usage = json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
             "approxy": {"draft_tokens": 2, "target_tokens": 1, "target_calls": 1, "target_input_tokens": 7,
                         "target_cacheable_input_tokens": 0, "bailed_out": false, "mode": "approximate"}}});

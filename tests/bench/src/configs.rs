@@ -48,7 +48,6 @@ impl Config {
             (Route::LlamaSpeculative, _) => "target",
         }
     }
-
 }
 
 /// The configuration list for the resolved levels.
@@ -65,10 +64,19 @@ pub fn configs(levels: &[Level]) -> Vec<Config> {
     }];
     for (family, verifier) in [('b', "learned"), ('c', "confidence")] {
         for l in levels {
-            let Some(o) = (if verifier == "learned" { l.learned } else { l.confidence }) else { continue };
+            let Some(o) = (if verifier == "learned" {
+                l.learned
+            } else {
+                l.confidence
+            }) else {
+                continue;
+            };
             v.push(Config {
                 id: format!("{verifier}-{}", l.name),
-                label: format!("({family}) approxy {verifier}, {} (t={:.2})", l.name, o.threshold),
+                label: format!(
+                    "({family}) approxy {verifier}, {} (t={:.2})",
+                    l.name, o.threshold
+                ),
                 family,
                 route: Route::Approximate,
                 verifier: Some(verifier.into()),
@@ -110,7 +118,8 @@ mod tests {
 
     #[test]
     fn every_family_is_configured_and_unreachable_levels_are_not() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
         let levels = levels::resolve(&path).unwrap_or_else(|e| panic!("{e}"));
         let cs = configs(&levels);
         let mut families: Vec<char> = cs.iter().map(|c| c.family).collect();
@@ -120,6 +129,10 @@ mod tests {
         assert_eq!(cs.len(), 3 + 2 * reachable);
         assert!(cs.iter().all(|c| c.threshold.is_none_or(|t| t < 1.0)));
         let ids: std::collections::HashSet<&str> = cs.iter().map(|c| c.id.as_str()).collect();
-        assert_eq!(ids.len(), cs.len(), "ids name result files, so they are unique");
+        assert_eq!(
+            ids.len(),
+            cs.len(),
+            "ids name result files, so they are unique"
+        );
     }
 }

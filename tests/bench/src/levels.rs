@@ -37,23 +37,37 @@ pub fn resolve(calibration: &Path) -> anyhow::Result<Vec<Level>> {
         "{}: no learned and confidence grids (written by `approxy train fit`)",
         calibration.display()
     );
-    Ok(resolve_grid(&c.learned_thresholds, &c.confidence_thresholds))
+    Ok(resolve_grid(
+        &c.learned_thresholds,
+        &c.confidence_thresholds,
+    ))
 }
 
-fn resolve_grid(learned_grid: &[CalibrationPoint], confidence_grid: &[CalibrationPoint]) -> Vec<Level> {
+fn resolve_grid(
+    learned_grid: &[CalibrationPoint],
+    confidence_grid: &[CalibrationPoint],
+) -> Vec<Level> {
     LEVELS
         .iter()
         .map(|&(name, max_far)| {
             let learned = pick(learned_grid.iter().filter(|p| p.threshold < 1.0), max_far);
             let confidence = learned.and_then(|l| {
-                confidence_grid.iter().filter(|p| p.threshold < 1.0).min_by(|a, b| {
-                    let da = (a.accept_rate - l.accept_rate).abs();
-                    let db = (b.accept_rate - l.accept_rate).abs();
-                    // On a tie the stricter (higher) threshold.
-                    da.total_cmp(&db).then(b.threshold.total_cmp(&a.threshold))
-                })
+                confidence_grid
+                    .iter()
+                    .filter(|p| p.threshold < 1.0)
+                    .min_by(|a, b| {
+                        let da = (a.accept_rate - l.accept_rate).abs();
+                        let db = (b.accept_rate - l.accept_rate).abs();
+                        // On a tie the stricter (higher) threshold.
+                        da.total_cmp(&db).then(b.threshold.total_cmp(&a.threshold))
+                    })
             });
-            Level { name: name.to_string(), max_false_accept_rate: max_far, learned: learned.copied(), confidence: confidence.copied() }
+            Level {
+                name: name.to_string(),
+                max_false_accept_rate: max_far,
+                learned: learned.copied(),
+                confidence: confidence.copied(),
+            }
         })
         .collect()
 }
@@ -63,13 +77,28 @@ mod tests {
     use super::*;
 
     fn gp(threshold: f32, accept_rate: f32, false_accept_rate: f32) -> CalibrationPoint {
-        CalibrationPoint { threshold, accept_rate, false_accept_rate, target_calls_per_100_tokens: 0.0 }
+        CalibrationPoint {
+            threshold,
+            accept_rate,
+            false_accept_rate,
+            target_calls_per_100_tokens: 0.0,
+        }
     }
 
     #[test]
     fn levels_pick_cheapest_learned_and_matching_baseline() {
-        let learned = [gp(0.5, 0.8, 0.12), gp(0.6, 0.7, 0.08), gp(0.8, 0.55, 0.04), gp(1.0, 0.0, 0.0)];
-        let confidence = [gp(0.5, 0.72, 0.1), gp(0.6, 0.6, 0.05), gp(0.7, 0.52, 0.03), gp(1.0, 0.0, 0.0)];
+        let learned = [
+            gp(0.5, 0.8, 0.12),
+            gp(0.6, 0.7, 0.08),
+            gp(0.8, 0.55, 0.04),
+            gp(1.0, 0.0, 0.0),
+        ];
+        let confidence = [
+            gp(0.5, 0.72, 0.1),
+            gp(0.6, 0.6, 0.05),
+            gp(0.7, 0.52, 0.03),
+            gp(1.0, 0.0, 0.0),
+        ];
         let l = resolve_grid(&learned, &confidence);
         let t = |o: Option<CalibrationPoint>| o.map(|o| o.threshold);
         assert_eq!(l[0].name, "economy");
@@ -84,10 +113,14 @@ mod tests {
 
     #[test]
     fn committed_calibration_resolves() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier/calibration.json");
         let l = resolve(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(l.len(), 3);
-        let ts: Vec<f32> = l.iter().filter_map(|x| x.learned.map(|o| o.threshold)).collect();
+        let ts: Vec<f32> = l
+            .iter()
+            .filter_map(|x| x.learned.map(|o| o.threshold))
+            .collect();
         assert!(!ts.is_empty());
         assert!(ts.windows(2).all(|w| w[0] <= w[1]));
     }

@@ -13,10 +13,10 @@
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
 
-pub mod draft;
 mod chart;
 mod client;
 pub mod configs;
+pub mod draft;
 mod humaneval;
 mod levels;
 pub mod overhead;

@@ -93,12 +93,24 @@ pub struct OverheadReport {
 const STUB_BODY: &str = r#"{"id":"chatcmpl-stub","object":"chat.completion","created":1700000000,"model":"stub","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}"#;
 
 /// The request every run sends.
-const REQUEST_BODY: &str = r#"{"model":"stub","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
+const REQUEST_BODY: &str =
+    r#"{"model":"stub","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
 
 async fn start_stub() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     let app = Router::new()
-        .route("/v1/chat/completions", post(|| async { ([("content-type", "application/json")], STUB_BODY) }))
-        .route("/v1/models", get(|| async { ([("content-type", "application/json")], r#"{"object":"list","data":[]}"#) }))
+        .route(
+            "/v1/chat/completions",
+            post(|| async { ([("content-type", "application/json")], STUB_BODY) }),
+        )
+        .route(
+            "/v1/models",
+            get(|| async {
+                (
+                    [("content-type", "application/json")],
+                    r#"{"object":"list","data":[]}"#,
+                )
+            }),
+        )
         .route("/health", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -123,7 +135,10 @@ pub fn parse_hey_csv(csv: &str, seconds: f64) -> Load {
     let mut errors = 0;
     for line in csv.lines().skip(1) {
         let cols: Vec<&str> = line.split(',').collect();
-        let (Some(t), Some(status)) = (cols.first().and_then(|s| s.parse::<f64>().ok()), cols.get(6)) else {
+        let (Some(t), Some(status)) = (
+            cols.first().and_then(|s| s.parse::<f64>().ok()),
+            cols.get(6),
+        ) else {
             continue;
         };
         if status.trim() == "200" {
@@ -156,31 +171,109 @@ async fn pin_self() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-async fn hey(bin: &Path, url: &str, rate: u32, seconds: u32, connections: u32, body: &Path, pinned: bool) -> anyhow::Result<Load> {
+async fn hey(
+    bin: &Path,
+    url: &str,
+    rate: u32,
+    seconds: u32,
+    connections: u32,
+    body: &Path,
+    pinned: bool,
+) -> anyhow::Result<Load> {
     let mut cmd = servers::command(bin, pinned.then_some(LOAD_CORE));
-    cmd.args(["-z", &format!("{seconds}s"), "-c", &connections.to_string(), "-m", "POST", "-T", "application/json", "-o", "csv", "-t", "10"]);
+    cmd.args([
+        "-z",
+        &format!("{seconds}s"),
+        "-c",
+        &connections.to_string(),
+        "-m",
+        "POST",
+        "-T",
+        "application/json",
+        "-o",
+        "csv",
+        "-t",
+        "10",
+    ]);
     if rate > 0 {
         // hey's rate is per worker.
-        cmd.args(["-q", &format!("{}", f64::from(rate) / f64::from(connections))]);
+        cmd.args([
+            "-q",
+            &format!("{}", f64::from(rate) / f64::from(connections)),
+        ]);
     }
     cmd.arg("-D").arg(body).arg(url);
-    let out = cmd.kill_on_drop(true).output().await.with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(out.status.success(), "hey failed: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(parse_hey_csv(&String::from_utf8_lossy(&out.stdout), f64::from(seconds)))
+    let out = cmd
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "hey failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(parse_hey_csv(
+        &String::from_utf8_lossy(&out.stdout),
+        f64::from(seconds),
+    ))
 }
 
-async fn both(bin: &Path, direct: &str, gateway: &str, rate: u32, opts: &OverheadOptions, body: &Path, pinned: bool) -> anyhow::Result<RateRun> {
-    let d = hey(bin, direct, rate, opts.seconds, opts.connections, body, pinned).await?;
-    let g = hey(bin, gateway, rate, opts.seconds, opts.connections, body, pinned).await?;
-    tracing::info!(rate, direct_p99_ms = d.p99_ms, gateway_p99_ms = g.p99_ms, gateway_rps = g.achieved_rps, errors = g.errors, "rate done");
-    Ok(RateRun { rate, added_p50_ms: g.p50_ms - d.p50_ms, added_p99_ms: g.p99_ms - d.p99_ms, direct: d, gateway: g })
+async fn both(
+    bin: &Path,
+    direct: &str,
+    gateway: &str,
+    rate: u32,
+    opts: &OverheadOptions,
+    body: &Path,
+    pinned: bool,
+) -> anyhow::Result<RateRun> {
+    let d = hey(
+        bin,
+        direct,
+        rate,
+        opts.seconds,
+        opts.connections,
+        body,
+        pinned,
+    )
+    .await?;
+    let g = hey(
+        bin,
+        gateway,
+        rate,
+        opts.seconds,
+        opts.connections,
+        body,
+        pinned,
+    )
+    .await?;
+    tracing::info!(
+        rate,
+        direct_p99_ms = d.p99_ms,
+        gateway_p99_ms = g.p99_ms,
+        gateway_rps = g.achieved_rps,
+        errors = g.errors,
+        "rate done"
+    );
+    Ok(RateRun {
+        rate,
+        added_p50_ms: g.p50_ms - d.p50_ms,
+        added_p99_ms: g.p99_ms - d.p99_ms,
+        direct: d,
+        gateway: g,
+    })
 }
 
 /// Runs the benchmark; writes `overhead.json` and `overhead.md` under `out`.
 pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
     let bin = home.hey();
-    anyhow::ensure!(bin.exists(), "{} is missing: run `approxy setup`", bin.display());
+    anyhow::ensure!(
+        bin.exists(),
+        "{} is missing: run `approxy setup`",
+        bin.display()
+    );
     let exe = std::env::current_exe()?;
     let work = home.work("bench-overhead");
     std::fs::create_dir_all(&work)?;
@@ -189,11 +282,21 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     // Read before pinning: afterwards this process sees one core.
     let machine = Machine::read();
     let pinned = machine.cores >= 2 && pin_self().await;
-    let layout = if pinned { Layout::Pinned } else { Layout::Shared };
+    let layout = if pinned {
+        Layout::Pinned
+    } else {
+        Layout::Shared
+    };
     let (stub, stub_task) = start_stub().await?;
     let policy = work.join("policy.toml");
     std::fs::write(&policy, passthrough_policy(&stub))?;
-    let gateway = servers::start_gateway(&exe, &policy, layout, &home.log("bench").with_extension("d")).await?;
+    let gateway = servers::start_gateway(
+        &exe,
+        &policy,
+        layout,
+        &home.log("bench").with_extension("d"),
+    )
+    .await?;
     let pid = gateway.pid().context("gateway has no pid")?;
     let rss_after_start = servers::rss_bytes(pid).unwrap_or(0);
     let direct_url = format!("{stub}/v1/chat/completions");
@@ -224,8 +327,14 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
         peak_rss_mib: mib(peak),
     };
     std::fs::create_dir_all(&opts.out)?;
-    std::fs::write(opts.out.join("overhead.json"), serde_json::to_vec_pretty(&report)?)?;
-    std::fs::write(opts.out.join("overhead.md"), super::report::overhead_markdown(&report))?;
+    std::fs::write(
+        opts.out.join("overhead.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    std::fs::write(
+        opts.out.join("overhead.md"),
+        super::report::overhead_markdown(&report),
+    )?;
     println!("{}", opts.out.join("overhead.md").display());
     Ok(())
 }
@@ -236,7 +345,9 @@ mod tests {
 
     #[test]
     fn hey_csv_counts_errors_and_quantiles() {
-        let mut csv = String::from("response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset\n");
+        let mut csv = String::from(
+            "response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset\n",
+        );
         for i in 1..=100 {
             csv.push_str(&format!("{:.4},0,0,0,0,0,200,{i}\n", f64::from(i) / 1000.0));
         }

@@ -26,10 +26,12 @@ use super::client::{self, Ask};
 use super::humaneval::{self, Sandbox, Verdict};
 use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
-use approxy_gateway::policy::raw::{RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget};
-use approxy_verifier::Correction;
+use approxy_gateway::policy::raw::{
+    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
+};
 use approxy_gateway::policy::{ModelPolicy, Policy, Price};
 use approxy_setup::Home;
+use approxy_verifier::Correction;
 
 pub use super::configs::{Config, Route, configs};
 pub use super::summary::{ConfigRun, ProblemRun, Summary, summarize};
@@ -137,10 +139,17 @@ pub struct RunSummary {
 
 fn raw_correction(c: Correction) -> RawCorrection {
     match c {
-        Correction::Fixed { tokens } => RawCorrection { mode: "fixed".into(), tokens: Some(tokens), ..RawCorrection::default() },
-        Correction::Span { max_span, resync } => {
-            RawCorrection { mode: "span".into(), max_span: Some(max_span), resync: Some(resync), ..RawCorrection::default() }
-        }
+        Correction::Fixed { tokens } => RawCorrection {
+            mode: "fixed".into(),
+            tokens: Some(tokens),
+            ..RawCorrection::default()
+        },
+        Correction::Span { max_span, resync } => RawCorrection {
+            mode: "span".into(),
+            max_span: Some(max_span),
+            resync: Some(resync),
+            ..RawCorrection::default()
+        },
     }
 }
 
@@ -150,12 +159,19 @@ pub fn correction_words(c: Correction) -> String {
         Correction::Fixed { tokens: 1 } => "1 target token per rejection".into(),
         Correction::Fixed { tokens } => format!("{tokens} target tokens per rejection"),
         Correction::Span { max_span, resync } => {
-            format!("a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row")
+            format!(
+                "a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row"
+            )
         }
     }
 }
 
-fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPolicy) -> anyhow::Result<String> {
+fn bench_policy(
+    target_url: &str,
+    layout: Layout,
+    learned: &Path,
+    base: &ModelPolicy,
+) -> anyhow::Result<String> {
     let approx = |verifier: String| RawModel {
         mode: "approximate".into(),
         verifier: Some(verifier),
@@ -163,8 +179,15 @@ fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPo
         correction: Some(raw_correction(base.correction)),
         max_cost_ratio: Some(base.max_cost_ratio),
         threshold_override: Some([0.0, 1.0]),
-        bailout: base.bailout.map(|b| RawBailout { window: b.window, max_rejection_rate: b.max_rejection_rate }),
-        price: Some(RawPrice { input: base.price.input, cached_input: base.price.cached_input, output: base.price.output }),
+        bailout: base.bailout.map(|b| RawBailout {
+            window: b.window,
+            max_rejection_rate: b.max_rejection_rate,
+        }),
+        price: Some(RawPrice {
+            input: base.price.input,
+            cached_input: base.price.cached_input,
+            output: base.price.output,
+        }),
         ..RawModel::default()
     };
     let policy = RawPolicy {
@@ -179,17 +202,39 @@ fn bench_policy(target_url: &str, layout: Layout, learned: &Path, base: &ModelPo
             backoff: Some("200ms".into()),
             ..RawTarget::default()
         },
-        gateway: RawGateway { auth: Some("none".into()), max_concurrent_requests: Some(4), request_timeout: Some("900s".into()), ..RawGateway::default() },
-        draft: RawDraft { workers: Some(1), threads_per_worker: Some(layout.draft_threads()), spin_wait: Some(false), ..RawDraft::default() },
+        gateway: RawGateway {
+            auth: Some("none".into()),
+            max_concurrent_requests: Some(4),
+            request_timeout: Some("900s".into()),
+            ..RawGateway::default()
+        },
+        draft: RawDraft {
+            workers: Some(1),
+            threads_per_worker: Some(layout.draft_threads()),
+            spin_wait: Some(false),
+            ..RawDraft::default()
+        },
         models: [
-            ("bench-passthrough".to_string(), RawModel { mode: "passthrough".into(), ..RawModel::default() }),
-            ("bench-learned".to_string(), approx(learned.display().to_string())),
+            (
+                "bench-passthrough".to_string(),
+                RawModel {
+                    mode: "passthrough".into(),
+                    ..RawModel::default()
+                },
+            ),
+            (
+                "bench-learned".to_string(),
+                approx(learned.display().to_string()),
+            ),
             ("bench-confidence".to_string(), approx("confidence".into())),
         ]
         .into_iter()
         .collect(),
     };
-    Ok(format!("# Written by `approxy bench quality`.\n{}", toml::to_string(&policy)?))
+    Ok(format!(
+        "# Written by `approxy bench quality`.\n{}",
+        toml::to_string(&policy)?
+    ))
 }
 
 struct Ctx<'a> {
@@ -201,7 +246,12 @@ struct Ctx<'a> {
     scratch: PathBuf,
 }
 
-async fn run_config(ctx: &Ctx<'_>, url: &str, layout: Layout, c: &Config) -> anyhow::Result<ConfigRun> {
+async fn run_config(
+    ctx: &Ctx<'_>,
+    url: &str,
+    layout: Layout,
+    c: &Config,
+) -> anyhow::Result<ConfigRun> {
     let completions = format!("{url}/v1/completions");
     let mut gens = Vec::with_capacity(ctx.problems.len());
     for (i, p) in ctx.problems.iter().enumerate() {
@@ -222,27 +272,37 @@ async fn run_config(ctx: &Ctx<'_>, url: &str, layout: Layout, c: &Config) -> any
         gens.push(g);
     }
     // Tests run after all generations: they must not compete with the timed part.
-    let verdicts: Vec<Verdict> = futures::stream::iter(ctx.problems.iter().zip(&gens).map(|(p, g)| async move {
-        if g.error.is_some() {
-            return Ok(Verdict::Failed);
-        }
-        humaneval::check(ctx.sandbox, p, &g.text, &ctx.scratch, ctx.opts.exec_timeout).await
-    }))
-    .buffered(2)
-    .collect::<Vec<anyhow::Result<Verdict>>>()
-    .await
-    .into_iter()
-    .collect::<anyhow::Result<_>>()?;
+    let verdicts: Vec<Verdict> =
+        futures::stream::iter(ctx.problems.iter().zip(&gens).map(|(p, g)| async move {
+            if g.error.is_some() {
+                return Ok(Verdict::Failed);
+            }
+            humaneval::check(ctx.sandbox, p, &g.text, &ctx.scratch, ctx.opts.exec_timeout).await
+        }))
+        .buffered(2)
+        .collect::<Vec<anyhow::Result<Verdict>>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
     let problems: Vec<ProblemRun> = ctx
         .problems
         .iter()
         .zip(gens)
         .zip(verdicts)
-        .map(|((p, generation), verdict)| ProblemRun { task_id: p.task_id.clone(), verdict, generation })
+        .map(|((p, generation), verdict)| ProblemRun {
+            task_id: p.task_id.clone(),
+            verdict,
+            generation,
+        })
         .collect();
     let summary = summarize(c.route, &problems, &ctx.price);
     tracing::info!(layout = layout.name(), config = %c.id, pass_at_1 = summary.pass_at_1, tok_s = format!("{:.2}", summary.tokens_per_second), "configuration done");
-    Ok(ConfigRun { layout: layout.name().into(), config: c.clone(), summary, problems })
+    Ok(ConfigRun {
+        layout: layout.name().into(),
+        config: c.clone(),
+        summary,
+        problems,
+    })
 }
 
 fn raw_path(out: &Path, layout: Layout, id: &str) -> PathBuf {
@@ -252,7 +312,12 @@ fn raw_path(out: &Path, layout: Layout, id: &str) -> PathBuf {
 /// A saved run, when it covers exactly `problems` (a rerun over another sample starts over).
 fn load_saved(path: &Path, problems: &[HumanEvalProblem]) -> Option<ConfigRun> {
     let run: ConfigRun = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    let same = run.problems.len() == problems.len() && run.problems.iter().zip(problems).all(|(r, p)| r.task_id == p.task_id);
+    let same = run.problems.len() == problems.len()
+        && run
+            .problems
+            .iter()
+            .zip(problems)
+            .all(|(r, p)| r.task_id == p.task_id);
     same.then_some(run)
 }
 
@@ -267,7 +332,15 @@ fn save(path: &Path, run: &ConfigRun) -> anyhow::Result<()> {
 /// One quick request per model so weights are paged in before anything is timed.
 async fn warm_up(http: &reqwest::Client, url: &str, models: &[&str]) {
     for m in models {
-        let ask = Ask { url: &format!("{url}/v1/completions"), model: m, prompt: "def add(a, b):\n", max_tokens: 8, stop: &[], threshold: None, timeout: Duration::from_secs(300) };
+        let ask = Ask {
+            url: &format!("{url}/v1/completions"),
+            model: m,
+            prompt: "def add(a, b):\n",
+            max_tokens: 8,
+            stop: &[],
+            threshold: None,
+            timeout: Duration::from_secs(300),
+        };
         let g = client::complete(http, &ask).await;
         if let Some(e) = g.error {
             tracing::warn!(model = m, error = %e, "warm-up failed");
@@ -283,48 +356,91 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     let total = all.len();
     let problems = humaneval::sample(all, opts.problems);
     let levels = levels::resolve(&opts.calibration)?;
-    let base = Policy::load(&opts.base_policy).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.problems.join("; ")))?;
-    let base_model = base.models.get("*").ok_or_else(|| anyhow::anyhow!("{} has no \"*\" model entry", opts.base_policy.display()))?.clone();
-    let learned = std::fs::canonicalize(&opts.learned).with_context(|| format!("{}", opts.learned.display()))?;
+    let base = Policy::load(&opts.base_policy)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.problems.join("; ")))?;
+    let base_model = base
+        .models
+        .get("*")
+        .ok_or_else(|| anyhow::anyhow!("{} has no \"*\" model entry", opts.base_policy.display()))?
+        .clone();
+    let learned = std::fs::canonicalize(&opts.learned)
+        .with_context(|| format!("{}", opts.learned.display()))?;
     let sandbox = Sandbox::detect().await;
     if matches!(sandbox, Sandbox::SubprocessOnly) {
-        tracing::warn!("`unshare -rn` is refused here: generated code runs without network isolation (timeout only)");
+        tracing::warn!(
+            "`unshare -rn` is refused here: generated code runs without network isolation (timeout only)"
+        );
     }
     let logs = home.log("bench").with_extension("d");
     let scratch = home.work("bench-exec");
     // Idle connections are dropped before the servers' own 5 s keep-alive closes them: a request
     // sent on a connection the server has just closed fails with nothing sent back (two such
     // failures in a llama.cpp speculative run called directly, 2026-11-22).
-    let http = reqwest::Client::builder().pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT).build()?;
-    let ctx = Ctx { http, problems: &problems, opts, sandbox, price: base_model.price, scratch };
+    let http = reqwest::Client::builder()
+        .pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT)
+        .build()?;
+    let ctx = Ctx {
+        http,
+        problems: &problems,
+        opts,
+        sandbox,
+        price: base_model.price,
+        scratch,
+    };
     let all_configs = configs(&levels);
-    let wanted: Vec<&Config> = all_configs.iter().filter(|c| opts.only.is_empty() || opts.only.contains(&c.id)).collect();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let wanted: Vec<&Config> = all_configs
+        .iter()
+        .filter(|c| opts.only.is_empty() || opts.only.contains(&c.id))
+        .collect();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
 
     let mut runs: Vec<ConfigRun> = Vec::new();
     for &layout in &opts.layouts {
         if cores < layout.cores_needed() {
-            tracing::warn!(layout = layout.name(), cores, "not enough cores for this layout; skipped");
+            tracing::warn!(
+                layout = layout.name(),
+                cores,
+                "not enough cores for this layout; skipped"
+            );
             continue;
         }
         let mut done: HashMap<String, ConfigRun> = HashMap::new();
         let mut todo: Vec<&Config> = Vec::new();
         for c in &wanted {
-            match (!opts.fresh).then(|| load_saved(&raw_path(&opts.out, layout, &c.id), &problems)).flatten() {
+            match (!opts.fresh)
+                .then(|| load_saved(&raw_path(&opts.out, layout, &c.id), &problems))
+                .flatten()
+            {
                 Some(r) => {
                     done.insert(c.id.clone(), r);
                 }
                 None => todo.push(c),
             }
         }
-        let via_gateway: Vec<&Config> = todo.iter().copied().filter(|c| c.route != Route::LlamaSpeculative).collect();
+        let via_gateway: Vec<&Config> = todo
+            .iter()
+            .copied()
+            .filter(|c| c.route != Route::LlamaSpeculative)
+            .collect();
         if !via_gateway.is_empty() {
             let target = servers::start_llama(&home, layout, false, &logs).await?;
-            let policy_path = home.work("bench").join(format!("policy-{}.toml", layout.name()));
+            let policy_path = home
+                .work("bench")
+                .join(format!("policy-{}.toml", layout.name()));
             std::fs::create_dir_all(home.work("bench"))?;
-            std::fs::write(&policy_path, bench_policy(&target.url, layout, &learned, &base_model)?)?;
+            std::fs::write(
+                &policy_path,
+                bench_policy(&target.url, layout, &learned, &base_model)?,
+            )?;
             let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
-            warm_up(&ctx.http, &gateway.url, &["bench-passthrough", "bench-confidence"]).await;
+            warm_up(
+                &ctx.http,
+                &gateway.url,
+                &["bench-passthrough", "bench-confidence"],
+            )
+            .await;
             for c in via_gateway {
                 let run = run_config(&ctx, &gateway.url, layout, c).await?;
                 save(&raw_path(&opts.out, layout, &c.id), &run)?;
@@ -358,7 +474,11 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
         sandbox,
         exec_timeout_secs: opts.exec_timeout.as_secs_f64(),
         levels,
-        price: PriceTable { input: ctx.price.input, cached_input: ctx.price.cached_input, output: ctx.price.output },
+        price: PriceTable {
+            input: ctx.price.input,
+            cached_input: ctx.price.cached_input,
+            output: ctx.price.output,
+        },
         approxy_settings: ApproxySettings {
             correction: correction_words(base_model.correction),
             correction_tokens: None,
@@ -367,13 +487,29 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
             bailout_max_rejection_rate: base_model.bailout.as_ref().map(|b| b.max_rejection_rate),
             from: opts.base_policy.clone(),
         },
-        llama_speculative_args: servers::LLAMA_SPEC_ARGS.iter().map(|s| s.to_string()).collect(),
+        llama_speculative_args: servers::LLAMA_SPEC_ARGS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         // Summaries are derived data: recomputed from the saved per-problem records.
-        runs: runs.into_iter().map(|r| RunSummary { summary: summarize(r.config.route, &r.problems, &ctx.price), layout: r.layout, config: r.config }).collect(),
+        runs: runs
+            .into_iter()
+            .map(|r| RunSummary {
+                summary: summarize(r.config.route, &r.problems, &ctx.price),
+                layout: r.layout,
+                config: r.config,
+            })
+            .collect(),
     };
     std::fs::create_dir_all(&opts.out)?;
-    std::fs::write(opts.out.join("quality.json"), serde_json::to_vec_pretty(&report)?)?;
-    std::fs::write(opts.out.join("quality.md"), super::report::quality_markdown(&report))?;
+    std::fs::write(
+        opts.out.join("quality.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    std::fs::write(
+        opts.out.join("quality.md"),
+        super::report::quality_markdown(&report),
+    )?;
     if let Err(e) = super::chart::pareto(&opts.out.join("quality.png"), &report) {
         tracing::warn!(error = %e, "chart not drawn");
     }
@@ -389,15 +525,26 @@ mod tests {
     fn the_bench_policy_is_a_valid_policy_with_the_base_settings() -> anyhow::Result<()> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
         let base = Policy::load(&root.join("default.toml"))?;
-        let base_model = base.model("*").cloned().ok_or_else(|| anyhow::anyhow!("no \"*\" entry"))?;
+        let base_model = base
+            .model("*")
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no \"*\" entry"))?;
         let learned = root.join("verifier/default.json");
         let text = bench_policy("http://127.0.0.1:9", Layout::Pinned, &learned, &base_model)?;
         let p = Policy::parse(&text, &root.join("bench.toml"))?;
-        let m = p.model("bench-learned").ok_or_else(|| anyhow::anyhow!("no bench-learned"))?;
-        assert_eq!((m.correction, m.bailout, m.price), (base_model.correction, base_model.bailout, base_model.price));
+        let m = p
+            .model("bench-learned")
+            .ok_or_else(|| anyhow::anyhow!("no bench-learned"))?;
+        assert_eq!(
+            (m.correction, m.bailout, m.price),
+            (base_model.correction, base_model.bailout, base_model.price)
+        );
         assert_eq!(m.max_cost_ratio, base_model.max_cost_ratio);
         assert_eq!(p.draft.threads_per_worker, Layout::Pinned.draft_threads());
-        assert!(p.model("bench-passthrough").is_some_and(|m| m.mode == approxy_gateway::policy::Mode::Passthrough));
+        assert!(
+            p.model("bench-passthrough")
+                .is_some_and(|m| m.mode == approxy_gateway::policy::Mode::Passthrough)
+        );
         Ok(())
     }
 }

@@ -37,20 +37,35 @@ impl Machine {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|s| s.parse().ok())
             .unwrap_or(0.0);
-        Self { cpu, cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), memory_gib: kb / 1024.0 / 1024.0 }
+        Self {
+            cpu,
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0),
+            memory_gib: kb / 1024.0 / 1024.0,
+        }
     }
 
     fn line(&self) -> String {
-        format!("{} cores of {}, {:.0} GiB, no GPU", self.cores, self.cpu, self.memory_gib)
+        format!(
+            "{} cores of {}, {:.0} GiB, no GPU",
+            self.cores, self.cpu, self.memory_gib
+        )
     }
 }
 
 /// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
     let rem = secs % 86_400;
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's algorithm).
@@ -69,7 +84,11 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 /// Cost of a run scaled to 1,000 problems, in USD.
 pub fn per_1k(usd: f64, problems: usize) -> f64 {
-    if problems == 0 { 0.0 } else { usd * 1000.0 / problems as f64 }
+    if problems == 0 {
+        0.0
+    } else {
+        usd * 1000.0 / problems as f64
+    }
 }
 
 fn layout_note(layout: &str) -> &'static str {
@@ -132,19 +151,37 @@ pub fn quality_markdown(r: &QualityReport) -> String {
                 per_1k(m.cost_usd_cached, m.problems),
             ));
         }
-        let minutes: f64 = rows.iter().map(|x| x.summary.generation_seconds).sum::<f64>() / 60.0;
-        s.push_str(&format!("\nGeneration time for these {} configurations: {minutes:.0} min.\n\n", rows.len()));
+        let minutes: f64 = rows
+            .iter()
+            .map(|x| x.summary.generation_seconds)
+            .sum::<f64>()
+            / 60.0;
+        s.push_str(&format!(
+            "\nGeneration time for these {} configurations: {minutes:.0} min.\n\n",
+            rows.len()
+        ));
         s.push_str(&goals(&rows));
     }
     s.push_str("#### Levels\n\nThe calibration (`policies/verifier/calibration.json`) names the thresholds; the confidence baseline runs at the accept rate the learned verifier has.\n\n");
     s.push_str("| level | max false-accept rate | learned threshold | learned accept / FAR | confidence threshold | confidence accept / FAR |\n|---|---|---|---|---|---|\n");
     let cell = |o: Option<approxy_verifier::calibration::CalibrationPoint>| {
-        o.map_or_else(|| ("unreachable".to_string(), "–".to_string()), |o| (format!("{:.2}", o.threshold), format!("{:.3} / {:.3}", o.accept_rate, o.false_accept_rate)))
+        o.map_or_else(
+            || ("unreachable".to_string(), "–".to_string()),
+            |o| {
+                (
+                    format!("{:.2}", o.threshold),
+                    format!("{:.3} / {:.3}", o.accept_rate, o.false_accept_rate),
+                )
+            },
+        )
     };
     for l in &r.levels {
         let (lt, la) = cell(l.learned);
         let (ct, ca) = cell(l.confidence);
-        s.push_str(&format!("| {} | {:.2} | {lt} | {la} | {ct} | {ca} |\n", l.name, l.max_false_accept_rate));
+        s.push_str(&format!(
+            "| {} | {:.2} | {lt} | {la} | {ct} | {ca} |\n",
+            l.name, l.max_false_accept_rate
+        ));
     }
     for l in r.levels.iter().filter(|l| l.learned.is_none()) {
         s.push_str(&format!(
@@ -184,12 +221,16 @@ fn goals(rows: &[&RunSummary]) -> String {
     let (Some(target), spec) = (find("target-only"), find("llama-speculative")) else {
         return String::new();
     };
-    let mut s = String::from("Goals (pass@1 within 2 points of target only while the target generates at most 10 % of output tokens; output tok/s at least 2x target only and 2x llama.cpp speculative):\n\n");
+    let mut s = String::from(
+        "Goals (pass@1 within 2 points of target only while the target generates at most 10 % of output tokens; output tok/s at least 2x target only and 2x llama.cpp speculative):\n\n",
+    );
     for x in rows.iter().filter(|x| x.config.route == Route::Approximate) {
         let m = &x.summary;
         let quality = m.pass_at_1 >= target.pass_at_1 - 2.0 && m.target_tokens_per_100 <= 10.0;
         let vs_target = m.tokens_per_second / target.tokens_per_second.max(1e-9);
-        let vs_spec = spec.map_or(f64::NAN, |sp| m.tokens_per_second / sp.tokens_per_second.max(1e-9));
+        let vs_spec = spec.map_or(f64::NAN, |sp| {
+            m.tokens_per_second / sp.tokens_per_second.max(1e-9)
+        });
         s.push_str(&format!(
             "- {}: pass@1 {:+.1} points, target generated {:.1} % → quality goal {}; speed {:.2}x target only, {:.2}x llama.cpp speculative → speed goal {}\n",
             x.config.id,
@@ -202,7 +243,10 @@ fn goals(rows: &[&RunSummary]) -> String {
         ));
     }
     if let Some(a) = spec.and_then(|sp| sp.llama_draft_acceptance) {
-        s.push_str(&format!("- llama.cpp's own draft acceptance: {:.1} %\n", 100.0 * a));
+        s.push_str(&format!(
+            "- llama.cpp's own draft acceptance: {:.1} %\n",
+            100.0 * a
+        ));
     }
     s.push('\n');
     s
@@ -240,14 +284,19 @@ pub fn overhead_markdown(r: &OverheadReport) -> String {
     if let Some(x) = at_1000 {
         s.push_str(&format!(
             "\nGoal (added p99 under 1 ms at 1,000 req/s): {} ({:.3} ms).\n",
-            if x.added_p99_ms < 1.0 && x.gateway.errors == 0 { "met" } else { "not met" },
+            if x.added_p99_ms < 1.0 && x.gateway.errors == 0 {
+                "met"
+            } else {
+                "not met"
+            },
             x.added_p99_ms
         ));
     }
     s
 }
 
-const BEGIN: &str = "<!-- bench-results:begin (generated by `approxy bench report`; do not edit) -->";
+const BEGIN: &str =
+    "<!-- bench-results:begin (generated by `approxy bench report`; do not edit) -->";
 const END: &str = "<!-- bench-results:end -->";
 
 /// Rewrites the README's results section from the reports under `out`.
@@ -256,9 +305,13 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
     match std::fs::read(out.join("quality.json")) {
         Ok(b) => {
             let q: QualityReport = serde_json::from_slice(&b).context("quality.json")?;
-            section.push_str("### Quality, speed and cost on HumanEval (`approxy bench quality`)\n\n");
+            section
+                .push_str("### Quality, speed and cost on HumanEval (`approxy bench quality`)\n\n");
             section.push_str(&quality_markdown(&q));
-            section.push_str(&format!("\n![pass@1 against cost, Pareto front marked]({}/quality.png)\n\n", rel(out)));
+            section.push_str(&format!(
+                "\n![pass@1 against cost, Pareto front marked]({}/quality.png)\n\n",
+                rel(out)
+            ));
         }
         Err(_) => section.push_str("No quality results yet: run `./deploy/bench.sh`.\n\n"),
     }
@@ -283,7 +336,10 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
 /// `out` as the README links it (relative to the repository root when it is inside it).
 fn rel(out: &Path) -> String {
     let s = out.display().to_string();
-    std::env::current_dir().ok().and_then(|cwd| out.strip_prefix(cwd).ok().map(|p| p.display().to_string())).unwrap_or(s)
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| out.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+        .unwrap_or(s)
 }
 
 #[cfg(test)]
@@ -301,7 +357,8 @@ mod tests {
     fn readme_block_is_replaced_in_place() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let readme = dir.path().join("README.md");
-        std::fs::write(&readme, format!("# x\n\n{BEGIN}\nold\n{END}\n\nafter\n")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&readme, format!("# x\n\n{BEGIN}\nold\n{END}\n\nafter\n"))
+            .unwrap_or_else(|e| panic!("{e}"));
         update_readme(dir.path(), &readme).unwrap_or_else(|e| panic!("{e}"));
         let t = std::fs::read_to_string(&readme).unwrap_or_else(|e| panic!("{e}"));
         assert!(!t.contains("old"));

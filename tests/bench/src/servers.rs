@@ -83,24 +83,56 @@ pub fn command(program: &Path, cpus: Option<&str>) -> Command {
     }
 }
 
-async fn spawn(cmd: Command, url: String, log: PathBuf, ready_path: &str) -> anyhow::Result<Server> {
+async fn spawn(
+    cmd: Command,
+    url: String,
+    log: PathBuf,
+    ready_path: &str,
+) -> anyhow::Result<Server> {
     let mut server = Server::start(cmd, url, log)?;
     // Loading a model and (for the gateway) the draft takes seconds; a cold page cache more.
-    server.wait_healthy(ready_path, Duration::from_secs(300)).await?;
+    server
+        .wait_healthy(ready_path, Duration::from_secs(300))
+        .await?;
     Ok(server)
 }
 
 /// llama.cpp's speculative decoding settings the benchmark compares against (FACTS.md).
-pub const LLAMA_SPEC_ARGS: [&str; 6] = ["--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.5"];
+pub const LLAMA_SPEC_ARGS: [&str; 6] = [
+    "--spec-type",
+    "draft-simple",
+    "--spec-draft-n-max",
+    "8",
+    "--spec-draft-p-min",
+    "0.5",
+];
 
 /// Starts llama-server with the target model; `speculative` adds the draft GGUF as its own
 /// speculative draft. Pinned, the target runs on core 0 and llama.cpp's draft on core 1.
-pub async fn start_llama(home: &Home, layout: Layout, speculative: bool, logs: &Path) -> anyhow::Result<Server> {
+pub async fn start_llama(
+    home: &Home,
+    layout: Layout,
+    speculative: bool,
+    logs: &Path,
+) -> anyhow::Result<Server> {
     let port = free_port()?;
     let threads = layout.target_threads().to_string();
     let mut cmd = Command::new(home.llama_server());
     cmd.arg("-m").arg(home.target_gguf());
-    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "8192", "-np", "1", "-t", &threads, "-tb", &threads]);
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-c",
+        "8192",
+        "-np",
+        "1",
+        "-t",
+        &threads,
+        "-tb",
+        &threads,
+    ]);
     if layout == Layout::Pinned {
         // llama.cpp pins its own threads: hex masks, core 0 = 0x1, core 1 = 0x2.
         cmd.args(["-C", "1", "--cpu-strict", "1"]);
@@ -113,16 +145,29 @@ pub async fn start_llama(home: &Home, layout: Layout, speculative: bool, logs: &
             cmd.args(["-Cd", "2", "--cpu-strict-draft", "1"]);
         }
     }
-    let name = if speculative { "llama-speculative" } else { "llama-target" };
+    let name = if speculative {
+        "llama-speculative"
+    } else {
+        "llama-target"
+    };
     let log = logs.join(format!("{name}-{}.log", layout.name()));
     spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
 }
 
 /// Starts `approxy serve` with `policy`; pinned, on core 1 with the draft.
-pub async fn start_gateway(exe: &Path, policy: &Path, layout: Layout, logs: &Path) -> anyhow::Result<Server> {
+pub async fn start_gateway(
+    exe: &Path,
+    policy: &Path,
+    layout: Layout,
+    logs: &Path,
+) -> anyhow::Result<Server> {
     let port = free_port()?;
     let mut cmd = command(exe, layout.draft_cpus());
-    cmd.arg("serve").arg("--policy").arg(policy).arg("--listen").arg(format!("127.0.0.1:{port}"));
+    cmd.arg("serve")
+        .arg("--policy")
+        .arg(policy)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"));
     cmd.env("RUST_LOG", "warn");
     let log = logs.join(format!("gateway-{}.log", layout.name()));
     spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
@@ -131,7 +176,9 @@ pub async fn start_gateway(exe: &Path, policy: &Path, layout: Layout, logs: &Pat
 /// A `/proc/PID/status` memory line (`VmHWM`, `VmRSS`, ...), in bytes.
 fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

@@ -83,15 +83,29 @@ pub fn summarize(route: Route, runs: &[ProblemRun], price: &Price) -> Summary {
     let seconds: f64 = gens.iter().map(|g| g.seconds).sum();
     let ttfts: Vec<f64> = gens.iter().filter_map(|g| g.ttft).collect();
     let ok: Vec<&&Generation> = gens.iter().filter(|g| g.error.is_none()).collect();
-    let per100 = |x: u64| if tokens == 0 { 0.0 } else { 100.0 * x as f64 / tokens as f64 };
+    let per100 = |x: u64| {
+        if tokens == 0 {
+            0.0
+        } else {
+            100.0 * x as f64 / tokens as f64
+        }
+    };
     let m = 1e6;
     let mut s = Summary {
         problems: n,
         passed,
-        pass_at_1: if n == 0 { 0.0 } else { 100.0 * passed as f64 / n as f64 },
+        pass_at_1: if n == 0 {
+            0.0
+        } else {
+            100.0 * passed as f64 / n as f64
+        },
         errors: n - ok.len(),
         output_tokens: tokens,
-        tokens_per_second: if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 },
+        tokens_per_second: if seconds > 0.0 {
+            tokens as f64 / seconds
+        } else {
+            0.0
+        },
         generation_seconds: seconds,
         ttft_p50: quantile(&ttfts, 0.5).unwrap_or(0.0),
         ttft_mean: mean(&ttfts).unwrap_or(0.0),
@@ -124,7 +138,10 @@ pub fn summarize(route: Route, runs: &[ProblemRun], price: &Price) -> Summary {
             s.target_cacheable_input_tokens = cacheable;
             s.bailouts = a.iter().filter(|u| u.bailed_out).count();
             s.cost_usd = (input as f64 * price.input + generated as f64 * price.output) / m;
-            s.cost_usd_cached = ((input - cacheable.min(input)) as f64 * price.input + cacheable as f64 * price.cached_input + generated as f64 * price.output) / m;
+            s.cost_usd_cached = ((input - cacheable.min(input)) as f64 * price.input
+                + cacheable as f64 * price.cached_input
+                + generated as f64 * price.output)
+                / m;
         }
     }
     s
@@ -139,14 +156,32 @@ mod tests {
         ProblemRun {
             task_id: "t".into(),
             verdict,
-            generation: Generation { completion_tokens: tokens, prompt_tokens: prompt, seconds: 2.0, ttft: Some(0.5), approxy: a, ..Generation::default() },
+            generation: Generation {
+                completion_tokens: tokens,
+                prompt_tokens: prompt,
+                seconds: 2.0,
+                ttft: Some(0.5),
+                approxy: a,
+                ..Generation::default()
+            },
         }
     }
 
     #[test]
     fn summaries_count_target_work_and_cost() {
-        let price = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
-        let pt = summarize(Route::Passthrough, &[run(10, 100, Verdict::Passed, None), run(30, 50, Verdict::Failed, None)], &price);
+        let price = Price {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 2.0,
+        };
+        let pt = summarize(
+            Route::Passthrough,
+            &[
+                run(10, 100, Verdict::Passed, None),
+                run(30, 50, Verdict::Failed, None),
+            ],
+            &price,
+        );
         assert_eq!(pt.pass_at_1, 50.0);
         assert_eq!(pt.output_tokens, 40);
         assert_eq!(pt.tokens_per_second, 10.0);
@@ -156,8 +191,19 @@ mod tests {
         assert_eq!(pt.target_processed_tokens, 190);
         assert!((pt.cost_usd - (150.0 + 80.0) / 1e6).abs() < 1e-12);
 
-        let a = ApproxyUsage { draft_tokens: 15, target_tokens: 5, target_calls: 5, target_input_tokens: 600, target_cacheable_input_tokens: 500, bailed_out: true };
-        let ap = summarize(Route::Approximate, &[run(20, 100, Verdict::Passed, Some(a))], &price);
+        let a = ApproxyUsage {
+            draft_tokens: 15,
+            target_tokens: 5,
+            target_calls: 5,
+            target_input_tokens: 600,
+            target_cacheable_input_tokens: 500,
+            bailed_out: true,
+        };
+        let ap = summarize(
+            Route::Approximate,
+            &[run(20, 100, Verdict::Passed, Some(a))],
+            &price,
+        );
         assert_eq!(ap.target_tokens_per_100, 25.0);
         assert_eq!(ap.target_calls_per_100, 25.0);
         assert_eq!(ap.target_processed_tokens, 605);

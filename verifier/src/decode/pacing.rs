@@ -13,7 +13,10 @@ pub(super) struct RejectionWindow {
 
 impl RejectionWindow {
     pub(super) fn new(budget: BailoutBudget) -> Self {
-        Self { budget, rejected: VecDeque::with_capacity(budget.window + 1) }
+        Self {
+            budget,
+            rejected: VecDeque::with_capacity(budget.window + 1),
+        }
     }
 
     /// Records a decision; true when a full window holds more rejections than the budget allows.
@@ -23,7 +26,8 @@ impl RejectionWindow {
             self.rejected.pop_front();
         }
         let n = self.rejected.iter().filter(|r| **r).count();
-        self.rejected.len() >= self.budget.window.max(1) && n as f32 > self.budget.max_rejection_rate * self.budget.window as f32
+        self.rejected.len() >= self.budget.window.max(1)
+            && n as f32 > self.budget.max_rejection_rate * self.budget.window as f32
     }
 }
 
@@ -54,15 +58,24 @@ mod tests {
 
     #[test]
     fn rejection_window_needs_a_full_window_over_budget() {
-        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
+        let mut w = RejectionWindow::new(BailoutBudget {
+            window: 4,
+            max_rejection_rate: 0.5,
+        });
         // Three rejections, but the window is not full yet.
         assert!(!w.push(true) && !w.push(true) && !w.push(true));
         // Full: 3 of 4 rejected > 0.5 * 4.
         assert!(w.push(false));
-        let mut w = RejectionWindow::new(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
+        let mut w = RejectionWindow::new(BailoutBudget {
+            window: 4,
+            max_rejection_rate: 0.5,
+        });
         // Exactly at the budget (2 of 4) is allowed; old decisions slide out.
         assert!(!w.push(true) && !w.push(false) && !w.push(true) && !w.push(false));
-        assert!(!w.push(false) && !w.push(true) && !w.push(true), "false, false, true, true is at the budget");
+        assert!(
+            !w.push(false) && !w.push(true) && !w.push(true),
+            "false, false, true, true is at the budget"
+        );
         assert!(w.push(true), "false, true, true, true is over it");
     }
 }

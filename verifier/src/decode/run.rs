@@ -11,8 +11,8 @@ use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TIE_MARGIN, To
 use crate::cost::CallPlan;
 use crate::draft::{Draft, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::stop::{StopMatcher, StopResult};
 use crate::sampling::Sampler;
+use crate::stop::{StopMatcher, StopResult};
 use crate::target::{ContinuationRequest, TokenStream, WindowRequest};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Features, Verifier};
@@ -20,7 +20,11 @@ use crate::verify::{Features, Verifier};
 /// Awaits a target call, adding the time to `waited`, unless the client goes away first
 /// (`None`): the call in flight is then dropped instead of waited for, which also closes its
 /// connection and stops the target.
-async fn unless_client_gone<T>(tx: &mpsc::Sender<TokenEvent>, waited: &mut Duration, call: impl Future<Output = T>) -> Option<T> {
+async fn unless_client_gone<T>(
+    tx: &mpsc::Sender<TokenEvent>,
+    waited: &mut Duration,
+    call: impl Future<Output = T>,
+) -> Option<T> {
     let t = Instant::now();
     let out = tokio::select! {
         v = call => Some(v),
@@ -76,8 +80,15 @@ pub(super) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    pub(super) fn new(engine: &'a Engine, req: GenerateRequest, tx: mpsc::Sender<TokenEvent>) -> Self {
-        let stats = Stats { prompt_tokens: req.prompt.len() as u32, ..Stats::default() };
+    pub(super) fn new(
+        engine: &'a Engine,
+        req: GenerateRequest,
+        tx: mpsc::Sender<TokenEvent>,
+    ) -> Self {
+        let stats = Stats {
+            prompt_tokens: req.prompt.len() as u32,
+            ..Stats::default()
+        };
         Self {
             engine,
             decoder: StreamDecoder::new(engine.tokenizer.clone()),
@@ -97,11 +108,17 @@ impl<'a> Run<'a> {
     }
 
     pub(super) fn remaining(&self) -> u32 {
-        self.req.max_tokens.saturating_sub(self.emitted.len() as u32)
+        self.req
+            .max_tokens
+            .saturating_sub(self.emitted.len() as u32)
     }
 
     /// Emits tokens; `Ok(Some(reason))` when one of them ends the generation.
-    pub(super) async fn emit(&mut self, ids: &[u32], source: Source) -> Result<Option<FinishReason>, EngineError> {
+    pub(super) async fn emit(
+        &mut self,
+        ids: &[u32],
+        source: Source,
+    ) -> Result<Option<FinishReason>, EngineError> {
         for &id in ids {
             if self.engine.eos.contains(&id) {
                 return Ok(Some(FinishReason::Stop));
@@ -109,7 +126,11 @@ impl<'a> Run<'a> {
             // A target's id goes into the draft's cache next: one it cannot hold is the
             // target's error, not a crash in the draft runtime.
             if source == Source::Target && id as usize >= self.engine.tokenizer.vocab_size() {
-                return Err(TargetError::Protocol(format!("token id {id} is outside the vocabulary ({} tokens)", self.engine.tokenizer.vocab_size())).into());
+                return Err(TargetError::Protocol(format!(
+                    "token id {id} is outside the vocabulary ({} tokens)",
+                    self.engine.tokenizer.vocab_size()
+                ))
+                .into());
             }
             if self.emitted.is_empty() {
                 self.stats.time_to_first_token = self.started.elapsed();
@@ -128,7 +149,16 @@ impl<'a> Run<'a> {
                 StopResult::Continue(t) => (t, false),
                 StopResult::Stop(t) => (t, true),
             };
-            if self.tx.send(TokenEvent { id: Some(id), text, source }).await.is_err() {
+            if self
+                .tx
+                .send(TokenEvent {
+                    id: Some(id),
+                    text,
+                    source,
+                })
+                .await
+                .is_err()
+            {
                 return Ok(Some(FinishReason::Cancelled));
             }
             if stop {
@@ -149,7 +179,8 @@ impl<'a> Run<'a> {
         let len = prefix.len() as u64;
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += len;
-        self.stats.target_cacheable_input_tokens += self.req.cache.cacheable(self.last_prefix_len.min(len));
+        self.stats.target_cacheable_input_tokens +=
+            self.req.cache.cacheable(self.last_prefix_len.min(len));
         self.last_prefix_len = len;
         self.call_reported = false;
         ContinuationRequest {
@@ -178,7 +209,8 @@ impl<'a> Run<'a> {
             self.stats.target_calls += extra_calls;
             self.stats.heal_retries += extra_calls;
             self.stats.target_input_tokens += prefix * u64::from(extra_calls);
-            self.stats.target_cacheable_input_tokens += self.req.cache.cacheable(prefix) * u64::from(extra_calls);
+            self.stats.target_cacheable_input_tokens +=
+                self.req.cache.cacheable(prefix) * u64::from(extra_calls);
         }
     }
 
@@ -190,19 +222,29 @@ impl<'a> Run<'a> {
     /// True when the cost guard forbids a call that sends the prefix and `window` more tokens
     /// (a correction sends none) and may bring back `n` tokens.
     pub(super) fn cost_guard_trips(&self, window: usize, n: u32) -> bool {
-        let Some(guard) = self.req.cost_guard else { return false };
+        let Some(guard) = self.req.cost_guard else {
+            return false;
+        };
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
         let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix));
-        let plan = CallPlan { prefix: prefix + window as u64, cacheable, max_output: u64::from(n) };
+        let plan = CallPlan {
+            prefix: prefix + window as u64,
+            cacheable,
+            max_output: u64::from(n),
+        };
         guard.trips(&self.stats, plan)
     }
 
     /// Asks the target for `n` tokens after the current prefix and emits them.
     /// `Ok(Some(reason))` when the generation ends there.
-    pub(super) async fn call_target(&mut self, n: u32) -> Result<Option<FinishReason>, EngineError> {
+    pub(super) async fn call_target(
+        &mut self,
+        n: u32,
+    ) -> Result<Option<FinishReason>, EngineError> {
         let creq = self.next_call(n);
         let call = self.engine.target.continue_tokens(&creq);
-        let Some(cont) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await else {
+        let Some(cont) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
+        else {
             return Ok(Some(FinishReason::Cancelled));
         };
         let cont = cont?;
@@ -241,7 +283,11 @@ impl<'a> Run<'a> {
             if self.engine.eos.contains(&last) {
                 break;
             }
-            let o = draft.extend(vec![last], false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+            let o = draft
+                .extend(vec![last], false)
+                .await?
+                .pop()
+                .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
             window.push(sampler.pick(&o.logits));
         }
         self.stats.draft_time += t.elapsed();
@@ -249,14 +295,22 @@ impl<'a> Run<'a> {
         let in_cache = window.len() - 1;
         let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
-        let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix.len() as u64));
+        let cacheable = self
+            .req
+            .cache
+            .cacheable(self.last_prefix_len.min(prefix.len() as u64));
         if self.cost_guard_trips(window.len(), 1) {
             self.stats.cost_guard = true;
             return Ok(WindowEnd::Finished(self.hand_off().await?));
         }
-        let wreq = WindowRequest { prefix, window: window.clone(), model: self.req.model.clone() };
+        let wreq = WindowRequest {
+            prefix,
+            window: window.clone(),
+            model: self.req.model.clone(),
+        };
         let call = self.engine.target.score_window(&wreq);
-        let Some(scored) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await else {
+        let Some(scored) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
+        else {
             return Ok(WindowEnd::Finished(FinishReason::Cancelled));
         };
         let Some(score) = scored? else {
@@ -264,7 +318,12 @@ impl<'a> Run<'a> {
             return Ok(WindowEnd::Unsupported(start));
         };
         if score.top.len() != window.len() + 1 {
-            return Err(TargetError::Protocol(format!("a window of {} tokens came back with {} scores", window.len(), score.top.len())).into());
+            return Err(TargetError::Protocol(format!(
+                "a window of {} tokens came back with {} scores",
+                window.len(),
+                score.top.len()
+            ))
+            .into());
         }
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += sent;
@@ -272,13 +331,19 @@ impl<'a> Run<'a> {
         self.last_prefix_len = sent + 1;
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;
-        let accepted = window.iter().zip(&score.top).take_while(|(w, t)| w == t).count();
+        let accepted = window
+            .iter()
+            .zip(&score.top)
+            .take_while(|(w, t)| w == t)
+            .count();
         self.stats.window_accepted += accepted as u64;
         if let Some(Some(m)) = score.margins.get(accepted)
             && accepted < window.len()
             && *m < TIE_MARGIN
         {
-            self.stats.near_ties.push(((self.emitted.len() + accepted) as u32, *m));
+            self.stats
+                .near_ties
+                .push(((self.emitted.len() + accepted) as u32, *m));
         }
         for &token in &window[..accepted] {
             if let Some(reason) = self.emit(&[token], Source::Draft).await? {
@@ -294,7 +359,11 @@ impl<'a> Run<'a> {
         draft.rollback(in_cache - keep).await?;
         let mut feed = window[keep..accepted].to_vec();
         feed.push(own);
-        let next = draft.extend(feed, false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+        let next = draft
+            .extend(feed, false)
+            .await?
+            .pop()
+            .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
         self.stats.draft_time += t.elapsed();
         Ok(WindowEnd::Resume { next, accepted })
     }
@@ -304,7 +373,11 @@ impl<'a> Run<'a> {
     async fn open_stream(&mut self, n: u32) -> Result<Option<TokenStream>, EngineError> {
         let creq = self.next_call(n);
         let call = self.engine.target.stream_tokens(&creq);
-        Ok(unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await.transpose()?)
+        Ok(
+            unless_client_gone(&self.tx, &mut self.stats.target_wait, call)
+                .await
+                .transpose()?,
+        )
     }
 
     /// Lets the target write the rest of the answer in one streamed call. Streamed, so that a
@@ -312,12 +385,16 @@ impl<'a> Run<'a> {
     /// as it appears, as passthrough would.
     pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
         let n = self.remaining();
-        let Some(mut stream) = self.open_stream(n).await? else { return Ok(FinishReason::Cancelled) };
+        let Some(mut stream) = self.open_stream(n).await? else {
+            return Ok(FinishReason::Cancelled);
+        };
         let mut received = 0usize;
         // A text-level target ends on end-of-sequence without a token for it.
         let mut ended = false;
         loop {
-            let Some(chunk) = unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await else {
+            let Some(chunk) =
+                unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await
+            else {
                 return Ok(FinishReason::Cancelled);
             };
             let Some(chunk) = chunk else { break };
@@ -339,7 +416,11 @@ impl<'a> Run<'a> {
         if received == 0 && !ended && self.remaining() > 0 {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
-        Ok(if self.remaining() == 0 { FinishReason::Length } else { FinishReason::Stop })
+        Ok(if self.remaining() == 0 {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        })
     }
 
     /// Streams a correction of at most `max_span` tokens. Each target token is emitted and fed
@@ -354,11 +435,15 @@ impl<'a> Run<'a> {
         max_span: u32,
         resync: u32,
     ) -> Result<SpanEnd, EngineError> {
-        let Some(mut stream) = self.open_stream(max_span).await? else { return Ok(SpanEnd::Finished(FinishReason::Cancelled)) };
+        let Some(mut stream) = self.open_stream(max_span).await? else {
+            return Ok(SpanEnd::Finished(FinishReason::Cancelled));
+        };
         let mut received = 0u64;
         let mut agreeing = 0u32;
         loop {
-            let Some(chunk) = unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await else {
+            let Some(chunk) =
+                unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await
+            else {
                 return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
             let Some(chunk) = chunk else { break };
@@ -368,14 +453,19 @@ impl<'a> Run<'a> {
                 received += 1;
                 self.last_prefix_len += 1;
                 let unused = (chunk.tokens.len() - i - 1) as u64;
-                let predicted = Features::from_output(&out).top1 == token && decide(verifier, &out, self.req.threshold);
+                let predicted = Features::from_output(&out).top1 == token
+                    && decide(verifier, &out, self.req.threshold);
                 agreeing = if predicted { agreeing + 1 } else { 0 };
                 if let Some(reason) = self.emit(&[token], Source::Target).await? {
                     self.stats.target_discarded_tokens += unused;
                     return Ok(SpanEnd::Finished(reason));
                 }
                 let t = Instant::now();
-                out = draft.extend(vec![token], false).await?.pop().ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+                out = draft
+                    .extend(vec![token], false)
+                    .await?
+                    .pop()
+                    .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
                 self.stats.draft_time += t.elapsed();
                 if agreeing >= resync {
                     self.stats.resyncs += 1;
@@ -402,11 +492,17 @@ impl<'a> Run<'a> {
                 StopResult::Stop(t) => t,
             };
             if !text.is_empty() {
-                let _ = self.tx.send(TokenEvent { id: None, text, source: self.last_source }).await;
+                let _ = self
+                    .tx
+                    .send(TokenEvent {
+                        id: None,
+                        text,
+                        source: self.last_source,
+                    })
+                    .await;
             }
         }
         self.stats.finish_reason = Some(reason);
         Ok(self.stats)
     }
 }
-

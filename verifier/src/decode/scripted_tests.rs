@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::*;
 use super::pacing::WindowSize;
+use super::*;
 use crate::cost::{CostGuard, Price, estimate};
 use crate::error::TargetError;
-use crate::testing::{DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer};
+use crate::testing::{
+    DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer,
+};
 use crate::verify::ConfidenceVerifier;
 use crate::{DraftWorkers, SamplingParams};
 
@@ -24,7 +26,11 @@ fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt(),
         max_tokens,
-        sampling: SamplingParams { temperature: 0.0, top_p: 1.0, seed: None },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: None,
+        },
         stop: Vec::new(),
         threshold,
         verification: Verification::Approximate,
@@ -45,27 +51,50 @@ struct Outcome {
     target: Arc<ScriptedTarget>,
 }
 
-async fn run(draft: DraftScript, target: ScriptedTarget, req: GenerateRequest) -> Result<Outcome, EngineError> {
+async fn run(
+    draft: DraftScript,
+    target: ScriptedTarget,
+    req: GenerateRequest,
+) -> Result<Outcome, EngineError> {
     let tok = tiny_tokenizer();
     let target = Arc::new(target);
     let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
     let workers = ScriptedWorkers::new(draft, 1);
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
     let (tx, mut rx) = mpsc::channel(1024);
-    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await?;
+    let stats = engine
+        .generate(lease.as_ref(), &ConfidenceVerifier, req, tx)
+        .await?;
     let mut events = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         events.push(ev);
     }
     let text = events.iter().map(|e| e.text.as_str()).collect();
-    assert_eq!(stats.draft_tokens + stats.target_tokens, stats.completion_tokens, "who wrote what adds up");
-    assert_eq!((target.calls().len() + target.window_calls().len()) as u32, stats.target_calls);
-    Ok(Outcome { text, events, stats, target })
+    assert_eq!(
+        stats.draft_tokens + stats.target_tokens,
+        stats.completion_tokens,
+        "who wrote what adds up"
+    );
+    assert_eq!(
+        (target.calls().len() + target.window_calls().len()) as u32,
+        stats.target_calls
+    );
+    Ok(Outcome {
+        text,
+        events,
+        stats,
+        target,
+    })
 }
 
 #[tokio::test]
 async fn confident_draft_answers_alone() -> Result<(), EngineError> {
-    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("HELLO", None), request(0.5, 64)).await?;
+    let o = run(
+        DraftScript::says("hello", 0.95),
+        ScriptedTarget::says("HELLO", None),
+        request(0.5, 64),
+    )
+    .await?;
     assert_eq!(o.text, "hello");
     assert_eq!((o.stats.draft_tokens, o.stats.target_calls), (5, 0));
     assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
@@ -74,8 +103,14 @@ async fn confident_draft_answers_alone() -> Result<(), EngineError> {
 }
 
 #[tokio::test]
-async fn rejecting_everything_gives_the_target_answer_one_call_per_token() -> Result<(), EngineError> {
-    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("world", None), request(1.0, 64)).await?;
+async fn rejecting_everything_gives_the_target_answer_one_call_per_token() -> Result<(), EngineError>
+{
+    let o = run(
+        DraftScript::says("hello", 0.95),
+        ScriptedTarget::says("world", None),
+        request(1.0, 64),
+    )
+    .await?;
     assert_eq!(o.text, "world");
     assert_eq!(o.stats.draft_tokens, 0);
     // Five tokens, then the call that returns end-of-turn.
@@ -85,15 +120,33 @@ async fn rejecting_everything_gives_the_target_answer_one_call_per_token() -> Re
 }
 
 #[tokio::test]
-async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Result<(), EngineError> {
+async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Result<(), EngineError>
+{
     let mut draft = DraftScript::says("abcXef", 0.95);
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
-    let o = run(draft, ScriptedTarget::says("abcdef", None), request(0.5, 64)).await?;
+    let o = run(
+        draft,
+        ScriptedTarget::says("abcdef", None),
+        request(0.5, 64),
+    )
+    .await?;
     assert_eq!(o.text, "abcdef");
-    assert_eq!((o.stats.draft_tokens, o.stats.target_tokens, o.stats.target_calls), (5, 1, 1));
+    assert_eq!(
+        (
+            o.stats.draft_tokens,
+            o.stats.target_tokens,
+            o.stats.target_calls
+        ),
+        (5, 1, 1)
+    );
     // "abc", then "ef" and the accepted end-of-turn.
     assert_eq!(o.stats.accepted_runs, vec![3, 3]);
-    let sources: Vec<Source> = o.events.iter().filter(|e| e.id.is_some()).map(|e| e.source).collect();
+    let sources: Vec<Source> = o
+        .events
+        .iter()
+        .filter(|e| e.id.is_some())
+        .map(|e| e.source)
+        .collect();
     assert_eq!(sources[3], Source::Target);
     // The call continued exactly the prompt plus the three accepted tokens.
     let call = &o.target.calls()[0];
@@ -106,7 +159,12 @@ async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Re
 async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);
     req.correction = Correction::Fixed { tokens: 4 };
-    let o = run(DraftScript::says("", 0.9), ScriptedTarget::says("abcdefgh", None), req).await?;
+    let o = run(
+        DraftScript::says("", 0.9),
+        ScriptedTarget::says("abcdefgh", None),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "abcdefgh");
     // 4 + 4 tokens, then the call that returns end-of-turn.
     assert_eq!(o.stats.target_calls, 3);
@@ -118,10 +176,19 @@ async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), E
 }
 
 #[tokio::test]
-async fn over_the_rejection_budget_the_target_writes_the_rest_in_one_call() -> Result<(), EngineError> {
+async fn over_the_rejection_budget_the_target_writes_the_rest_in_one_call()
+-> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.bailout = Some(BailoutBudget { window: 4, max_rejection_rate: 0.5 });
-    let o = run(DraftScript::says("xxxxxxxxxx", 0.1), ScriptedTarget::says("the target's answer", None), req).await?;
+    req.bailout = Some(BailoutBudget {
+        window: 4,
+        max_rejection_rate: 0.5,
+    });
+    let o = run(
+        DraftScript::says("xxxxxxxxxx", 0.1),
+        ScriptedTarget::says("the target's answer", None),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "the target's answer");
     assert!(o.stats.bailed_out);
     // Three single-token corrections fill the window; the fourth rejection bails out.
@@ -132,7 +199,12 @@ async fn over_the_rejection_budget_the_target_writes_the_rest_in_one_call() -> R
 
 #[tokio::test]
 async fn max_tokens_ends_with_length() -> Result<(), EngineError> {
-    let o = run(DraftScript::says("abcdefgh", 0.95), ScriptedTarget::says("", None), request(0.5, 3)).await?;
+    let o = run(
+        DraftScript::says("abcdefgh", 0.95),
+        ScriptedTarget::says("", None),
+        request(0.5, 3),
+    )
+    .await?;
     assert_eq!(o.text, "abc");
     assert_eq!(o.stats.finish_reason, Some(FinishReason::Length));
     assert_eq!(o.stats.completion_tokens, 3);
@@ -143,7 +215,12 @@ async fn max_tokens_ends_with_length() -> Result<(), EngineError> {
 async fn a_stop_string_ends_the_answer_before_it() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.stop = vec!["STOP".into()];
-    let o = run(DraftScript::says("one two STOP three", 0.95), ScriptedTarget::says("", None), req).await?;
+    let o = run(
+        DraftScript::says("one two STOP three", 0.95),
+        ScriptedTarget::says("", None),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "one two ");
     assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
     Ok(())
@@ -151,7 +228,12 @@ async fn a_stop_string_ends_the_answer_before_it() -> Result<(), EngineError> {
 
 #[tokio::test]
 async fn multi_byte_characters_are_never_split_in_the_stream() -> Result<(), EngineError> {
-    let o = run(DraftScript::says("héllo 世界", 0.95), ScriptedTarget::says("", None), request(0.5, 64)).await?;
+    let o = run(
+        DraftScript::says("héllo 世界", 0.95),
+        ScriptedTarget::says("", None),
+        request(0.5, 64),
+    )
+    .await?;
     assert_eq!(o.text, "héllo 世界");
     assert!(o.events.iter().all(|e| !e.text.contains('\u{FFFD}')));
     Ok(())
@@ -161,13 +243,22 @@ async fn multi_byte_characters_are_never_split_in_the_stream() -> Result<(), Eng
 async fn a_failing_target_fails_the_generation() {
     let target = ScriptedTarget::says("abc", None).with_fault(TargetFault::Status(503));
     let r = run(DraftScript::says("abc", 0.1), target, request(0.5, 64)).await;
-    assert!(matches!(r, Err(EngineError::Target(TargetError::Status { status: 503, .. }))), "{:?}", r.err());
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::Target(TargetError::Status { status: 503, .. }))
+        ),
+        "{:?}",
+        r.err()
+    );
 }
 
 #[tokio::test]
 async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(), EngineError> {
     let tok = tiny_tokenizer();
-    let target = Arc::new(ScriptedTarget::says("abc", None).with_fault(TargetFault::Delay(Duration::from_secs(30))));
+    let target = Arc::new(
+        ScriptedTarget::says("abc", None).with_fault(TargetFault::Delay(Duration::from_secs(30))),
+    );
     let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
     let workers = ScriptedWorkers::new(DraftScript::says("abc", 0.1), 1);
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
@@ -180,7 +271,11 @@ async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(),
     };
     let (stats, ()) = tokio::join!(generation, leave);
     assert_eq!(stats?.finish_reason, Some(FinishReason::Cancelled));
-    assert!(started.elapsed() < Duration::from_secs(10), "waited for the target: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited for the target: {:?}",
+        started.elapsed()
+    );
     drop(lease);
     assert_eq!(workers.idle(), 1, "the draft worker is free again");
     Ok(())
@@ -198,10 +293,12 @@ fn diverging_draft() -> DraftScript {
 }
 
 #[tokio::test]
-async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it() -> Result<(), EngineError> {
+async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
+-> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.correction = span(32, 3);
-    let target = ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
+    let target =
+        ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
     let o = run(diverging_draft(), target, req).await?;
     assert_eq!(o.text, "abcdefghij");
     // One streamed call: d e f (the draft disagreed), g h i (agreed three times: resync).
@@ -209,7 +306,11 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it() ->
     assert_eq!(o.stats.target_tokens, 6);
     assert_eq!(o.stats.draft_tokens, 4, "a b c, then j after the resync");
     assert_eq!(o.target.calls()[0].max_tokens, 32);
-    assert_eq!(o.target.streamed_tokens(), 6, "the cancelled stream generated nothing more");
+    assert_eq!(
+        o.target.streamed_tokens(),
+        6,
+        "the cancelled stream generated nothing more"
+    );
     Ok(())
 }
 
@@ -217,7 +318,12 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it() ->
 async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.correction = span(2, 3);
-    let o = run(diverging_draft(), ScriptedTarget::says("abcdefghij", None), req).await?;
+    let o = run(
+        diverging_draft(),
+        ScriptedTarget::says("abcdefghij", None),
+        req,
+    )
+    .await?;
     // The span brings d and e; then the draft is confident about its own z: a false accept,
     // which the threshold allows.
     assert_eq!(o.text, "abcdezghij");
@@ -231,16 +337,26 @@ async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineEr
 async fn a_span_that_reaches_the_end_of_the_answer_finishes_it() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.correction = span(32, 3);
-    let o = run(DraftScript::says("zzzz", 0.1), ScriptedTarget::says("the end", None), req).await?;
+    let o = run(
+        DraftScript::says("zzzz", 0.1),
+        ScriptedTarget::says("the end", None),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "the end");
-    assert_eq!((o.stats.target_calls, o.stats.finish_reason), (1, Some(FinishReason::Stop)));
+    assert_eq!(
+        (o.stats.target_calls, o.stats.finish_reason),
+        (1, Some(FinishReason::Stop))
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn a_client_that_leaves_mid_span_stops_the_stream() -> Result<(), EngineError> {
     let tok = tiny_tokenizer();
-    let target = Arc::new(ScriptedTarget::says("abcdefghijklmnop", None).with_token_delay(Duration::from_millis(200)));
+    let target = Arc::new(
+        ScriptedTarget::says("abcdefghijklmnop", None).with_token_delay(Duration::from_millis(200)),
+    );
     let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
     let workers = ScriptedWorkers::new(DraftScript::says("zzzzzzzzzzzzzzzz", 0.1), 1);
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
@@ -255,17 +371,35 @@ async fn a_client_that_leaves_mid_span_stops_the_stream() -> Result<(), EngineEr
     let (stats, ()) = tokio::join!(generation, leave);
     assert_eq!(stats?.finish_reason, Some(FinishReason::Cancelled));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(target.streamed_tokens() <= 4, "generation went on after the client left: {}", target.streamed_tokens());
+    assert!(
+        target.streamed_tokens() <= 4,
+        "generation went on after the client left: {}",
+        target.streamed_tokens()
+    );
     Ok(())
 }
 
 #[tokio::test]
-async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_more_than_passthrough() -> Result<(), EngineError> {
-    let price = Price { input: 1.0, cached_input: 0.1, output: 2.0 };
+async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_more_than_passthrough()
+-> Result<(), EngineError> {
+    let price = Price {
+        input: 1.0,
+        cached_input: 0.1,
+        output: 2.0,
+    };
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard { price, max_cost_ratio: 1.0, cache: Default::default() });
+    req.cost_guard = Some(CostGuard {
+        price,
+        max_cost_ratio: 1.0,
+        cache: Default::default(),
+    });
     // The draft is never confident: each one-token correction would re-send the prefix.
-    let o = run(DraftScript::says("hello world", 0.1), ScriptedTarget::says("hello world", None), req.clone()).await?;
+    let o = run(
+        DraftScript::says("hello world", 0.1),
+        ScriptedTarget::says("hello world", None),
+        req.clone(),
+    )
+    .await?;
     assert_eq!(o.text, "hello world");
     assert!(o.stats.cost_guard && !o.stats.bailed_out);
     assert_eq!(o.stats.target_calls, 1, "one call for the whole answer");
@@ -276,7 +410,12 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     let mut draft = DraftScript::says("the quick brown fox jumps over the lazy dog", 0.95);
     draft.confidence = vec![0.95; 40];
     draft.confidence[40 - 1] = 0.1;
-    let o = run(draft, ScriptedTarget::says("the quick brown fox jumps over the lazy dog", None), req).await?;
+    let o = run(
+        draft,
+        ScriptedTarget::says("the quick brown fox jumps over the lazy dog", None),
+        req,
+    )
+    .await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 1);
     let c = estimate(&o.stats, &price);
@@ -287,39 +426,69 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
 #[tokio::test]
 async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard { price: Price::default(), max_cost_ratio: 1.0, cache: Default::default() });
-    let o = run(DraftScript::says("hello", 0.1), ScriptedTarget::says("hello", None), req).await?;
+    req.cost_guard = Some(CostGuard {
+        price: Price::default(),
+        max_cost_ratio: 1.0,
+        cache: Default::default(),
+    });
+    let o = run(
+        DraftScript::says("hello", 0.1),
+        ScriptedTarget::says("hello", None),
+        req,
+    )
+    .await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 6);
     Ok(())
 }
 
 #[tokio::test]
-async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agrees_with() -> Result<(), EngineError> {
+async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agrees_with()
+-> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.verification = Verification::Exact;
     let target = ScriptedTarget::says("abcdefghij", None).with_windows();
     let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
-    assert_eq!(o.text, "abcdefghij", "exact: the target's answer, whatever the draft's confidence");
+    assert_eq!(
+        o.text, "abcdefghij",
+        "exact: the target's answer, whatever the draft's confidence"
+    );
     let w = o.target.window_calls();
     assert_eq!(w.len() as u32, o.stats.windows);
     assert_eq!(o.stats.target_calls, o.stats.windows, "no other calls");
     assert!(o.target.calls().is_empty());
     // a b c (accepted) d; y (refused) e; z (refused) f; g h i j and the end (accepted).
-    assert_eq!(o.stats.windows, 4, "{:?}", w.iter().map(|r| r.window.len()).collect::<Vec<_>>());
+    assert_eq!(
+        o.stats.windows,
+        4,
+        "{:?}",
+        w.iter().map(|r| r.window.len()).collect::<Vec<_>>()
+    );
     assert_eq!((o.stats.draft_tokens, o.stats.target_tokens), (7, 3));
-    assert_eq!(o.stats.verifier_rejections, 0, "the local verifier is not consulted");
+    assert_eq!(
+        o.stats.verifier_rejections, 0,
+        "the local verifier is not consulted"
+    );
     Ok(())
 }
 
 #[tokio::test]
-async fn exact_windows_when_the_draft_never_agrees_take_one_target_token_per_call() -> Result<(), EngineError> {
+async fn exact_windows_when_the_draft_never_agrees_take_one_target_token_per_call()
+-> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.verification = Verification::Exact;
-    let o = run(DraftScript::says("zzzzz", 0.95), ScriptedTarget::says("hello", None).with_windows(), req).await?;
+    let o = run(
+        DraftScript::says("zzzzz", 0.95),
+        ScriptedTarget::says("hello", None).with_windows(),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "hello");
     assert_eq!((o.stats.windows, o.stats.draft_tokens), (6, 0));
-    assert_eq!(o.stats.window_accepted, 1, "only the end of the answer, which both say");
+    assert_eq!(
+        o.stats.window_accepted, 1,
+        "only the end of the answer, which both say"
+    );
     Ok(())
 }
 
@@ -329,7 +498,12 @@ async fn approximate_windows_score_only_where_the_verifier_rejects() -> Result<(
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1, 0.1, 0.1];
     let mut req = request(0.5, 64);
     req.verification = Verification::ApproximateWindows;
-    let o = run(draft, ScriptedTarget::says("abcdefghij", None).with_windows(), req).await?;
+    let o = run(
+        draft,
+        ScriptedTarget::says("abcdefghij", None).with_windows(),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "abcdefghij");
     assert_eq!(o.stats.verifier_rejections, 3);
     assert_eq!(o.stats.windows, 3, "one window per rejection");
@@ -357,7 +531,11 @@ async fn window_sizes_follow_recent_acceptance() {
     for _ in 0..6 {
         s.update(0);
     }
-    assert_eq!(s.k(), 4, "a draft the target keeps refusing gets short windows");
+    assert_eq!(
+        s.k(),
+        4,
+        "a draft the target keeps refusing gets short windows"
+    );
     for _ in 0..6 {
         s.update(16);
     }
@@ -367,14 +545,22 @@ async fn window_sizes_follow_recent_acceptance() {
 #[tokio::test]
 async fn the_hand_off_streams_and_a_stop_string_ends_it_upstream_too() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.bailout = Some(BailoutBudget { window: 1, max_rejection_rate: 0.0 });
+    req.bailout = Some(BailoutBudget {
+        window: 1,
+        max_rejection_rate: 0.0,
+    });
     req.stop = vec!["STOP".into()];
-    let target = ScriptedTarget::says("one two STOP three four five six seven", None).with_token_delay(Duration::from_millis(1));
+    let target = ScriptedTarget::says("one two STOP three four five six seven", None)
+        .with_token_delay(Duration::from_millis(1));
     let o = run(DraftScript::says("x", 0.1), target, req).await?;
     assert_eq!(o.text, "one two ");
     assert!(o.stats.bailed_out);
     assert_eq!(o.stats.target_calls, 1);
-    assert_eq!(o.target.streamed_tokens(), "one two STOP".len(), "the target stopped where the answer did");
+    assert_eq!(
+        o.target.streamed_tokens(),
+        "one two STOP".len(),
+        "the target stopped where the answer did"
+    );
     Ok(())
 }
 
@@ -384,8 +570,14 @@ struct OutOfVocabulary;
 
 #[async_trait::async_trait]
 impl TargetClient for OutOfVocabulary {
-    async fn continue_tokens(&self, _: &crate::target::ContinuationRequest) -> Result<crate::target::Continuation, TargetError> {
-        Ok(crate::target::Continuation { tokens: vec![9_999_999], ..Default::default() })
+    async fn continue_tokens(
+        &self,
+        _: &crate::target::ContinuationRequest,
+    ) -> Result<crate::target::Continuation, TargetError> {
+        Ok(crate::target::Continuation {
+            tokens: vec![9_999_999],
+            ..Default::default()
+        })
     }
     async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {
         Ok(None)
@@ -398,22 +590,39 @@ impl TargetClient for OutOfVocabulary {
 #[tokio::test]
 async fn a_target_id_outside_the_vocabulary_is_the_targets_error() {
     let tok = tiny_tokenizer();
-    let engine = Engine::new(tok.clone(), Arc::new(OutOfVocabulary), tok.end_of_sequence_ids());
+    let engine = Engine::new(
+        tok.clone(),
+        Arc::new(OutOfVocabulary),
+        tok.end_of_sequence_ids(),
+    );
     let workers = ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1);
     let lease = workers.try_lease().unwrap_or_else(|| unreachable!());
     let (tx, _rx) = mpsc::channel(64);
-    let err = engine.generate(lease.as_ref(), &ConfidenceVerifier, request(1.0, 8), tx).await;
-    assert!(matches!(&err, Err(EngineError::Target(TargetError::Protocol(m))) if m.contains("outside the vocabulary")), "{err:?}");
+    let err = engine
+        .generate(lease.as_ref(), &ConfidenceVerifier, request(1.0, 8), tx)
+        .await;
+    assert!(
+        matches!(&err, Err(EngineError::Target(TargetError::Protocol(m))) if m.contains("outside the vocabulary")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_cap_on_target_calls_hands_the_rest_to_the_last_one() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);
     req.max_target_calls = Some(3);
-    let o = run(DraftScript::says("hello", 0.95), ScriptedTarget::says("world", None), req).await?;
+    let o = run(
+        DraftScript::says("hello", 0.95),
+        ScriptedTarget::says("world", None),
+        req,
+    )
+    .await?;
     assert_eq!(o.text, "world");
     // Two one-token corrections, then one call that writes the rest.
-    assert_eq!((o.stats.target_calls, o.stats.call_cap, o.stats.bailed_out), (3, true, false));
+    assert_eq!(
+        (o.stats.target_calls, o.stats.call_cap, o.stats.bailed_out),
+        (3, true, false)
+    );
     Ok(())
 }
 
@@ -423,8 +632,14 @@ struct AlreadyDone;
 
 #[async_trait::async_trait]
 impl TargetClient for AlreadyDone {
-    async fn continue_tokens(&self, _: &crate::target::ContinuationRequest) -> Result<crate::target::Continuation, TargetError> {
-        Ok(crate::target::Continuation { stopped_on_eos: true, ..Default::default() })
+    async fn continue_tokens(
+        &self,
+        _: &crate::target::ContinuationRequest,
+    ) -> Result<crate::target::Continuation, TargetError> {
+        Ok(crate::target::Continuation {
+            stopped_on_eos: true,
+            ..Default::default()
+        })
     }
     async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {
         Ok(None)
@@ -435,15 +650,25 @@ impl TargetClient for AlreadyDone {
 }
 
 #[tokio::test]
-async fn a_hand_off_to_a_target_with_nothing_more_to_say_ends_the_answer() -> Result<(), EngineError> {
+async fn a_hand_off_to_a_target_with_nothing_more_to_say_ends_the_answer() -> Result<(), EngineError>
+{
     let tok = tiny_tokenizer();
-    let engine = Engine::new(tok.clone(), Arc::new(AlreadyDone), tok.end_of_sequence_ids());
+    let engine = Engine::new(
+        tok.clone(),
+        Arc::new(AlreadyDone),
+        tok.end_of_sequence_ids(),
+    );
     let workers = ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1);
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
     let (tx, _rx) = mpsc::channel(64);
     let mut req = request(1.0, 8);
     req.max_target_calls = Some(1);
-    let stats = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx).await?;
-    assert_eq!((stats.completion_tokens, stats.finish_reason, stats.call_cap), (0, Some(FinishReason::Stop), true));
+    let stats = engine
+        .generate(lease.as_ref(), &ConfidenceVerifier, req, tx)
+        .await?;
+    assert_eq!(
+        (stats.completion_tokens, stats.finish_reason, stats.call_cap),
+        (0, Some(FinishReason::Stop), true)
+    );
     Ok(())
 }

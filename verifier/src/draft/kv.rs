@@ -19,7 +19,13 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for a model of this shape.
     pub fn new(layers: usize, heads: usize, head_dim: usize) -> Self {
-        Self { layers, heads, head_dim, len: 0, data: vec![(Vec::new(), Vec::new()); layers] }
+        Self {
+            layers,
+            heads,
+            head_dim,
+            len: 0,
+            data: vec![(Vec::new(), Vec::new()); layers],
+        }
     }
 
     /// Number of cached positions.
@@ -51,9 +57,17 @@ impl KvCache {
 
     /// Appends by adopting `present` buffers that hold `new_len` positions, which must be
     /// the old length plus what was just run.
-    pub fn adopt(&mut self, present: Vec<(Vec<f32>, Vec<f32>)>, new_len: usize) -> Result<(), EngineError> {
+    pub fn adopt(
+        &mut self,
+        present: Vec<(Vec<f32>, Vec<f32>)>,
+        new_len: usize,
+    ) -> Result<(), EngineError> {
         let want = self.heads * new_len * self.head_dim;
-        if present.len() != self.layers || present.iter().any(|(k, v)| k.len() != want || v.len() != want) {
+        if present.len() != self.layers
+            || present
+                .iter()
+                .any(|(k, v)| k.len() != want || v.len() != want)
+        {
             return Err(EngineError::Draft(format!(
                 "present KV has the wrong shape: {} layers, expected {} layers of {want} floats",
                 present.len(),
@@ -101,12 +115,18 @@ impl KvCache {
 
     /// Bytes the buffers hold.
     pub fn capacity_bytes(&self) -> usize {
-        self.data.iter().map(|(k, v)| (k.capacity() + v.capacity()) * std::mem::size_of::<f32>()).sum()
+        self.data
+            .iter()
+            .map(|(k, v)| (k.capacity() + v.capacity()) * std::mem::size_of::<f32>())
+            .sum()
     }
 
     /// Key buffer of one layer (for tests and diagnostics).
     pub fn key(&self, layer: usize) -> &[f32] {
-        self.data.get(layer).map(|(k, _)| k.as_slice()).unwrap_or(&[])
+        self.data
+            .get(layer)
+            .map(|(k, _)| k.as_slice())
+            .unwrap_or(&[])
     }
 }
 

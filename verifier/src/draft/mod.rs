@@ -43,11 +43,18 @@ impl DraftMeta {
     /// Reads `approxy_draft.json` from the model directory.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
         let p = dir.join("approxy_draft.json");
-        let bytes = std::fs::read(&p).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
-        let mut meta: Self = serde_json::from_slice(&bytes).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
+        let bytes =
+            std::fs::read(&p).map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
+        let mut meta: Self = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Draft(format!("{}: {e}", p.display())))?;
         // The ONNX export's own config holds the context length.
-        let genai: Option<serde_json::Value> = std::fs::read(dir.join("genai_config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        if let Some(n) = genai.as_ref().and_then(|g| g["model"]["context_length"].as_u64()) {
+        let genai: Option<serde_json::Value> = std::fs::read(dir.join("genai_config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(n) = genai
+            .as_ref()
+            .and_then(|g| g["model"]["context_length"].as_u64())
+        {
             meta.context_length = usize::try_from(n).unwrap_or(meta.context_length);
         }
         Ok(meta)
@@ -87,7 +94,8 @@ pub trait Draft: Send + Sync {
     async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError>;
     /// Appends `tokens` (drafted or produced by the target) to the cache; outputs at every
     /// new position when `all`, else at the last only.
-    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError>;
+    async fn extend(&self, tokens: Vec<u32>, all: bool)
+    -> Result<Vec<PositionOutput>, EngineError>;
     /// Drops the newest `n` positions from the cache.
     async fn rollback(&self, n: usize) -> Result<(), EngineError>;
 }

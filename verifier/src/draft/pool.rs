@@ -44,7 +44,9 @@ struct Workers {
 
 impl std::fmt::Debug for DraftPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DraftPool").field("workers", &self.workers.senders.len()).finish()
+        f.debug_struct("DraftPool")
+            .field("workers", &self.workers.senders.len())
+            .finish()
     }
 }
 
@@ -57,19 +59,26 @@ impl DraftPool {
         for i in 0..cfg.workers.max(1) {
             let (tx, rx) = mpsc::channel::<Job>(4);
             let (rtx, rrx) = std::sync::mpsc::channel();
-            let (lib, dir, m, threads, spin) =
-                (cfg.onnxruntime_lib.clone(), cfg.model_dir.clone(), meta.clone(), cfg.threads_per_worker.max(1), cfg.spin_wait);
+            let (lib, dir, m, threads, spin) = (
+                cfg.onnxruntime_lib.clone(),
+                cfg.model_dir.clone(),
+                meta.clone(),
+                cfg.threads_per_worker.max(1),
+                cfg.spin_wait,
+            );
             std::thread::Builder::new()
                 .name(format!("draft-worker-{i}"))
-                .spawn(move || match DraftSession::load(&lib, &dir, m, threads, spin) {
-                    Ok(session) => {
-                        let _ = rtx.send(Ok(()));
-                        worker_loop(session, rx);
-                    }
-                    Err(e) => {
-                        let _ = rtx.send(Err(e));
-                    }
-                })
+                .spawn(
+                    move || match DraftSession::load(&lib, &dir, m, threads, spin) {
+                        Ok(session) => {
+                            let _ = rtx.send(Ok(()));
+                            worker_loop(session, rx);
+                        }
+                        Err(e) => {
+                            let _ = rtx.send(Err(e));
+                        }
+                    },
+                )
                 .map_err(|e| EngineError::Draft(format!("cannot start worker thread: {e}")))?;
             senders.push(tx);
             ready.push(rrx);
@@ -78,9 +87,11 @@ impl DraftPool {
             r.recv().map_err(|_| EngineError::WorkerGone)??;
         }
         let free = Mutex::new((0..senders.len()).rev().collect());
-        Ok(Arc::new(Self { workers: Arc::new(Workers { senders, free }), meta }))
+        Ok(Arc::new(Self {
+            workers: Arc::new(Workers { senders, free }),
+            meta,
+        }))
     }
-
 }
 
 impl DraftWorkers for DraftPool {
@@ -89,7 +100,10 @@ impl DraftWorkers for DraftPool {
         // A worker whose thread has ended is dropped from the free list for good.
         free.retain(|&i| !self.workers.senders[i].is_closed());
         let idx = free.pop()?;
-        Some(Box::new(DraftLease { workers: Arc::clone(&self.workers), idx }))
+        Some(Box::new(DraftLease {
+            workers: Arc::clone(&self.workers),
+            idx,
+        }))
     }
 
     fn meta(&self) -> &DraftMeta {
@@ -105,7 +119,11 @@ impl DraftWorkers for DraftPool {
     }
 
     fn alive(&self) -> usize {
-        self.workers.senders.iter().filter(|s| !s.is_closed()).count()
+        self.workers
+            .senders
+            .iter()
+            .filter(|s| !s.is_closed())
+            .count()
     }
 }
 
@@ -114,8 +132,17 @@ impl DraftPool {
     /// of the recovery); the call's error.
     #[cfg(feature = "testing")]
     pub async fn inject_panic(&self) -> Result<(), EngineError> {
-        let idx = self.workers.free.lock().ok().and_then(|mut f| f.pop()).ok_or(EngineError::Saturated)?;
-        let lease = DraftLease { workers: Arc::clone(&self.workers), idx };
+        let idx = self
+            .workers
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut f| f.pop())
+            .ok_or(EngineError::Saturated)?;
+        let lease = DraftLease {
+            workers: Arc::clone(&self.workers),
+            idx,
+        };
         lease.call(Op::Panic).await.map(|_| ())
     }
 }
@@ -129,7 +156,10 @@ pub struct DraftLease {
 impl DraftLease {
     async fn call(&self, op: Op) -> Result<Vec<PositionOutput>, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.workers.senders[self.idx].send(Job { op, reply }).await.map_err(|_| EngineError::WorkerGone)?;
+        self.workers.senders[self.idx]
+            .send(Job { op, reply })
+            .await
+            .map_err(|_| EngineError::WorkerGone)?;
         rx.await.map_err(|_| EngineError::WorkerGone)?
     }
 }
@@ -137,10 +167,17 @@ impl DraftLease {
 #[async_trait]
 impl Draft for DraftLease {
     async fn prefill(&self, prompt: Vec<u32>) -> Result<PositionOutput, EngineError> {
-        self.call(Op::Prefill(prompt)).await?.pop().ok_or(EngineError::WorkerGone)
+        self.call(Op::Prefill(prompt))
+            .await?
+            .pop()
+            .ok_or(EngineError::WorkerGone)
     }
 
-    async fn extend(&self, tokens: Vec<u32>, all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+    async fn extend(
+        &self,
+        tokens: Vec<u32>,
+        all: bool,
+    ) -> Result<Vec<PositionOutput>, EngineError> {
         self.call(Op::Extend(tokens, all)).await
     }
 
@@ -157,7 +194,10 @@ impl Drop for DraftLease {
     fn drop(&mut self) {
         // Queued before the worker is free again, so the next lease's work comes after it.
         let (reply, _) = oneshot::channel();
-        let _ = self.workers.senders[self.idx].try_send(Job { op: Op::Trim(IDLE_KV_POSITIONS), reply });
+        let _ = self.workers.senders[self.idx].try_send(Job {
+            op: Op::Trim(IDLE_KV_POSITIONS),
+            reply,
+        });
         if let Ok(mut f) = self.workers.free.lock() {
             f.push(self.idx);
         }
@@ -191,7 +231,9 @@ fn worker_loop(mut session: DraftSession, mut rx: mpsc::Receiver<Job>) {
             session.reset();
             metrics::counter!("approxy_draft_worker_panics_total").increment(1);
             tracing::error!("a draft worker panicked; its session was reset and it carries on");
-            Err(EngineError::Draft("the draft worker failed on this request".into()))
+            Err(EngineError::Draft(
+                "the draft worker failed on this request".into(),
+            ))
         });
         let _ = job.reply.send(result);
     }

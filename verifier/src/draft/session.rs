@@ -54,7 +54,13 @@ impl DraftSession {
     /// threads sleep between runs instead of spin-waiting: when the draft shares cores with a
     /// local target, spinning threads starve it (measured here: llama-server fell from about
     /// 13 to under 2 tokens/s per slot while a draft worker spun).
-    pub fn load(lib: &Path, dir: &Path, meta: DraftMeta, threads: usize, spin: bool) -> Result<Self, EngineError> {
+    pub fn load(
+        lib: &Path,
+        dir: &Path,
+        meta: DraftMeta,
+        threads: usize,
+        spin: bool,
+    ) -> Result<Self, EngineError> {
         let env = environment(lib)?;
         let session = Session::builder(&env)
             .map_err(|e| EngineError::Draft(e.to_string()))?
@@ -63,7 +69,9 @@ impl DraftSession {
             .with_intra_op_spinning(spin)
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .commit_from_file(dir.join("model.onnx"))
-            .map_err(|e| EngineError::Draft(format!("{}: {e}", dir.join("model.onnx").display())))?;
+            .map_err(|e| {
+                EngineError::Draft(format!("{}: {e}", dir.join("model.onnx").display()))
+            })?;
         let kv_names = (0..meta.num_hidden_layers)
             .map(|i| {
                 (
@@ -74,8 +82,20 @@ impl DraftSession {
                 )
             })
             .collect();
-        let kv = KvCache::new(meta.num_hidden_layers, meta.num_key_value_heads, meta.head_dim);
-        Ok(Self { session, meta, kv, tokens: Vec::new(), last: None, aligned_upto: 0, kv_names })
+        let kv = KvCache::new(
+            meta.num_hidden_layers,
+            meta.num_key_value_heads,
+            meta.head_dim,
+        );
+        Ok(Self {
+            session,
+            meta,
+            kv,
+            tokens: Vec::new(),
+            last: None,
+            aligned_upto: 0,
+            kv_names,
+        })
     }
 
     /// Tokens currently cached.
@@ -108,21 +128,33 @@ impl DraftSession {
         {
             return Ok(out.clone());
         }
-        let common = self.tokens.iter().zip(body).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(body)
+            .take_while(|(a, b)| a == b)
+            .count();
         let keep = common.min(self.aligned_upto) / PREFILL_CHUNK * PREFILL_CHUNK;
         self.rollback(self.tokens.len() - keep);
         for chunk in body[keep..].chunks(PREFILL_CHUNK) {
             self.run(chunk, false)?;
         }
         self.aligned_upto = body.len() / PREFILL_CHUNK * PREFILL_CHUNK;
-        let out = self.run(&[last], false)?.pop().ok_or_else(|| EngineError::Draft("no output".into()))?;
+        let out = self
+            .run(&[last], false)?
+            .pop()
+            .ok_or_else(|| EngineError::Draft("no output".into()))?;
         self.last = Some(out.clone());
         Ok(out)
     }
 
     /// Runs `tokens` after what is cached, appends them to the cache and returns the output
     /// at every new position (`all`) or only at the last.
-    pub fn extend(&mut self, tokens: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
+    pub fn extend(
+        &mut self,
+        tokens: &[u32],
+        all: bool,
+    ) -> Result<Vec<PositionOutput>, EngineError> {
         let mut outs = Vec::new();
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let mut o = self.run(chunk, all)?;
@@ -174,12 +206,25 @@ impl DraftSession {
         let s = chunk.len();
         let shape = self.kv.shape();
         let ids: Vec<i64> = chunk.iter().map(|&t| i64::from(t)).collect();
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(2 + 2 * self.kv.layers());
-        inputs.push(("input_ids".into(), Tensor::from_array((vec![1i64, s as i64], ids))?.into()));
-        inputs.push(("attention_mask".into(), Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?.into()));
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(2 + 2 * self.kv.layers());
+        inputs.push((
+            "input_ids".into(),
+            Tensor::from_array((vec![1i64, s as i64], ids))?.into(),
+        ));
+        inputs.push((
+            "attention_mask".into(),
+            Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?.into(),
+        ));
         for ((k, v), (kn, vn, _, _)) in self.kv.take().into_iter().zip(&self.kv_names) {
-            inputs.push((kn.as_str().into(), Tensor::from_array((shape.to_vec(), k))?.into()));
-            inputs.push((vn.as_str().into(), Tensor::from_array((shape.to_vec(), v))?.into()));
+            inputs.push((
+                kn.as_str().into(),
+                Tensor::from_array((shape.to_vec(), k))?.into(),
+            ));
+            inputs.push((
+                vn.as_str().into(),
+                Tensor::from_array((shape.to_vec(), v))?.into(),
+            ));
         }
         let result = self.session.run(inputs);
         let outputs = result?;
@@ -191,7 +236,8 @@ impl DraftSession {
         }
         let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
         let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
-        let vocab = usize::try_from(lshape[2]).map_err(|_| EngineError::Draft("bad logits shape".into()))?;
+        let vocab = usize::try_from(lshape[2])
+            .map_err(|_| EngineError::Draft("bad logits shape".into()))?;
         let hs = self.meta.hidden_size;
         let first = if all { 0 } else { s - 1 };
         let outs: Vec<PositionOutput> = (first..s)

@@ -5,7 +5,9 @@
 
 use async_trait::async_trait;
 
-use super::{Continuation, ContinuationRequest, TargetClient, TargetConfig, get_ok, http_client, join};
+use super::{
+    Continuation, ContinuationRequest, TargetClient, TargetConfig, get_ok, http_client, join,
+};
 use crate::error::TargetError;
 
 /// Client for a chat-only target.
@@ -18,14 +20,19 @@ pub struct ChatOnlyTarget {
 impl ChatOnlyTarget {
     /// A client for `cfg.base_url` (ending in `/v1`).
     pub fn new(cfg: TargetConfig) -> Result<Self, TargetError> {
-        Ok(Self { http: http_client(&cfg)?, cfg })
+        Ok(Self {
+            http: http_client(&cfg)?,
+            cfg,
+        })
     }
 }
 
 #[async_trait]
 impl TargetClient for ChatOnlyTarget {
     async fn continue_tokens(&self, _: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        Err(TargetError::Protocol("this target kind cannot continue a partial answer".into()))
+        Err(TargetError::Protocol(
+            "this target kind cannot continue a partial answer".into(),
+        ))
     }
 
     async fn tokenize(&self, _: &str) -> Result<Option<Vec<u32>>, TargetError> {

@@ -41,7 +41,11 @@ pub type ChatPrefixTarget = TextTarget<ChatPrefix>;
 
 impl TextTarget<ChatPrefix> {
     /// A client for `cfg.base_url` (ending in `/v1`, or DeepSeek's `/beta`).
-    pub fn new(cfg: TargetConfig, tokenizer: Tokenizer, style: PrefixStyle) -> Result<Self, TargetError> {
+    pub fn new(
+        cfg: TargetConfig,
+        tokenizer: Tokenizer,
+        style: PrefixStyle,
+    ) -> Result<Self, TargetError> {
         Self::with_wire(cfg, tokenizer, ChatPrefix { style })
     }
 }
@@ -49,12 +53,21 @@ impl TextTarget<ChatPrefix> {
 impl TextWire for ChatPrefix {
     const PATH: &'static str = "chat/completions";
 
-    fn fields(&self, req: &ContinuationRequest, p: &TextPrefix, body: &mut Value) -> Result<(), TargetError> {
-        let messages = req
-            .messages
-            .as_ref()
-            .ok_or_else(|| TargetError::Protocol("a chat_prefix target continues chat requests only (no messages given)".into()))?;
-        let mut out: Vec<Value> = messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
+    fn fields(
+        &self,
+        req: &ContinuationRequest,
+        p: &TextPrefix,
+        body: &mut Value,
+    ) -> Result<(), TargetError> {
+        let messages = req.messages.as_ref().ok_or_else(|| {
+            TargetError::Protocol(
+                "a chat_prefix target continues chat requests only (no messages given)".into(),
+            )
+        })?;
+        let mut out: Vec<Value> = messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
         // An empty answer is a plain chat call; some providers refuse an empty prefix.
         if !p.answer.is_empty() {
             let mut last = json!({"role": "assistant", "content": p.answer});
@@ -76,7 +89,10 @@ impl TextWire for ChatPrefix {
     fn piece(v: &Value) -> TextChunk {
         let choice = &v["choices"][0];
         TextChunk {
-            text: choice["delta"]["content"].as_str().unwrap_or_default().to_string(),
+            text: choice["delta"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
             finished: choice["finish_reason"].as_str().map(|r| r == "stop"),
             cached_prompt_tokens: reported_cached_tokens(&v["usage"]),
         }

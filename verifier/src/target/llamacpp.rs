@@ -6,7 +6,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_json, post_sse, token_ids,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream,
+    get_ok, http_client, join, post_json, post_sse, token_ids,
 };
 use crate::error::TargetError;
 
@@ -20,7 +21,10 @@ pub struct LlamaCppTarget {
 impl LlamaCppTarget {
     /// A client for `cfg.base_url` (the server root, without `/v1`).
     pub fn new(cfg: TargetConfig) -> Result<Self, TargetError> {
-        Ok(Self { http: http_client(&cfg)?, cfg })
+        Ok(Self {
+            http: http_client(&cfg)?,
+            cfg,
+        })
     }
 }
 
@@ -46,33 +50,69 @@ fn body(req: &ContinuationRequest, stream: bool) -> Value {
 /// The `tokens` of an answer from `endpoint`.
 fn tokens_of(v: &Value, endpoint: &str) -> Result<Vec<u32>, TargetError> {
     if !v.is_array() {
-        return Err(TargetError::Protocol(format!("no `tokens` in {endpoint} answer")));
+        return Err(TargetError::Protocol(format!(
+            "no `tokens` in {endpoint} answer"
+        )));
     }
     token_ids(v).ok_or_else(|| TargetError::Protocol("non-integer token id".into()))
 }
 
 #[async_trait]
 impl TargetClient for LlamaCppTarget {
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body(req, false), None).await?;
+    async fn continue_tokens(
+        &self,
+        req: &ContinuationRequest,
+    ) -> Result<Continuation, TargetError> {
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completion"),
+            &body(req, false),
+            None,
+        )
+        .await?;
         let tokens = tokens_of(&v["tokens"], "/completion")?;
         let stopped_on_eos = v["stop_type"].as_str() == Some("eos");
-        let cached = v["tokens_cached"].as_u64().and_then(|x| u32::try_from(x).ok());
-        let cached_prompt = v["timings"]["cache_n"].as_u64().and_then(|x| u32::try_from(x).ok()).or(cached);
-        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: cached_prompt, extra_calls: 0 })
+        let cached = v["tokens_cached"]
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok());
+        let cached_prompt = v["timings"]["cache_n"]
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .or(cached);
+        Ok(Continuation {
+            tokens,
+            stopped_on_eos,
+            cached_prompt_tokens: cached_prompt,
+            extra_calls: 0,
+        })
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
-        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completion"), &body(req, true), None).await?;
+        let events = post_sse(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completion"),
+            &body(req, true),
+            None,
+        )
+        .await?;
         // Each event carries the tokens of its piece of text (`return_tokens`); the last one
         // says `stop` and why. A piece may hold no token (text held back at a stop string).
         Ok(Box::pin(events.map(|ev| {
             let v = ev?;
-            let tokens = if v["tokens"].is_null() { Vec::new() } else { tokens_of(&v["tokens"], "/completion")? };
-            let cached = v["timings"]["cache_n"].as_u64().and_then(|x| u32::try_from(x).ok());
+            let tokens = if v["tokens"].is_null() {
+                Vec::new()
+            } else {
+                tokens_of(&v["tokens"], "/completion")?
+            };
+            let cached = v["timings"]["cache_n"]
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok());
             Ok(StreamChunk {
                 tokens,
-                stopped_on_eos: v["stop"].as_bool() == Some(true) && v["stop_type"].as_str() == Some("eos"),
+                stopped_on_eos: v["stop"].as_bool() == Some(true)
+                    && v["stop_type"].as_str() == Some("eos"),
                 cached_prompt_tokens: cached,
                 extra_calls: 0,
             })
@@ -81,7 +121,14 @@ impl TargetClient for LlamaCppTarget {
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         let body = json!({"content": text, "add_special": false, "parse_special": true});
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "tokenize"), &body, None).await?;
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "tokenize"),
+            &body,
+            None,
+        )
+        .await?;
         tokens_of(&v["tokens"], "/tokenize").map(Some)
     }
 

@@ -53,7 +53,14 @@ pub struct ContinuationRequest {
 impl ContinuationRequest {
     /// A greedy request for `max_tokens` after `prefix`, all of which is prompt.
     pub fn greedy(prefix: Vec<u32>, max_tokens: u32) -> Self {
-        Self { prompt_len: prefix.len(), prefix, messages: None, max_tokens, sampling: SamplingParams::default(), model: None }
+        Self {
+            prompt_len: prefix.len(),
+            prefix,
+            messages: None,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            model: None,
+        }
     }
 
     /// A key that stays the same for every call of one conversation (its first prompt tokens),
@@ -66,7 +73,13 @@ impl ContinuationRequest {
             h.update(t.to_le_bytes());
         }
         let d = h.finalize();
-        format!("approxy-{}", d.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>())
+        format!(
+            "approxy-{}",
+            d.iter()
+                .take(12)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )
     }
 }
 
@@ -179,7 +192,9 @@ impl CacheHints {
 
     /// The affinity header and its value, when one is set.
     pub(crate) fn header(&self, key: &str) -> Option<(String, String)> {
-        self.affinity_header.as_ref().map(|h| (h.clone(), key.to_string()))
+        self.affinity_header
+            .as_ref()
+            .map(|h| (h.clone(), key.to_string()))
     }
 }
 
@@ -187,13 +202,18 @@ impl CacheHints {
 #[async_trait]
 pub trait TargetClient: Send + Sync + std::fmt::Debug {
     /// Continues `req.prefix`.
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError>;
+    async fn continue_tokens(&self, req: &ContinuationRequest)
+    -> Result<Continuation, TargetError>;
     /// Streams the continuation of `req.prefix`. The default makes one call and delivers it as
     /// one chunk, for targets that cannot stream token ids.
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
         let c = self.continue_tokens(req).await?;
-        let chunk =
-            StreamChunk { tokens: c.tokens, stopped_on_eos: c.stopped_on_eos, cached_prompt_tokens: c.cached_prompt_tokens, extra_calls: c.extra_calls };
+        let chunk = StreamChunk {
+            tokens: c.tokens,
+            stopped_on_eos: c.stopped_on_eos,
+            cached_prompt_tokens: c.cached_prompt_tokens,
+            extra_calls: c.extra_calls,
+        };
         Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
     }
     /// Scores a window of draft tokens in one call: the target's own greedy token at every
@@ -275,12 +295,24 @@ pub struct TextSettings {
 
 /// Builds a client of the given kind. Text-level kinds re-tokenize with the draft's
 /// `tokenizer`.
-pub fn build(kind: TargetKind, cfg: TargetConfig, tokenizer: &Tokenizer, text: &TextSettings) -> Result<Arc<dyn TargetClient>, TargetError> {
+pub fn build(
+    kind: TargetKind,
+    cfg: TargetConfig,
+    tokenizer: &Tokenizer,
+    text: &TextSettings,
+) -> Result<Arc<dyn TargetClient>, TargetError> {
     Ok(match kind {
         TargetKind::LlamaCpp => Arc::new(LlamaCppTarget::new(cfg)?),
         TargetKind::Vllm => Arc::new(OpenAiCompletionsTarget::new(cfg)?),
-        TargetKind::OpenaiText => Arc::new(OpenAiTextTarget::new(cfg, tokenizer.clone())?.with_template(text.chat_template.clone())),
-        TargetKind::ChatPrefix => Arc::new(ChatPrefixTarget::new(cfg, tokenizer.clone(), text.prefix_style)?),
+        TargetKind::OpenaiText => Arc::new(
+            OpenAiTextTarget::new(cfg, tokenizer.clone())?
+                .with_template(text.chat_template.clone()),
+        ),
+        TargetKind::ChatPrefix => Arc::new(ChatPrefixTarget::new(
+            cfg,
+            tokenizer.clone(),
+            text.prefix_style,
+        )?),
         TargetKind::OpenAiChat => Arc::new(ChatOnlyTarget::new(cfg)?),
     })
 }
@@ -315,11 +347,19 @@ pub fn http_client_builder(cfg: &TargetConfig) -> Result<reqwest::ClientBuilder,
 /// Reads a PEM bundle of CA certificates; a file that holds none is an error, not a silent
 /// fallback to the public roots.
 pub fn load_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, TargetError> {
-    let pem = std::fs::read(path).map_err(|e| TargetError::Tls(format!("cannot read CA file {}: {e}", path.display())))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem)
-        .map_err(|e| TargetError::Tls(format!("CA file {} is not a PEM certificate bundle: {e}", path.display())))?;
+    let pem = std::fs::read(path)
+        .map_err(|e| TargetError::Tls(format!("cannot read CA file {}: {e}", path.display())))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        TargetError::Tls(format!(
+            "CA file {} is not a PEM certificate bundle: {e}",
+            path.display()
+        ))
+    })?;
     if certs.is_empty() {
-        return Err(TargetError::Tls(format!("CA file {} holds no PEM certificate", path.display())));
+        return Err(TargetError::Tls(format!(
+            "CA file {} holds no PEM certificate",
+            path.display()
+        )));
     }
     Ok(certs)
 }
@@ -341,7 +381,10 @@ pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         if let Some(t) = err.downcast_ref::<rustls::Error>() {
             return Some(t.to_string());
         }
-        cur = match err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        cur = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => err.source(),
         };
@@ -356,12 +399,19 @@ pub(crate) fn send_error(e: &reqwest::Error, cfg: &TargetConfig, url: &str) -> T
     } else if e.is_timeout() {
         TargetError::Timeout(cfg.timeout)
     } else {
-        TargetError::Unreachable { url: url.to_string(), reason: without_url(e) }
+        TargetError::Unreachable {
+            url: url.to_string(),
+            reason: without_url(e),
+        }
     }
 }
 
 /// GETs `url` and wants a 2xx: the health checks.
-pub(crate) async fn get_ok(http: &reqwest::Client, cfg: &TargetConfig, url: &str) -> Result<(), TargetError> {
+pub(crate) async fn get_ok(
+    http: &reqwest::Client,
+    cfg: &TargetConfig,
+    url: &str,
+) -> Result<(), TargetError> {
     let mut rb = http.get(url);
     if let Some(k) = &cfg.api_key {
         rb = rb.bearer_auth(k);
@@ -370,7 +420,10 @@ pub(crate) async fn get_ok(http: &reqwest::Client, cfg: &TargetConfig, url: &str
     if resp.status().is_success() {
         Ok(())
     } else {
-        Err(TargetError::Status { status: resp.status().as_u16(), body: String::new() })
+        Err(TargetError::Status {
+            status: resp.status().as_u16(),
+            body: String::new(),
+        })
     }
 }
 
@@ -397,7 +450,13 @@ pub(crate) async fn send_with_retries(
             Ok(resp) if resp.status().is_success() => return Ok(resp),
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                let text: String = resp.text().await.unwrap_or_default().chars().take(500).collect();
+                let text: String = resp
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .chars()
+                    .take(500)
+                    .collect();
                 let e = TargetError::Status { status, body: text };
                 if status < 500 {
                     return Err(e);
@@ -428,20 +487,26 @@ pub(crate) async fn post_json(
     header: Option<&(String, String)>,
 ) -> Result<serde_json::Value, TargetError> {
     let resp = send_with_retries(http, cfg, url, body, header).await?;
-    resp.json().await.map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
+    resp.json()
+        .await
+        .map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
 }
 
 /// Server-sent events, each a JSON object.
-pub(crate) type JsonStream = Pin<Box<dyn Stream<Item = Result<serde_json::Value, TargetError>> + Send>>;
+pub(crate) type JsonStream =
+    Pin<Box<dyn Stream<Item = Result<serde_json::Value, TargetError>> + Send>>;
 
 /// The cached prompt tokens a usage object reports: OpenAI-style
 /// `prompt_tokens_details.cached_tokens` (OpenAI, vLLM, Together, Fireworks), DeepSeek's
 /// `prompt_cache_hit_tokens`, or llama-server's `timings.cache_n` beside it.
 pub(crate) fn reported_cached_tokens(usage: &serde_json::Value) -> Option<u32> {
-    [&usage["prompt_tokens_details"]["cached_tokens"], &usage["prompt_cache_hit_tokens"]]
-        .into_iter()
-        .find_map(|v| v.as_u64())
-        .and_then(|x| u32::try_from(x).ok())
+    [
+        &usage["prompt_tokens_details"]["cached_tokens"],
+        &usage["prompt_cache_hit_tokens"],
+    ]
+    .into_iter()
+    .find_map(|v| v.as_u64())
+    .and_then(|x| u32::try_from(x).ok())
 }
 
 /// POSTs JSON (with [`send_with_retries`]) and reads the answer as server-sent events, each
@@ -461,9 +526,17 @@ pub(crate) async fn post_sse(
         futures::future::ready(!done)
     });
     Ok(Box::pin(events.map(move |ev| match ev {
-        Ok(e) => serde_json::from_str(&e.data).map_err(|err| TargetError::Protocol(format!("bad JSON in a streamed event: {err}"))),
-        Err(eventsource_stream::EventStreamError::Transport(t)) if t.is_timeout() => Err(TargetError::Timeout(timeout)),
-        Err(err) => Err(TargetError::Protocol(format!("the target's stream broke off: {err}"))),
+        Ok(e) => {
+            serde_json::from_str(&e.data).map_err(|err| {
+                TargetError::Protocol(format!("bad JSON in a streamed event: {err}"))
+            })
+        }
+        Err(eventsource_stream::EventStreamError::Transport(t)) if t.is_timeout() => {
+            Err(TargetError::Timeout(timeout))
+        }
+        Err(err) => Err(TargetError::Protocol(format!(
+            "the target's stream broke off: {err}"
+        ))),
     })))
 }
 
@@ -484,9 +557,16 @@ fn without_url(e: &reqwest::Error) -> String {
 
 /// A JSON array of token ids; `None` when it is not one.
 pub(crate) fn token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
-    v.as_array()?.iter().map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+    v.as_array()?
+        .iter()
+        .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
+        .collect()
 }
 
 pub(crate) fn join(base: &str, path: &str) -> String {
-    format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'))
+    format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    )
 }

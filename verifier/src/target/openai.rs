@@ -9,8 +9,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, WindowRequest, WindowScore, get_ok, http_client,
-    join, post_json, post_sse, reported_cached_tokens, token_ids,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream,
+    WindowRequest, WindowScore, get_ok, http_client, join, post_json, post_sse,
+    reported_cached_tokens, token_ids,
 };
 use crate::error::TargetError;
 
@@ -24,11 +25,18 @@ pub struct OpenAiCompletionsTarget {
 impl OpenAiCompletionsTarget {
     /// A client for `cfg.base_url`, which ends in `/v1`.
     pub fn new(cfg: TargetConfig) -> Result<Self, TargetError> {
-        Ok(Self { http: http_client(&cfg)?, cfg })
+        Ok(Self {
+            http: http_client(&cfg)?,
+            cfg,
+        })
     }
 
     fn root(&self) -> String {
-        self.cfg.base_url.trim_end_matches('/').trim_end_matches("/v1").to_string()
+        self.cfg
+            .base_url
+            .trim_end_matches('/')
+            .trim_end_matches("/v1")
+            .to_string()
     }
 
     fn body(&self, req: &ContinuationRequest, stream: bool) -> Value {
@@ -52,7 +60,9 @@ impl OpenAiCompletionsTarget {
             // The usage (with the cached prompt tokens) comes in a last chunk.
             body["stream_options"] = json!({"include_usage": true});
         }
-        self.cfg.cache_hints.apply_to_body(&mut body, &req.cache_key());
+        self.cfg
+            .cache_hints
+            .apply_to_body(&mut body, &req.cache_key());
         body
     }
 }
@@ -85,21 +95,47 @@ fn top_of(position: &Value, actual: u32) -> Option<(u32, Option<f32>)> {
 
 #[async_trait]
 impl TargetClient for OpenAiCompletionsTarget {
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+    async fn continue_tokens(
+        &self,
+        req: &ContinuationRequest,
+    ) -> Result<Continuation, TargetError> {
         let header = self.cfg.cache_hints.header(&req.cache_key());
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, false), header.as_ref()).await?;
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completions"),
+            &self.body(req, false),
+            header.as_ref(),
+        )
+        .await?;
         let choice = &v["choices"][0];
         let mut tokens = token_ids(&choice["token_ids"])
             .or_else(|| token_ids(&v["__verbose"]["tokens"]))
-            .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
+            .ok_or_else(|| {
+                TargetError::Protocol(
+                    "the target returned no token ids (needs `return_token_ids` support)".into(),
+                )
+            })?;
         let stopped_on_eos = choice["finish_reason"].as_str() == Some("stop");
         tokens.truncate(req.max_tokens as usize);
-        Ok(Continuation { tokens, stopped_on_eos, cached_prompt_tokens: reported_cached_tokens(&v["usage"]), extra_calls: 0 })
+        Ok(Continuation {
+            tokens,
+            stopped_on_eos,
+            cached_prompt_tokens: reported_cached_tokens(&v["usage"]),
+            extra_calls: 0,
+        })
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
         let header = self.cfg.cache_hints.header(&req.cache_key());
-        let events = post_sse(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &self.body(req, true), header.as_ref()).await?;
+        let events = post_sse(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completions"),
+            &self.body(req, true),
+            header.as_ref(),
+        )
+        .await?;
         // Each chunk carries the ids of its new tokens in `choices[0].token_ids` (vLLM) or
         // `__verbose.tokens` (llama.cpp's server); the last one has a `finish_reason` ("stop":
         // end of sequence, as no stop strings are sent). Text without ids is refused, as in
@@ -109,15 +145,27 @@ impl TargetClient for OpenAiCompletionsTarget {
             let choice = &v["choices"][0];
             if choice.is_null() {
                 // The usage chunk, when asked for.
-                return Ok(StreamChunk { cached_prompt_tokens: reported_cached_tokens(&v["usage"]), ..StreamChunk::default() });
+                return Ok(StreamChunk {
+                    cached_prompt_tokens: reported_cached_tokens(&v["usage"]),
+                    ..StreamChunk::default()
+                });
             }
             let text = choice["text"].as_str().unwrap_or_default();
-            let tokens = match token_ids(&choice["token_ids"]).or_else(|| token_ids(&v["__verbose"]["tokens"])) {
+            let tokens = match token_ids(&choice["token_ids"])
+                .or_else(|| token_ids(&v["__verbose"]["tokens"]))
+            {
                 Some(t) => t,
                 None if text.is_empty() => Vec::new(),
-                None => return Err(TargetError::Protocol("the target streamed text without token ids (needs `return_token_ids` support)".into())),
+                None => return Err(TargetError::Protocol(
+                    "the target streamed text without token ids (needs `return_token_ids` support)"
+                        .into(),
+                )),
             };
-            Ok(StreamChunk { tokens, stopped_on_eos: choice["finish_reason"].as_str() == Some("stop"), ..StreamChunk::default() })
+            Ok(StreamChunk {
+                tokens,
+                stopped_on_eos: choice["finish_reason"].as_str() == Some("stop"),
+                ..StreamChunk::default()
+            })
         })))
     }
 
@@ -133,26 +181,45 @@ impl TargetClient for OpenAiCompletionsTarget {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
-        let v = post_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "completions"), &body, None).await?;
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completions"),
+            &body,
+            None,
+        )
+        .await?;
         let choice = &v["choices"][0];
         // vLLM puts them on the choice; a server without the feature returns none at all.
-        let Some(positions) = choice["prompt_logprobs"].as_array().or_else(|| v["prompt_logprobs"].as_array()) else {
+        let Some(positions) = choice["prompt_logprobs"]
+            .as_array()
+            .or_else(|| v["prompt_logprobs"].as_array())
+        else {
             return Ok(None);
         };
         if positions.len() != prompt.len() {
-            return Err(TargetError::Protocol(format!("{} prompt log-probabilities for {} prompt tokens", positions.len(), prompt.len())));
+            return Err(TargetError::Protocol(format!(
+                "{} prompt log-probabilities for {} prompt tokens",
+                positions.len(),
+                prompt.len()
+            )));
         }
         let mut top = Vec::with_capacity(req.window.len() + 1);
         let mut margins = Vec::with_capacity(req.window.len());
         for (i, &w) in req.window.iter().enumerate() {
-            let (t, m) = top_of(&positions[req.prefix.len() + i], w)
-                .ok_or_else(|| TargetError::Protocol(format!("no rank-1 token at window position {i}")))?;
+            let (t, m) = top_of(&positions[req.prefix.len() + i], w).ok_or_else(|| {
+                TargetError::Protocol(format!("no rank-1 token at window position {i}"))
+            })?;
             top.push(t);
             margins.push(m);
         }
         let next = token_ids(&choice["token_ids"])
             .and_then(|t| t.first().copied())
-            .ok_or_else(|| TargetError::Protocol("the target returned no token ids (needs `return_token_ids` support)".into()))?;
+            .ok_or_else(|| {
+                TargetError::Protocol(
+                    "the target returned no token ids (needs `return_token_ids` support)".into(),
+                )
+            })?;
         top.push(next);
         Ok(Some(WindowScore { top, margins }))
     }
@@ -168,9 +235,19 @@ impl TargetClient for OpenAiCompletionsTarget {
             "add_special": false,
             "parse_special": true,
         });
-        match post_json(&self.http, &self.cfg, &join(&self.root(), "tokenize"), &body, None).await {
+        match post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.root(), "tokenize"),
+            &body,
+            None,
+        )
+        .await
+        {
             Ok(v) => Ok(token_ids(&v["tokens"])),
-            Err(TargetError::Status { status: 404 | 405, .. }) => Ok(None),
+            Err(TargetError::Status {
+                status: 404 | 405, ..
+            }) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -41,7 +41,12 @@ impl TextTarget<TextCompletions> {
 impl TextWire for TextCompletions {
     const PATH: &'static str = "completions";
 
-    fn fields(&self, _: &ContinuationRequest, p: &TextPrefix, body: &mut Value) -> Result<(), TargetError> {
+    fn fields(
+        &self,
+        _: &ContinuationRequest,
+        p: &TextPrefix,
+        body: &mut Value,
+    ) -> Result<(), TargetError> {
         body["prompt"] = json!(format!("{}{}", p.prompt, p.answer));
         Ok(())
     }

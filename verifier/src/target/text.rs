@@ -23,7 +23,8 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream, get_ok, http_client, join, post_sse,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream,
+    get_ok, http_client, join, post_sse,
 };
 use crate::error::{EngineError, TargetError};
 use crate::template::ChatTemplate;
@@ -46,28 +47,57 @@ impl TextPrefix {
     /// The request's prefix as text, with the answer's last piece held back. The prompt is the
     /// draft's rendering, or the chat messages rendered with `template` (the target's own chat
     /// template) when both are given.
-    pub fn of(tokenizer: &Tokenizer, req: &ContinuationRequest, template: Option<&ChatTemplate>) -> Result<Self, TargetError> {
+    pub fn of(
+        tokenizer: &Tokenizer,
+        req: &ContinuationRequest,
+        template: Option<&ChatTemplate>,
+    ) -> Result<Self, TargetError> {
         let split = req.prompt_len.min(req.prefix.len());
         let prompt = match (template, &req.messages) {
-            (Some(t), Some(m)) => t.render(m).map_err(|e| TargetError::Protocol(format!("rendering the target's chat template: {e}")))?,
-            _ => tokenizer.decode_with_specials(&req.prefix[..split]).map_err(tokenizer_failed)?,
+            (Some(t), Some(m)) => t.render(m).map_err(|e| {
+                TargetError::Protocol(format!("rendering the target's chat template: {e}"))
+            })?,
+            _ => tokenizer
+                .decode_with_specials(&req.prefix[..split])
+                .map_err(tokenizer_failed)?,
         };
-        let answer = tokenizer.decode(&req.prefix[split..]).map_err(tokenizer_failed)?;
-        let cut = tokenizer.last_piece_start(&answer).map_err(tokenizer_failed)?;
-        let held_back_tokens = tokenizer.encode(&answer[cut..]).map_err(tokenizer_failed)?.len() as u32;
-        Ok(Self { prompt, held_back: answer[cut..].to_string(), answer: answer[..cut].to_string(), held_back_tokens })
+        let answer = tokenizer
+            .decode(&req.prefix[split..])
+            .map_err(tokenizer_failed)?;
+        let cut = tokenizer
+            .last_piece_start(&answer)
+            .map_err(tokenizer_failed)?;
+        let held_back_tokens = tokenizer
+            .encode(&answer[cut..])
+            .map_err(tokenizer_failed)?
+            .len() as u32;
+        Ok(Self {
+            prompt,
+            held_back: answer[cut..].to_string(),
+            answer: answer[..cut].to_string(),
+            held_back_tokens,
+        })
     }
 
     /// What the target's text must start with: the held-back piece, and before it the whole
     /// answer sent when the server `echoes` a continued message (llama-server's assistant
     /// prefill answers with the message's content followed by the continuation).
     pub fn expected(&self, echoes: bool) -> String {
-        if echoes { format!("{}{}", self.answer, self.held_back) } else { self.held_back.clone() }
+        if echoes {
+            format!("{}{}", self.answer, self.held_back)
+        } else {
+            self.held_back.clone()
+        }
     }
 
     /// The same request with nothing held back.
     pub fn unhealed(&self) -> Self {
-        Self { prompt: self.prompt.clone(), answer: format!("{}{}", self.answer, self.held_back), held_back: String::new(), held_back_tokens: 0 }
+        Self {
+            prompt: self.prompt.clone(),
+            answer: format!("{}{}", self.answer, self.held_back),
+            held_back: String::new(),
+            held_back_tokens: 0,
+        }
     }
 }
 
@@ -91,7 +121,13 @@ pub struct Retokenizer {
 impl Retokenizer {
     /// A re-tokenizer expecting the target's text to start with `held_back`.
     pub fn new(tokenizer: Tokenizer, held_back: String) -> Self {
-        Self { tokenizer, buf: String::new(), done: 0, confirmed: held_back.is_empty(), held_back }
+        Self {
+            tokenizer,
+            buf: String::new(),
+            done: 0,
+            confirmed: held_back.is_empty(),
+            held_back,
+        }
     }
 
     /// Takes more text; the ids it completes, or `None` when the text does not start with the
@@ -108,11 +144,17 @@ impl Retokenizer {
             self.confirmed = true;
             self.done = self.held_back.len();
         }
-        let cut = self.tokenizer.last_piece_start(&self.buf).map_err(tokenizer_failed)?;
+        let cut = self
+            .tokenizer
+            .last_piece_start(&self.buf)
+            .map_err(tokenizer_failed)?;
         if cut <= self.done {
             return Ok(Some(Vec::new()));
         }
-        let ids = self.tokenizer.encode_tail(&self.buf[..cut], self.done).map_err(tokenizer_failed)?;
+        let ids = self
+            .tokenizer
+            .encode_tail(&self.buf[..cut], self.done)
+            .map_err(tokenizer_failed)?;
         self.buf.drain(..cut);
         self.done = 0;
         Ok(Some(ids))
@@ -127,7 +169,10 @@ impl Retokenizer {
         if self.buf.len() <= self.done {
             return Ok(Some(Vec::new()));
         }
-        let ids = self.tokenizer.encode_tail(&self.buf, self.done).map_err(tokenizer_failed)?;
+        let ids = self
+            .tokenizer
+            .encode_tail(&self.buf, self.done)
+            .map_err(tokenizer_failed)?;
         self.buf.clear();
         self.done = 0;
         Ok(Some(ids))
@@ -150,7 +195,11 @@ pub struct TextChunk {
 pub type TextStream = Pin<Box<dyn Stream<Item = Result<TextChunk, TargetError>> + Send>>;
 
 /// Opens a text stream for a prefix (one call to the target).
-pub type OpenText = Arc<dyn Fn(TextPrefix) -> Pin<Box<dyn Future<Output = Result<TextStream, TargetError>> + Send>> + Send + Sync>;
+pub type OpenText = Arc<
+    dyn Fn(TextPrefix) -> Pin<Box<dyn Future<Output = Result<TextStream, TargetError>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// What differs between the text-level kinds.
 pub trait TextWire: std::fmt::Debug + Clone + Send + Sync + 'static {
@@ -158,7 +207,12 @@ pub trait TextWire: std::fmt::Debug + Clone + Send + Sync + 'static {
     const PATH: &'static str;
     /// The kind's own body fields: the prompt text, or the messages and how the last one is
     /// marked.
-    fn fields(&self, req: &ContinuationRequest, p: &TextPrefix, body: &mut Value) -> Result<(), TargetError>;
+    fn fields(
+        &self,
+        req: &ContinuationRequest,
+        p: &TextPrefix,
+        body: &mut Value,
+    ) -> Result<(), TargetError>;
     /// One streamed event as text.
     fn piece(v: &Value) -> TextChunk;
     /// The server's text starts with the answer it was sent (see [`TextPrefix::expected`]).
@@ -184,13 +238,27 @@ pub struct TextTarget<W> {
 
 impl<W: TextWire> TextTarget<W> {
     /// A client for `cfg.base_url` speaking `wire`, re-tokenizing with `tokenizer`.
-    pub(super) fn with_wire(cfg: TargetConfig, tokenizer: Tokenizer, wire: W) -> Result<Self, TargetError> {
-        Ok(Self { http: http_client(&cfg)?, cfg, tokenizer, wire })
+    pub(super) fn with_wire(
+        cfg: TargetConfig,
+        tokenizer: Tokenizer,
+        wire: W,
+    ) -> Result<Self, TargetError> {
+        Ok(Self {
+            http: http_client(&cfg)?,
+            cfg,
+            tokenizer,
+            wire,
+        })
     }
 
     /// The body of one call: the sampling shared by the kinds, the kind's own fields, the
     /// cache hints.
-    fn body(&self, req: &ContinuationRequest, p: &TextPrefix, key: &str) -> Result<Value, TargetError> {
+    fn body(
+        &self,
+        req: &ContinuationRequest,
+        p: &TextPrefix,
+        key: &str,
+    ) -> Result<Value, TargetError> {
         let s = req.sampling;
         let mut body = json!({
             "model": req.model.as_deref().unwrap_or(&self.cfg.model),
@@ -225,13 +293,20 @@ impl<W: TextWire> TextTarget<W> {
                 Ok(Box::pin(events.map(|ev| ev.map(|v| W::piece(&v)))) as TextStream)
             })
         });
-        TextCall { open, echoes: self.wire.echoes(), template: self.wire.template() }
+        TextCall {
+            open,
+            echoes: self.wire.echoes(),
+            template: self.wire.template(),
+        }
     }
 }
 
 #[async_trait]
 impl<W: TextWire> TargetClient for TextTarget<W> {
-    async fn continue_tokens(&self, req: &ContinuationRequest) -> Result<Continuation, TargetError> {
+    async fn continue_tokens(
+        &self,
+        req: &ContinuationRequest,
+    ) -> Result<Continuation, TargetError> {
         continuation(&self.tokenizer, req, self.call(req)).await
     }
 
@@ -262,7 +337,11 @@ struct TextCall {
 
 /// A continuation from a text-level target: healed first, and asked again without healing
 /// when the target diverged from the held-back piece.
-async fn continuation(tokenizer: &Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<Continuation, TargetError> {
+async fn continuation(
+    tokenizer: &Tokenizer,
+    req: &ContinuationRequest,
+    call: TextCall,
+) -> Result<Continuation, TargetError> {
     let mut s = token_stream(tokenizer.clone(), req, call).await?;
     let mut c = Continuation::default();
     while let Some(chunk) = s.next().await {
@@ -315,7 +394,11 @@ impl Streaming {
         Ok(match self.retok.push(&piece.text)? {
             None => Step::Diverged,
             Some(tokens) if tokens.is_empty() => Step::Pending,
-            Some(tokens) => Step::Emit(StreamChunk { tokens, extra_calls: std::mem::take(&mut self.extra_calls), ..StreamChunk::default() }),
+            Some(tokens) => Step::Emit(StreamChunk {
+                tokens,
+                extra_calls: std::mem::take(&mut self.extra_calls),
+                ..StreamChunk::default()
+            }),
         })
     }
 
@@ -323,10 +406,15 @@ impl Streaming {
     /// answer does not start with what it was sent is broken, not diverging).
     async fn restart(&mut self) -> Result<(), TargetError> {
         if self.prefix.held_back.is_empty() {
-            return Err(TargetError::Protocol("the target's text does not continue the answer it was sent".into()));
+            return Err(TargetError::Protocol(
+                "the target's text does not continue the answer it was sent".into(),
+            ));
         }
         self.prefix = self.prefix.unhealed();
-        self.retok = Retokenizer::new(self.tokenizer.clone(), self.prefix.expected(self.call.echoes));
+        self.retok = Retokenizer::new(
+            self.tokenizer.clone(),
+            self.prefix.expected(self.call.echoes),
+        );
         self.upstream = (self.call.open)(self.prefix.clone()).await?;
         self.finished = None;
         self.ended = false;
@@ -337,30 +425,47 @@ impl Streaming {
 
 /// A text-level target's answer as a stream of the draft's token ids. Dropping it drops the
 /// upstream stream, which closes the connection and stops the target.
-async fn token_stream(tokenizer: Tokenizer, req: &ContinuationRequest, call: TextCall) -> Result<TokenStream, TargetError> {
+async fn token_stream(
+    tokenizer: Tokenizer,
+    req: &ContinuationRequest,
+    call: TextCall,
+) -> Result<TokenStream, TargetError> {
     let prefix = TextPrefix::of(&tokenizer, req, call.template.as_deref())?;
     let upstream = (call.open)(prefix.clone()).await?;
     let retok = Retokenizer::new(tokenizer.clone(), prefix.expected(call.echoes));
-    let state = Streaming { tokenizer, call, prefix, upstream, retok, finished: None, cached: None, extra_calls: 0, ended: false };
-    Ok(Box::pin(futures::stream::unfold(Some(state), |state| async move {
-        let mut st = state?;
-        loop {
-            if st.ended {
-                return None;
-            }
-            match st.step().await {
-                Ok(Step::Emit(chunk)) => return Some((Ok(chunk), Some(st))),
-                Ok(Step::Pending) => {}
-                Ok(Step::Diverged) => {
-                    tracing::debug!(held_back = %st.prefix.held_back, "the target did not write the held-back text; asking again unhealed");
-                    if let Err(e) = st.restart().await {
-                        return Some((Err(e), None));
-                    }
+    let state = Streaming {
+        tokenizer,
+        call,
+        prefix,
+        upstream,
+        retok,
+        finished: None,
+        cached: None,
+        extra_calls: 0,
+        ended: false,
+    };
+    Ok(Box::pin(futures::stream::unfold(
+        Some(state),
+        |state| async move {
+            let mut st = state?;
+            loop {
+                if st.ended {
+                    return None;
                 }
-                Err(e) => return Some((Err(e), None)),
+                match st.step().await {
+                    Ok(Step::Emit(chunk)) => return Some((Ok(chunk), Some(st))),
+                    Ok(Step::Pending) => {}
+                    Ok(Step::Diverged) => {
+                        tracing::debug!(held_back = %st.prefix.held_back, "the target did not write the held-back text; asking again unhealed");
+                        if let Err(e) = st.restart().await {
+                            return Some((Err(e), None));
+                        }
+                    }
+                    Err(e) => return Some((Err(e), None)),
+                }
             }
-        }
-    })))
+        },
+    )))
 }
 
 #[cfg(test)]
@@ -372,7 +477,10 @@ mod tests {
     /// tokenization of "Hel" + "lo" differs from that of "Hel" followed by that of "lo".
     fn merging_tokenizer() -> Tokenizer {
         let mut spec = tiny_tokenizer_spec();
-        let mut vocab = spec["model"]["vocab"].as_object_mut().map(std::mem::take).unwrap_or_default();
+        let mut vocab = spec["model"]["vocab"]
+            .as_object_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
         for (i, t) in ["He", "ll", "Hell", "Hello"].iter().enumerate() {
             vocab.insert((*t).to_string(), serde_json::json!(300 + i));
         }
@@ -389,17 +497,36 @@ mod tests {
         let p = ids(t, prompt);
         let mut prefix = p.clone();
         prefix.extend(ids(t, answer));
-        ContinuationRequest { prompt_len: p.len(), ..ContinuationRequest::greedy(prefix, 8) }
+        ContinuationRequest {
+            prompt_len: p.len(),
+            ..ContinuationRequest::greedy(prefix, 8)
+        }
     }
 
     #[test]
     fn the_answer_is_cut_before_its_last_piece() {
         let t = merging_tokenizer();
-        let p = TextPrefix::of(&t, &request(&t, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "print(x) Hel"), None).unwrap_or_else(|e| unreachable!("{e}"));
-        assert_eq!(p.prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
-        assert_eq!((p.answer.as_str(), p.held_back.as_str()), ("print(x)", " Hel"));
+        let p = TextPrefix::of(
+            &t,
+            &request(
+                &t,
+                "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+                "print(x) Hel",
+            ),
+            None,
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            p.prompt,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            (p.answer.as_str(), p.held_back.as_str()),
+            ("print(x)", " Hel")
+        );
         assert_eq!(p.unhealed().answer, "print(x) Hel");
-        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), None).unwrap_or_else(|e| unreachable!("{e}"));
+        let empty = TextPrefix::of(&t, &request(&t, "<|im_start|>", ""), None)
+            .unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!((empty.answer.as_str(), empty.held_back.as_str()), ("", ""));
     }
 
@@ -412,9 +539,17 @@ mod tests {
         let mut r = Retokenizer::new(t.clone(), "Hel".into());
         let mut out = Vec::new();
         for piece in ["He", "llo", " wor", "ld"] {
-            out.extend(r.push(piece).unwrap_or_default().unwrap_or_else(|| unreachable!("diverged")));
+            out.extend(
+                r.push(piece)
+                    .unwrap_or_default()
+                    .unwrap_or_else(|| unreachable!("diverged")),
+            );
         }
-        out.extend(r.finish().unwrap_or_default().unwrap_or_else(|| unreachable!("diverged")));
+        out.extend(
+            r.finish()
+                .unwrap_or_default()
+                .unwrap_or_else(|| unreachable!("diverged")),
+        );
         assert_eq!(t.decode(&out).unwrap_or_default(), "lo world");
         assert_eq!(out, ids(&t, "lo world"));
     }
@@ -425,9 +560,17 @@ mod tests {
         let mut r = Retokenizer::new(t.clone(), " Hel".into());
         let mut out = Vec::new();
         for piece in [" H", "el", "lo", " Hello", "!"] {
-            out.extend(r.push(piece).unwrap_or_default().unwrap_or_else(|| unreachable!("diverged")));
+            out.extend(
+                r.push(piece)
+                    .unwrap_or_default()
+                    .unwrap_or_else(|| unreachable!("diverged")),
+            );
         }
-        out.extend(r.finish().unwrap_or_default().unwrap_or_else(|| unreachable!("diverged")));
+        out.extend(
+            r.finish()
+                .unwrap_or_default()
+                .unwrap_or_else(|| unreachable!("diverged")),
+        );
         // " Hello Hello!" tokenized whole, minus the emitted " Hel": the seam is inside the
         // piece " Hello", so what follows it is tokenized alone ("lo"), then whole pieces.
         assert_eq!(t.decode(&out).unwrap_or_default(), "lo Hello!");

@@ -47,7 +47,12 @@ impl Features {
             .sum();
         let p1 = (1.0 / z) as f32;
         let p2 = (f64::from(v2 - v1).exp() / z) as f32;
-        Self { top1: i1 as u32, top1_prob: p1, stats: [p1, p1 - p2, entropy as f32, v1], hidden: out.hidden.clone() }
+        Self {
+            top1: i1 as u32,
+            top1_prob: p1,
+            stats: [p1, p1 - p2, entropy as f32, v1],
+            hidden: out.hidden.clone(),
+        }
     }
 }
 
@@ -58,7 +63,10 @@ mod tests {
     #[test]
     fn stats_of_known_distribution() {
         // logits ln(0.5), ln(0.3), ln(0.2): probs 0.5/0.3/0.2.
-        let out = PositionOutput { logits: vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()], hidden: vec![1.0, 2.0] };
+        let out = PositionOutput {
+            logits: vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()],
+            hidden: vec![1.0, 2.0],
+        };
         let f = Features::from_output(&out);
         assert_eq!(f.top1, 1);
         assert!((f.top1_prob - 0.5).abs() < 1e-5);

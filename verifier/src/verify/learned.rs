@@ -6,8 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::features::{Features, STAT_NAMES};
 use super::Verifier;
+use super::features::{Features, STAT_NAMES};
 use crate::error::EngineError;
 
 /// Artifact format tag.
@@ -73,9 +73,10 @@ pub struct LearnedVerifier {
 impl LearnedVerifier {
     /// Loads and validates an artifact for the draft whose sha256 is `draft_sha256`.
     pub fn load(path: &Path, draft_sha256: &str) -> Result<Self, EngineError> {
-        let bytes = std::fs::read(path).map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
-        let a: Artifact =
-            serde_json::from_slice(&bytes).map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
+        let a: Artifact = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
         Self::from_artifact(a, draft_sha256).map_err(|e| match e {
             EngineError::Artifact(m) => EngineError::Artifact(format!("{}: {m}", path.display())),
             other => other,
@@ -98,11 +99,25 @@ impl LearnedVerifier {
             .features
             .stats
             .iter()
-            .map(|s| STAT_NAMES.iter().position(|n| n == s).ok_or_else(|| EngineError::Artifact(format!("unknown feature {s:?}"))))
+            .map(|s| {
+                STAT_NAMES
+                    .iter()
+                    .position(|n| n == s)
+                    .ok_or_else(|| EngineError::Artifact(format!("unknown feature {s:?}")))
+            })
             .collect::<Result<_, _>>()?;
-        let width = stat_idx.len() + if a.features.hidden { a.features.hidden_size } else { 0 };
+        let width = stat_idx.len()
+            + if a.features.hidden {
+                a.features.hidden_size
+            } else {
+                0
+            };
         if a.mean.len() != width || a.std.len() != width {
-            return bad(format!("normalisation has {} / {} entries, inputs are {width}", a.mean.len(), a.std.len()));
+            return bad(format!(
+                "normalisation has {} / {} entries, inputs are {width}",
+                a.mean.len(),
+                a.std.len()
+            ));
         }
         let expected_layers = match a.kind.as_str() {
             "logistic" => 1,
@@ -110,11 +125,18 @@ impl LearnedVerifier {
             k => return bad(format!("unknown kind {k:?}")),
         };
         if a.layers.len() != expected_layers {
-            return bad(format!("{} needs {expected_layers} layers, has {}", a.kind, a.layers.len()));
+            return bad(format!(
+                "{} needs {expected_layers} layers, has {}",
+                a.kind,
+                a.layers.len()
+            ));
         }
         let mut fan_in = width;
         for (i, l) in a.layers.iter().enumerate() {
-            if l.weights.is_empty() || l.weights.len() != l.bias.len() || l.weights.iter().any(|r| r.len() != fan_in) {
+            if l.weights.is_empty()
+                || l.weights.len() != l.bias.len()
+                || l.weights.iter().any(|r| r.len() != fan_in)
+            {
                 return bad(format!("layer {i} does not take {fan_in} inputs"));
             }
             fan_in = l.weights.len();
@@ -122,12 +144,18 @@ impl LearnedVerifier {
         if fan_in != 1 {
             return bad(format!("last layer has {fan_in} outputs, expected 1"));
         }
-        Ok(Self { artifact: a, stat_idx })
+        Ok(Self {
+            artifact: a,
+            stat_idx,
+        })
     }
 
     /// The target model this head was calibrated against.
     pub fn target(&self) -> &str {
-        self.artifact.target.as_deref().unwrap_or(DEFAULT_CALIBRATION_TARGET)
+        self.artifact
+            .target
+            .as_deref()
+            .unwrap_or(DEFAULT_CALIBRATION_TARGET)
     }
 
     /// The artifact (for reports).
@@ -150,7 +178,11 @@ impl LearnedVerifier {
 }
 
 fn dense(l: &Dense, x: &[f32]) -> Vec<f32> {
-    l.weights.iter().zip(&l.bias).map(|(row, b)| row.iter().zip(x).map(|(w, v)| w * v).sum::<f32>() + b).collect()
+    l.weights
+        .iter()
+        .zip(&l.bias)
+        .map(|(row, b)| row.iter().zip(x).map(|(w, v)| w * v).sum::<f32>() + b)
+        .collect()
 }
 
 impl Verifier for LearnedVerifier {
@@ -181,15 +213,27 @@ mod tests {
             kind: "logistic".into(),
             draft_sha256: sha.into(),
             target: None,
-            features: FeatureSpec { stats: vec!["top1_prob".into()], hidden: true, hidden_size: 2 },
+            features: FeatureSpec {
+                stats: vec!["top1_prob".into()],
+                hidden: true,
+                hidden_size: 2,
+            },
             mean: vec![0.5, 0.0, 0.0],
             std: vec![0.5, 1.0, 1.0],
-            layers: vec![Dense { weights: vec![vec![4.0, 1.0, 0.0]], bias: vec![0.0] }],
+            layers: vec![Dense {
+                weights: vec![vec![4.0, 1.0, 0.0]],
+                bias: vec![0.0],
+            }],
         }
     }
 
     fn feats(p: f32, hidden: Vec<f32>) -> Features {
-        Features { top1: 0, top1_prob: p, stats: [p, 0.0, 0.0, 0.0], hidden }
+        Features {
+            top1: 0,
+            top1_prob: p,
+            stats: [p, 0.0, 0.0, 0.0],
+            hidden,
+        }
     }
 
     #[test]
@@ -206,7 +250,10 @@ mod tests {
 
     #[test]
     fn refuses_other_draft() {
-        let e = LearnedVerifier::from_artifact(logistic("aaaa"), "bbbb").err().map(|e| e.to_string()).unwrap_or_default();
+        let e = LearnedVerifier::from_artifact(logistic("aaaa"), "bbbb")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("trained for draft model sha256 aaaa"), "{e}");
     }
 
@@ -228,8 +275,14 @@ mod tests {
         let mut a = logistic("x");
         a.kind = "mlp".into();
         a.layers = vec![
-            Dense { weights: vec![vec![1.0, 0.0, 0.0], vec![-1.0, 0.0, 0.0]], bias: vec![0.0, 0.0] },
-            Dense { weights: vec![vec![1.0, 1.0]], bias: vec![0.0] },
+            Dense {
+                weights: vec![vec![1.0, 0.0, 0.0], vec![-1.0, 0.0, 0.0]],
+                bias: vec![0.0, 0.0],
+            },
+            Dense {
+                weights: vec![vec![1.0, 1.0]],
+                bias: vec![0.0],
+            },
         ];
         let v = LearnedVerifier::from_artifact(a, "x")?;
         // top1_prob 1.0 -> x0 = 1 -> hidden [1, 0] -> z = 1; 0.0 -> x0 = -1 -> hidden [0, 1] -> z = 1

@@ -59,7 +59,12 @@ mod tests {
 
     #[test]
     fn confidence_is_top1_prob() {
-        let f = Features { top1: 3, top1_prob: 0.8, stats: [0.8, 0.5, 0.7, 10.0], hidden: vec![] };
+        let f = Features {
+            top1: 3,
+            top1_prob: 0.8,
+            stats: [0.8, 0.5, 0.7, 10.0],
+            hidden: vec![],
+        };
         assert_eq!(ConfidenceVerifier.p_accept(&f), 0.8);
     }
 }
