@@ -110,12 +110,14 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         "tokenizer_check": tokenizer,
         "draft_workers": state.shared.draft.workers(),
         "draft_workers_alive": alive,
+        "draft_loaded": state.shared.draft.started(),
         "draft_workers_idle": state.shared.draft.idle(),
         "target_reachable": target.is_ok(),
         "target_error": target.as_ref().err(),
     });
-    // With no draft worker left every request would pass through: not ready as approxy.
-    let status = if target.is_ok() && alive > 0 {
+    // With no draft worker left every request would pass through: not ready as approxy,
+    // unless the policy passes everything through anyway.
+    let status = if target.is_ok() && (alive > 0 || !rt.policy.needs_draft()) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

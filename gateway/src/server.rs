@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::template::ChatTemplate;
-use approxy_verifier::{DraftConfig, DraftPool, Tokenizer};
+use approxy_verifier::{DraftConfig, DraftWorkers, LazyDraftPool, Tokenizer};
 
 use crate::policy::{Auth, GatewayPolicy, Policy};
 use crate::stack::router;
@@ -59,7 +59,13 @@ pub fn build_state(
     let tokenizer = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
     let template = ChatTemplate::from_file(&model_dir.join("chat_template.jinja"))?;
     let eos = tokenizer.end_of_sequence_ids();
-    let draft = DraftPool::start(&cfg)?;
+    let draft = LazyDraftPool::new(cfg)?;
+    if policy.needs_draft() {
+        draft.ensure_started()?;
+    } else {
+        tracing::info!("no model in this policy runs the draft: it is loaded when a reload adds one");
+    }
+    let draft = Arc::new(draft);
     let shared = Arc::new(Shared {
         draft,
         tokenizer,
@@ -196,7 +202,9 @@ async fn watch_policy(state: AppState) {
             continue;
         }
         seen = now;
-        reload(&state, &path);
+        // Blocking: a reload may have to load the draft.
+        let (state, path) = (state.clone(), path.clone());
+        let _ = tokio::task::spawn_blocking(move || reload(&state, &path)).await;
     }
 }
 
@@ -210,6 +218,11 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
         // A file edit must not open a gateway that was closed.
         if old.policy.gateway.auth == Auth::Keys && p.gateway.auth == Auth::None {
             anyhow::bail!("the new policy turns client auth off (gateway.auth = \"none\"); restart to do that");
+        }
+        // Before the new policy serves anything: its first approximate request finds the
+        // drafts loaded.
+        if p.needs_draft() {
+            state.shared.draft.ensure_started()?;
         }
         Runtime::build(p, &state.shared)
     });

@@ -39,3 +39,34 @@ def test_valid_then_invalid_reload(start_gateway):
     assert wait_for(lambda: "new policy rejected" in g.logs())
     assert threshold_of(g) == 0.3
     assert g.proc.poll() is None
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def mode_of(g):
+    raw = g.client().chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=2)
+    return raw.headers["x-approxy-mode"]
+
+
+def test_a_passthrough_only_policy_loads_no_draft_until_a_reload_needs_it(start_gateway):
+    import httpx
+
+    g = start_gateway(policy_text(mode='"passthrough"'))
+    ready = httpx.get(g.url + "/ready", timeout=30)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["draft_loaded"] is False
+    assert mode_of(g) == "passthrough"
+    # One draft worker holds the int4 weights (about 550 MiB on this model): none are here.
+    before = rss_mib(g.proc.pid)
+    assert before < 300, f"{before:.0f} MiB without a draft loaded"
+    # A reload that adds an approximate model loads the draft before the new policy serves.
+    g.policy.write_text(policy_text())
+    assert wait_for(lambda: "policy reloaded" in g.logs(), timeout=120), g.logs()[-2000:]
+    assert httpx.get(g.url + "/ready", timeout=30).json()["draft_loaded"] is True
+    assert mode_of(g) == "approximate"
+    assert rss_mib(g.proc.pid) > before + 200

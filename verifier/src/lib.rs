@@ -35,6 +35,7 @@ pub use decode::{
     BailoutBudget, Correction, Engine, FinishReason, GenerateRequest, Source, Stats, TokenEvent,
     Verification,
 };
+pub use draft::lazy::LazyDraftPool;
 pub use draft::pool::{DraftLease, DraftPool};
 pub use draft::{Draft, DraftConfig, DraftMeta, DraftWorkers};
 pub use error::{EngineError, TargetError};

@@ -203,6 +203,11 @@ impl Policy {
         self.models.get(id).or_else(|| self.models.get("*"))
     }
 
+    /// Whether any model may run the draft: if none does, the gateway never loads it.
+    pub fn needs_draft(&self) -> bool {
+        self.target.kind.can_continue() && self.models.values().any(|m| m.mode == Mode::Approximate)
+    }
+
     /// Reads and validates a file.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
         let fail = |m: String| PolicyError {

@@ -4,6 +4,7 @@
 //! tests use the scripted one in `crate::testing`.
 
 pub mod kv;
+pub mod lazy;
 pub mod pool;
 pub mod session;
 
@@ -114,5 +115,13 @@ pub trait DraftWorkers: Send + Sync {
     /// Number of drafts whose worker is running (one whose thread ended is never leased).
     fn alive(&self) -> usize {
         self.workers()
+    }
+    /// Whether the drafts are loaded (see [`lazy`]: a passthrough-only gateway never loads them).
+    fn started(&self) -> bool {
+        true
+    }
+    /// Loads and starts the drafts if they are not running yet; blocks while loading.
+    fn ensure_started(&self) -> Result<(), EngineError> {
+        Ok(())
     }
 }
