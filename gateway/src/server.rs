@@ -63,7 +63,9 @@ pub fn build_state(
     if policy.needs_draft() {
         draft.ensure_started()?;
     } else {
-        tracing::info!("no model in this policy runs the draft: it is loaded when a reload adds one");
+        tracing::info!(
+            "no model in this policy runs the draft: it is loaded when a reload adds one"
+        );
     }
     let draft = Arc::new(draft);
     let shared = Arc::new(Shared {

@@ -10,6 +10,9 @@ use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::draft::session::DraftSession;
 use approxy_verifier::sampling::argmax;
 
+/// For calls whose caller never leaves.
+const NEVER_GONE: &dyn Fn() -> bool = &|| false;
+
 fn session() -> DraftSession {
     let h = common::home();
     DraftSession::load(
@@ -34,9 +37,10 @@ fn max_diff(a: &PositionOutput, b: &PositionOutput) -> f32 {
 fn greedy_decode_writes_python() {
     let mut s = session();
     let mut out = s
-        .prefill(&common::chat_prompt(
-            "Write a Python function add(a, b) that returns a + b.",
-        ))
+        .prefill(
+            &common::chat_prompt("Write a Python function add(a, b) that returns a + b."),
+            NEVER_GONE,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.hidden.len(), common::meta().hidden_size);
     assert_eq!(out.logits.len(), common::meta().vocab_size);
@@ -45,7 +49,7 @@ fn greedy_decode_writes_python() {
         let t = argmax(&out.logits).0 as u32;
         ids.push(t);
         out = s
-            .extend(&[t], false)
+            .extend(&[t], false, NEVER_GONE)
             .unwrap_or_else(|e| panic!("{e}"))
             .remove(0);
     }
@@ -59,18 +63,21 @@ fn greedy_decode_writes_python() {
 fn rollback_then_rerun_matches() {
     let mut s = session();
     let prompt = common::chat_prompt("Say hello.");
-    s.prefill(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    s.prefill(&prompt, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     let extra = common::tokenizer()
         .encode("Hello there, friend")
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(extra.len() >= 3);
-    let first = s.extend(&extra, true).unwrap_or_else(|e| panic!("{e}"));
+    let first = s
+        .extend(&extra, true, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(first.len(), extra.len());
     assert_eq!(s.tokens().len(), prompt.len() + extra.len());
     s.rollback(2);
     assert_eq!(s.tokens().len(), prompt.len() + extra.len() - 2);
     let again = s
-        .extend(&extra[extra.len() - 2..], true)
+        .extend(&extra[extra.len() - 2..], true, NEVER_GONE)
         .unwrap_or_else(|e| panic!("{e}"));
     for (a, b) in first[first.len() - 2..].iter().zip(&again) {
         assert!(max_diff(a, b) < 1e-2, "logits differ by {}", max_diff(a, b));
@@ -83,14 +90,21 @@ fn prefill_reuses_common_prefix() {
     let mut warm = session();
     let a = common::chat_prompt("What is 2 + 2?");
     let b = common::chat_prompt("What is 2 + 3?");
-    warm.prefill(&a).unwrap_or_else(|e| panic!("{e}"));
-    let reused = warm.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    warm.prefill(&a, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reused = warm
+        .prefill(&b, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut cold = session();
-    let fresh = cold.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    let fresh = cold
+        .prefill(&b, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     // Bit-identical: the answer to a prompt must not depend on what the worker did before.
     assert_eq!(reused.logits, fresh.logits);
     // The identical prompt again is answered from the cached last output.
-    let same = warm.prefill(&b).unwrap_or_else(|e| panic!("{e}"));
+    let same = warm
+        .prefill(&b, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(same.logits, reused.logits);
 }
 
@@ -100,20 +114,27 @@ fn prefill_is_independent_of_history() {
         common::chat_prompt(&"Explain how a hash map resolves collisions, in detail. ".repeat(12));
     assert!(long.len() > 130);
     let mut cold = session();
-    let fresh = cold.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
+    let fresh = cold
+        .prefill(&long, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut warm = session();
     // Histories that leave different cached prefixes: a shorter prompt, generated tokens, a rollback.
-    warm.prefill(&long[..70]).unwrap_or_else(|e| panic!("{e}"));
-    warm.extend(&long[70..100], false)
+    warm.prefill(&long[..70], NEVER_GONE)
         .unwrap_or_else(|e| panic!("{e}"));
-    warm.extend(&[11, 12, 13], false)
+    warm.extend(&long[70..100], false, NEVER_GONE)
         .unwrap_or_else(|e| panic!("{e}"));
-    let again = warm.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
+    warm.extend(&[11, 12, 13], false, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let again = warm
+        .prefill(&long, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(again.logits, fresh.logits);
-    warm.extend(&[5, 6], false)
+    warm.extend(&[5, 6], false, NEVER_GONE)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        warm.prefill(&long).unwrap_or_else(|e| panic!("{e}")).logits,
+        warm.prefill(&long, NEVER_GONE)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .logits,
         fresh.logits
     );
 }
@@ -123,7 +144,9 @@ fn long_prompt_is_chunked() {
     let mut s = session();
     let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(20));
     assert!(long.len() > 150);
-    let out = s.prefill(&long).unwrap_or_else(|e| panic!("{e}"));
+    let out = s
+        .prefill(&long, NEVER_GONE)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.tokens().len(), long.len());
     assert!(out.logits.iter().all(|x| x.is_finite()));
 }
@@ -160,7 +183,7 @@ async fn a_worker_that_panics_carries_on() {
 fn trimming_frees_memory_and_keeps_results() {
     let mut s = session();
     let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(20));
-    let before = s.prefill(&long).unwrap();
+    let before = s.prefill(&long, NEVER_GONE).unwrap();
     let full = s.kv_bytes();
     s.trim(64);
     assert!(
@@ -169,7 +192,68 @@ fn trimming_frees_memory_and_keeps_results() {
         s.kv_bytes()
     );
     assert_eq!(s.tokens(), &long[..64]);
-    let again = s.prefill(&long).unwrap();
+    let again = s.prefill(&long, NEVER_GONE).unwrap();
     assert_eq!(argmax(&before.logits), argmax(&again.logits));
     assert!(max_diff(&before, &again) < 1e-3);
+}
+
+/// A prefill whose caller leaves stops at the next chunk, keeps the cache and its token list in
+/// step (whole chunks only), and a later prefill gives exactly what a fresh one does.
+#[test]
+fn an_abandoned_prefill_stops_between_chunks_and_stays_consistent() {
+    let mut s = session();
+    let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(60));
+    assert!(long.len() > 5 * 64);
+    let asked = std::cell::Cell::new(0);
+    let gone_after_three = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 3
+    };
+    assert!(s.prefill(&long, &gone_after_three).is_err());
+    assert_eq!(s.tokens(), &long[..3 * 64]);
+    let resumed = s.prefill(&long, NEVER_GONE).unwrap();
+    let fresh = session().prefill(&long, NEVER_GONE).unwrap();
+    assert_eq!(argmax(&resumed.logits), argmax(&fresh.logits));
+    assert!(
+        max_diff(&resumed, &fresh) < 1e-3,
+        "{}",
+        max_diff(&resumed, &fresh)
+    );
+}
+
+/// A client that leaves during a long prefill frees its worker: the next request's prefill
+/// does not wait for the rest of the abandoned one. (Relative to a prefill of the same length
+/// on the same worker, measured in the test: the abandoned one would add about as much again.)
+#[tokio::test]
+async fn a_lease_dropped_during_prefill_frees_the_worker() {
+    use approxy_verifier::{DraftPool, DraftWorkers};
+    use std::time::Instant;
+    let pool = DraftPool::start(&common::draft_config(1)).unwrap_or_else(|e| panic!("{e}"));
+    let prompt = |word: &str| common::chat_prompt(&format!("{word} ").repeat(1200));
+    let started = Instant::now();
+    pool.try_lease()
+        .unwrap()
+        .prefill(prompt("alpha"))
+        .await
+        .unwrap();
+    let alone = started.elapsed();
+    // Leaves a fifth of the way in.
+    let lease = pool.try_lease().unwrap();
+    assert!(
+        tokio::time::timeout(alone / 5, lease.prefill(prompt("beta")))
+            .await
+            .is_err()
+    );
+    drop(lease);
+    let started = Instant::now();
+    pool.try_lease()
+        .unwrap()
+        .prefill(prompt("gamma"))
+        .await
+        .unwrap();
+    let after = started.elapsed();
+    assert!(
+        after < alone.mul_f64(1.4),
+        "the next prefill took {after:?}, one alone {alone:?}: it waited for the abandoned one"
+    );
 }

@@ -215,7 +215,7 @@ pub fn draft_runs(onnxruntime_lib: &Path, model_dir: &Path) -> anyhow::Result<()
     let vocab = meta.vocab_size;
     let mut session = DraftSession::load(onnxruntime_lib, model_dir, meta, 2, false)?;
     // "Hello" in the Qwen2 vocabulary, then a space; any valid ids would do.
-    let out = session.prefill(&[9707, 220])?;
+    let out = session.prefill(&[9707, 220], &|| false)?;
     if out.logits.len() != vocab || out.logits.iter().any(|x| !x.is_finite()) {
         bail!(
             "the draft model ran but gave {} logits (expected {vocab} finite values)",

@@ -23,7 +23,12 @@ impl LazyDraftPool {
     /// Reads the model's shape facts (a small file); loads nothing else.
     pub fn new(cfg: DraftConfig) -> Result<Self, EngineError> {
         let meta = DraftMeta::load(&cfg.model_dir)?;
-        Ok(Self { cfg, meta, pool: OnceLock::new(), starting: Mutex::new(()) })
+        Ok(Self {
+            cfg,
+            meta,
+            pool: OnceLock::new(),
+            starting: Mutex::new(()),
+        })
     }
 }
 

@@ -212,9 +212,11 @@ fn worker_loop(mut session: DraftSession, mut rx: mpsc::Receiver<Job>) {
         }
         // A panic in one job must not take the worker down with it (the pool would go on
         // handing out a dead worker): the job fails, the session starts over, the worker stays.
+        let reply = job.reply;
+        let gone = || reply.is_closed();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.op {
-            Op::Prefill(p) => session.prefill(&p).map(|o| vec![o]),
-            Op::Extend(t, all) => session.extend(&t, all),
+            Op::Prefill(p) => session.prefill(&p, &gone).map(|o| vec![o]),
+            Op::Extend(t, all) => session.extend(&t, all, &gone),
             Op::Rollback(n) => {
                 session.rollback(n);
                 Ok(Vec::new())
@@ -235,6 +237,6 @@ fn worker_loop(mut session: DraftSession, mut rx: mpsc::Receiver<Job>) {
                 "the draft worker failed on this request".into(),
             ))
         });
-        let _ = job.reply.send(result);
+        let _ = reply.send(result);
     }
 }

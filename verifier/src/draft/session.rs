@@ -32,6 +32,11 @@ fn environment(lib: &Path) -> Result<ort::environment::Environment, EngineError>
         .map_err(EngineError::Draft)
 }
 
+/// The error of work stopped because its caller left; nobody receives it.
+fn abandoned() -> EngineError {
+    EngineError::Draft("stopped: the request went away".into())
+}
+
 /// A loaded draft model and the state of one sequence.
 pub struct DraftSession {
     session: Session,
@@ -119,7 +124,15 @@ impl DraftSession {
     /// history. So the prompt runs in chunks aligned to absolute multiples of `PREFILL_CHUNK`,
     /// the last position always runs alone (as decode steps do), and only whole aligned chunks
     /// computed this way are reused from a previous prompt.
-    pub fn prefill(&mut self, prompt: &[u32]) -> Result<PositionOutput, EngineError> {
+    ///
+    /// `gone` is asked between chunks: when it says the caller has left (a client that
+    /// disconnected during a long prompt), the work stops there and the worker is free at once.
+    /// What was computed stays cached and reusable, as whole aligned chunks.
+    pub fn prefill(
+        &mut self,
+        prompt: &[u32],
+        gone: &dyn Fn() -> bool,
+    ) -> Result<PositionOutput, EngineError> {
         let Some((&last, body)) = prompt.split_last() else {
             return Err(EngineError::Draft("empty prompt".into()));
         };
@@ -137,6 +150,11 @@ impl DraftSession {
         let keep = common.min(self.aligned_upto) / PREFILL_CHUNK * PREFILL_CHUNK;
         self.rollback(self.tokens.len() - keep);
         for chunk in body[keep..].chunks(PREFILL_CHUNK) {
+            if gone() {
+                // Only whole chunks have run so far, each starting at a multiple of the chunk.
+                self.aligned_upto = self.tokens.len();
+                return Err(abandoned());
+            }
             self.run(chunk, false)?;
         }
         self.aligned_upto = body.len() / PREFILL_CHUNK * PREFILL_CHUNK;
@@ -149,14 +167,18 @@ impl DraftSession {
     }
 
     /// Runs `tokens` after what is cached, appends them to the cache and returns the output
-    /// at every new position (`all`) or only at the last.
+    /// at every new position (`all`) or only at the last. `gone` as in [`DraftSession::prefill`].
     pub fn extend(
         &mut self,
         tokens: &[u32],
         all: bool,
+        gone: &dyn Fn() -> bool,
     ) -> Result<Vec<PositionOutput>, EngineError> {
         let mut outs = Vec::new();
         for chunk in tokens.chunks(PREFILL_CHUNK) {
+            if gone() {
+                return Err(abandoned());
+            }
             let mut o = self.run(chunk, all)?;
             if all {
                 outs.append(&mut o);
