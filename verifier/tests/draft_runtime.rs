@@ -182,7 +182,8 @@ async fn a_worker_that_panics_carries_on() {
 #[test]
 fn trimming_frees_memory_and_keeps_results() {
     let mut s = session();
-    let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(20));
+    // Long enough that the buffers grew well past their first size.
+    let long = common::chat_prompt(&"the quick brown fox jumps over the lazy dog. ".repeat(100));
     let before = s.prefill(&long, NEVER_GONE).unwrap();
     let full = s.kv_bytes();
     s.trim(64);

@@ -138,6 +138,9 @@ enum BenchCmd {
         /// Let idle draft threads spin-wait (as with `spin_wait = true` in a policy).
         #[arg(long)]
         spin: bool,
+        /// Tokens of earlier conversation before the prompt: decode speed at a long context.
+        #[arg(long, default_value_t = 0)]
+        context: usize,
         /// Root URL of a running llama-server with the target model: its decode speed calibrates
         /// this machine against the one the reference figures come from.
         #[arg(long)]
@@ -283,6 +286,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     runs,
                     threads,
                     spin,
+                    context,
                     target_url,
                 },
         } => bench::draft(&bench::DraftBenchOptions {
@@ -290,6 +294,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             runs: runs + 1,
             threads,
             spin,
+            context,
             target_url,
         }),
         Cmd::Bench {

@@ -20,6 +20,8 @@ pub struct DraftBenchOptions {
     pub threads: usize,
     /// Let idle threads spin-wait.
     pub spin: bool,
+    /// Tokens of earlier conversation put before the prompt.
+    pub context: usize,
     /// A running llama-server with the target model, timed the same way as a yardstick for
     /// this machine's speed against the one FACTS.md was measured on.
     pub target_url: Option<String>,
@@ -65,7 +67,16 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let pool = DraftPool::start(&cfg)?;
-    let prompt = tok.encode(PROMPT)?;
+    let mut prompt = Vec::new();
+    if opts.context > 0 {
+        // An earlier turn of plain prose, cut to the length asked for.
+        let filler = tok.encode(&format!(
+            "<|im_start|>user\n{}<|im_end|>\n",
+            "The quick brown fox jumps over the lazy dog. ".repeat(opts.context / 8 + 1)
+        ))?;
+        prompt.extend_from_slice(&filler[..opts.context.min(filler.len())]);
+    }
+    prompt.extend(tok.encode(PROMPT)?);
     let mut prefill_ms = Vec::new();
     let mut step_ms = Vec::new();
     rt.block_on(async {

@@ -1,30 +1,48 @@
-//! The draft model's KV cache: per layer, a key and a value tensor of shape
-//! `[1, kv_heads, len, head_dim]`, kept as flat row-major buffers so they can be handed to
-//! ONNX Runtime without conversion. Appending happens by adopting the model's `present.*`
-//! outputs (which hold past + new positions); rolling back drops the newest positions.
+//! The draft model's KV cache, preallocated and written in place.
+//!
+//! The ONNX export uses GroupQueryAttention, which updates its cache in place when the
+//! `past_key_values.*` input and the `present.*` output are the same buffer (what
+//! onnxruntime-genai calls `past_present_share_buffer`). So each layer's key and value live in
+//! one ONNX Runtime tensor of shape `[1, kv_heads, capacity, head_dim]`, bound as both input
+//! and output; the attention mask's length tells the model how many positions are real. A step
+//! copies nothing, and a rollback only shortens the valid length. The buffers grow by doubling
+//! when a sequence outgrows them (rows copied once), and shrink when an idle worker is trimmed.
+
+use ort::memory::Allocator;
+use ort::value::Tensor;
 
 use crate::error::EngineError;
 
+/// Capacities are multiples of this (and at least this), so small prompts never reallocate.
+const CAPACITY_STEP: usize = 256;
+
 /// The cache for one sequence.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvCache {
     layers: usize,
     heads: usize,
     head_dim: usize,
+    /// Valid positions.
     len: usize,
-    /// `layers` entries of (key, value), each `heads * len * head_dim` floats.
-    data: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Positions the buffers hold room for.
+    capacity: usize,
+    /// Per layer, the key and the value buffer; empty until the first run.
+    buffers: Vec<(Tensor<f32>, Tensor<f32>)>,
+    /// Bumped whenever the buffers are replaced, so the session knows to bind them again.
+    generation: u64,
 }
 
 impl KvCache {
-    /// An empty cache for a model of this shape.
+    /// An empty cache for a model of this shape; nothing is allocated yet.
     pub fn new(layers: usize, heads: usize, head_dim: usize) -> Self {
         Self {
             layers,
             heads,
             head_dim,
             len: 0,
-            data: vec![(Vec::new(), Vec::new()); layers],
+            capacity: 0,
+            buffers: Vec::new(),
+            generation: 0,
         }
     }
 
@@ -38,95 +56,141 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Number of layers.
-    pub fn layers(&self) -> usize {
-        self.layers
+    /// Positions the buffers have room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
-    /// Shape `[1, heads, len, head_dim]` as ONNX wants it.
-    pub fn shape(&self) -> [i64; 4] {
-        [1, self.heads as i64, self.len as i64, self.head_dim as i64]
+    /// Changes whenever the buffers are replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
-    /// Takes the buffers out (to move them into input tensors without copying); the cache
-    /// is left empty until [`KvCache::adopt`] puts the model's outputs back.
-    pub fn take(&mut self) -> Vec<(Vec<f32>, Vec<f32>)> {
-        self.len = 0;
-        std::mem::replace(&mut self.data, vec![(Vec::new(), Vec::new()); self.layers])
+    /// The buffers, per layer (key, value), to bind as input and output alike.
+    pub fn buffers_mut(&mut self) -> &mut [(Tensor<f32>, Tensor<f32>)] {
+        &mut self.buffers
     }
 
-    /// Appends by adopting `present` buffers that hold `new_len` positions, which must be
-    /// the old length plus what was just run.
-    pub fn adopt(
-        &mut self,
-        present: Vec<(Vec<f32>, Vec<f32>)>,
-        new_len: usize,
-    ) -> Result<(), EngineError> {
-        let want = self.heads * new_len * self.head_dim;
-        if present.len() != self.layers
-            || present
-                .iter()
-                .any(|(k, v)| k.len() != want || v.len() != want)
-        {
-            return Err(EngineError::Draft(format!(
-                "present KV has the wrong shape: {} layers, expected {} layers of {want} floats",
-                present.len(),
-                self.layers
-            )));
+    /// Makes room for `total` positions, keeping what is cached.
+    pub fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        if total <= self.capacity {
+            return Ok(());
         }
-        self.data = present;
-        self.len = new_len;
-        Ok(())
+        let want = total
+            .max(self.capacity * 2)
+            .max(CAPACITY_STEP)
+            .next_multiple_of(CAPACITY_STEP);
+        self.reallocate(want)
     }
 
-    /// Drops the newest `n` positions (all of them when `n >= len`).
+    /// Records that a run appended positions up to `total` (the model wrote them in place).
+    pub fn set_len(&mut self, total: usize) {
+        debug_assert!(total <= self.capacity);
+        self.len = total.min(self.capacity);
+    }
+
+    /// Drops the newest `n` positions (all of them when `n >= len`); their rows are simply
+    /// written over later.
     pub fn rollback(&mut self, n: usize) {
-        let keep = self.len.saturating_sub(n);
-        if keep == self.len {
-            return;
-        }
-        let (heads, hd, old) = (self.heads, self.head_dim, self.len);
-        for (k, v) in &mut self.data {
-            for buf in [k, v] {
-                // Each head's rows are contiguous: move the kept rows of head h to their new home.
-                for h in 0..heads {
-                    let src = h * old * hd;
-                    let dst = h * keep * hd;
-                    buf.copy_within(src..src + keep * hd, dst);
-                }
-                buf.truncate(heads * keep * hd);
-            }
-        }
-        self.len = keep;
+        self.len = self.len.saturating_sub(n);
     }
 
-    /// Empties the cache.
+    /// Empties the cache (keeps the buffers).
     pub fn clear(&mut self) {
-        self.rollback(self.len);
+        self.len = 0;
     }
 
-    /// Gives back memory beyond what the cache holds now (a rollback keeps its buffers' size).
-    pub fn shrink(&mut self) {
-        for (k, v) in &mut self.data {
-            k.shrink_to_fit();
-            v.shrink_to_fit();
+    /// Gives back room beyond what is cached now, so an idle worker holds no more than it needs.
+    pub fn shrink(&mut self) -> Result<(), EngineError> {
+        let want = if self.len == 0 {
+            0
+        } else {
+            self.len.next_multiple_of(CAPACITY_STEP)
+        };
+        if want < self.capacity {
+            self.reallocate(want)
+        } else {
+            Ok(())
         }
     }
 
     /// Bytes the buffers hold.
     pub fn capacity_bytes(&self) -> usize {
-        self.data
-            .iter()
-            .map(|(k, v)| (k.capacity() + v.capacity()) * std::mem::size_of::<f32>())
-            .sum()
+        2 * self.layers * self.heads * self.capacity * self.head_dim * std::mem::size_of::<f32>()
     }
 
-    /// Key buffer of one layer (for tests and diagnostics).
-    pub fn key(&self, layer: usize) -> &[f32] {
-        self.data
-            .get(layer)
-            .map(|(k, _)| k.as_slice())
-            .unwrap_or(&[])
+    /// Replaces the buffers with ones of `capacity` positions and copies the valid rows over.
+    fn reallocate(&mut self, capacity: usize) -> Result<(), EngineError> {
+        let mut fresh = Vec::with_capacity(if capacity == 0 { 0 } else { self.layers });
+        if capacity > 0 {
+            let allocator = Allocator::default();
+            let shape = [1, self.heads as i64, capacity as i64, self.head_dim as i64];
+            for _ in 0..self.layers {
+                fresh.push((
+                    Tensor::<f32>::new(&allocator, shape)?,
+                    Tensor::<f32>::new(&allocator, shape)?,
+                ));
+            }
+        }
+        let keep = self.len.min(capacity);
+        for ((old_k, old_v), (new_k, new_v)) in self.buffers.iter().zip(fresh.iter_mut()) {
+            for (old, new) in [(old_k, new_k), (old_v, new_v)] {
+                let (_, src) = old.try_extract_tensor::<f32>()?;
+                let (_, dst) = new.try_extract_tensor_mut::<f32>()?;
+                copy_rows(
+                    src,
+                    self.capacity,
+                    dst,
+                    capacity,
+                    self.heads,
+                    keep,
+                    self.head_dim,
+                );
+            }
+        }
+        self.buffers = fresh;
+        self.capacity = capacity;
+        self.len = keep;
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Key rows of one layer's valid positions, head after head (for tests and diagnostics).
+    pub fn key_rows(&self, layer: usize) -> Vec<f32> {
+        let Some((k, _)) = self.buffers.get(layer) else {
+            return Vec::new();
+        };
+        let Ok((_, data)) = k.try_extract_tensor::<f32>() else {
+            return Vec::new();
+        };
+        let mut out = vec![0.0; self.heads * self.len * self.head_dim];
+        copy_rows(
+            data,
+            self.capacity,
+            &mut out,
+            self.len,
+            self.heads,
+            self.len,
+            self.head_dim,
+        );
+        out
+    }
+}
+
+/// Copies the first `len` rows of every head from a `[heads, src_cap, hd]` buffer into a
+/// `[heads, dst_cap, hd]` one.
+fn copy_rows(
+    src: &[f32],
+    src_cap: usize,
+    dst: &mut [f32],
+    dst_cap: usize,
+    heads: usize,
+    len: usize,
+    hd: usize,
+) {
+    for h in 0..heads {
+        let (s, d) = (h * src_cap * hd, h * dst_cap * hd);
+        dst[d..d + len * hd].copy_from_slice(&src[s..s + len * hd]);
     }
 }
 
@@ -134,69 +198,32 @@ impl KvCache {
 mod tests {
     use super::*;
 
-    /// Builds present buffers whose value encodes (layer, head, pos, dim), so any misplaced
-    /// row shows up in an equality check.
-    fn present(layers: usize, heads: usize, len: usize, hd: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
-        (0..layers)
-            .map(|l| {
-                let mut k = Vec::new();
-                for h in 0..heads {
-                    for p in 0..len {
-                        for d in 0..hd {
-                            k.push((l * 1000 + h * 100 + p * 10 + d) as f32);
-                        }
-                    }
-                }
-                let v = k.iter().map(|x| -x).collect();
-                (k, v)
+    #[test]
+    fn rows_move_between_capacities_head_by_head() {
+        // Two heads, capacity 3, head_dim 2; value = head*100 + pos*10 + dim.
+        let src: Vec<f32> = (0..2)
+            .flat_map(|h| {
+                (0..3).flat_map(move |p| (0..2).map(move |d| (h * 100 + p * 10 + d) as f32))
             })
-            .collect()
+            .collect();
+        let mut dst = vec![-1.0; 2 * 5 * 2];
+        copy_rows(&src, 3, &mut dst, 5, 2, 2, 2);
+        assert_eq!(&dst[..4], &[0.0, 1.0, 10.0, 11.0]);
+        assert_eq!(&dst[4..10], &[-1.0; 6]);
+        assert_eq!(&dst[10..14], &[100.0, 101.0, 110.0, 111.0]);
+        let mut back = vec![0.0; 2 * 2 * 2];
+        copy_rows(&dst, 5, &mut back, 2, 2, 2, 2);
+        assert_eq!(back, [0.0, 1.0, 10.0, 11.0, 100.0, 101.0, 110.0, 111.0]);
     }
 
     #[test]
-    fn append_then_rollback_equals_shorter_run() -> Result<(), EngineError> {
+    fn rollback_only_shortens() {
         let mut c = KvCache::new(2, 2, 3);
-        c.adopt(present(2, 2, 5, 3), 5)?;
-        assert_eq!(c.len(), 5);
+        c.len = 5;
+        c.capacity = 256;
         c.rollback(2);
         assert_eq!(c.len(), 3);
-        let expect = present(2, 2, 3, 3);
-        for (l, (ek, _)) in expect.iter().enumerate() {
-            assert_eq!(c.key(l), ek.as_slice(), "layer {l}");
-        }
-        assert_eq!(c.data[1].1, expect[1].1);
-        assert_eq!(c.shape(), [1, 2, 3, 3]);
-        Ok(())
-    }
-
-    #[test]
-    fn rollback_past_start_empties() -> Result<(), EngineError> {
-        let mut c = KvCache::new(1, 2, 2);
-        c.adopt(present(1, 2, 4, 2), 4)?;
         c.rollback(10);
         assert!(c.is_empty());
-        assert!(c.key(0).is_empty());
-        c.rollback(1);
-        assert!(c.is_empty());
-        Ok(())
-    }
-
-    #[test]
-    fn adopt_rejects_wrong_shape() {
-        let mut c = KvCache::new(2, 2, 3);
-        assert!(c.adopt(present(2, 2, 4, 3), 5).is_err());
-        assert!(c.adopt(present(1, 2, 5, 3), 5).is_err());
-    }
-
-    #[test]
-    fn take_then_adopt_extends() -> Result<(), EngineError> {
-        let mut c = KvCache::new(1, 1, 2);
-        c.adopt(present(1, 1, 2, 2), 2)?;
-        let taken = c.take();
-        assert_eq!(taken[0].0.len(), 4);
-        assert!(c.is_empty());
-        c.adopt(present(1, 1, 3, 2), 3)?;
-        assert_eq!(c.len(), 3);
-        Ok(())
     }
 }

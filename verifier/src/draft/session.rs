@@ -1,11 +1,10 @@
 //! One ONNX Runtime session of the draft model plus the KV cache of the sequence it is
 //! working on. Not thread-safe by design: a worker thread owns it (see `pool`).
 
-use std::borrow::Cow;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ort::session::{Session, SessionInputValue};
+use ort::session::{IoBinding, Session};
 use ort::value::Tensor;
 
 use super::kv::KvCache;
@@ -52,6 +51,10 @@ pub struct DraftSession {
     /// multiples of `PREFILL_CHUNK`: exactly what a cold prefill computes, so reusable.
     aligned_upto: usize,
     kv_names: Vec<(String, String, String, String)>,
+    /// Inputs and outputs bound to the session; the cache buffers stay bound between runs.
+    binding: IoBinding,
+    /// The cache generation whose buffers are bound.
+    bound_generation: Option<u64>,
 }
 
 impl DraftSession {
@@ -92,6 +95,7 @@ impl DraftSession {
             meta.num_key_value_heads,
             meta.head_dim,
         );
+        let binding = session.create_binding()?;
         Ok(Self {
             session,
             meta,
@@ -100,6 +104,8 @@ impl DraftSession {
             last: None,
             aligned_upto: 0,
             kv_names,
+            binding,
+            bound_generation: None,
         })
     }
 
@@ -195,7 +201,10 @@ impl DraftSession {
         if self.kv.len() > max_positions {
             self.rollback(self.kv.len() - max_positions);
         }
-        self.kv.shrink();
+        if let Err(e) = self.kv.shrink() {
+            // Keeping the larger buffers is safe; only memory is not given back.
+            tracing::warn!(error = %e, "could not shrink the draft's KV cache");
+        }
     }
 
     /// Bytes the KV cache holds.
@@ -226,36 +235,34 @@ impl DraftSession {
         let past = self.kv.len();
         let total = past + chunk.len();
         let s = chunk.len();
-        let shape = self.kv.shape();
+        self.kv.reserve(total)?;
+        if self.bound_generation != Some(self.kv.generation()) {
+            // New buffers: each layer's one buffer is both the past input and the present
+            // output, so the model appends in place.
+            for ((k, v), (kn, vn, pk, pv)) in self.kv.buffers_mut().iter_mut().zip(&self.kv_names) {
+                self.binding.bind_input(kn.as_str(), &*k)?;
+                self.binding.bind_input(vn.as_str(), &*v)?;
+                self.binding.bind_output(pk.as_str(), k)?;
+                self.binding.bind_output(pv.as_str(), v)?;
+            }
+            self.bound_generation = Some(self.kv.generation());
+        }
         let ids: Vec<i64> = chunk.iter().map(|&t| i64::from(t)).collect();
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(2 + 2 * self.kv.layers());
-        inputs.push((
-            "input_ids".into(),
-            Tensor::from_array((vec![1i64, s as i64], ids))?.into(),
-        ));
-        inputs.push((
-            "attention_mask".into(),
-            Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?.into(),
-        ));
-        for ((k, v), (kn, vn, _, _)) in self.kv.take().into_iter().zip(&self.kv_names) {
-            inputs.push((
-                kn.as_str().into(),
-                Tensor::from_array((shape.to_vec(), k))?.into(),
-            ));
-            inputs.push((
-                vn.as_str().into(),
-                Tensor::from_array((shape.to_vec(), v))?.into(),
-            ));
-        }
-        let result = self.session.run(inputs);
-        let outputs = result?;
-        let mut present = Vec::with_capacity(self.kv_names.len());
-        for (_, _, pk, pv) in &self.kv_names {
-            let k = outputs[pk.as_str()].try_extract_tensor::<f32>()?.1.to_vec();
-            let v = outputs[pv.as_str()].try_extract_tensor::<f32>()?.1.to_vec();
-            present.push((k, v));
-        }
+        self.binding.bind_input(
+            "input_ids",
+            &Tensor::from_array((vec![1i64, s as i64], ids))?,
+        )?;
+        // Its length is what tells the model how many cached positions are real.
+        self.binding.bind_input(
+            "attention_mask",
+            &Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?,
+        )?;
+        // Their shapes change with the chunk, so they are bound afresh each run (a bound output
+        // otherwise keeps the previous run's buffer and shape).
+        let cpu = ort::memory::MemoryInfo::default();
+        self.binding.bind_output_to_device("logits", &cpu)?;
+        self.binding.bind_output_to_device("hidden_states", &cpu)?;
+        let outputs = self.session.run_binding(&self.binding)?;
         let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
         let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
         let vocab = usize::try_from(lshape[2])
@@ -270,7 +277,7 @@ impl DraftSession {
             .collect();
         drop(outputs);
         self.tokens.extend_from_slice(chunk);
-        self.kv.adopt(present, total)?;
+        self.kv.set_len(total);
         self.last = None;
         Ok(outs)
     }
