@@ -111,6 +111,7 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         "draft_workers": state.shared.draft.workers(),
         "draft_workers_alive": alive,
         "draft_loaded": state.shared.draft.started(),
+        "request_slots_free": state.shared.inflight.available_permits(),
         "draft_workers_idle": state.shared.draft.idle(),
         "target_reachable": target.is_ok(),
         "target_error": target.as_ref().err(),
@@ -127,5 +128,9 @@ pub async fn ready(State(state): State<AppState>) -> Response {
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    // Levels rather than events: read at scrape time.
+    metrics::gauge!("approxy_request_slots_free")
+        .set(state.shared.inflight.available_permits() as f64);
+    metrics::gauge!("approxy_draft_workers_idle").set(state.shared.draft.idle() as f64);
     state.shared.prometheus.render().into_response()
 }

@@ -63,6 +63,14 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         "Policy reloads by outcome"
     );
     describe_gauge!(
+        "approxy_request_slots_free",
+        "Requests the gateway can still admit (of gateway.max_concurrent_requests)"
+    );
+    describe_gauge!(
+        "approxy_draft_workers_idle",
+        "Draft workers not leased to a request"
+    );
+    describe_gauge!(
         "approxy_estimated_cost_usd_total",
         "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
     );

@@ -194,6 +194,35 @@ enum BenchCmd {
         #[arg(long, default_value = "deploy/results")]
         out: PathBuf,
     },
+    /// Long runs with clients leaving mid-request: no failed or hung request, memory, file
+    /// descriptors and slots flat, nothing left running (passthrough over a stub upstream, or
+    /// the approximate path over the real llama-server).
+    Soak {
+        /// "passthrough" or "approximate".
+        #[arg(long, default_value = "passthrough")]
+        phase: String,
+        /// Passthrough: requests in all.
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+        /// Passthrough: offered requests per second.
+        #[arg(long, default_value_t = 500)]
+        rate: u32,
+        /// Approximate: minutes.
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Approximate: concurrent clients (one draft worker each).
+        #[arg(long, default_value_t = 2)]
+        concurrency: usize,
+        /// Share of clients that leave at a random moment mid-request.
+        #[arg(long, default_value_t = 0.1)]
+        disconnect_share: f64,
+        /// Seconds after which an open request counts as hung.
+        #[arg(long, default_value_t = 120)]
+        hang_after: u64,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results")]
+        out: PathBuf,
+    },
     /// Rewrite the README's results section from the JSON the benchmarks wrote.
     Report {
         /// Results directory.
@@ -216,7 +245,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         cli.command,
         Cmd::Train { .. }
             | Cmd::Bench {
-                what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. }
+                what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } | BenchCmd::Soak { .. }
             }
     ) {
         telemetry::install_logging();
@@ -345,6 +374,35 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             connections,
             out,
         })),
+        Cmd::Bench {
+            what:
+                BenchCmd::Soak {
+                    phase,
+                    requests,
+                    rate,
+                    minutes,
+                    concurrency,
+                    disconnect_share,
+                    hang_after,
+                    out,
+                },
+        } => {
+            let phase = match phase.as_str() {
+                "passthrough" => bench::soak::SoakPhase::Passthrough,
+                "approximate" => bench::soak::SoakPhase::Approximate,
+                other => anyhow::bail!("--phase must be passthrough or approximate, not {other:?}"),
+            };
+            block_on(bench::soak::run(&bench::soak::SoakOptions {
+                phase,
+                requests,
+                rate,
+                minutes,
+                concurrency,
+                disconnect_share,
+                hang_after: std::time::Duration::from_secs(hang_after),
+                out,
+            }))
+        }
         Cmd::Bench {
             what: BenchCmd::Report { out, readme },
         } => bench::report::update_readme(&out, &readme),

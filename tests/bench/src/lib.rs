@@ -7,6 +7,7 @@
 //!   levels, the confidence baseline at matching accept rates, draft only, llama.cpp's own
 //!   speculative decoding), on shared and on pinned cores.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
+//! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
@@ -23,6 +24,7 @@ pub mod overhead;
 pub mod quality;
 pub mod report;
 pub mod servers;
+pub mod soak;
 mod stats;
 pub mod summary;
 

@@ -96,7 +96,7 @@ const STUB_BODY: &str = r#"{"id":"chatcmpl-stub","object":"chat.completion","cre
 const REQUEST_BODY: &str =
     r#"{"model":"stub","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
 
-async fn start_stub() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+pub(crate) async fn start_stub() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     let app = Router::new()
         .route(
             "/v1/chat/completions",
