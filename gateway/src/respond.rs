@@ -173,11 +173,14 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
     let engine = rt.engine.clone();
     let v2 = Arc::clone(&verifier);
     // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
-    // dropped (client gone), which also frees the worker.
+    // dropped (client gone), which also frees the worker. Watched here rather than left to the
+    // engine's next send: during a long prefill or a target call there is no send for seconds.
+    let watch = tx.clone();
     let task = tokio::spawn(async move {
-        engine
-            .generate(lease.as_ref(), v2.as_ref(), request, tx)
-            .await
+        tokio::select! {
+            r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
+            () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
+        }
     });
     let prefix = if valid.endpoint == Endpoint::Chat {
         "chatcmpl"
