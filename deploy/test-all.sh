@@ -25,6 +25,7 @@ start_other_target "$OTHER_PORT" "$APPROXY_HOME/logs/test-other-target-server.lo
 export APPROXY_TEST_TARGET_URL="http://127.0.0.1:$PORT"
 export APPROXY_TEST_OTHER_TARGET_URL="http://127.0.0.1:$OTHER_PORT" APPROXY_TEST_OTHER_TARGET_MODEL="$OTHER_ALIAS"
 export APPROXY_BIN="$APPROXY"
+export APPROXY_PROMETHEUS_BIN="$APPROXY_HOME/bin/prometheus" APPROXY_PROMTOOL_BIN="$APPROXY_HOME/bin/promtool"
 export APPROXY_TARGET_ALIAS="$TARGET_ALIAS"
 
 echo "==> Rust unit and integration tests"

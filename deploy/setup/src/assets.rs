@@ -70,6 +70,15 @@ pub const HEY_DEB: (&str, &str) = ("hey", "0.1.4-2+b4");
 /// sha256 of `/usr/bin/hey` from that package.
 pub const HEY_SHA256: &str = "3d5bc79f9d8be6342521873b34c34977257031e3012c5bb080992f2910e7a666";
 
+/// Debian's Prometheus (a Go build, baseline x86-64): the server and promtool, for the tests.
+pub const PROMETHEUS_DEB: (&str, &str) = ("prometheus", "2.42.0+ds-5+b6");
+/// sha256 of `/usr/bin/prometheus` from that package.
+pub const PROMETHEUS_SHA256: &str =
+    "5a81c983e50f73ea63b82f5968a5838e1a7324c5ef5f0b34c61844a12ad52a99";
+/// sha256 of `/usr/bin/promtool` from that package.
+pub const PROMTOOL_SHA256: &str =
+    "2ae34aa57cc8a5c8ce8cf57138136c465829fd150c944a1bf4923ea4314afa5d";
+
 /// Build tools for llama.cpp, installed in a small venv (the machine has no cmake).
 pub const TOOLS_REQUIREMENTS: &[&str] = &["cmake==4.4.4", "scikit-build-core==1.1.2"];
 

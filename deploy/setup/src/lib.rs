@@ -63,7 +63,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
-    let all: [(&str, &str, bool, Step); 11] = [
+    let all: [(&str, &str, bool, Step); 12] = [
         (
             "draft-gguf",
             "draft model (Qwen2.5-Coder-0.5B)",
@@ -113,6 +113,12 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
             steps::hey,
         ),
         (
+            "prometheus",
+            "Prometheus and promtool (for the observability tests)",
+            false,
+            steps::prometheus,
+        ),
+        (
             "smollm2-gguf",
             "SmolLM2-135M (a target with another tokenizer, for tests)",
             false,
@@ -132,8 +138,13 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         ),
     ];
     for (key, label, cpu_specific, step) in all {
-        // The test command's targets: vLLM, and a model with another tokenizer.
-        if !opts.vllm && matches!(key, "draft-hf" | "vllm-venv" | "smollm2-gguf") {
+        // The test command's parts: vLLM, a model with another tokenizer, Prometheus.
+        if !opts.vllm
+            && matches!(
+                key,
+                "draft-hf" | "vllm-venv" | "smollm2-gguf" | "prometheus"
+            )
+        {
             continue;
         }
         let pb = mp.add(ProgressBar::new_spinner());

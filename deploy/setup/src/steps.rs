@@ -236,19 +236,69 @@ pub fn other_tokenizer_gguf(
     )
 }
 
-/// Extracts `hey` from Debian's package into `bin/` (no install, no root needed once the
-/// package lists exist; a machine without them gets `apt-get update` first).
+/// Extracts `hey` from Debian's package into `bin/` (for the overhead benchmark).
 pub fn hey(
     home: &Home,
     manifest: &mut Manifest,
     _: &SetupOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
-    let key = "hey";
+    extract_debian_tools(
+        home,
+        manifest,
+        "hey",
+        assets::HEY_DEB,
+        &[("usr/bin/hey", home.hey(), assets::HEY_SHA256, "-h")],
+        pb,
+    )
+}
+
+/// Extracts `prometheus` and `promtool` from Debian's package into `bin/` (the test set-up: the
+/// alert rules are checked with promtool, and a real Prometheus scrapes approxy in a test).
+pub fn prometheus(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    let bin = home.root.join("bin");
+    extract_debian_tools(
+        home,
+        manifest,
+        "prometheus",
+        assets::PROMETHEUS_DEB,
+        &[
+            (
+                "usr/bin/prometheus",
+                bin.join("prometheus"),
+                assets::PROMETHEUS_SHA256,
+                "--version",
+            ),
+            (
+                "usr/bin/promtool",
+                bin.join("promtool"),
+                assets::PROMTOOL_SHA256,
+                "--version",
+            ),
+        ],
+        pb,
+    )
+}
+
+/// Downloads one Debian package (no install, no root needed once the package lists exist; a
+/// machine without them gets `apt-get update` first) and copies `tools` out of it: (path in the
+/// package, destination, sha256, an argument it answers to when run).
+fn extract_debian_tools(
+    home: &Home,
+    manifest: &mut Manifest,
+    key: &str,
+    (name, version): (&str, &str),
+    tools: &[(&str, PathBuf, &str, &str)],
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
     let work = home.work(key);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
-    let (name, version) = assets::HEY_DEB;
     let spec = format!("{name}={version}");
     pb.set_message("apt-get download".to_string());
     let download = |log: &Path| {
@@ -276,20 +326,21 @@ pub fn hey(
         Command::new("dpkg").arg("-x").arg(&deb).arg(&root),
         &home.log(key),
     )?;
-    let dest = home.hey();
-    std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
-    std::fs::copy(root.join("usr/bin/hey"), &dest)?;
-    let got = super::sha256_file(&dest, None)?;
-    if got != assets::HEY_SHA256 {
-        let _ = std::fs::remove_file(&dest);
-        anyhow::bail!(
-            "hey from {spec} has sha256 {got}, expected {}",
-            assets::HEY_SHA256
-        );
-    }
     let cpu = CpuFeatures::current()?;
-    smoke::runs(Command::new(&dest).arg("-h"), &cpu).context("the extracted hey does not run")?;
-    let files = record(home, &[dest], pb)?;
+    let mut dests = Vec::new();
+    for (member, dest, sha, probe) in tools {
+        std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
+        std::fs::copy(root.join(member), dest)?;
+        let got = super::sha256_file(dest, None)?;
+        if got != *sha {
+            let _ = std::fs::remove_file(dest);
+            anyhow::bail!("{member} from {spec} has sha256 {got}, expected {sha}");
+        }
+        smoke::runs(Command::new(dest).arg(probe), &cpu)
+            .with_context(|| format!("the extracted {member} does not run"))?;
+        dests.push(dest.clone());
+    }
+    let files = record(home, &dests, pb)?;
     let built_for = Some(BuiltFor {
         isa: "x86-64 baseline (Debian's Go build, GOAMD64=v1)".into(),
         requires: vec![],
