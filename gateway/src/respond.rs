@@ -4,6 +4,8 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+
+use approxy_verifier::target::trace::TraceContext;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -160,7 +162,12 @@ impl From<ApiError> for Failed {
 }
 
 /// Runs the generation and answers the client.
-pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, Failed> {
+/// `trace` is the client's W3C trace context, sent on every target call made for it.
+pub async fn approximate(
+    rt: Arc<Runtime>,
+    a: Approximate,
+    trace: TraceContext,
+) -> Result<Response, Failed> {
     let Approximate {
         request: valid,
         generation: request,
@@ -176,12 +183,12 @@ pub async fn approximate(rt: Arc<Runtime>, a: Approximate) -> Result<Response, F
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
     let watch = tx.clone();
-    let task = tokio::spawn(async move {
+    let task = tokio::spawn(approxy_verifier::target::trace::scope(trace, async move {
         tokio::select! {
             r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
             () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
         }
-    });
+    }));
     let prefix = if valid.endpoint == Endpoint::Chat {
         "chatcmpl"
     } else {

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use approxy_verifier::target::trace::TraceContext;
 use approxy_verifier::{EngineError, TargetError};
 
 use crate::decide::{Decision, Reason, decide};
@@ -39,7 +40,9 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response
     match decide(&state, &rt, endpoint, &parts.headers, &bytes).await {
         Ok(Decision::Approximate(a)) => {
             let fallback = a.policy.fallback_to_passthrough;
-            match respond::approximate(rt, *a).await {
+            let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+            let trace = TraceContext::from_headers(header("traceparent"), header("tracestate"));
+            match respond::approximate(rt, *a, trace).await {
                 Ok(r) => r,
                 // Nothing was sent yet. A target that is down or refuses the gateway would fail
                 // the same way again, so only the engine's own failures go to the target.

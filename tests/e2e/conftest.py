@@ -125,6 +125,8 @@ class FaultProxy:
     def __init__(self, fail_after=0, mode="error", delay=5.0):
         self.fail_after, self.mode, self.delay = fail_after, mode, delay
         self.completions = 0
+        # Headers of every POST, in order (what the gateway sent the target).
+        self.post_headers = []
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -150,6 +152,7 @@ class FaultProxy:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                proxy.post_headers.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 if self.path.startswith("/completion"):
                     proxy.completions += 1
                     if proxy.completions > proxy.fail_after:

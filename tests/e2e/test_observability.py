@@ -102,3 +102,21 @@ def test_a_real_prometheus_scrapes_approxy(start_gateway, prometheus):
         query(url, e)
     # The dashboard's gauges are there too.
     assert query(url, "approxy_request_slots_free")
+
+
+def test_the_clients_trace_context_reaches_every_target_call(start_gateway, fault_proxy):
+    proxy = fault_proxy(fail_after=10**9)
+    g = start_gateway(policy_text(base_url=proxy.url))
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    raw = g.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8,
+        extra_headers={"traceparent": tp, "tracestate": "vendor=1", "x-approxy-threshold": "1"})
+    assert raw.headers["x-approxy-mode"] == "approximate"
+    calls = [h for path, h in proxy.post_headers if path.startswith("/completion")]
+    assert calls, proxy.post_headers
+    assert all(h.get("traceparent") == tp and h.get("tracestate") == "vendor=1" for h in calls), calls
+    # A malformed one is not forwarded.
+    proxy.post_headers.clear()
+    g.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a tree."}], max_tokens=4,
+                                       extra_headers={"traceparent": "not-a-trace", "x-approxy-threshold": "1"})
+    assert all("traceparent" not in h for _, h in proxy.post_headers), proxy.post_headers

@@ -10,6 +10,7 @@ pub mod llamacpp;
 pub mod openai;
 pub mod openai_text;
 pub mod text;
+pub mod trace;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -445,6 +446,11 @@ pub(crate) async fn send_with_retries(
         }
         if let Some((name, value)) = header {
             rb = rb.header(name.as_str(), value.as_str());
+        }
+        if let Some(ctx) = trace::current() {
+            for (name, value) in ctx.headers() {
+                rb = rb.header(name, value);
+            }
         }
         let err = match rb.send().await {
             Ok(resp) if resp.status().is_success() => return Ok(resp),
