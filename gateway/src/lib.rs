@@ -4,6 +4,7 @@
 //! It links nothing the server does not need; the tools live in their own crates.
 //!
 //! Layout:
+//! - `probe`: `approxy health`, the container health check.
 //! - `server`: `approxy serve`: loads the draft and policy, listens, drains on shutdown, reloads.
 //! - `stack`: the routes and the tower stack around them, in order, each layer with its reason.
 //! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
@@ -23,6 +24,7 @@ pub mod error;
 pub mod middleware;
 pub mod passthrough;
 pub mod policy;
+pub mod probe;
 pub mod request;
 pub mod respond;
 pub mod routes;

@@ -135,5 +135,6 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!("approxy_request_slots_free")
         .set(state.shared.inflight.available_permits() as f64);
     metrics::gauge!("approxy_draft_workers_idle").set(state.shared.draft.idle() as f64);
+    metrics::gauge!("approxy_draft_workers").set(state.shared.draft.workers() as f64);
     state.shared.prometheus.render().into_response()
 }

@@ -71,6 +71,10 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         "Draft workers not leased to a request"
     );
     describe_gauge!(
+        "approxy_draft_workers",
+        "Draft workers configured (1 - idle / this is the draft's saturation)"
+    );
+    describe_gauge!(
         "approxy_estimated_cost_usd_total",
         "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
     );

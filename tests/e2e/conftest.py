@@ -51,9 +51,11 @@ def policy_text(base_url=TARGET, **over):
 
 
 class Gateway:
-    def __init__(self, tmp: pathlib.Path, text: str, env=None):
-        self.policy = tmp / "policy.toml"
-        self.policy.write_text(text)
+    def __init__(self, tmp: pathlib.Path, text: str, env=None, policy_path=None):
+        # policy_path: a policy file the test laid out itself (text is then unused).
+        self.policy = policy_path or tmp / "policy.toml"
+        if policy_path is None:
+            self.policy.write_text(text)
         self.log = open(tmp / "gateway.log", "w+")
         e = dict(os.environ)
         e.update(env or {})
@@ -101,8 +103,8 @@ class Gateway:
 def start_gateway(tmp_path_factory):
     started = []
 
-    def start(text=None, env=None):
-        g = Gateway(tmp_path_factory.mktemp("gw"), text or policy_text(), env)
+    def start(text=None, env=None, policy_path=None):
+        g = Gateway(tmp_path_factory.mktemp("gw"), text or policy_text(), env, policy_path)
         started.append(g)
         return g
 

@@ -100,8 +100,11 @@ def test_a_real_prometheus_scrapes_approxy(start_gateway, prometheus):
     for e in exprs:
         e = e.replace("$instance", ".*").replace("$__rate_interval", "1m").replace("$__range", "1h")
         query(url, e)
-    # The dashboard's gauges are there too.
+    # The dashboard's gauges are there too, and the saturation the autoscaling component
+    # (deploy/k8s/components/scale-on-saturation) reads is a share.
     assert query(url, "approxy_request_slots_free")
+    sat = query(url, "1 - approxy_draft_workers_idle / approxy_draft_workers")
+    assert sat and 0 <= float(sat[0]["value"][1]) <= 1, sat
 
 
 def test_the_clients_trace_context_reaches_every_target_call(start_gateway, fault_proxy):

@@ -1,5 +1,6 @@
 """Policy reload: a valid change applies atomically, an invalid one is refused and the old
 policy stays; a request in flight finishes under the policy it started with."""
+import os
 import time
 
 from conftest import MODEL, policy_text
@@ -70,3 +71,31 @@ def test_a_passthrough_only_policy_loads_no_draft_until_a_reload_needs_it(start_
     assert httpx.get(g.url + "/ready", timeout=30).json()["draft_loaded"] is True
     assert mode_of(g) == "approximate"
     assert rss_mib(g.proc.pid) > before + 200
+
+
+def test_a_kubernetes_configmap_update_is_reloaded(start_gateway, tmp_path):
+    """The kubelet updates a mounted ConfigMap the way its atomic writer does: approxy.toml is a
+    symlink to ..data/approxy.toml, ..data a symlink to a timestamped directory, and an update
+    writes a new directory and renames a new ..data over the old one. The file's own inode
+    never changes, so this is what deploy/k8s relies on for reloads without a restart."""
+    mount = tmp_path / "etc-approxy"
+    mount.mkdir()
+
+    def publish(text, version):
+        d = mount / f"..2026_11_23_{version}"
+        d.mkdir()
+        (d / "approxy.toml").write_text(text)
+        tmp_link = mount / "..data_tmp"
+        tmp_link.symlink_to(d.name)
+        os.replace(tmp_link, mount / "..data")
+
+    publish(policy_text(threshold="0.7"), 1)
+    (mount / "approxy.toml").symlink_to("..data/approxy.toml")
+    g = start_gateway(policy_path=mount / "approxy.toml")
+    assert threshold_of(g) == 0.7
+    publish(policy_text(threshold="0.4"), 2)
+    assert wait_for(lambda: threshold_of(g) == 0.4), g.logs()[-2000:]
+    # A broken update is refused like any invalid file; the running policy stays.
+    publish(policy_text(threshold="7.5"), 3)
+    assert wait_for(lambda: "new policy rejected" in g.logs())
+    assert threshold_of(g) == 0.4

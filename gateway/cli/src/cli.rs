@@ -57,6 +57,19 @@ enum Cmd {
         #[command(subcommand)]
         what: TrainCmd,
     },
+    /// Exit 0 when a running gateway answers 2xx (the container image's health check).
+    Health {
+        /// URL to ask.
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:8080/health",
+            env = "APPROXY_HEALTH_URL"
+        )]
+        url: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout_secs: u64,
+    },
     /// Validate a policy file; exits non-zero listing every problem.
     Check {
         /// Policy file.
@@ -264,6 +277,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             )
         }),
         Cmd::Check { policy } => policy::check(&policy),
+        Cmd::Health { url, timeout_secs } => block_on(approxy_gateway::probe::probe(
+            &url,
+            Duration::from_secs(timeout_secs),
+        )),
         Cmd::Train {
             what:
                 TrainCmd::Collect {

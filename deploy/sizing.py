@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Memory per draft worker, for sizing containers (README, "Running in production").
+
+Starts `approxy serve` with 0 (a passthrough-only policy, which loads no draft), 1 and 2 draft
+workers in front of a running llama-server, sends every worker a short and a long request at
+once, twice, and reports the gateway's resident memory (VmRSS) and its peak (VmHWM) from
+/proc. Usage: deploy/sizing.py --target http://127.0.0.1:8081 [--approxy target/release/approxy]
+"""
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def status(pid, key):
+    text = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M)[1]) / 1024
+
+
+def post(url, body):
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.load(r)
+
+
+def measure(approxy, target, workers):
+    text = (REPO / "policies" / "default.toml").read_text()
+    text = re.sub(r'^base_url = .*$', f'base_url = "{target}"', text, flags=re.M)
+    if workers == 0:
+        text = text.replace('mode = "approximate"', 'mode = "passthrough"')
+    else:
+        text = text.replace("workers = 1", f"workers = {workers}")
+    with tempfile.TemporaryDirectory() as d:
+        policy = pathlib.Path(d) / "policy.toml"
+        policy.write_text(text)
+        proc = subprocess.Popen([approxy, "serve", "--policy", policy, "--listen", "127.0.0.1:0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("approxy listening on "), line
+            url = line.split()[-1]
+            idle = status(proc.pid, "VmRSS")
+            # A long prompt (about 1,500 tokens) grows a worker's KV cache; a short one does not.
+            long_prompt = "Summarise this log:\n" + "\n".join(f"line {i}: request served in {i % 97} ms" for i in range(150))
+            bodies = [{"model": "m", "max_tokens": 64, "temperature": 0,
+                       "messages": [{"role": "user", "content": long_prompt if i % 2 else "Write a haiku about rust."}]}
+                      for i in range(max(workers, 1) * 2)]
+            t0 = time.time()
+            with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+                answers = list(pool.map(lambda b: post(url, b), bodies * 2))
+            took = time.time() - t0
+            tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+            return {"draft_workers": workers, "rss_idle_mib": round(idle), "rss_after_mib": round(status(proc.pid, "VmRSS")),
+                    "rss_peak_mib": round(status(proc.pid, "VmHWM")), "requests": len(answers),
+                    "completion_tokens": tokens, "seconds": round(took, 1)}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--approxy", default=str(REPO / "target" / "release" / "approxy"))
+    a = ap.parse_args()
+    rows = [measure(a.approxy, a.target, w) for w in (0, 1, 2)]
+    for r in rows:
+        print(json.dumps(r))
+    base = rows[0]["rss_peak_mib"]
+    for r in rows[1:]:
+        print(f"{r['draft_workers']} worker(s): peak {r['rss_peak_mib']} MiB, "
+              f"{(r['rss_peak_mib'] - base) / r['draft_workers']:.0f} MiB per worker over the passthrough-only gateway")
+
+
+if __name__ == "__main__":
+    main()
