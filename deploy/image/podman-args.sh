@@ -8,12 +8,12 @@
 podman_args_for() {
   local image="$1" err
   PODMAN_ARGS=()
-  if err="$(podman run --rm "$image" true 2>&1)"; then return 0; fi
+  if err="$(podman run --rm --entrypoint /bin/true "$image" 2>&1)"; then return 0; fi
   echo "podman's defaults cannot run a container here: ${err##*$'\n'}" >&2
   local nofile
   nofile="$(ulimit -Hn)"
   PODMAN_ARGS=(--runtime runc --ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
-  if ! err="$(podman run --rm "${PODMAN_ARGS[@]}" "$image" true 2>&1)"; then
+  if ! err="$(podman run --rm "${PODMAN_ARGS[@]}" --entrypoint /bin/true "$image" 2>&1)"; then
     echo "nor with ${PODMAN_ARGS[*]}: $err" >&2
     return 1
   fi

@@ -59,13 +59,10 @@ enum Cmd {
     },
     /// Exit 0 when a running gateway answers 2xx (the container image's health check).
     Health {
-        /// URL to ask.
-        #[arg(
-            long,
-            default_value = "http://127.0.0.1:8080/health",
-            env = "APPROXY_HEALTH_URL"
-        )]
-        url: String,
+        /// URL to ask (default: /health on the address APPROXY_LISTEN names, loopback for
+        /// 0.0.0.0, else 127.0.0.1:8080).
+        #[arg(long, env = "APPROXY_HEALTH_URL")]
+        url: Option<String>,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 3)]
         timeout_secs: u64,
@@ -278,7 +275,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }),
         Cmd::Check { policy } => policy::check(&policy),
         Cmd::Health { url, timeout_secs } => block_on(approxy_gateway::probe::probe(
-            &url,
+            &url.unwrap_or_else(|| {
+                approxy_gateway::probe::health_url(std::env::var("APPROXY_LISTEN").ok().as_deref())
+            }),
             Duration::from_secs(timeout_secs),
         )),
         Cmd::Train {
