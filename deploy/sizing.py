@@ -2,8 +2,8 @@
 """Memory per draft worker, for sizing containers (README, "Running in production").
 
 Starts `approxy serve` with 0 (a passthrough-only policy, which loads no draft), 1 and 2 draft
-workers in front of a running llama-server, sends every worker a short and a long request at
-once, twice, and reports the gateway's resident memory (VmRSS) and its peak (VmHWM) from
+workers in front of a running llama-server, has one client per worker send a short and a long
+request, twice, and reports the gateway's resident memory (VmRSS) and its peak (VmHWM) from
 /proc. Usage: deploy/sizing.py --target http://127.0.0.1:8081 [--approxy target/release/approxy]
 """
 import argparse
@@ -34,6 +34,8 @@ def post(url, body):
 def measure(approxy, target, workers):
     text = (REPO / "policies" / "default.toml").read_text()
     text = re.sub(r'^base_url = .*$', f'base_url = "{target}"', text, flags=re.M)
+    # Memory is the measurement, not speed: a busy machine must not turn a slow call into a 504.
+    text = re.sub(r'^timeout = .*$', 'timeout = "600s"', text, count=1, flags=re.M)
     if workers == 0:
         text = text.replace('mode = "approximate"', 'mode = "passthrough"')
     else:
@@ -50,12 +52,16 @@ def measure(approxy, target, workers):
             idle = status(proc.pid, "VmRSS")
             # A long prompt (about 1,500 tokens) grows a worker's KV cache; a short one does not.
             long_prompt = "Summarise this log:\n" + "\n".join(f"line {i}: request served in {i % 97} ms" for i in range(150))
-            bodies = [{"model": "m", "max_tokens": 64, "temperature": 0,
-                       "messages": [{"role": "user", "content": long_prompt if i % 2 else "Write a haiku about rust."}]}
-                      for i in range(max(workers, 1) * 2)]
+
+            def body(content):
+                return {"model": "m", "max_tokens": 64, "temperature": 0, "messages": [{"role": "user", "content": content}]}
+
+            def client(_):
+                return [post(url, body(c)) for c in ["Write a haiku about rust.", long_prompt] * 2]
+
             t0 = time.time()
-            with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-                answers = list(pool.map(lambda b: post(url, b), bodies * 2))
+            with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+                answers = [a for batch in pool.map(client, range(max(workers, 1))) for a in batch]
             took = time.time() - t0
             tokens = sum(a["usage"]["completion_tokens"] for a in answers)
             return {"draft_workers": workers, "rss_idle_mib": round(idle), "rss_after_mib": round(status(proc.pid, "VmRSS")),
