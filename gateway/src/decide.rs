@@ -57,8 +57,6 @@ pub enum Reason {
     TokenizerMismatch,
     /// Every draft worker is busy.
     DraftSaturated,
-    /// Exact verification asked of a sampled request: windows verify greedy tokens only.
-    SamplingInExactMode,
     /// The prompt is longer than the draft takes.
     PromptTooLong,
     /// The draft/target tokenizer comparison could not be made (the target did not answer it).
@@ -88,7 +86,6 @@ impl Reason {
             Reason::MultiplePrompts => "multiple_prompts",
             Reason::TokenizerMismatch => "tokenizer_mismatch",
             Reason::DraftSaturated => "draft_saturated",
-            Reason::SamplingInExactMode => "sampling_in_exact_mode",
             Reason::PromptTooLong => "prompt_too_long",
             Reason::TokenizerCheckFailed => "tokenizer_check_failed",
             Reason::EngineFailed => "engine_failed",
@@ -162,9 +159,6 @@ pub async fn decide(
         .map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     let threshold = validate::requested_threshold(headers, mp)?.unwrap_or(mp.threshold);
-    if mp.verification == Verification::Exact && !valid.sampling.is_greedy() {
-        return Ok(Decision::Passthrough(Reason::SamplingInExactMode));
-    }
     // From here on approxy could answer a valid request; what stops it is approxy's own
     // limitation, which the policy's fallback turns into a passthrough.
     let fallback = |reason: Reason, e: ApiError| {
@@ -436,7 +430,6 @@ mod tests {
             MultiplePrompts,
             TokenizerMismatch,
             DraftSaturated,
-            SamplingInExactMode,
             PromptTooLong,
             TokenizerCheckFailed,
             EngineFailed,

@@ -138,5 +138,9 @@ def test_exact_mode_gives_the_targets_own_greedy_answer(start_gateway):
         assert ours == direct.choices[0].message.content or u["near_ties"], (ours, direct.choices[0].message.content, u)
         print(f"exact: {u['windows']} windows, {u['window_accepted']}/{u['window_tokens']} draft tokens accepted, "
               f"{u['target_calls']} target calls")
-    sampled = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.7)
-    assert sampled.headers["x-approxy-passthrough-reason"] == "sampling_in_exact_mode"
+    # Sampled: speculative sampling's rule on vLLM's log-probabilities, in windows as well.
+    sampled = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                          max_tokens=16, temperature=0.7, seed=5)
+    u = approxy_usage(sampled)
+    assert sampled.headers["x-approxy-mode"] == "approximate" and u["verification"] == "exact" and u["windows"] > 0, u
+    assert sampled.parse().choices[0].message.content

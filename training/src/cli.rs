@@ -189,6 +189,7 @@ fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
             stats.copy_from_slice(&x[..4]);
             v.p_accept(&Features {
                 top1: 0,
+                token: 0,
                 top1_prob: stats[0],
                 stats,
                 hidden: x[4..].to_vec(),

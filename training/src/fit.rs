@@ -287,6 +287,7 @@ mod tests {
                 stats.copy_from_slice(rows.stats_of(i));
                 let f = Features {
                     top1: 0,
+                    token: 0,
                     top1_prob: stats[0],
                     stats,
                     hidden: rows.hidden_of(i).to_vec(),

@@ -286,7 +286,9 @@ impl Engine {
             }
             let proposal = sampler.pick(&out.logits);
             let exact = run.req.verification == Verification::Exact;
-            let accepted = !exact && decide(verifier, &out, run.req.threshold);
+            // The verifier judges the token that would be emitted: at temperature > 0 the
+            // sampled one, which need not be the draft's top-1.
+            let accepted = !exact && decide(verifier, &out, proposal, run.req.threshold);
             let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.
             let at_call_cap = !accepted
@@ -377,13 +379,24 @@ impl Engine {
     }
 }
 
-pub(crate) fn decide(verifier: &dyn Verifier, out: &PositionOutput, threshold: f32) -> bool {
+/// Whether the verifier accepts `token` at a position with the draft's output `out`.
+pub(crate) fn decide(
+    verifier: &dyn Verifier,
+    out: &PositionOutput,
+    token: u32,
+    threshold: f32,
+) -> bool {
     // The dial's ends do not need the verifier (nor the feature computation).
     if threshold <= 0.0 || threshold >= 1.0 {
         return accepts(0.0, threshold);
     }
-    accepts(verifier.p_accept(&Features::from_output(out)), threshold)
+    accepts(
+        verifier.p_accept(&Features::of_token(out, Some(token))),
+        threshold,
+    )
 }
 
+#[cfg(test)]
+mod sampled_tests;
 #[cfg(test)]
 mod scripted_tests;

@@ -1,5 +1,6 @@
 //! Choosing a token from logits: greedy (temperature 0) or temperature + top-p sampling with
-//! a seeded generator, so a seed makes the output repeatable.
+//! a seeded generator, so a seed makes the output repeatable; and the pieces of speculative
+//! sampling's acceptance rule (the distributions drawn from, the correction after a rejection).
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::{Deserialize, Serialize};
@@ -49,40 +50,95 @@ impl Sampler {
         Self { params, rng }
     }
 
+    /// The distribution [`Sampler::pick`] draws from: (token, probability) over the top-p
+    /// nucleus at the temperature, most likely first, summing to 1; greedy is the argmax alone.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
+        nucleus(
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l)),
+            &self.params,
+        )
+    }
+
     /// Picks a token id.
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits).0 as u32;
         }
-        let t = self.params.temperature;
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<(usize, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i, ((l - max) / t).exp()))
-            .collect();
-        let z: f32 = probs.iter().map(|p| p.1).sum();
-        probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        let mut kept = 0.0;
-        let mut cut = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            kept += p.1 / z;
-            if kept >= self.params.top_p {
-                cut = i + 1;
-                break;
-            }
-        }
-        let nucleus = &probs[..cut];
-        let mass: f32 = nucleus.iter().map(|p| p.1).sum();
+        let d = self.distribution(logits);
+        self.pick_from(&d)
+    }
+
+    /// Draws a token from a distribution (weights need not sum to 1).
+    pub fn pick_from(&mut self, dist: &[(u32, f32)]) -> u32 {
+        let mass: f32 = dist.iter().map(|p| p.1).sum();
         let mut r = self.rng.random::<f32>() * mass;
-        for &(i, p) in nucleus {
+        for &(i, p) in dist {
             if r < p {
-                return i as u32;
+                return i;
             }
             r -= p;
         }
-        nucleus.last().map(|p| p.0 as u32).unwrap_or(0)
+        dist.last().map(|p| p.0).unwrap_or(0)
     }
+
+    /// A uniform draw in [0, 1), for an acceptance test.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+}
+
+/// Probabilities at the params' temperature from log-weights (logits, or log-probabilities a
+/// target reported), cut to the top-p nucleus and renormalised, most likely first. Greedy: the
+/// largest alone, with probability 1.
+pub fn nucleus(
+    scores: impl Iterator<Item = (u32, f32)>,
+    params: &SamplingParams,
+) -> Vec<(u32, f32)> {
+    let scores: Vec<(u32, f32)> = scores.collect();
+    let max = scores.iter().map(|s| s.1).fold(f32::NEG_INFINITY, f32::max);
+    if params.is_greedy() {
+        let best = scores.iter().find(|s| s.1 == max).map_or(0, |s| s.0);
+        return vec![(best, 1.0)];
+    }
+    let t = params.temperature;
+    let mut probs: Vec<(u32, f32)> = scores
+        .into_iter()
+        .map(|(i, l)| (i, ((l - max) / t).exp()))
+        .collect();
+    let z: f32 = probs.iter().map(|p| p.1).sum();
+    probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    let mut kept = 0.0;
+    let mut cut = probs.len();
+    for (i, p) in probs.iter().enumerate() {
+        kept += p.1 / z;
+        if kept >= params.top_p {
+            cut = i + 1;
+            break;
+        }
+    }
+    probs.truncate(cut);
+    let mass: f32 = probs.iter().map(|p| p.1).sum();
+    for p in &mut probs {
+        p.1 /= mass;
+    }
+    probs
+}
+
+/// Probability of `token` in a distribution (0 when it is not there).
+pub fn prob_of(dist: &[(u32, f32)], token: u32) -> f32 {
+    dist.iter().find(|p| p.0 == token).map_or(0.0, |p| p.1)
+}
+
+/// Speculative sampling's correction distribution after a rejected draft token: the target's
+/// probability mass the draft under-weights, max(0, p − q), renormalised (by the caller's
+/// draw). When the two agree everywhere (nothing left), the target's own distribution.
+pub fn residual(target: &[(u32, f32)], draft: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    let r: Vec<(u32, f32)> = target
+        .iter()
+        .map(|&(t, p)| (t, (p - prob_of(draft, t)).max(0.0)))
+        .filter(|p| p.1 > 0.0)
+        .collect();
+    if r.is_empty() { target.to_vec() } else { r }
 }
 
 /// Index and value of the largest logit (first one on ties, like llama.cpp's greedy).
@@ -124,6 +180,43 @@ mod tests {
         assert!(
             a.iter().any(|&x| x != a[0]),
             "temperature 1 should not be constant"
+        );
+    }
+
+    #[test]
+    fn the_nucleus_is_renormalised_and_the_residual_is_what_the_draft_underweights() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.75,
+            seed: Some(1),
+        };
+        // Probabilities 0.5, 0.3, 0.2: the nucleus at 0.75 keeps the first two.
+        let d = nucleus(
+            [(7, 0.5f32.ln()), (8, 0.3f32.ln()), (9, 0.2f32.ln())].into_iter(),
+            &p,
+        );
+        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![7, 8]);
+        assert!((prob_of(&d, 7) - 0.625).abs() < 1e-5 && (prob_of(&d, 8) - 0.375).abs() < 1e-5);
+        assert_eq!(prob_of(&d, 9), 0.0);
+        // Temperature 0.5 squares and renormalises: 0.25 : 0.09.
+        let half = SamplingParams {
+            temperature: 0.5,
+            top_p: 1.0,
+            seed: None,
+        };
+        let d = nucleus([(1, 0.5f32.ln()), (2, 0.3f32.ln())].into_iter(), &half);
+        assert!((prob_of(&d, 1) - 0.25 / 0.34).abs() < 1e-5);
+        let r = residual(&[(1, 0.6), (2, 0.4)], &[(1, 0.9), (2, 0.1)]);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, 2);
+        assert!((r[0].1 - 0.3).abs() < 1e-6);
+        assert_eq!(residual(&[(1, 1.0)], &[(1, 1.0)]), vec![(1, 1.0)]);
+        assert_eq!(
+            nucleus(
+                [(4, -3.0), (5, -1.0)].into_iter(),
+                &SamplingParams::default()
+            ),
+            vec![(5, 1.0)]
         );
     }
 

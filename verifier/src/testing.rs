@@ -450,7 +450,20 @@ impl TargetClient for ScriptedTarget {
             .zip(&top)
             .map(|(w, t)| Some(if w == t { 0.0 } else { 1.0 }))
             .collect();
-        Ok(Some(WindowScore { top, margins }))
+        // Sampled decoding: a target that always writes its answer puts all its probability on
+        // the answer's token.
+        let logprobs = match req.sampling {
+            Some(_) => top[..req.window.len()]
+                .iter()
+                .map(|&t| vec![(t, 0.0)])
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Some(WindowScore {
+            top,
+            margins,
+            logprobs,
+        }))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

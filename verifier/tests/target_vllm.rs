@@ -121,6 +121,7 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
             prefix: prompt.clone(),
             window: window.clone(),
             model: None,
+            sampling: None,
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -137,9 +138,10 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
     wrong[3] = if wrong[3] == 11 { 12 } else { 11 };
     let score = c
         .score_window(&WindowRequest {
-            prefix: prompt,
+            prefix: prompt.clone(),
             window: wrong,
             model: None,
+            sampling: None,
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -150,6 +152,42 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
         "{:?}",
         score.margins
     );
+    // Sampled decoding: the distribution at every position (its top 20 and the window token),
+    // for speculative sampling's acceptance rule.
+    let score = c
+        .score_window(&WindowRequest {
+            prefix: prompt,
+            window: window.clone(),
+            model: None,
+            sampling: Some(approxy_verifier::sampling::SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(3),
+            }),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no scores"));
+    assert_eq!(score.logprobs.len(), window.len());
+    for (i, entries) in score.logprobs.iter().enumerate() {
+        assert!(
+            entries.len() >= 20,
+            "position {i}: {} entries",
+            entries.len()
+        );
+        assert!(
+            entries.iter().any(|e| e.0 == window[i]),
+            "position {i}: no window token"
+        );
+        let best = entries
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|e| e.0);
+        assert_eq!(best, Some(score.top[i]), "position {i}");
+        let mass: f32 = entries.iter().map(|e| e.1.exp()).sum();
+        assert!(mass <= 1.001, "position {i}: probabilities sum to {mass}");
+    }
+    assert_eq!(score.top.len(), window.len() + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,9 @@ use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TIE_MARGIN, To
 use crate::cost::CallPlan;
 use crate::draft::{Draft, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
-use crate::target::{ContinuationRequest, TokenStream, WindowRequest};
+use crate::target::{ContinuationRequest, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Features, Verifier};
 
@@ -265,8 +265,10 @@ impl<'a> Run<'a> {
 
     /// Verifies a window: the draft runs ahead from `first` (the token it proposes at the
     /// current position) to `k` tokens, the target scores them in one call, and the longest
-    /// prefix it agrees with is emitted, then the target's own token after it. The draft's
-    /// cache is rolled back to match.
+    /// prefix it accepts is emitted, then the target's own token after it. The draft's cache
+    /// is rolled back to match. Greedy: the target accepts the tokens it would have chosen
+    /// itself. Sampled: speculative sampling's rule on the target's log-probabilities (see
+    /// [`Run::accept_sampled`]).
     pub(super) async fn window(
         &mut self,
         draft: &dyn Draft,
@@ -275,8 +277,14 @@ impl<'a> Run<'a> {
         k: u32,
         sampler: &mut Sampler,
     ) -> Result<WindowEnd, EngineError> {
+        let sampled = !self.req.sampling.is_greedy();
         let start = out.clone();
         let mut window = vec![first];
+        // The distribution each window token was drawn from (sampled decoding only).
+        let mut drawn_from = Vec::new();
+        if sampled {
+            drawn_from.push(sampler.distribution(&out.logits));
+        }
         let t = Instant::now();
         while window.len() < k as usize {
             let last = window[window.len() - 1];
@@ -288,7 +296,13 @@ impl<'a> Run<'a> {
                 .await?
                 .pop()
                 .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
-            window.push(sampler.pick(&o.logits));
+            if sampled {
+                let d = sampler.distribution(&o.logits);
+                window.push(sampler.pick_from(&d));
+                drawn_from.push(d);
+            } else {
+                window.push(sampler.pick(&o.logits));
+            }
         }
         self.stats.draft_time += t.elapsed();
         // The cache now holds the prefix and every window token but the last.
@@ -307,6 +321,7 @@ impl<'a> Run<'a> {
             prefix,
             window: window.clone(),
             model: self.req.model.clone(),
+            sampling: sampled.then(|| self.window_sampling()),
         };
         let call = self.engine.target.score_window(&wreq);
         let Some(scored) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
@@ -325,32 +340,44 @@ impl<'a> Run<'a> {
             ))
             .into());
         }
+        if sampled && score.logprobs.len() != window.len() {
+            return Err(TargetError::Protocol(format!(
+                "a window of {} tokens came back with log-probabilities at {} positions",
+                window.len(),
+                score.logprobs.len()
+            ))
+            .into());
+        }
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += sent;
         self.stats.target_cacheable_input_tokens += cacheable;
         self.last_prefix_len = sent + 1;
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;
-        let accepted = window
-            .iter()
-            .zip(&score.top)
-            .take_while(|(w, t)| w == t)
-            .count();
+        let (accepted, own) = if sampled {
+            self.accept_sampled(&window, &drawn_from, &score, sampler)
+        } else {
+            let accepted = window
+                .iter()
+                .zip(&score.top)
+                .take_while(|(w, t)| w == t)
+                .count();
+            if let Some(Some(m)) = score.margins.get(accepted)
+                && accepted < window.len()
+                && *m < TIE_MARGIN
+            {
+                self.stats
+                    .near_ties
+                    .push(((self.emitted.len() + accepted) as u32, *m));
+            }
+            (accepted, score.top[accepted])
+        };
         self.stats.window_accepted += accepted as u64;
-        if let Some(Some(m)) = score.margins.get(accepted)
-            && accepted < window.len()
-            && *m < TIE_MARGIN
-        {
-            self.stats
-                .near_ties
-                .push(((self.emitted.len() + accepted) as u32, *m));
-        }
         for &token in &window[..accepted] {
             if let Some(reason) = self.emit(&[token], Source::Draft).await? {
                 return Ok(WindowEnd::Finished(reason));
             }
         }
-        let own = score.top[accepted];
         if let Some(reason) = self.emit(&[own], Source::Target).await? {
             return Ok(WindowEnd::Finished(reason));
         }
@@ -366,6 +393,47 @@ impl<'a> Run<'a> {
             .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
         self.stats.draft_time += t.elapsed();
         Ok(WindowEnd::Resume { next, accepted })
+    }
+
+    /// The sampling parameters of the next window call. A seeded request gets a different
+    /// seed per call, derived from its own: the same seed in every call would make the
+    /// target's draws after successive windows repeat one another.
+    fn window_sampling(&self) -> SamplingParams {
+        let call = u64::from(self.stats.windows) + 1;
+        SamplingParams {
+            seed: self
+                .req
+                .sampling
+                .seed
+                .map(|s| s ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            ..self.req.sampling
+        }
+    }
+
+    /// Speculative sampling over a scored window: the draft token `x` at a position, drawn from
+    /// the draft's distribution q, is accepted with probability min(1, p(x) / q(x)), p being
+    /// the target's distribution there at the request's temperature and top-p (from the
+    /// log-probabilities it reported). At the first rejection the token comes from max(0, p −
+    /// q), renormalised; when all are accepted, it is the target's own sample after the window.
+    /// Each emitted token is then distributed as the target's own sampling would give it, up
+    /// to the target's tail beyond the entries it reports. Returns the accepted count and the
+    /// token after them.
+    fn accept_sampled(
+        &self,
+        window: &[u32],
+        drawn_from: &[Vec<(u32, f32)>],
+        score: &WindowScore,
+        sampler: &mut Sampler,
+    ) -> (usize, u32) {
+        for (i, (&x, q)) in window.iter().zip(drawn_from).enumerate() {
+            let p = nucleus(score.logprobs[i].iter().copied(), &self.req.sampling);
+            let (px, qx) = (prob_of(&p, x), prob_of(q, x));
+            if qx > 0.0 && sampler.uniform() < (px / qx).min(1.0) {
+                continue;
+            }
+            return (i, sampler.pick_from(&residual(&p, q)));
+        }
+        (window.len(), score.top[window.len()])
     }
 
     /// Opens a streamed call for at most `n` tokens after the current prefix; `None` when the
@@ -454,7 +522,7 @@ impl<'a> Run<'a> {
                 self.last_prefix_len += 1;
                 let unused = (chunk.tokens.len() - i - 1) as u64;
                 let predicted = Features::from_output(&out).top1 == token
-                    && decide(verifier, &out, self.req.threshold);
+                    && decide(verifier, &out, token, self.req.threshold);
                 agreeing = if predicted { agreeing + 1 } else { 0 };
                 if let Some(reason) = self.emit(&[token], Source::Target).await? {
                     self.stats.target_discarded_tokens += unused;

@@ -110,9 +110,13 @@ pub struct WindowRequest {
     pub window: Vec<u32>,
     /// Model id to name in the call; `None` uses the configured one.
     pub model: Option<String>,
+    /// Sampled decoding: the target reports its log-probabilities at every window position
+    /// (its top entries and the window token's) and samples its token after the window with
+    /// these parameters. `None`: greedy, the top token is enough.
+    pub sampling: Option<SamplingParams>,
 }
 
-/// The target's greedy choices over a window.
+/// The target's choices over a window.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowScore {
     /// The target's top token at each window position (given the prefix and the window before
@@ -122,6 +126,10 @@ pub struct WindowScore {
     /// token's, where the target reports both (0 when they are the same token): a small margin
     /// is a numerical tie.
     pub margins: Vec<Option<f32>>,
+    /// When sampling was asked for: at each window position, (token, log-probability at
+    /// temperature 1) for the target's top entries and the window token. The last entry of
+    /// `top` is then the target's sampled token, not its top one.
+    pub logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// A piece of a streamed continuation.

@@ -93,6 +93,20 @@ fn top_of(position: &Value, actual: u32) -> Option<(u32, Option<f32>)> {
     Some((id, margin))
 }
 
+/// Every (token, log-probability) one prompt position reports.
+fn entries_of(position: &Value) -> Option<Vec<(u32, f32)>> {
+    position
+        .as_object()?
+        .iter()
+        .map(|(id, e)| Some((id.parse().ok()?, e["logprob"].as_f64()? as f32)))
+        .collect()
+}
+
+/// Log-probabilities per window position asked for when sampling: vLLM's default
+/// `max_logprobs`. The target's distribution is known on these (and the window token) only;
+/// its tail beyond them is left out of the acceptance rule (see the README).
+const SAMPLED_TOP_LOGPROBS: u32 = 20;
+
 #[async_trait]
 impl TargetClient for OpenAiCompletionsTarget {
     async fn continue_tokens(
@@ -172,7 +186,7 @@ impl TargetClient for OpenAiCompletionsTarget {
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
         let mut prompt = req.prefix.clone();
         prompt.extend_from_slice(&req.window);
-        let body = json!({
+        let mut body = json!({
             "model": req.model.as_deref().unwrap_or(&self.cfg.model),
             "prompt": prompt,
             "max_tokens": 1,
@@ -181,6 +195,16 @@ impl TargetClient for OpenAiCompletionsTarget {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
+        if let Some(s) = &req.sampling {
+            // The token after the window is the target's own sample; the log-probabilities
+            // (raw, before temperature) give its distribution at every window position.
+            body["temperature"] = json!(s.temperature);
+            body["top_p"] = json!(s.top_p);
+            body["prompt_logprobs"] = json!(SAMPLED_TOP_LOGPROBS);
+            if let Some(seed) = s.seed {
+                body["seed"] = json!(seed);
+            }
+        }
         let v = post_json(
             &self.http,
             &self.cfg,
@@ -206,12 +230,21 @@ impl TargetClient for OpenAiCompletionsTarget {
         }
         let mut top = Vec::with_capacity(req.window.len() + 1);
         let mut margins = Vec::with_capacity(req.window.len());
+        let mut logprobs = Vec::new();
         for (i, &w) in req.window.iter().enumerate() {
-            let (t, m) = top_of(&positions[req.prefix.len() + i], w).ok_or_else(|| {
+            let position = &positions[req.prefix.len() + i];
+            let (t, m) = top_of(position, w).ok_or_else(|| {
                 TargetError::Protocol(format!("no rank-1 token at window position {i}"))
             })?;
             top.push(t);
             margins.push(m);
+            if req.sampling.is_some() {
+                logprobs.push(entries_of(position).ok_or_else(|| {
+                    TargetError::Protocol(format!(
+                        "unreadable log-probabilities at window position {i}"
+                    ))
+                })?);
+            }
         }
         let next = token_ids(&choice["token_ids"])
             .and_then(|t| t.first().copied())
@@ -221,7 +254,11 @@ impl TargetClient for OpenAiCompletionsTarget {
                 )
             })?;
         top.push(next);
-        Ok(Some(WindowScore { top, margins }))
+        Ok(Some(WindowScore {
+            top,
+            margins,
+            logprobs,
+        }))
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
@@ -268,5 +305,9 @@ mod tests {
         let differ = json!({"42": {"logprob": -2.0, "rank": 3, "decoded_token": "a"}, "7": {"logprob": -0.5, "rank": 1, "decoded_token": "b"}});
         assert_eq!(top_of(&differ, 42), Some((7, Some(1.5))));
         assert_eq!(top_of(&Value::Null, 42), None);
+        let mut e = entries_of(&differ).unwrap_or_default();
+        e.sort_by_key(|x| x.0);
+        assert_eq!(e, vec![(7, -0.5), (42, -2.0)]);
+        assert_eq!(entries_of(&json!({"x": {"logprob": -1.0}})), None);
     }
 }

@@ -1,5 +1,5 @@
-//! Features of the draft at one position. This one function is used by serving and by
-//! training, so the two cannot drift apart.
+//! Features of the draft at one position, for one candidate token. This one function is used
+//! by serving and by training, so the two cannot drift apart.
 
 use serde::{Deserialize, Serialize};
 
@@ -8,23 +8,36 @@ use crate::draft::PositionOutput;
 /// Names of the logit statistics, in the order [`Features::stats`] holds them.
 pub const STAT_NAMES: [&str; 4] = ["top1_prob", "margin", "entropy", "top1_logit"];
 
-/// Features at one position.
+/// Features at one position, of the token that is to be emitted there (the scored token).
+///
+/// The statistics keep their names from greedy decoding, where the scored token is always the
+/// draft's top-1: a learned verifier's artifact names them so. At temperature > 0 the sampled
+/// token can be another one, and then they describe that token, not the top-1.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Features {
     /// Draft's most likely token.
     pub top1: u32,
-    /// Softmax probability of `top1` (temperature 1).
+    /// The token scored (the top-1 unless a sampler drew another).
+    pub token: u32,
+    /// Softmax probability of `token` (temperature 1).
     pub top1_prob: f32,
-    /// Logit statistics in [`STAT_NAMES`] order: top-1 prob, top-1 minus top-2 prob,
-    /// entropy (nats), raw top-1 logit.
+    /// Logit statistics in [`STAT_NAMES`] order, of `token`: its probability, its probability
+    /// minus the best other token's (negative when it is not the top-1), the entropy (nats)
+    /// and its raw logit.
     pub stats: [f32; 4],
     /// The hidden-state row.
     pub hidden: Vec<f32>,
 }
 
 impl Features {
-    /// Computes the features from the draft's output at a position.
+    /// The features of the draft's own top-1 token (greedy decoding; training's labels).
     pub fn from_output(out: &PositionOutput) -> Self {
+        Self::of_token(out, None)
+    }
+
+    /// The features of `token` at this position (`None`: the top-1), so that the verifier
+    /// judges the token that would be emitted, also when a sampler drew another than the top-1.
+    pub fn of_token(out: &PositionOutput, token: Option<u32>) -> Self {
         let l = &out.logits;
         let (mut i1, mut v1, mut v2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
         for (i, &x) in l.iter().enumerate() {
@@ -47,10 +60,20 @@ impl Features {
             .sum();
         let p1 = (1.0 / z) as f32;
         let p2 = (f64::from(v2 - v1).exp() / z) as f32;
+        let top1 = i1 as u32;
+        let (token, p, margin, logit) = match token.and_then(|t| Some((t, *l.get(t as usize)?))) {
+            Some((t, x)) if t != top1 => {
+                let p = (f64::from(x - v1).exp() / z) as f32;
+                // The best other token is the top-1.
+                (t, p, p - p1, x)
+            }
+            _ => (top1, p1, p1 - p2, v1),
+        };
         Self {
-            top1: i1 as u32,
-            top1_prob: p1,
-            stats: [p1, p1 - p2, entropy as f32, v1],
+            top1,
+            token,
+            top1_prob: p,
+            stats: [p, margin, entropy as f32, logit],
             hidden: out.hidden.clone(),
         }
     }
@@ -74,5 +97,27 @@ mod tests {
         let h = -(0.5f32 * 0.5f32.ln() + 0.3 * 0.3f32.ln() + 0.2 * 0.2f32.ln());
         assert!((f.stats[2] - h).abs() < 1e-4);
         assert_eq!(f.hidden, vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn a_sampled_token_other_than_the_top1_is_scored_as_itself() {
+        let out = PositionOutput {
+            logits: vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()],
+            hidden: vec![],
+        };
+        let f = Features::of_token(&out, Some(2));
+        assert_eq!((f.top1, f.token), (1, 2));
+        assert!((f.top1_prob - 0.2).abs() < 1e-5);
+        assert!(
+            (f.stats[1] + 0.3).abs() < 1e-5,
+            "margin below the top-1: {}",
+            f.stats[1]
+        );
+        assert!((f.stats[3] - 0.2f32.ln()).abs() < 1e-5);
+        // The top-1 itself, and an id outside the vocabulary, are the greedy features.
+        let top = Features::from_output(&out);
+        for t in [Some(1), Some(99), None] {
+            assert_eq!(Features::of_token(&out, t).stats, top.stats);
+        }
     }
 }

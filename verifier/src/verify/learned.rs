@@ -230,6 +230,7 @@ mod tests {
     fn feats(p: f32, hidden: Vec<f32>) -> Features {
         Features {
             top1: 0,
+            token: 0,
             top1_prob: p,
             stats: [p, 0.0, 0.0, 0.0],
             hidden,

@@ -61,6 +61,7 @@ mod tests {
     fn confidence_is_top1_prob() {
         let f = Features {
             top1: 3,
+            token: 3,
             top1_prob: 0.8,
             stats: [0.8, 0.5, 0.7, 10.0],
             hidden: vec![],
