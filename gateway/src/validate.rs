@@ -249,6 +249,8 @@ pub fn validate(
         sampling: SamplingParams {
             temperature,
             top_p,
+            // Bit for bit: the target clients write it back as an i64, so a negative seed
+            // reaches the target as the client sent it.
             seed: r.seed.map(|s| s as u64),
         },
         stop,

@@ -141,6 +141,7 @@ def test_exact_mode_gives_the_targets_own_greedy_answer(start_gateway):
     # Sampled: speculative sampling's rule on vLLM's log-probabilities, in windows as well.
     sampled = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                           max_tokens=16, temperature=0.7, seed=5)
+    assert sampled.headers["x-approxy-mode"] == "approximate", (sampled.headers.get("x-approxy-passthrough-reason"), g.logs()[-2000:])
     u = approxy_usage(sampled)
     assert sampled.headers["x-approxy-mode"] == "approximate" and u["verification"] == "exact" and u["windows"] > 0, u
     assert sampled.parse().choices[0].message.content

@@ -397,7 +397,8 @@ impl<'a> Run<'a> {
 
     /// The sampling parameters of the next window call. A seeded request gets a different
     /// seed per call, derived from its own: the same seed in every call would make the
-    /// target's draws after successive windows repeat one another.
+    /// target's draws after successive windows repeat one another. Kept within a signed
+    /// 64-bit integer, the API's type for a seed (vLLM refuses others with a 400).
     fn window_sampling(&self) -> SamplingParams {
         let call = u64::from(self.stats.windows) + 1;
         SamplingParams {
@@ -405,7 +406,7 @@ impl<'a> Run<'a> {
                 .req
                 .sampling
                 .seed
-                .map(|s| s ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                .map(|s| (s ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15)) & i64::MAX as u64),
             ..self.req.sampling
         }
     }

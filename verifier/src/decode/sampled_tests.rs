@@ -324,3 +324,30 @@ async fn exact_sampling_gives_the_targets_distribution() -> Result<(), EngineErr
     assert!(windows < 2 * RUNS, "windows: {windows}");
     Ok(())
 }
+
+#[tokio::test]
+async fn each_window_call_gets_its_own_seed_within_the_apis_integer() -> Result<(), EngineError> {
+    let tok = tiny_tokenizer();
+    let target = Arc::new(ScriptedTarget::says("abcdefgh", None).with_windows());
+    let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
+    let workers = ScriptedWorkers::new(DraftScript::says("abcXefgY", 0.9), 1);
+    let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
+    let (ids, _) = generate(
+        &engine,
+        lease.as_ref(),
+        sampled_request(Verification::Exact, 0.5, 8, 5),
+    )
+    .await?;
+    assert_eq!(ids, "abcdefgh".bytes().map(u32::from).collect::<Vec<_>>());
+    let seeds: Vec<u64> = target
+        .window_calls()
+        .iter()
+        .filter_map(|w| w.sampling.and_then(|s| s.seed))
+        .collect();
+    assert!(seeds.len() >= 2, "{seeds:?}");
+    // vLLM refuses a seed above i64::MAX with a 400.
+    assert!(seeds.iter().all(|&s| s <= i64::MAX as u64), "{seeds:?}");
+    let distinct: std::collections::HashSet<_> = seeds.iter().collect();
+    assert_eq!(distinct.len(), seeds.len(), "{seeds:?}");
+    Ok(())
+}

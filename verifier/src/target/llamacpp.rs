@@ -42,7 +42,7 @@ fn body(req: &ContinuationRequest, stream: bool) -> Value {
         "stream": stream,
     });
     if let Some(seed) = s.seed {
-        body["seed"] = json!(seed);
+        body["seed"] = json!(seed as i64);
     }
     body
 }

@@ -54,7 +54,7 @@ impl OpenAiCompletionsTarget {
             "stream": stream,
         });
         if let Some(seed) = s.seed {
-            body["seed"] = json!(seed);
+            body["seed"] = json!(seed as i64);
         }
         if stream {
             // The usage (with the cached prompt tokens) comes in a last chunk.
@@ -202,7 +202,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             body["top_p"] = json!(s.top_p);
             body["prompt_logprobs"] = json!(SAMPLED_TOP_LOGPROBS);
             if let Some(seed) = s.seed {
-                body["seed"] = json!(seed);
+                body["seed"] = json!(seed as i64);
             }
         }
         let v = post_json(

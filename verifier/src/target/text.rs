@@ -271,7 +271,7 @@ impl<W: TextWire> TextTarget<W> {
             "stream_options": {"include_usage": true},
         });
         if let Some(seed) = s.seed {
-            body["seed"] = json!(seed);
+            body["seed"] = json!(seed as i64);
         }
         self.wire.fields(req, p, &mut body)?;
         self.cfg.cache_hints.apply_to_body(&mut body, key);
