@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
 use approxy_verifier::cost::CostGuard;
-use approxy_verifier::{Draft, GenerateRequest, Verification, Verifier};
+use approxy_verifier::{Draft, GenerateRequest, Verifier};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy};
