@@ -246,17 +246,27 @@ async fn send(
 /// The target's body, chunk by chunk, each read bounded by `idle`. A body that stalls or
 /// breaks off ends with an error event when it is a stream of events (the client sees why,
 /// then the end), or is cut off otherwise, so that a truncated answer never reads as complete.
+/// An event stream that closes cleanly but without `data: [DONE]` (every OpenAI-style stream
+/// ends with it) was cut short too, and gets the same error event.
 fn relay(
     upstream: reqwest::Response,
     idle: std::time::Duration,
     sse: bool,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let body = upstream.bytes_stream();
-    futures::stream::unfold(Some(Box::pin(body)), move |body| async move {
-        let mut body = body?;
+    let state = Some((Box::pin(body), DoneWatch::default()));
+    futures::stream::unfold(state, move |state| async move {
+        let (mut body, mut done) = state?;
         let failure = match tokio::time::timeout(idle, body.next()).await {
-            Ok(Some(Ok(chunk))) => return Some((Ok(chunk), Some(body))),
-            Ok(None) => return None,
+            Ok(Some(Ok(chunk))) => {
+                done.push(&chunk);
+                return Some((Ok(chunk), Some((body, done))));
+            }
+            Ok(None) if !sse || done.seen => return None,
+            Ok(None) => {
+                tracing::warn!("passthrough: the target's stream ended without [DONE]");
+                ApiError::BadGateway
+            }
             Ok(Some(Err(e))) => {
                 tracing::warn!(error = %e.without_url(), "passthrough: the target's body broke off");
                 ApiError::BadGateway
@@ -277,6 +287,33 @@ fn relay(
             ))
         }
     })
+}
+
+/// Watches a relayed event stream for `data: [DONE]`, which may be split across chunks.
+#[derive(Default)]
+struct DoneWatch {
+    /// The last bytes seen, enough to hold the marker's start.
+    tail: Vec<u8>,
+    seen: bool,
+}
+
+impl DoneWatch {
+    const MARKER: &'static [u8] = b"data: [DONE]";
+
+    fn push(&mut self, chunk: &[u8]) {
+        if self.seen {
+            return;
+        }
+        self.tail.extend_from_slice(chunk);
+        self.seen = self
+            .tail
+            .windows(Self::MARKER.len())
+            .any(|w| w == Self::MARKER);
+        let keep = Self::MARKER.len() - 1;
+        if self.tail.len() > keep {
+            self.tail.drain(..self.tail.len() - keep);
+        }
+    }
 }
 
 /// A target's error answer as the client's: credentials the target refused are the gateway's
@@ -354,5 +391,31 @@ mod properties {
                 prop_assert!(decoded.split('/').all(|s| s != "." && s != ".."), "{path} -> {decoded}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DoneWatch;
+
+    #[test]
+    fn the_done_marker_is_found_across_chunk_boundaries() {
+        let stream = b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            for second in cut..stream.len() {
+                let mut w = DoneWatch::default();
+                w.push(&stream[..cut]);
+                w.push(&stream[cut..second]);
+                w.push(&stream[second..]);
+                assert!(w.seen, "cut at {cut} and {second}");
+            }
+        }
+        let mut w = DoneWatch::default();
+        w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"[DONE]\"}}]}\n\n");
+        w.push(b"data: [DON");
+        assert!(
+            !w.seen,
+            "a [DONE] in content, or a marker cut short, is not the end"
+        );
     }
 }

@@ -50,6 +50,11 @@ async fn stub_upstream() -> String {
             let body = json!({"error": {"message": "bad thing", "type": "invalid_request_error", "param": "messages", "internal": "upstream-secret at /srv/x"}});
             return (status, [("retry-after", "7"), leaky[1]], axum::Json(body)).into_response();
         }
+        if model == "truncated" {
+            // A clean close without `data: [DONE]` (OpenAI's stream format always ends with it).
+            let body = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+            return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
+        }
         if model == "cut" || model == "stall" {
             let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")) });
             let rest = futures::stream::once(async move {
@@ -872,11 +877,15 @@ async fn target_errors_become_the_gateways_without_their_details() {
 }
 
 #[tokio::test]
-async fn a_passthrough_stream_that_breaks_or_stalls_ends_with_an_error_event() {
+async fn a_passthrough_stream_that_breaks_stalls_or_ends_without_done_ends_with_an_error_event() {
     let mut s = Setup::new("x", 0.9, "x");
     s.target_timeout = "300ms";
     let state = s.state().await;
-    for (model, code) in [("cut", "target_unavailable"), ("stall", "target_timeout")] {
+    for (model, code) in [
+        ("cut", "target_unavailable"),
+        ("stall", "target_timeout"),
+        ("truncated", "target_unavailable"),
+    ] {
         let started = std::time::Instant::now();
         let (status, _, body) = call(
             &state,

@@ -233,3 +233,55 @@ async fn openai_calls_name_the_requested_model() {
         vec!["m".to_string(), "client-model".to_string()]
     );
 }
+
+/// A stub upstream that streams one token event, marked finished or not, then closes the
+/// connection without `[DONE]`: llama.cpp's native `/completion` format, or OpenAI
+/// `/v1/completions` with `token_ids` (vLLM's), as each documents its stream.
+async fn cut_stream(finished: bool) -> String {
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| async move {
+        let event = if uri.path().ends_with("/completion") {
+            serde_json::json!({"content": "a", "tokens": [64], "stop": finished})
+        } else {
+            let reason = if finished { serde_json::json!("length") } else { serde_json::Value::Null };
+            serde_json::json!({"choices": [{"index": 0, "text": "a", "token_ids": [64], "finish_reason": reason}]})
+        };
+        (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            format!("data: {event}\n\n"),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_before_the_target_said_it_was_finished_is_an_error() {
+    use futures::StreamExt;
+    for finished in [false, true] {
+        let url = cut_stream(finished).await;
+        for c in both(cfg(&url, Duration::from_secs(5), 0)) {
+            let items: Vec<_> = c
+                .stream_tokens(&common::req(vec![1], 1))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .collect()
+                .await;
+            assert!(
+                matches!(&items[0], Ok(chunk) if chunk.tokens == [64]),
+                "{items:?}"
+            );
+            if finished {
+                assert_eq!(items.len(), 1, "{items:?}");
+            } else {
+                assert!(
+                    matches!(items.last(), Some(Err(TargetError::Protocol(m))) if m.contains("before it said it was finished")),
+                    "{items:?}"
+                );
+            }
+        }
+    }
+}

@@ -524,7 +524,9 @@ pub(crate) fn reported_cached_tokens(usage: &serde_json::Value) -> Option<u32> {
 }
 
 /// POSTs JSON (with [`send_with_retries`]) and reads the answer as server-sent events, each
-/// `data:` a JSON object; `[DONE]` ends the stream.
+/// `data:` a JSON object; `[DONE]` ends the stream. A stream that ends before the target said
+/// it was finished (`[DONE]`, a `finish_reason`, or llama.cpp's `"stop": true`) ends with a
+/// protocol error: a connection closed early must not read as a complete answer.
 pub(crate) async fn post_sse(
     http: &reqwest::Client,
     cfg: &TargetConfig,
@@ -535,23 +537,47 @@ pub(crate) async fn post_sse(
     use eventsource_stream::Eventsource;
     let resp = send_with_retries(http, cfg, url, body, header).await?;
     let timeout = cfg.timeout;
-    let events = resp.bytes_stream().eventsource().take_while(|ev| {
-        let done = matches!(ev, Ok(e) if e.data.trim() == "[DONE]");
-        futures::future::ready(!done)
-    });
-    Ok(Box::pin(events.map(move |ev| match ev {
-        Ok(e) => {
-            serde_json::from_str(&e.data).map_err(|err| {
-                TargetError::Protocol(format!("bad JSON in a streamed event: {err}"))
-            })
-        }
-        Err(eventsource_stream::EventStreamError::Transport(t)) if t.is_timeout() => {
-            Err(TargetError::Timeout(timeout))
-        }
-        Err(err) => Err(TargetError::Protocol(format!(
-            "the target's stream broke off: {err}"
-        ))),
-    })))
+    let events = Box::pin(resp.bytes_stream().eventsource());
+    // State: the events, and whether the target has said it is finished.
+    Ok(Box::pin(futures::stream::unfold(
+        Some((events, false)),
+        move |state| async move {
+            let (mut events, finished) = state?;
+            let item = match events.next().await {
+                None if finished => return None,
+                None => Err(TargetError::Protocol(
+                    "the target's stream ended before it said it was finished".into(),
+                )),
+                Some(Ok(e)) if e.data.trim() == "[DONE]" => return None,
+                Some(Ok(e)) => match serde_json::from_str::<serde_json::Value>(&e.data) {
+                    Ok(v) => {
+                        let done = finished || says_finished(&v);
+                        return Some((Ok(v), Some((events, done))));
+                    }
+                    Err(err) => Err(TargetError::Protocol(format!(
+                        "bad JSON in a streamed event: {err}"
+                    ))),
+                },
+                Some(Err(eventsource_stream::EventStreamError::Transport(t))) if t.is_timeout() => {
+                    Err(TargetError::Timeout(timeout))
+                }
+                Some(Err(err)) => Err(TargetError::Protocol(format!(
+                    "the target's stream broke off: {err}"
+                ))),
+            };
+            // An error ends the stream.
+            Some((item, None))
+        },
+    )))
+}
+
+/// Whether a streamed event is the target's last word on the answer: an OpenAI-style choice
+/// with a `finish_reason`, or llama.cpp's native `"stop": true`.
+fn says_finished(v: &serde_json::Value) -> bool {
+    v["stop"].as_bool() == Some(true)
+        || v["choices"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["finish_reason"].is_string()))
 }
 
 /// reqwest errors print the URL, which may carry credentials in its userinfo; drop it.
