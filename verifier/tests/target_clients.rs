@@ -168,6 +168,11 @@ async fn slow_target_times_out() {
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Timeout(_))), "{r:?}");
         assert!(t.elapsed() < Duration::from_secs(5));
+        // A stream's head is bounded too (each read is).
+        let t = Instant::now();
+        let r = c.stream_tokens(&common::req(vec![1], 1)).await.map(|_| ());
+        assert!(matches!(r, Err(TargetError::Timeout(_))), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
     }
 }
 
@@ -283,5 +288,68 @@ async fn a_stream_that_ends_before_the_target_said_it_was_finished_is_an_error()
                 );
             }
         }
+    }
+}
+
+/// A stub upstream that streams `events` token events `gap` apart, the last one finished, in
+/// llama.cpp's native `/completion` format or OpenAI `/v1/completions` with `token_ids`.
+async fn steady_stream(events: usize, gap: Duration) -> String {
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| async move {
+        let native = uri.path().ends_with("/completion");
+        let body = futures::StreamExt::then(futures::stream::iter(0..events), move |i| async move {
+            tokio::time::sleep(gap).await;
+            let last = i + 1 == events;
+            let event = if native {
+                serde_json::json!({"content": "a", "tokens": [64], "stop": last})
+            } else {
+                let reason = if last { serde_json::json!("length") } else { serde_json::Value::Null };
+                serde_json::json!({"choices": [{"index": 0, "text": "a", "token_ids": [64], "finish_reason": reason}]})
+            };
+            Ok::<_, std::io::Error>(format!("data: {event}\n\n"))
+        });
+        (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            axum::body::Body::from_stream(body),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_stream_longer_than_the_timeout_is_not_cut_while_tokens_keep_coming() {
+    use futures::{StreamExt, TryStreamExt};
+    // 8 events 100 ms apart: 800 ms in all, against a 400 ms timeout per read.
+    let url = steady_stream(8, Duration::from_millis(100)).await;
+    for c in both(cfg(&url, Duration::from_millis(400), 0)) {
+        let chunks: Vec<_> = c
+            .stream_tokens(&common::req(vec![1], 8))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .try_collect()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        assert_eq!(tokens, 8);
+    }
+    // A gap longer than the timeout is still a timeout.
+    let url = steady_stream(2, Duration::from_millis(600)).await;
+    for c in both(cfg(&url, Duration::from_millis(400), 0)) {
+        let last = c
+            .stream_tokens(&common::req(vec![1], 2))
+            .await
+            .map(|s| s.collect::<Vec<_>>());
+        let items = match last {
+            Ok(fut) => fut.await,
+            Err(e) => vec![Err(e)],
+        };
+        assert!(
+            matches!(items.last(), Some(Err(TargetError::Timeout(_)))),
+            "{items:?}"
+        );
     }
 }

@@ -373,9 +373,12 @@ pub fn load_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, TargetErro
     Ok(certs)
 }
 
+/// A client whose every read must arrive within the target timeout. Not a total timeout: a
+/// streamed answer longer than it (a hand-off writing thousands of tokens) must not be cut
+/// while tokens keep coming. Calls whose answer is read whole add the total bound themselves.
 pub(crate) fn http_client(cfg: &TargetConfig) -> Result<reqwest::Client, TargetError> {
     http_client_builder(cfg)?
-        .timeout(cfg.timeout)
+        .read_timeout(cfg.timeout)
         .build()
         .map_err(|e| TargetError::Protocol(format!("cannot build HTTP client: {e}")))
 }
@@ -421,7 +424,7 @@ pub(crate) async fn get_ok(
     cfg: &TargetConfig,
     url: &str,
 ) -> Result<(), TargetError> {
-    let mut rb = http.get(url);
+    let mut rb = http.get(url).timeout(cfg.timeout);
     if let Some(k) = &cfg.api_key {
         rb = rb.bearer_auth(k);
     }
@@ -445,10 +448,15 @@ pub(crate) async fn send_with_retries(
     url: &str,
     body: &serde_json::Value,
     header: Option<&(String, String)>,
+    whole: bool,
 ) -> Result<reqwest::Response, TargetError> {
     let mut attempt = 0u32;
     loop {
         let mut rb = http.post(url).json(body);
+        if whole {
+            // An answer read whole is bounded in total, not just per read.
+            rb = rb.timeout(cfg.timeout);
+        }
         if let Some(k) = &cfg.api_key {
             rb = rb.bearer_auth(k);
         }
@@ -500,7 +508,7 @@ pub(crate) async fn post_json(
     body: &serde_json::Value,
     header: Option<&(String, String)>,
 ) -> Result<serde_json::Value, TargetError> {
-    let resp = send_with_retries(http, cfg, url, body, header).await?;
+    let resp = send_with_retries(http, cfg, url, body, header, true).await?;
     resp.json()
         .await
         .map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
@@ -535,7 +543,7 @@ pub(crate) async fn post_sse(
     header: Option<&(String, String)>,
 ) -> Result<JsonStream, TargetError> {
     use eventsource_stream::Eventsource;
-    let resp = send_with_retries(http, cfg, url, body, header).await?;
+    let resp = send_with_retries(http, cfg, url, body, header, false).await?;
     let timeout = cfg.timeout;
     let events = Box::pin(resp.bytes_stream().eventsource());
     // State: the events, and whether the target has said it is finished.
