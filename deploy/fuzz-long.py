@@ -94,24 +94,30 @@ def main() -> int:
         binaries[pkg] = str(shutil.copy2(test_binary(pkg), keep / pkg))
     budget = a.cpu_minutes * 60
     started = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=a.lanes) as pool:
-        futures = [pool.submit(run_property, name, binaries[pkg], test, budget, a.cases_per_round) for name, pkg, test in props]
-        results = []
-        for f in futures:
-            r = f.result()
-            results.append(r)
-            print(f"{r['property']}: {'ok' if r['ok'] else 'FAILED'}, {r['cases']} cases, {r['cpu_seconds']} CPU s, {r['wall_seconds']} s", flush=True)
-    report = {
-        "command": " ".join(["deploy/fuzz-long.py", *sys.argv[1:]]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor()),
-        "cores": os.cpu_count(),
-        "cpu_minutes_per_property": a.cpu_minutes,
-        "results": results,
-    }
-    if a.out:
+    results = []
+
+    def write_report() -> None:
+        # After every property, so that a run cut short keeps what it finished.
+        if not a.out:
+            return
+        report = {
+            "command": " ".join(["deploy/fuzz-long.py", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor()),
+            "cores": os.cpu_count(),
+            "cpu_minutes_per_property": a.cpu_minutes,
+            "results": results,
+        }
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.lanes) as pool:
+        futures = [pool.submit(run_property, name, binaries[pkg], test, budget, a.cases_per_round) for name, pkg, test in props]
+        for f in concurrent.futures.as_completed(futures):
+            r = f.result()
+            results.append(r)
+            write_report()
+            print(f"{r['property']}: {'ok' if r['ok'] else 'FAILED'}, {r['cases']} cases, {r['cpu_seconds']} CPU s, {r['wall_seconds']} s", flush=True)
     return 0 if all(r["ok"] for r in results) else 1
 
 
