@@ -289,27 +289,38 @@ fn relay(
     })
 }
 
-/// Watches a relayed event stream for `data: [DONE]`, which may be split across chunks.
-#[derive(Default)]
+/// Watches a relayed event stream for a `data: [DONE]` line, which may be split across chunks.
+/// Only at the start of a line: inside an event's JSON a newline is escaped, so an answer whose
+/// text says "data: [DONE]" is not taken for the end.
 struct DoneWatch {
-    /// The last bytes seen, enough to hold the marker's start.
+    /// The last bytes seen, enough to hold a marker's start.
     tail: Vec<u8>,
     seen: bool,
 }
 
+impl Default for DoneWatch {
+    fn default() -> Self {
+        // The stream's start is a line start.
+        Self {
+            tail: b"\n".to_vec(),
+            seen: false,
+        }
+    }
+}
+
 impl DoneWatch {
-    const MARKER: &'static [u8] = b"data: [DONE]";
+    /// With and without the optional space after the field name.
+    const MARKERS: [&'static [u8]; 2] = [b"\ndata: [DONE]", b"\ndata:[DONE]"];
 
     fn push(&mut self, chunk: &[u8]) {
         if self.seen {
             return;
         }
         self.tail.extend_from_slice(chunk);
-        self.seen = self
-            .tail
-            .windows(Self::MARKER.len())
-            .any(|w| w == Self::MARKER);
-        let keep = Self::MARKER.len() - 1;
+        self.seen = Self::MARKERS
+            .iter()
+            .any(|m| self.tail.windows(m.len()).any(|w| w == *m));
+        let keep = Self::MARKERS[0].len() - 1;
         if self.tail.len() > keep {
             self.tail.drain(..self.tail.len() - keep);
         }
@@ -411,7 +422,13 @@ mod tests {
             }
         }
         let mut w = DoneWatch::default();
-        w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"[DONE]\"}}]}\n\n");
+        w.push(b"data: [DONE]");
+        assert!(w.seen, "at the very start");
+        let mut w = DoneWatch::default();
+        w.push(b"data: {}\n\ndata:[DONE]\n\n");
+        assert!(w.seen, "without the space");
+        let mut w = DoneWatch::default();
+        w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"data: [DONE]\"}}]}\n\n");
         w.push(b"data: [DON");
         assert!(
             !w.seen,
