@@ -239,35 +239,11 @@ async fn openai_calls_name_the_requested_model() {
     );
 }
 
-/// A stub upstream that streams one token event, marked finished or not, then closes the
-/// connection without `[DONE]`: llama.cpp's native `/completion` format, or OpenAI
-/// `/v1/completions` with `token_ids` (vLLM's), as each documents its stream.
-async fn cut_stream(finished: bool) -> String {
-    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| async move {
-        let event = if uri.path().ends_with("/completion") {
-            serde_json::json!({"content": "a", "tokens": [64], "stop": finished})
-        } else {
-            let reason = if finished { serde_json::json!("length") } else { serde_json::Value::Null };
-            serde_json::json!({"choices": [{"index": 0, "text": "a", "token_ids": [64], "finish_reason": reason}]})
-        };
-        (
-            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            format!("data: {event}\n\n"),
-        )
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
-
 #[tokio::test]
 async fn a_stream_that_ends_before_the_target_said_it_was_finished_is_an_error() {
     use futures::StreamExt;
     for finished in [false, true] {
-        let url = cut_stream(finished).await;
+        let url = token_stream_stub(1, Duration::ZERO, finished).await;
         for c in both(cfg(&url, Duration::from_secs(5), 0)) {
             let items: Vec<_> = c
                 .stream_tokens(&common::req(vec![1], 1))
@@ -291,14 +267,16 @@ async fn a_stream_that_ends_before_the_target_said_it_was_finished_is_an_error()
     }
 }
 
-/// A stub upstream that streams `events` token events `gap` apart, the last one finished, in
-/// llama.cpp's native `/completion` format or OpenAI `/v1/completions` with `token_ids`.
-async fn steady_stream(events: usize, gap: Duration) -> String {
+/// A stub upstream that streams `events` token events `gap` apart, the last one marked
+/// finished when `finish_last`, then closes the connection without `[DONE]`: llama.cpp's native
+/// `/completion` format, or OpenAI `/v1/completions` with `token_ids` (vLLM's), as each
+/// documents its stream.
+async fn token_stream_stub(events: usize, gap: Duration, finish_last: bool) -> String {
     let app = axum::Router::new().fallback(move |uri: axum::http::Uri| async move {
         let native = uri.path().ends_with("/completion");
         let body = futures::StreamExt::then(futures::stream::iter(0..events), move |i| async move {
             tokio::time::sleep(gap).await;
-            let last = i + 1 == events;
+            let last = finish_last && i + 1 == events;
             let event = if native {
                 serde_json::json!({"content": "a", "tokens": [64], "stop": last})
             } else {
@@ -324,7 +302,7 @@ async fn steady_stream(events: usize, gap: Duration) -> String {
 async fn a_stream_longer_than_the_timeout_is_not_cut_while_tokens_keep_coming() {
     use futures::{StreamExt, TryStreamExt};
     // 8 events 100 ms apart: 800 ms in all, against a 400 ms timeout per read.
-    let url = steady_stream(8, Duration::from_millis(100)).await;
+    let url = token_stream_stub(8, Duration::from_millis(100), true).await;
     for c in both(cfg(&url, Duration::from_millis(400), 0)) {
         let chunks: Vec<_> = c
             .stream_tokens(&common::req(vec![1], 8))
@@ -337,7 +315,7 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_while_tokens_keep_coming() 
         assert_eq!(tokens, 8);
     }
     // A gap longer than the timeout is still a timeout.
-    let url = steady_stream(2, Duration::from_millis(600)).await;
+    let url = token_stream_stub(2, Duration::from_millis(600), true).await;
     for c in both(cfg(&url, Duration::from_millis(400), 0)) {
         let last = c
             .stream_tokens(&common::req(vec![1], 2))

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use rand::{SeedableRng, rngs::StdRng};
 use tokio::sync::mpsc;
 
+use super::scripted_tests::request;
 use super::*;
 use crate::draft::PositionOutput;
 use crate::error::TargetError;
@@ -24,12 +25,7 @@ const A: u32 = b'a' as u32;
 const B: u32 = b'b' as u32;
 const C: u32 = b'c' as u32;
 
-fn prompt() -> Vec<u32> {
-    let mut p: Vec<u32> = "question?".bytes().map(u32::from).collect();
-    p.push(IM_START);
-    p
-}
-
+/// The scripted tests' request, at temperature 1 with a seed.
 fn sampled_request(
     verification: Verification,
     threshold: f32,
@@ -37,23 +33,13 @@ fn sampled_request(
     seed: u64,
 ) -> GenerateRequest {
     GenerateRequest {
-        prompt: prompt(),
-        max_tokens,
         sampling: SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             seed: Some(seed),
         },
-        stop: Vec::new(),
-        threshold,
         verification,
-        correction: Correction::Fixed { tokens: 1 },
-        bailout: None,
-        cost_guard: None,
-        model: None,
-        messages: None,
-        cache: Default::default(),
-        max_target_calls: None,
+        ..request(threshold, max_tokens)
     }
 }
 

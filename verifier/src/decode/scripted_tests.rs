@@ -16,13 +16,13 @@ use crate::testing::{
 use crate::verify::ConfidenceVerifier;
 use crate::{DraftWorkers, SamplingParams};
 
-fn prompt() -> Vec<u32> {
+pub(super) fn prompt() -> Vec<u32> {
     let mut p: Vec<u32> = "question?".bytes().map(u32::from).collect();
     p.push(IM_START);
     p
 }
 
-fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
+pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt(),
         max_tokens,
