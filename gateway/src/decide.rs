@@ -241,6 +241,7 @@ pub async fn decide(
         },
         cache: rt.policy.target.cache_rules,
         max_target_calls: mp.max_target_calls,
+        overlap: mp.overlap,
     };
     Ok(Decision::Approximate(Box::new(Approximate {
         request: valid,

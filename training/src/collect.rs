@@ -266,6 +266,7 @@ async fn live_decode(
         model: None,
         messages: Some(Arc::clone(&item.messages)),
         cache: Default::default(),
+        overlap: false,
         max_target_calls: None,
     };
     let drain = async move {

@@ -7,7 +7,7 @@
 //! more than passing it through (the cost guard).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -21,9 +21,12 @@ use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
 use crate::verify::{Features, Verifier, accepts};
 
+mod cursor;
 mod pacing;
 mod run;
 
+use cursor::Cursor;
+pub use cursor::OVERLAP_MAX_AHEAD;
 use pacing::{RejectionWindow, WindowSize};
 use run::{Run, SpanEnd, WindowEnd};
 
@@ -132,6 +135,10 @@ pub struct GenerateRequest {
     pub messages: Option<Arc<Vec<ChatMessage>>>,
     /// How the target's prompt cache serves re-sent prefixes (for the cost estimate).
     pub cache: CacheRules,
+    /// Keep drafting along the draft's own guess while a target call is in flight (a window's
+    /// worth during a window call, a resync's worth during a span); the work is kept where the
+    /// target's answer agrees.
+    pub overlap: bool,
 }
 
 /// What one generation cost.
@@ -183,7 +190,11 @@ pub struct Stats {
     /// Calls a text-level target needed again because its answer did not start with the
     /// held-back piece of the answer (token healing); counted in `target_calls` too.
     pub heal_retries: u32,
-    /// Time spent in draft inference.
+    /// Tokens the draft guessed ahead while a target call was in flight (overlap).
+    pub overlap_guesses: u64,
+    /// Of those, guesses the answer then took, so their draft work was not repeated.
+    pub overlap_guesses_used: u64,
+    /// Time spent in draft inference (overlapped with target calls or not).
     #[serde(serialize_with = "secs")]
     pub draft_time: Duration,
     /// Time spent waiting for the target.
@@ -273,9 +284,8 @@ impl Engine {
         tx: mpsc::Sender<TokenEvent>,
     ) -> Result<Stats, EngineError> {
         let mut run = Run::new(self, req, tx);
-        let t = Instant::now();
-        let mut out = lease.prefill(run.req.prompt.clone()).await?;
-        run.stats.draft_time += t.elapsed();
+        let mut cursor = Cursor::new(lease);
+        let mut out = cursor.prefill(run.req.prompt.clone()).await?;
         let mut sampler = Sampler::new(run.req.sampling);
         let mut window = run.req.bailout.map(RejectionWindow::new);
         let mut accepted_run = 0u32;
@@ -320,7 +330,10 @@ impl Engine {
                     && !over_budget
                 {
                     let k = sizes.k().min(run.remaining());
-                    match run.window(lease, out, proposal, k, &mut sampler).await? {
+                    match run
+                        .window(&mut cursor, out, proposal, k, &mut sampler)
+                        .await?
+                    {
                         WindowEnd::Resume { next, accepted } => {
                             sizes.update(accepted);
                             out = next;
@@ -347,13 +360,16 @@ impl Engine {
                 }
                 match correction {
                     Correction::Fixed { .. } => {
-                        if let Some(reason) = run.call_target(asked).await? {
+                        if let Some(reason) = run.call_target(&mut cursor, &out, asked).await? {
                             break reason;
                         }
                         run.last_target_tokens.clone()
                     }
                     Correction::Span { resync, .. } => {
-                        match run.span(lease, verifier, out, asked, resync.max(1)).await? {
+                        match run
+                            .span(&mut cursor, verifier, out, asked, resync.max(1))
+                            .await?
+                        {
                             // The draft already followed the span: its output is current.
                             SpanEnd::Resume(next) => {
                                 out = next;
@@ -364,17 +380,14 @@ impl Engine {
                     }
                 }
             };
-            let t = Instant::now();
-            out = lease
-                .extend(produced, false)
-                .await?
-                .pop()
-                .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
-            run.stats.draft_time += t.elapsed();
+            out = cursor.commit(&produced).await?;
         };
         if accepted_run > 0 {
             run.stats.accepted_runs.push(accepted_run);
         }
+        run.stats.draft_time += cursor.time;
+        run.stats.overlap_guesses = cursor.guessed;
+        run.stats.overlap_guesses_used = cursor.guesses_used;
         run.finish(result).await
     }
 }
@@ -396,6 +409,8 @@ pub(crate) fn decide(
     )
 }
 
+#[cfg(test)]
+mod overlap_tests;
 #[cfg(test)]
 mod sampled_tests;
 #[cfg(test)]

@@ -194,6 +194,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         model: None,
         messages: None,
         cache: Default::default(),
+        overlap: false,
         max_target_calls: None,
     }
 }

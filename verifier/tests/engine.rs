@@ -208,6 +208,45 @@ async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections
     );
 }
 
+/// Drafting while a span is in flight moves draft work into the target's time; it changes
+/// neither the answer nor the calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let (mut guessed, mut used) = (0, 0);
+    for p in PROMPTS {
+        let prompt = common::chat_prompt(p);
+        let mut runs = Vec::new();
+        for overlap in [false, true] {
+            let mut req = common::greedy(prompt.clone(), 48, 0.7);
+            req.correction = Correction::Span {
+                max_span: 32,
+                resync: 3,
+            };
+            req.overlap = overlap;
+            let (ids, _, stats) = common::run(&engine, &pool, req)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            runs.push((ids, stats));
+        }
+        let (off, on) = (&runs[0], &runs[1]);
+        eprintln!(
+            "{p:?}: {} target calls; overlap guessed {} tokens, {} used; draft time {:.2} s off, {:.2} s on",
+            on.1.target_calls,
+            on.1.overlap_guesses,
+            on.1.overlap_guesses_used,
+            off.1.draft_time.as_secs_f64(),
+            on.1.draft_time.as_secs_f64()
+        );
+        assert_eq!(on.0, off.0, "prompt {p:?}");
+        assert_eq!(on.1.target_calls, off.1.target_calls, "prompt {p:?}");
+        guessed += on.1.overlap_guesses;
+        used += on.1.overlap_guesses_used;
+    }
+    assert!(guessed > 0 && used > 0, "guessed {guessed}, used {used}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_sampling_repeats_and_reaches_the_target() {
     let pool = pool();

@@ -205,6 +205,7 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
         "Explain in two sentences what a hash map is.",
     ];
     let (mut tokens, mut calls, mut windows, mut proposed) = (0u64, 0u64, 0u64, 0u64);
+    let mut guesses_used = 0u64;
     for p in prompts {
         let prompt = common::chat_prompt(p);
         let mut expected = target
@@ -213,38 +214,52 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
             .unwrap_or_else(|e| panic!("{e}"))
             .tokens;
         expected.retain(|t| !eos.contains(t));
-        let mut req = common::greedy(prompt, 32, 0.7);
-        req.verification = Verification::Exact;
-        let (ids, _, stats) = common::run(&engine, &pool, req)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        eprintln!(
-            "{p:?}: {} tokens, {} target calls, {} windows (mean {:.1} tokens, {:.0} % accepted), near ties {:?}",
-            stats.completion_tokens,
-            stats.target_calls,
-            stats.windows,
-            stats.window_tokens as f64 / f64::from(stats.windows.max(1)),
-            100.0 * stats.window_accepted as f64 / stats.window_tokens.max(1) as f64,
-            stats.near_ties
-        );
-        if ids != expected {
-            // The one allowed difference: a position where the target's choice was a numerical
-            // tie (batch shapes differ between the window call and a plain continuation).
-            let at = ids
-                .iter()
-                .zip(&expected)
-                .take_while(|(a, b)| a == b)
-                .count() as u32;
-            assert!(
-                stats.near_ties.iter().any(|(pos, _)| *pos == at),
-                "prompt {p:?}: differs at {at} without a near tie: {ids:?} vs {expected:?}"
+        // With and without drafting while the target scores a window: the same answer.
+        for overlap in [false, true] {
+            let mut req = common::greedy(prompt.clone(), 32, 0.7);
+            req.verification = Verification::Exact;
+            req.overlap = overlap;
+            let (ids, _, stats) = common::run(&engine, &pool, req)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "{p:?} (overlap {overlap}, guesses {} used {}): {} tokens, {} target calls, {} windows (mean {:.1} tokens, {:.0} % accepted), near ties {:?}",
+                stats.completion_tokens,
+                stats.target_calls,
+                stats.windows,
+                stats.window_tokens as f64 / f64::from(stats.windows.max(1)),
+                100.0 * stats.window_accepted as f64 / stats.window_tokens.max(1) as f64,
+                stats.overlap_guesses,
+                stats.overlap_guesses_used,
+                stats.near_ties
             );
+            if ids != expected {
+                // The one allowed difference: a position where the target's choice was a numerical
+                // tie (batch shapes differ between the window call and a plain continuation).
+                let at = ids
+                    .iter()
+                    .zip(&expected)
+                    .take_while(|(a, b)| a == b)
+                    .count() as u32;
+                assert!(
+                    stats.near_ties.iter().any(|(pos, _)| *pos == at),
+                    "prompt {p:?}: differs at {at} without a near tie: {ids:?} vs {expected:?}"
+                );
+            }
+            if overlap {
+                guesses_used += stats.overlap_guesses_used;
+                continue;
+            }
+            tokens += u64::from(stats.completion_tokens);
+            calls += u64::from(stats.target_calls);
+            windows += u64::from(stats.windows);
+            proposed += stats.window_tokens;
         }
-        tokens += u64::from(stats.completion_tokens);
-        calls += u64::from(stats.target_calls);
-        windows += u64::from(stats.windows);
-        proposed += stats.window_tokens;
     }
+    assert!(
+        guesses_used > 0,
+        "no guess drafted during a window call was ever used"
+    );
     eprintln!(
         "exact mode over five prompts: {tokens} tokens, {calls} target calls ({:.1} per 100 tokens), mean window {:.1}",
         100.0 * calls as f64 / tokens as f64,

@@ -178,6 +178,8 @@ pub struct ModelPolicy {
     pub fallback_to_passthrough: bool,
     /// Most target calls one request may make (the last writes the rest).
     pub max_target_calls: Option<u32>,
+    /// Keep drafting along the draft's guess while a target call is in flight.
+    pub overlap: bool,
 }
 
 /// A validated policy.

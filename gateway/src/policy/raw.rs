@@ -183,6 +183,9 @@ pub struct RawModel {
     /// Most target calls one request may make; the last one writes the rest of the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_target_calls: Option<u32>,
+    /// Keep drafting while a target call is in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<bool>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

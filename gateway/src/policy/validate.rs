@@ -14,6 +14,11 @@ use super::{
     TargetPolicy, VerifierChoice,
 };
 
+/// Whether a model overlaps drafting with target calls unless its policy says. Off: measured
+/// with the target on the same two cores, the guesses slow the target more than they save
+/// (README, "Drafting while the target works").
+pub const DEFAULT_OVERLAP: bool = false;
+
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.
 pub(super) fn validate(raw: RawPolicy, path: &Path) -> (Policy, Vec<String>) {
     let mut v = Validator {
@@ -457,6 +462,7 @@ impl Validator {
             price,
             fallback_to_passthrough,
             max_target_calls: m.max_target_calls,
+            overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
         }
     }
 

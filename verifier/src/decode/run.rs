@@ -7,9 +7,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{Engine, FinishReason, GenerateRequest, Source, Stats, TIE_MARGIN, TokenEvent, decide};
+use super::cursor::Cursor;
+use super::{
+    Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
+    TokenEvent, decide,
+};
 use crate::cost::CallPlan;
-use crate::draft::{Draft, PositionOutput};
+use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
@@ -235,16 +239,36 @@ impl<'a> Run<'a> {
         guard.trips(&self.stats, plan)
     }
 
+    /// Awaits a target call, the draft guessing up to `guesses` tokens ahead meanwhile when
+    /// the request overlaps (see [`Cursor::overlap`]); `None` when the client went away first.
+    async fn wait<T>(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        from: &PositionOutput,
+        first: Option<(usize, u32)>,
+        guesses: usize,
+        call: impl Future<Output = T>,
+    ) -> Result<Option<T>, EngineError> {
+        let guesses = if self.req.overlap { guesses } else { 0 };
+        let engine = self.engine;
+        let both = cursor.overlap(call, from, first, guesses, &engine.eos);
+        unless_client_gone(&self.tx, &mut self.stats.target_wait, both)
+            .await
+            .transpose()
+    }
+
     /// Asks the target for `n` tokens after the current prefix and emits them.
     /// `Ok(Some(reason))` when the generation ends there.
     pub(super) async fn call_target(
         &mut self,
+        cursor: &mut Cursor<'_>,
+        from: &PositionOutput,
         n: u32,
     ) -> Result<Option<FinishReason>, EngineError> {
         let creq = self.next_call(n);
-        let call = self.engine.target.continue_tokens(&creq);
-        let Some(cont) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
-        else {
+        let engine = self.engine;
+        let call = engine.target.continue_tokens(&creq);
+        let Some(cont) = self.wait(cursor, from, None, n as usize + 1, call).await? else {
             return Ok(Some(FinishReason::Cancelled));
         };
         let cont = cont?;
@@ -271,7 +295,7 @@ impl<'a> Run<'a> {
     /// [`Run::accept_sampled`]).
     pub(super) async fn window(
         &mut self,
-        draft: &dyn Draft,
+        cursor: &mut Cursor<'_>,
         out: PositionOutput,
         first: u32,
         k: u32,
@@ -285,17 +309,12 @@ impl<'a> Run<'a> {
         if sampled {
             drawn_from.push(sampler.distribution(&out.logits));
         }
-        let t = Instant::now();
         while window.len() < k as usize {
             let last = window[window.len() - 1];
             if self.engine.eos.contains(&last) {
                 break;
             }
-            let o = draft
-                .extend(vec![last], false)
-                .await?
-                .pop()
-                .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
+            let o = cursor.ahead_at(window.len() - 1, last).await?;
             if sampled {
                 let d = sampler.distribution(&o.logits);
                 window.push(sampler.pick_from(&d));
@@ -304,9 +323,7 @@ impl<'a> Run<'a> {
                 window.push(sampler.pick(&o.logits));
             }
         }
-        self.stats.draft_time += t.elapsed();
-        // The cache now holds the prefix and every window token but the last.
-        let in_cache = window.len() - 1;
+        // The cursor now has every window token but the last ahead.
         let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
         let cacheable = self
@@ -323,13 +340,17 @@ impl<'a> Run<'a> {
             model: self.req.model.clone(),
             sampling: sampled.then(|| self.window_sampling()),
         };
-        let call = self.engine.target.score_window(&wreq);
-        let Some(scored) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
+        let engine = self.engine;
+        let call = engine.target.score_window(&wreq);
+        let last = window.last().map(|&t| (window.len() - 1, t));
+        let Some(scored) = self
+            .wait(cursor, &start, last, OVERLAP_MAX_AHEAD, call)
+            .await?
         else {
             return Ok(WindowEnd::Finished(FinishReason::Cancelled));
         };
         let Some(score) = scored? else {
-            draft.rollback(in_cache).await?;
+            cursor.discard().await?;
             return Ok(WindowEnd::Unsupported(start));
         };
         if score.top.len() != window.len() + 1 {
@@ -381,17 +402,11 @@ impl<'a> Run<'a> {
         if let Some(reason) = self.emit(&[own], Source::Target).await? {
             return Ok(WindowEnd::Finished(reason));
         }
-        let keep = accepted.min(in_cache);
-        let t = Instant::now();
-        draft.rollback(in_cache - keep).await?;
-        let mut feed = window[keep..accepted].to_vec();
-        feed.push(own);
-        let next = draft
-            .extend(feed, false)
-            .await?
-            .pop()
-            .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
-        self.stats.draft_time += t.elapsed();
+        // The accepted tokens are ahead already; the target's own token is too when the draft,
+        // overlapping, guessed it.
+        let mut emitted = window[..accepted].to_vec();
+        emitted.push(own);
+        let next = cursor.commit(&emitted).await?;
         Ok(WindowEnd::Resume { next, accepted })
     }
 
@@ -498,20 +513,37 @@ impl<'a> Run<'a> {
     /// which closes the connection and stops the target, and drafting resumes.
     pub(super) async fn span(
         &mut self,
-        draft: &dyn Draft,
+        cursor: &mut Cursor<'_>,
         verifier: &dyn Verifier,
         mut out: PositionOutput,
         max_span: u32,
         resync: u32,
     ) -> Result<SpanEnd, EngineError> {
-        let Some(mut stream) = self.open_stream(max_span).await? else {
+        let creq = self.next_call(max_span);
+        let engine = self.engine;
+        // A guess is used only while the target keeps to the draft's path, and the span ends
+        // once the draft has predicted `resync` tokens: more guesses than that are rarely used
+        // and take cores a target on the same machine could use.
+        let guesses = resync as usize + 1;
+        let Some(stream) = self
+            .wait(
+                cursor,
+                &out,
+                None,
+                guesses,
+                engine.target.stream_tokens(&creq),
+            )
+            .await?
+        else {
             return Ok(SpanEnd::Finished(FinishReason::Cancelled));
         };
+        let mut stream = stream?;
         let mut received = 0u64;
         let mut agreeing = 0u32;
         loop {
-            let Some(chunk) =
-                unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await
+            let Some(chunk) = self
+                .wait(cursor, &out, None, guesses, stream.next())
+                .await?
             else {
                 return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
@@ -529,13 +561,7 @@ impl<'a> Run<'a> {
                     self.stats.target_discarded_tokens += unused;
                     return Ok(SpanEnd::Finished(reason));
                 }
-                let t = Instant::now();
-                out = draft
-                    .extend(vec![token], false)
-                    .await?
-                    .pop()
-                    .ok_or_else(|| EngineError::Draft("no output after extend".into()))?;
-                self.stats.draft_time += t.elapsed();
+                out = cursor.commit(&[token]).await?;
                 if agreeing >= resync {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;

@@ -40,18 +40,19 @@ pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         model: None,
         messages: None,
         cache: Default::default(),
+        overlap: false,
         max_target_calls: None,
     }
 }
 
-struct Outcome {
-    text: String,
-    events: Vec<TokenEvent>,
-    stats: Stats,
-    target: Arc<ScriptedTarget>,
+pub(super) struct Outcome {
+    pub(super) text: String,
+    pub(super) events: Vec<TokenEvent>,
+    pub(super) stats: Stats,
+    pub(super) target: Arc<ScriptedTarget>,
 }
 
-async fn run(
+pub(super) async fn run(
     draft: DraftScript,
     target: ScriptedTarget,
     req: GenerateRequest,
