@@ -156,6 +156,41 @@ enum BenchCmd {
         #[arg(long)]
         target_url: Option<String>,
     },
+    /// Target calls, speed and cost of the engine's call structures (spans, overlap, exact
+    /// windows on vLLM) against target-only, per core layout and injected per-call delay.
+    Calls {
+        /// `humaneval` (pass@1) or `chat` (held-out chat prompts; agreement with target-only).
+        #[arg(long, default_value = "humaneval")]
+        sample: String,
+        /// Prompts: HumanEval problems spread over the 164, or the last N chat prompts.
+        #[arg(long, default_value_t = 24)]
+        prompts: usize,
+        /// Core layouts, comma-separated: shared, pinned.
+        #[arg(long, default_value = "shared", value_delimiter = ',')]
+        layouts: Vec<String>,
+        /// Delay injected before every target call, milliseconds, comma-separated.
+        #[arg(long = "target-delay", default_value = "0", value_delimiter = ',')]
+        target_delay: Vec<u64>,
+        /// Only these configurations (default: the llama.cpp ones): target-only, default,
+        /// span, span-overlap, vllm-target-only, vllm-exact, vllm-exact-overlap.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results/calls")]
+        out: PathBuf,
+        /// Output limit per prompt.
+        #[arg(long, default_value_t = 384)]
+        max_tokens: u32,
+        /// Policy whose "*" model is the default configuration.
+        #[arg(long, default_value = "policies/default.toml")]
+        base_policy: PathBuf,
+        /// The training corpus (chat prompts).
+        #[arg(long, default_value = "training/data/prompts.jsonl")]
+        corpus: PathBuf,
+        /// Ignore saved runs.
+        #[arg(long)]
+        fresh: bool,
+    },
     /// HumanEval pass@1, speed and cost of every configuration (starts its own servers).
     Quality {
         /// Problems per configuration, spread evenly over HumanEval (0 = all 164).
@@ -255,7 +290,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         cli.command,
         Cmd::Train { .. }
             | Cmd::Bench {
-                what: BenchCmd::Quality { .. } | BenchCmd::Overhead { .. } | BenchCmd::Soak { .. }
+                what: BenchCmd::Quality { .. }
+                    | BenchCmd::Calls { .. }
+                    | BenchCmd::Overhead { .. }
+                    | BenchCmd::Soak { .. }
             }
     ) {
         telemetry::install_logging();
@@ -342,6 +380,39 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             context,
             target_url,
         }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Calls {
+                    sample,
+                    prompts,
+                    layouts,
+                    target_delay,
+                    only,
+                    out,
+                    max_tokens,
+                    base_policy,
+                    corpus,
+                    fresh,
+                },
+        } => (|| {
+            let opts = bench::calls::CallsOptions {
+                sample: bench::calls::Sample::parse(&sample)?,
+                prompts,
+                layouts: layouts
+                    .iter()
+                    .map(|l| bench::servers::Layout::parse(l))
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+                delays_ms: target_delay,
+                only,
+                out,
+                max_tokens,
+                exec_timeout: Duration::from_secs(10),
+                base_policy,
+                corpus,
+                fresh,
+            };
+            block_on(bench::calls::run(&opts))
+        })(),
         Cmd::Bench {
             what:
                 BenchCmd::Quality {

@@ -23,6 +23,21 @@ pub struct ApproxyUsage {
     pub target_cacheable_input_tokens: u64,
     /// The target finished the answer after too many rejections.
     pub bailed_out: bool,
+    /// The cost guard handed the rest of the answer to the target.
+    #[serde(default)]
+    pub cost_guard: bool,
+    /// Windows the target scored.
+    #[serde(default)]
+    pub windows: u64,
+    /// Tokens the draft guessed while target calls were in flight.
+    #[serde(default)]
+    pub overlap_guesses: u64,
+    /// Of those, guesses the answer took.
+    #[serde(default)]
+    pub overlap_guesses_used: u64,
+    /// Target tokens generated but not used (a span cancelled mid-chunk); paid for.
+    #[serde(default)]
+    pub target_discarded_tokens: u64,
 }
 
 /// One timed generation.

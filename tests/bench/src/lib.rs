@@ -6,6 +6,9 @@
 //! - `quality`: HumanEval through every configuration (target only, approxy at the calibrated
 //!   levels, the confidence baseline at matching accept rates, draft only, llama.cpp's own
 //!   speculative decoding), on shared and on pinned cores.
+//! - `calls`: the engine's call structure (spans, overlap, exact windows on vLLM) against
+//!   target-only, on HumanEval or held-out chat, per core layout and per-call delay (`delay`:
+//!   the proxy that injects it), with costs under each provider class in `prices`.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
@@ -14,13 +17,17 @@
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
 
+pub mod calls;
 mod chart;
+mod chat_sample;
 mod client;
 pub mod configs;
+mod delay;
 pub mod draft;
 mod humaneval;
 mod levels;
 pub mod overhead;
+mod prices;
 pub mod quality;
 pub mod report;
 pub mod servers;

@@ -46,7 +46,8 @@ impl Machine {
         }
     }
 
-    fn line(&self) -> String {
+    /// The machine in one line.
+    pub fn line(&self) -> String {
         format!(
             "{} cores of {}, {:.0} GiB, no GPU",
             self.cores, self.cpu, self.memory_gib

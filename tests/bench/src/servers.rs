@@ -192,3 +192,33 @@ pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     proc_status_bytes(pid, "VmRSS")
 }
+
+/// The name vLLM serves the float32 draft checkpoint under (as the test command's vLLM does).
+pub const VLLM_MODEL: &str = "qwen2.5-coder-0.5b-instruct-f32";
+
+/// Starts vLLM (from `approxy setup --vllm`) serving the draft's float32 checkpoint: the one
+/// target here that returns prompt log-probabilities, for exact windows. Pinned, on core 0.
+pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let python = approxy_setup::vllm::vllm_python(home);
+    let mut cmd = command(&python, (layout == Layout::Pinned).then_some("0"));
+    cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        .arg(home.draft_hf_dir())
+        .args(["--served-model-name", VLLM_MODEL, "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args([
+            "--max-model-len",
+            "4096",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+        ])
+        .env("VLLM_CPU_KVCACHE_SPACE", "2");
+    let log = logs.join(format!("vllm-{}.log", layout.name()));
+    let mut server = Server::start(cmd, format!("http://127.0.0.1:{port}"), log)?;
+    // Start-up takes one to two minutes here (FACTS.md), more with a cold page cache.
+    server
+        .wait_healthy("/health", Duration::from_secs(600))
+        .await?;
+    Ok(server)
+}

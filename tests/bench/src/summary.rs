@@ -198,6 +198,7 @@ mod tests {
             target_input_tokens: 600,
             target_cacheable_input_tokens: 500,
             bailed_out: true,
+            ..ApproxyUsage::default()
         };
         let ap = summarize(
             Route::Approximate,

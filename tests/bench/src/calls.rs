@@ -1,0 +1,816 @@
+//! `approxy bench calls`: the engine's call structure against target-only. On a HumanEval
+//! sample (pass@1) or on held-out chat prompts (agreement with the target-only answer), per
+//! core layout and per injected per-call delay (a remote API's round trip), it runs:
+//! - `target-only`: the gateway in passthrough;
+//! - `default`: the shipped policy's `"*"` model as it is (spans, cost guard);
+//! - `span`: the same with the cost guard off, so the spans themselves are measured;
+//! - `span-overlap`: `span` with drafting while the target works;
+//! - `vllm-target-only`, `vllm-exact`, `vllm-exact-overlap`: vLLM serving the draft's float32
+//!   checkpoint, passthrough and exact windows (guard off), without and with overlap.
+//!
+//! Costs are reported under every price class in [`super::prices`], relative to target-only
+//! on the same sample, layout and delay. Each finished run is saved under `raw/` and reused
+//! by a rerun over the same prompts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use approxy_gateway::policy::raw::{
+    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
+};
+use approxy_gateway::policy::{ModelPolicy, Policy};
+use approxy_setup::Home;
+use approxy_training::corpus::load_human_eval;
+use approxy_verifier::template::{ChatMessage, ChatTemplate};
+use serde::{Deserialize, Serialize};
+
+use super::chat_sample::{held_out_chat, rouge_l};
+use super::client::{self, Ask, Generation};
+use super::delay;
+use super::humaneval::{self, Sandbox, Verdict};
+use super::prices::{CLASSES, PriceClass, cost};
+use super::servers::{self, Layout, Server};
+
+/// Which prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sample {
+    /// HumanEval problems, spread evenly; pass@1.
+    HumanEval,
+    /// Held-out chat prompts; agreement with target-only.
+    Chat,
+}
+
+impl Sample {
+    /// Parses `humaneval` or `chat`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "humaneval" => Ok(Self::HumanEval),
+            "chat" => Ok(Self::Chat),
+            other => anyhow::bail!("unknown sample `{other}` (humaneval, chat)"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::HumanEval => "humaneval",
+            Self::Chat => "chat",
+        }
+    }
+}
+
+/// Options for `approxy bench calls`.
+#[derive(Debug, Clone)]
+pub struct CallsOptions {
+    /// Which prompts.
+    pub sample: Sample,
+    /// How many (HumanEval: spread over the 164; chat: the last N chat prompts).
+    pub prompts: usize,
+    /// Core layouts.
+    pub layouts: Vec<Layout>,
+    /// Per-call delays injected in front of the target, milliseconds.
+    pub delays_ms: Vec<u64>,
+    /// Only these configurations (empty: the llama.cpp ones).
+    pub only: Vec<String>,
+    /// Results directory.
+    pub out: PathBuf,
+    /// Output limit per prompt.
+    pub max_tokens: u32,
+    /// Seconds a HumanEval problem's tests may run.
+    pub exec_timeout: Duration,
+    /// Policy whose `"*"` model is the default configuration.
+    pub base_policy: PathBuf,
+    /// The training corpus the chat prompts come from.
+    pub corpus: PathBuf,
+    /// Ignore saved runs.
+    pub fresh: bool,
+}
+
+/// One configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallConfig {
+    /// Passthrough to llama-server.
+    TargetOnly,
+    /// The shipped policy.
+    Default,
+    /// Spans, no cost guard.
+    Span,
+    /// Spans, no cost guard, overlap on.
+    SpanOverlap,
+    /// Passthrough to vLLM.
+    VllmTargetOnly,
+    /// Exact windows on vLLM.
+    VllmExact,
+    /// Exact windows on vLLM, overlap on.
+    VllmExactOverlap,
+}
+
+/// Every configuration, in report order.
+pub const ALL: [CallConfig; 7] = [
+    CallConfig::TargetOnly,
+    CallConfig::Default,
+    CallConfig::Span,
+    CallConfig::SpanOverlap,
+    CallConfig::VllmTargetOnly,
+    CallConfig::VllmExact,
+    CallConfig::VllmExactOverlap,
+];
+
+impl CallConfig {
+    /// Its id (`--only`, file names).
+    pub fn id(self) -> &'static str {
+        match self {
+            Self::TargetOnly => "target-only",
+            Self::Default => "default",
+            Self::Span => "span",
+            Self::SpanOverlap => "span-overlap",
+            Self::VllmTargetOnly => "vllm-target-only",
+            Self::VllmExact => "vllm-exact",
+            Self::VllmExactOverlap => "vllm-exact-overlap",
+        }
+    }
+
+    fn vllm(self) -> bool {
+        matches!(
+            self,
+            Self::VllmTargetOnly | Self::VllmExact | Self::VllmExactOverlap
+        )
+    }
+
+    fn passthrough(self) -> bool {
+        matches!(self, Self::TargetOnly | Self::VllmTargetOnly)
+    }
+
+    /// The target-only run it is compared with.
+    fn baseline(self) -> Self {
+        if self.vllm() {
+            Self::VllmTargetOnly
+        } else {
+            Self::TargetOnly
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::TargetOnly => "target only (passthrough)",
+            Self::Default => "default policy (spans, cost guard 1.0)",
+            Self::Span => "spans, no cost guard",
+            Self::SpanOverlap => "spans, no cost guard, overlap",
+            Self::VllmTargetOnly => "vLLM target only (passthrough)",
+            Self::VllmExact => "vLLM exact windows",
+            Self::VllmExactOverlap => "vLLM exact windows, overlap",
+        }
+    }
+}
+
+/// One prompt's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PromptRun {
+    /// HumanEval task id or `chat/<corpus id>`.
+    pub id: String,
+    /// HumanEval only.
+    pub verdict: Option<Verdict>,
+    /// The timed generation.
+    pub generation: Generation,
+}
+
+/// One configuration's run at one layout and delay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CallsRun {
+    /// Which prompts.
+    pub sample: Sample,
+    /// Layout name.
+    pub layout: String,
+    /// Injected per-call delay.
+    pub delay_ms: u64,
+    /// Configuration.
+    pub config: CallConfig,
+    /// When it finished (UTC).
+    pub finished_at: String,
+    /// Per prompt.
+    pub prompts: Vec<PromptRun>,
+}
+
+struct Task {
+    id: String,
+    prompt: String,
+    problem: Option<approxy_training::corpus::HumanEvalProblem>,
+}
+
+fn tasks(home: &Home, sample: Sample, n: usize, corpus: &Path) -> anyhow::Result<Vec<Task>> {
+    Ok(match sample {
+        Sample::HumanEval => {
+            let all =
+                load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?;
+            humaneval::sample(all, n)
+                .into_iter()
+                .map(|p| Task {
+                    id: p.task_id.clone(),
+                    prompt: p.prompt.clone(),
+                    problem: Some(p),
+                })
+                .collect()
+        }
+        Sample::Chat => {
+            let corpus = approxy_training::corpus::load(corpus)?;
+            let template =
+                ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
+            held_out_chat(&corpus, n)
+                .into_iter()
+                .map(|p| {
+                    let prompt = template.render(&[ChatMessage {
+                        role: "user".into(),
+                        content: p.prompt.clone(),
+                    }])?;
+                    Ok(Task {
+                        id: format!("chat/{}", p.id),
+                        prompt,
+                        problem: None,
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+    })
+}
+
+fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
+    if c.passthrough() {
+        return RawModel {
+            mode: "passthrough".into(),
+            ..RawModel::default()
+        };
+    }
+    let correction = match base.correction {
+        approxy_verifier::Correction::Fixed { tokens } => RawCorrection {
+            mode: "fixed".into(),
+            tokens: Some(tokens),
+            ..RawCorrection::default()
+        },
+        approxy_verifier::Correction::Span { max_span, resync } => RawCorrection {
+            mode: "span".into(),
+            max_span: Some(max_span),
+            resync: Some(resync),
+            ..RawCorrection::default()
+        },
+    };
+    RawModel {
+        mode: "approximate".into(),
+        verifier: Some("confidence".into()),
+        threshold: Some(base.threshold),
+        correction: Some(correction),
+        verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
+            .then(|| "exact".into()),
+        // The guard off: the calls themselves are what is measured.
+        max_cost_ratio: Some(if c == CallConfig::Default {
+            base.max_cost_ratio
+        } else {
+            1000.0
+        }),
+        overlap: Some(matches!(
+            c,
+            CallConfig::SpanOverlap | CallConfig::VllmExactOverlap
+        )),
+        max_target_calls: base.max_target_calls,
+        bailout: base.bailout.map(|b| RawBailout {
+            window: b.window,
+            max_rejection_rate: b.max_rejection_rate,
+        }),
+        price: Some(RawPrice {
+            input: base.price.input,
+            cached_input: base.price.cached_input,
+            output: base.price.output,
+        }),
+        ..RawModel::default()
+    }
+}
+
+fn policy_text(
+    target_url: &str,
+    vllm: bool,
+    layout: Layout,
+    base: &ModelPolicy,
+    configs: &[CallConfig],
+) -> anyhow::Result<String> {
+    let policy = RawPolicy {
+        passthrough: None,
+        target: RawTarget {
+            kind: if vllm { "vllm" } else { "llama_cpp" }.into(),
+            base_url: if vllm {
+                format!("{target_url}/v1")
+            } else {
+                target_url.into()
+            },
+            model: Some(if vllm {
+                servers::VLLM_MODEL.into()
+            } else {
+                approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET.into()
+            }),
+            timeout: Some("600s".into()),
+            retries: Some(2),
+            backoff: Some("200ms".into()),
+            ..RawTarget::default()
+        },
+        gateway: RawGateway {
+            auth: Some("none".into()),
+            max_concurrent_requests: Some(4),
+            request_timeout: Some("1800s".into()),
+            ..RawGateway::default()
+        },
+        draft: RawDraft {
+            workers: Some(1),
+            threads_per_worker: Some(layout.draft_threads()),
+            spin_wait: Some(false),
+            ..RawDraft::default()
+        },
+        models: configs
+            .iter()
+            .map(|&c| (c.id().to_string(), raw_model(base, c)))
+            .collect(),
+    };
+    Ok(format!(
+        "# Written by `approxy bench calls`.\n{}",
+        toml::to_string(&policy)?
+    ))
+}
+
+fn raw_path(out: &Path, sample: Sample, layout: Layout, delay: u64, c: CallConfig) -> PathBuf {
+    out.join("raw").join(format!(
+        "{}-{}-d{delay}-{}.json",
+        sample.name(),
+        layout.name(),
+        c.id()
+    ))
+}
+
+fn load_saved(path: &Path, tasks: &[Task]) -> Option<CallsRun> {
+    let run: CallsRun = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let same = run.prompts.len() == tasks.len()
+        && run.prompts.iter().zip(tasks).all(|(r, t)| r.id == t.id);
+    same.then_some(run)
+}
+
+struct Ctx<'a> {
+    http: reqwest::Client,
+    opts: &'a CallsOptions,
+    tasks: &'a [Task],
+    sandbox: Sandbox,
+    scratch: PathBuf,
+}
+
+async fn run_config(
+    ctx: &Ctx<'_>,
+    url: &str,
+    layout: Layout,
+    delay: u64,
+    c: CallConfig,
+) -> anyhow::Result<CallsRun> {
+    let completions = format!("{url}/v1/completions");
+    let stop: &[&str] = match ctx.opts.sample {
+        Sample::HumanEval => &humaneval::STOP,
+        Sample::Chat => &[],
+    };
+    let mut prompts = Vec::with_capacity(ctx.tasks.len());
+    for (i, t) in ctx.tasks.iter().enumerate() {
+        let ask = Ask {
+            url: &completions,
+            model: c.id(),
+            prompt: &t.prompt,
+            max_tokens: ctx.opts.max_tokens,
+            stop,
+            threshold: None,
+            timeout: Duration::from_secs(1800),
+        };
+        let g = client::complete(&ctx.http, &ask).await;
+        if let Some(e) = &g.error {
+            tracing::warn!(task = %t.id, config = c.id(), error = %e, "generation failed");
+        }
+        tracing::info!(
+            layout = layout.name(),
+            delay,
+            config = c.id(),
+            done = i + 1,
+            of = ctx.tasks.len(),
+            tokens = g.completion_tokens,
+            secs = format!("{:.1}", g.seconds),
+            "prompt"
+        );
+        prompts.push(PromptRun {
+            id: t.id.clone(),
+            verdict: None,
+            generation: g,
+        });
+    }
+    // Tests run after the timed part, so they never compete with it.
+    for (r, t) in prompts.iter_mut().zip(ctx.tasks) {
+        if let Some(p) = &t.problem {
+            r.verdict = Some(if r.generation.error.is_some() {
+                Verdict::Failed
+            } else {
+                humaneval::check(
+                    ctx.sandbox,
+                    p,
+                    &r.generation.text,
+                    &ctx.scratch,
+                    ctx.opts.exec_timeout,
+                )
+                .await?
+            });
+        }
+    }
+    Ok(CallsRun {
+        sample: ctx.opts.sample,
+        layout: layout.name().into(),
+        delay_ms: delay,
+        config: c,
+        finished_at: super::report::utc_now(),
+        prompts,
+    })
+}
+
+/// Runs the configurations one target at a time and writes `calls.json` and `calls.md`.
+pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
+    let home = Home::from_env()?;
+    let exe = std::env::current_exe()?;
+    let base = Policy::load(&opts.base_policy)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.problems.join("; ")))?;
+    let base_model = base
+        .models
+        .get("*")
+        .ok_or_else(|| anyhow::anyhow!("{} has no \"*\" model", opts.base_policy.display()))?
+        .clone();
+    let tasks = tasks(&home, opts.sample, opts.prompts, &opts.corpus)?;
+    let wanted: Vec<CallConfig> = ALL
+        .into_iter()
+        .filter(|c| {
+            if opts.only.is_empty() {
+                !c.vllm()
+            } else {
+                opts.only.iter().any(|o| o == c.id())
+            }
+        })
+        .collect();
+    if wanted.is_empty() {
+        anyhow::bail!(
+            "no configuration selected; ids: {}",
+            ALL.map(CallConfig::id).join(", ")
+        );
+    }
+    let logs = home.log("bench-calls").with_extension("d");
+    let ctx = Ctx {
+        http: reqwest::Client::builder()
+            .pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT)
+            .build()?,
+        opts,
+        tasks: &tasks,
+        sandbox: Sandbox::detect().await,
+        scratch: home.work("bench-exec"),
+    };
+    std::fs::create_dir_all(opts.out.join("raw"))?;
+    std::fs::create_dir_all(home.work("bench"))?;
+    for &layout in &opts.layouts {
+        for vllm in [false, true] {
+            let group: Vec<CallConfig> = wanted
+                .iter()
+                .copied()
+                .filter(|c| c.vllm() == vllm)
+                .collect();
+            let todo: Vec<(u64, CallConfig)> = opts
+                .delays_ms
+                .iter()
+                .flat_map(|&d| group.iter().map(move |&c| (d, c)))
+                .filter(|&(d, c)| {
+                    opts.fresh
+                        || load_saved(&raw_path(&opts.out, opts.sample, layout, d, c), &tasks)
+                            .is_none()
+                })
+                .collect();
+            if todo.is_empty() {
+                continue;
+            }
+            let target: Server = if vllm {
+                servers::start_vllm(&home, layout, &logs).await?
+            } else {
+                servers::start_llama(&home, layout, false, &logs).await?
+            };
+            for &d in &opts.delays_ms {
+                let here: Vec<CallConfig> = todo
+                    .iter()
+                    .filter(|(dd, _)| *dd == d)
+                    .map(|&(_, c)| c)
+                    .collect();
+                if here.is_empty() {
+                    continue;
+                }
+                let proxy = delay::start(&target.url, Duration::from_millis(d)).await?;
+                let policy_path = home.work("bench").join(format!(
+                    "calls-{}-{}.toml",
+                    layout.name(),
+                    u8::from(vllm)
+                ));
+                std::fs::write(
+                    &policy_path,
+                    policy_text(&proxy.url, vllm, layout, &base_model, &group)?,
+                )?;
+                let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
+                // Weights paged in and caches warm before anything is timed.
+                for &c in &here {
+                    let _ = client::complete(
+                        &ctx.http,
+                        &Ask {
+                            url: &format!("{}/v1/completions", gateway.url),
+                            model: c.id(),
+                            prompt: "def add(a, b):\n",
+                            max_tokens: 8,
+                            stop: &[],
+                            threshold: None,
+                            timeout: Duration::from_secs(600),
+                        },
+                    )
+                    .await;
+                }
+                for c in here {
+                    let run = run_config(&ctx, &gateway.url, layout, d, c).await?;
+                    std::fs::write(
+                        raw_path(&opts.out, opts.sample, layout, d, c),
+                        serde_json::to_vec_pretty(&run)?,
+                    )?;
+                }
+                gateway.stop().await;
+                drop(proxy);
+            }
+            target.stop().await;
+        }
+    }
+    let runs = load_all(&opts.out)?;
+    let md = markdown(&runs, &base_model, &super::report::Machine::read());
+    std::fs::write(opts.out.join("calls.md"), &md)?;
+    std::fs::write(
+        opts.out.join("calls.json"),
+        serde_json::to_vec_pretty(&runs)?,
+    )?;
+    println!("{}", opts.out.join("calls.md").display());
+    Ok(())
+}
+
+/// Every saved run under `out/raw`, in report order.
+pub fn load_all(out: &Path) -> anyhow::Result<Vec<CallsRun>> {
+    let mut runs = Vec::new();
+    let dir = out.join("raw");
+    if dir.is_dir() {
+        for e in std::fs::read_dir(&dir)? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                let run: CallsRun = serde_json::from_slice(&std::fs::read(&p)?)
+                    .with_context(|| format!("{}", p.display()))?;
+                runs.push(run);
+            }
+        }
+    }
+    runs.sort_by_key(|r| {
+        (
+            r.sample.name(),
+            r.layout.clone(),
+            r.delay_ms,
+            ALL.iter().position(|c| *c == r.config),
+        )
+    });
+    Ok(runs)
+}
+
+/// A run's aggregates.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Aggregates {
+    /// Prompts.
+    pub n: usize,
+    /// HumanEval problems passed.
+    pub passed: usize,
+    /// Failed generations.
+    pub errors: usize,
+    /// Output tokens.
+    pub tokens: u64,
+    /// Output tokens per second of generation.
+    pub tok_s: f64,
+    /// Median time to first text.
+    pub ttft_p50: f64,
+    /// Target calls per 100 output tokens.
+    pub calls_per_100: f64,
+    /// Target-written tokens per 100 output tokens.
+    pub target_per_100: f64,
+    /// Requests the cost guard handed to the target.
+    pub cost_guard: usize,
+    /// Overlap guesses drafted and used.
+    pub guesses: (u64, u64),
+    /// Tokens the target was sent, of them cacheable, and tokens it generated (paid for).
+    pub input: u64,
+    /// See `input`.
+    pub cacheable: u64,
+    /// See `input`.
+    pub output: u64,
+}
+
+/// Sums a run's prompts.
+pub fn aggregate(run: &CallsRun) -> Aggregates {
+    let gens: Vec<&Generation> = run.prompts.iter().map(|p| &p.generation).collect();
+    let tokens: u64 = gens.iter().map(|g| g.completion_tokens).sum();
+    let seconds: f64 = gens.iter().map(|g| g.seconds).sum();
+    let ttfts: Vec<f64> = gens.iter().filter_map(|g| g.ttft).collect();
+    let per100 = |x: u64| 100.0 * x as f64 / tokens.max(1) as f64;
+    let mut a = Aggregates {
+        n: run.prompts.len(),
+        passed: run
+            .prompts
+            .iter()
+            .filter(|p| p.verdict == Some(Verdict::Passed))
+            .count(),
+        errors: gens.iter().filter(|g| g.error.is_some()).count(),
+        tokens,
+        tok_s: tokens as f64 / seconds.max(1e-9),
+        ttft_p50: super::stats::quantile(&ttfts, 0.5).unwrap_or(0.0),
+        ..Aggregates::default()
+    };
+    if run.config.passthrough() {
+        a.calls_per_100 = per100(gens.iter().filter(|g| g.error.is_none()).count() as u64);
+        a.target_per_100 = 100.0;
+        a.input = gens.iter().map(|g| g.prompt_tokens).sum();
+        a.output = tokens;
+    } else {
+        let us: Vec<_> = gens.iter().filter_map(|g| g.approxy.as_ref()).collect();
+        a.calls_per_100 = per100(us.iter().map(|u| u.target_calls).sum());
+        let generated: u64 = us.iter().map(|u| u.target_tokens).sum();
+        a.target_per_100 = per100(generated);
+        a.cost_guard = us.iter().filter(|u| u.cost_guard).count();
+        a.guesses = (
+            us.iter().map(|u| u.overlap_guesses).sum(),
+            us.iter().map(|u| u.overlap_guesses_used).sum(),
+        );
+        a.input = us.iter().map(|u| u.target_input_tokens).sum();
+        a.cacheable = us.iter().map(|u| u.target_cacheable_input_tokens).sum();
+        a.output = generated + us.iter().map(|u| u.target_discarded_tokens).sum::<u64>();
+    }
+    a
+}
+
+fn class_cost(a: &Aggregates, p: &PriceClass, cache: bool) -> f64 {
+    cost(p, a.input, if cache { a.cacheable } else { 0 }, a.output)
+}
+
+/// Chat agreement with the target-only run: exact-match share and mean ROUGE-L.
+pub fn agreement(run: &CallsRun, baseline: &CallsRun) -> (f64, f64) {
+    let pairs: Vec<(&str, &str)> = run
+        .prompts
+        .iter()
+        .zip(&baseline.prompts)
+        .map(|(a, b)| (a.generation.text.as_str(), b.generation.text.as_str()))
+        .collect();
+    let n = pairs.len().max(1) as f64;
+    let exact = pairs.iter().filter(|(a, b)| a == b).count() as f64 / n;
+    let rouge = pairs.iter().map(|(a, b)| rouge_l(a, b)).sum::<f64>() / n;
+    (exact, rouge)
+}
+
+/// The Markdown report.
+pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::Machine) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "Calls benchmark (`approxy bench calls`), report assembled {} on {}. Costs are the target's bill relative to the target-only run of the same prompts, layout and delay, under each price class: with the provider's prompt cache / without it. The default policy: confidence verifier at threshold {:.2}, {}, cost guard {}.\n",
+        super::report::utc_now(),
+        machine.line(),
+        base.threshold,
+        super::quality::correction_words(base.correction),
+        base.max_cost_ratio
+    ));
+    let mut groups: Vec<(Sample, String, u64)> = runs
+        .iter()
+        .map(|r| (r.sample, r.layout.clone(), r.delay_ms))
+        .collect();
+    groups.dedup();
+    for (sample, layout, delay) in groups {
+        let here: Vec<&CallsRun> = runs
+            .iter()
+            .filter(|r| r.sample == sample && r.layout == layout && r.delay_ms == delay)
+            .collect();
+        let n = here.first().map_or(0, |r| r.prompts.len());
+        s.push_str(&format!(
+            "\n#### {}, {n} prompts, cores {layout}, {delay} ms per target call\n\n",
+            match sample {
+                Sample::HumanEval => "HumanEval",
+                Sample::Chat => "Held-out chat",
+            }
+        ));
+        let quality = match sample {
+            Sample::HumanEval => "pass@1",
+            Sample::Chat => "same as target / ROUGE-L",
+        };
+        s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | overlap guesses used |"));
+        for p in &CLASSES {
+            s.push_str(&format!(" cost {} |", p.name));
+        }
+        s.push_str("\n|---|---|---|---|---|---|---|---|");
+        s.push_str(&"---|".repeat(CLASSES.len()));
+        s.push('\n');
+        for r in &here {
+            let a = aggregate(r);
+            let base_run = here.iter().find(|b| b.config == r.config.baseline());
+            let b = base_run.map(|b| aggregate(b));
+            let q = match sample {
+                Sample::HumanEval => format!(
+                    "{:.1} % ({}/{})",
+                    100.0 * a.passed as f64 / a.n.max(1) as f64,
+                    a.passed,
+                    a.n
+                ),
+                Sample::Chat => match base_run {
+                    Some(b) => {
+                        let (e, rl) = agreement(r, b);
+                        format!("{:.0} % / {:.2}", 100.0 * e, rl)
+                    }
+                    None => "–".into(),
+                },
+            };
+            let speed = b.as_ref().map_or("–".into(), |b| {
+                format!("{:.2}x", a.tok_s / b.tok_s.max(1e-9))
+            });
+            let guesses = if a.guesses.0 > 0 {
+                format!("{} of {}", a.guesses.1, a.guesses.0)
+            } else {
+                "–".into()
+            };
+            s.push_str(&format!(
+                "| {}{} | {q} | {:.2} | {speed} | {:.2} s | {:.1} | {:.1} | {guesses} |",
+                r.config.label(),
+                if a.errors > 0 {
+                    format!(" ({} failed)", a.errors)
+                } else {
+                    String::new()
+                },
+                a.tok_s,
+                a.ttft_p50,
+                a.calls_per_100,
+                a.target_per_100,
+            ));
+            for p in &CLASSES {
+                match &b {
+                    Some(b) => s.push_str(&format!(
+                        " {:.0} % / {:.0} % |",
+                        100.0 * class_cost(&a, p, true) / class_cost(b, p, true).max(1e-12),
+                        100.0 * class_cost(&a, p, false) / class_cost(b, p, false).max(1e-12)
+                    )),
+                    None => s.push_str(" – |"),
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str("\nPrice classes (USD per million tokens: input / cached input / output):\n\n");
+    for p in &CLASSES {
+        s.push_str(&format!(
+            "- {}: {} / {} / {} ({}; {}; source: {})\n",
+            p.name, p.input, p.cached_input, p.output, p.what, p.date, p.source
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_calls_policy_is_valid_and_configures_each_run_as_named() -> anyhow::Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+        let base = Policy::load(&root.join("default.toml"))?;
+        let m = base
+            .model("*")
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no *"))?;
+        for vllm in [false, true] {
+            let group: Vec<CallConfig> = ALL.into_iter().filter(|c| c.vllm() == vllm).collect();
+            let text = policy_text("http://127.0.0.1:9", vllm, Layout::Shared, &m, &group)?;
+            let p = Policy::parse(&text, &root.join("calls.toml"))?;
+            for c in group {
+                let got = p
+                    .model(c.id())
+                    .ok_or_else(|| anyhow::anyhow!("{}", c.id()))?;
+                if c.passthrough() {
+                    assert_eq!(got.mode, approxy_gateway::policy::Mode::Passthrough);
+                    continue;
+                }
+                assert_eq!(got.overlap, c.id().ends_with("overlap"), "{}", c.id());
+                assert_eq!(got.correction, m.correction);
+                let guard = if c == CallConfig::Default {
+                    m.max_cost_ratio
+                } else {
+                    1000.0
+                };
+                assert_eq!(got.max_cost_ratio, guard);
+                assert_eq!(
+                    got.verification == approxy_verifier::Verification::Exact,
+                    c.id().contains("exact")
+                );
+            }
+        }
+        Ok(())
+    }
+}
