@@ -185,6 +185,8 @@ pub struct CallsRun {
     pub layout: String,
     /// Injected per-call delay.
     pub delay_ms: u64,
+    /// Output limit per prompt.
+    pub max_tokens: u32,
     /// Configuration.
     pub config: CallConfig,
     /// When it finished (UTC).
@@ -344,9 +346,10 @@ fn raw_path(out: &Path, sample: Sample, layout: Layout, delay: u64, c: CallConfi
     ))
 }
 
-fn load_saved(path: &Path, tasks: &[Task]) -> Option<CallsRun> {
+fn load_saved(path: &Path, tasks: &[Task], max_tokens: u32) -> Option<CallsRun> {
     let run: CallsRun = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     let same = run.prompts.len() == tasks.len()
+        && run.max_tokens == max_tokens
         && run.prompts.iter().zip(tasks).all(|(r, t)| r.id == t.id);
     same.then_some(run)
 }
@@ -423,6 +426,7 @@ async fn run_config(
         sample: ctx.opts.sample,
         layout: layout.name().into(),
         delay_ms: delay,
+        max_tokens: ctx.opts.max_tokens,
         config: c,
         finished_at: super::report::utc_now(),
         prompts,
@@ -482,8 +486,12 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                 .flat_map(|&d| group.iter().map(move |&c| (d, c)))
                 .filter(|&(d, c)| {
                     opts.fresh
-                        || load_saved(&raw_path(&opts.out, opts.sample, layout, d, c), &tasks)
-                            .is_none()
+                        || load_saved(
+                            &raw_path(&opts.out, opts.sample, layout, d, c),
+                            &tasks,
+                            opts.max_tokens,
+                        )
+                        .is_none()
                 })
                 .collect();
             if todo.is_empty() {
@@ -571,6 +579,7 @@ pub fn load_all(out: &Path) -> anyhow::Result<Vec<CallsRun>> {
     runs.sort_by_key(|r| {
         (
             r.sample.name(),
+            r.config.vllm(),
             r.layout.clone(),
             r.delay_ms,
             ALL.iter().position(|c| *c == r.config),
@@ -681,19 +690,23 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
         super::quality::correction_words(base.correction),
         base.max_cost_ratio
     ));
-    let mut groups: Vec<(Sample, String, u64)> = runs
-        .iter()
-        .map(|r| (r.sample, r.layout.clone(), r.delay_ms))
-        .collect();
+    let key = |r: &CallsRun| {
+        (
+            r.sample,
+            r.layout.clone(),
+            r.delay_ms,
+            r.prompts.len(),
+            r.max_tokens,
+            r.config.vllm(),
+        )
+    };
+    let mut groups: Vec<_> = runs.iter().map(key).collect();
     groups.dedup();
-    for (sample, layout, delay) in groups {
-        let here: Vec<&CallsRun> = runs
-            .iter()
-            .filter(|r| r.sample == sample && r.layout == layout && r.delay_ms == delay)
-            .collect();
-        let n = here.first().map_or(0, |r| r.prompts.len());
+    for g in groups {
+        let (sample, layout, delay, n, max_tokens, _) = g.clone();
+        let here: Vec<&CallsRun> = runs.iter().filter(|r| key(r) == g).collect();
         s.push_str(&format!(
-            "\n#### {}, {n} prompts, cores {layout}, {delay} ms per target call\n\n",
+            "\n#### {}, {n} prompts, at most {max_tokens} tokens, cores {layout}, {delay} ms per target call\n\n",
             match sample {
                 Sample::HumanEval => "HumanEval",
                 Sample::Chat => "Held-out chat",
@@ -763,11 +776,77 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
             s.push('\n');
         }
     }
+    s.push_str(&goals(runs));
     s.push_str("\nPrice classes (USD per million tokens: input / cached input / output):\n\n");
     for p in &CLASSES {
         s.push_str(&format!(
             "- {}: {} / {} / {} ({}; {}; source: {})\n",
             p.name, p.input, p.cached_input, p.output, p.what, p.date, p.source
+        ));
+    }
+    s
+}
+
+/// Issue 12's goals, per llama.cpp configuration, on the HumanEval runs with cores shared: at
+/// most 3 target calls per 100 tokens; pass@1 at most one problem below target-only; cost at
+/// most 50 % of passthrough with a prompt cache and at most 100 % without (self-hosted class);
+/// at least 2x target-only's tokens/s; with 200 ms per call, faster than target-only.
+fn goals(runs: &[CallsRun]) -> String {
+    let find = |delay: u64, c: CallConfig| {
+        runs.iter().find(|r| {
+            r.sample == Sample::HumanEval
+                && r.layout == "shared"
+                && r.delay_ms == delay
+                && r.config == c
+        })
+    };
+    let Some(base) = find(0, CallConfig::TargetOnly) else {
+        return String::new();
+    };
+    let b = aggregate(base);
+    let class = &CLASSES[0];
+    let mut s = format!(
+        "\nGoals (HumanEval, cores shared; cost under the {} class):\n\n",
+        class.name
+    );
+    let mark = |ok: bool| if ok { "met" } else { "not met" };
+    for c in [
+        CallConfig::Default,
+        CallConfig::Span,
+        CallConfig::SpanOverlap,
+    ] {
+        let Some(r) = find(0, c) else { continue };
+        let a = aggregate(r);
+        let cached = class_cost(&a, class, true) / class_cost(&b, class, true).max(1e-12);
+        let uncached = class_cost(&a, class, false) / class_cost(&b, class, false).max(1e-12);
+        let speed = a.tok_s / b.tok_s.max(1e-9);
+        let delayed = match (find(200, c), find(200, CallConfig::TargetOnly)) {
+            (Some(r2), Some(b2)) => {
+                let x = aggregate(r2).tok_s / aggregate(b2).tok_s.max(1e-9);
+                format!(
+                    "{:.2}x target-only at 200 ms per call: {}",
+                    x,
+                    mark(x > 1.0)
+                )
+            }
+            _ => "200 ms per call: not run".into(),
+        };
+        s.push_str(&format!(
+            "- {}: {:.1} calls / 100 tokens (≤ 3: {}); pass@1 {}/{} against {}/{} ({}); cost {:.0} % with a cache (≤ 50 %: {}), {:.0} % without (≤ 100 %: {}); {:.2}x target-only's speed (≥ 2x: {}); {delayed}\n",
+            c.label(),
+            a.calls_per_100,
+            mark(a.calls_per_100 <= 3.0),
+            a.passed,
+            a.n,
+            b.passed,
+            b.n,
+            mark(a.passed + 1 >= b.passed),
+            100.0 * cached,
+            mark(cached <= 0.5),
+            100.0 * uncached,
+            mark(uncached <= 1.0),
+            speed,
+            mark(speed >= 2.0),
         ));
     }
     s

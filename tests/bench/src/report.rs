@@ -324,6 +324,11 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         }
         Err(_) => section.push_str("No overhead results yet: run `./deploy/bench.sh`.\n"),
     }
+    // Written by `approxy bench calls` (deploy/bench-calls.sh) from its saved runs.
+    if let Ok(calls) = std::fs::read_to_string(out.join("calls").join("calls.md")) {
+        section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
+        section.push_str(&calls);
+    }
     let text = std::fs::read_to_string(readme).with_context(|| format!("{}", readme.display()))?;
     let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
         anyhow::bail!("{} has no `{BEGIN}` … `{END}` block", readme.display());

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Reproduces the README's "engine's call structure" tables (`approxy bench calls`): sets up
+# whatever is missing (vLLM included), then runs, each resumable (saved runs are reused; pass
+# --fresh to start over):
+#   1. HumanEval, cores shared and pinned, no delay: target-only, the shipped policy, spans
+#      without the cost guard, spans with overlap;
+#   2. the same on shared cores with 50 and 200 ms injected before every target call;
+#   3. 40 held-out chat prompts (128-token answers), shared, no delay;
+#   4. vLLM (the draft's float32 checkpoint, about 6 tokens/s here): target-only and exact
+#      windows without and with overlap, on a smaller HumanEval sample;
+# and rewrites the README's results section (`approxy bench report`).
+# Usage: [PROBLEMS=24] [CHAT=40] [VLLM_PROBLEMS=6] ./deploy/bench-calls.sh [--fresh]
+export APPROXY_SETUP_ARGS="${APPROXY_SETUP_ARGS:---vllm}"
+source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
+PROBLEMS="${PROBLEMS:-24}"
+CHAT="${CHAT:-40}"
+VLLM_PROBLEMS="${VLLM_PROBLEMS:-6}"
+START=$(date +%s)
+"$APPROXY" bench calls --sample humaneval --prompts "$PROBLEMS" --layouts shared,pinned --target-delay 0 "$@"
+"$APPROXY" bench calls --sample humaneval --prompts "$PROBLEMS" --layouts shared --target-delay 50,200 "$@"
+"$APPROXY" bench calls --sample chat --prompts "$CHAT" --max-tokens 128 --layouts shared --target-delay 0 "$@"
+"$APPROXY" bench calls --sample humaneval --prompts "$VLLM_PROBLEMS" --max-tokens 128 --layouts shared \
+  --target-delay 0 --only vllm-target-only,vllm-exact,vllm-exact-overlap "$@"
+"$APPROXY" bench report
+echo "==> done in $(( $(date +%s) - START ))s (set-up excluded) on $(nproc) cores, $(date -u +%Y-%m-%d)"
