@@ -611,6 +611,8 @@ pub struct Aggregates {
     pub cost_guard: usize,
     /// Overlap guesses drafted and used.
     pub guesses: (u64, u64),
+    /// Windows scored and the draft tokens they proposed.
+    pub windows: (u64, u64),
     /// Tokens the target was sent, of them cacheable, and tokens it generated (paid for).
     pub input: u64,
     /// See `input`.
@@ -653,6 +655,10 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         a.guesses = (
             us.iter().map(|u| u.overlap_guesses).sum(),
             us.iter().map(|u| u.overlap_guesses_used).sum(),
+        );
+        a.windows = (
+            us.iter().map(|u| u.windows).sum(),
+            us.iter().map(|u| u.window_tokens).sum(),
         );
         a.input = us.iter().map(|u| u.target_input_tokens).sum();
         a.cacheable = us.iter().map(|u| u.target_cacheable_input_tokens).sum();
@@ -716,11 +722,11 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
             Sample::HumanEval => "pass@1",
             Sample::Chat => "same as target / ROUGE-L",
         };
-        s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | overlap guesses used |"));
+        s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | windows (mean k) | overlap guesses used |"));
         for p in &CLASSES {
             s.push_str(&format!(" cost {} |", p.name));
         }
-        s.push_str("\n|---|---|---|---|---|---|---|---|");
+        s.push_str("\n|---|---|---|---|---|---|---|---|---|");
         s.push_str(&"---|".repeat(CLASSES.len()));
         s.push('\n');
         for r in &here {
@@ -745,13 +751,22 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
             let speed = b.as_ref().map_or("–".into(), |b| {
                 format!("{:.2}x", a.tok_s / b.tok_s.max(1e-9))
             });
+            let windows = if a.windows.0 > 0 {
+                format!(
+                    "{} ({:.1})",
+                    a.windows.0,
+                    a.windows.1 as f64 / a.windows.0 as f64
+                )
+            } else {
+                "–".into()
+            };
             let guesses = if a.guesses.0 > 0 {
                 format!("{} of {}", a.guesses.1, a.guesses.0)
             } else {
                 "–".into()
             };
             s.push_str(&format!(
-                "| {}{} | {q} | {:.2} | {speed} | {:.2} s | {:.1} | {:.1} | {guesses} |",
+                "| {}{} | {q} | {:.2} | {speed} | {:.2} s | {:.1} | {:.1} | {windows} | {guesses} |",
                 r.config.label(),
                 if a.errors > 0 {
                     format!(" ({} failed)", a.errors)

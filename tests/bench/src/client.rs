@@ -29,6 +29,9 @@ pub struct ApproxyUsage {
     /// Windows the target scored.
     #[serde(default)]
     pub windows: u64,
+    /// Draft tokens proposed in those windows.
+    #[serde(default)]
+    pub window_tokens: u64,
     /// Tokens the draft guessed while target calls were in flight.
     #[serde(default)]
     pub overlap_guesses: u64,
