@@ -288,6 +288,16 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
     }
 }
 
+/// The model a configuration's requests name: its id on llama-server, vLLM's served name on
+/// vLLM.
+fn model_name(c: CallConfig) -> &'static str {
+    if c.vllm() {
+        servers::VLLM_MODEL
+    } else {
+        c.id()
+    }
+}
+
 fn policy_text(
     target_url: &str,
     vllm: bool,
@@ -328,7 +338,7 @@ fn policy_text(
         },
         models: configs
             .iter()
-            .map(|&c| (c.id().to_string(), raw_model(base, c)))
+            .map(|&c| (model_name(c).to_string(), raw_model(base, c)))
             .collect(),
     };
     Ok(format!(
@@ -378,7 +388,7 @@ async fn run_config(
     for (i, t) in ctx.tasks.iter().enumerate() {
         let ask = Ask {
             url: &completions,
-            model: c.id(),
+            model: model_name(c),
             prompt: &t.prompt,
             max_tokens: ctx.opts.max_tokens,
             stop,
@@ -512,40 +522,50 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                     continue;
                 }
                 let proxy = delay::start(&target.url, Duration::from_millis(d)).await?;
-                let policy_path = home.work("bench").join(format!(
-                    "calls-{}-{}.toml",
-                    layout.name(),
-                    u8::from(vllm)
-                ));
-                std::fs::write(
-                    &policy_path,
-                    policy_text(&proxy.url, vllm, layout, &base_model, &group)?,
-                )?;
-                let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
-                // Weights paged in and caches warm before anything is timed.
-                for &c in &here {
-                    let _ = client::complete(
-                        &ctx.http,
-                        &Ask {
-                            url: &format!("{}/v1/completions", gateway.url),
-                            model: c.id(),
-                            prompt: "def add(a, b):\n",
-                            max_tokens: 8,
-                            stop: &[],
-                            threshold: None,
-                            timeout: Duration::from_secs(600),
-                        },
-                    )
-                    .await;
-                }
-                for c in here {
-                    let run = run_config(&ctx, &gateway.url, layout, d, c).await?;
+                // vLLM answers only to its model's name, so each vLLM configuration gets a
+                // gateway of its own whose entry for that name is the configuration; on
+                // llama-server (which ignores the name) one gateway serves them all by id.
+                let sets: Vec<Vec<CallConfig>> = if vllm {
+                    here.iter().map(|&c| vec![c]).collect()
+                } else {
+                    vec![here]
+                };
+                for set in sets {
+                    let policy_path = home.work("bench").join(format!(
+                        "calls-{}-{}.toml",
+                        layout.name(),
+                        u8::from(vllm)
+                    ));
                     std::fs::write(
-                        raw_path(&opts.out, opts.sample, layout, d, c),
-                        serde_json::to_vec_pretty(&run)?,
+                        &policy_path,
+                        policy_text(&proxy.url, vllm, layout, &base_model, &set)?,
                     )?;
+                    let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
+                    // Weights paged in and caches warm before anything is timed.
+                    for &c in &set {
+                        let _ = client::complete(
+                            &ctx.http,
+                            &Ask {
+                                url: &format!("{}/v1/completions", gateway.url),
+                                model: model_name(c),
+                                prompt: "def add(a, b):\n",
+                                max_tokens: 8,
+                                stop: &[],
+                                threshold: None,
+                                timeout: Duration::from_secs(600),
+                            },
+                        )
+                        .await;
+                    }
+                    for c in set {
+                        let run = run_config(&ctx, &gateway.url, layout, d, c).await?;
+                        std::fs::write(
+                            raw_path(&opts.out, opts.sample, layout, d, c),
+                            serde_json::to_vec_pretty(&run)?,
+                        )?;
+                    }
+                    gateway.stop().await;
                 }
-                gateway.stop().await;
                 drop(proxy);
             }
             target.stop().await;
@@ -879,13 +899,20 @@ mod tests {
             .model("*")
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("no *"))?;
-        for vllm in [false, true] {
-            let group: Vec<CallConfig> = ALL.into_iter().filter(|c| c.vllm() == vllm).collect();
+        // As the benchmark serves them: the llama.cpp ones together, each vLLM one alone.
+        let llama: Vec<CallConfig> = ALL.into_iter().filter(|c| !c.vllm()).collect();
+        let mut sets = vec![(false, llama)];
+        sets.extend(
+            ALL.into_iter()
+                .filter(|c| c.vllm())
+                .map(|c| (true, vec![c])),
+        );
+        for (vllm, group) in sets {
             let text = policy_text("http://127.0.0.1:9", vllm, Layout::Shared, &m, &group)?;
             let p = Policy::parse(&text, &root.join("calls.toml"))?;
             for c in group {
                 let got = p
-                    .model(c.id())
+                    .model(model_name(c))
                     .ok_or_else(|| anyhow::anyhow!("{}", c.id()))?;
                 if c.passthrough() {
                     assert_eq!(got.mode, approxy_gateway::policy::Mode::Passthrough);
