@@ -14,9 +14,9 @@ use super::{
     TargetPolicy, VerifierChoice,
 };
 
-/// Whether a model overlaps drafting with target calls unless its policy says. Off: measured
-/// with the target on the same two cores, the guesses slow the target more than they save
-/// (README, "Drafting while the target works").
+/// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
+/// target on the same cores the guesses take the cores the target needs (README, "Drafting
+/// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
 
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.

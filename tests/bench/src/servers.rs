@@ -132,6 +132,12 @@ pub async fn start_llama(
         &threads,
         "-tb",
         &threads,
+        // No prompt cache across requests: otherwise a configuration run after another finds
+        // the same prompts already processed (TTFT 0.25 s against 1.24 s for the same
+        // target-only run, 2026-11-23). The slot's own cache still serves a request's
+        // successive calls, as a provider's prompt cache would.
+        "--cache-ram",
+        "0",
     ]);
     if layout == Layout::Pinned {
         // llama.cpp pins its own threads: hex masks, core 0 = 0x1, core 1 = 0x2.
