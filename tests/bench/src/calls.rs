@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use approxy_gateway::policy::raw::{
-    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
+    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
 };
 use approxy_gateway::policy::{ModelPolicy, Policy};
 use approxy_setup::Home;
@@ -244,24 +244,11 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             ..RawModel::default()
         };
     }
-    let correction = match base.correction {
-        approxy_verifier::Correction::Fixed { tokens } => RawCorrection {
-            mode: "fixed".into(),
-            tokens: Some(tokens),
-            ..RawCorrection::default()
-        },
-        approxy_verifier::Correction::Span { max_span, resync } => RawCorrection {
-            mode: "span".into(),
-            max_span: Some(max_span),
-            resync: Some(resync),
-            ..RawCorrection::default()
-        },
-    };
     RawModel {
         mode: "approximate".into(),
         verifier: Some("confidence".into()),
         threshold: Some(base.threshold),
-        correction: Some(correction),
+        correction: Some(super::quality::raw_correction(base.correction)),
         verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
             .then(|| "exact".into()),
         // The guard off: the calls themselves are what is measured.

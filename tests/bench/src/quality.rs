@@ -137,7 +137,8 @@ pub struct RunSummary {
     pub summary: Summary,
 }
 
-fn raw_correction(c: Correction) -> RawCorrection {
+/// A correction as a policy file writes it.
+pub(crate) fn raw_correction(c: Correction) -> RawCorrection {
     match c {
         Correction::Fixed { tokens } => RawCorrection {
             mode: "fixed".into(),
