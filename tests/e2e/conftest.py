@@ -198,3 +198,30 @@ def raw_post(url, path, body=None, content=None, headers=None, timeout=300):
 def approxy_usage(raw):
     """`usage.approxy` from a raw openai response."""
     return json.loads(raw.http_response.text)["usage"]["approxy"]
+
+
+# Largest gap, in nats, between the target's top two tokens that still counts as a numerical tie
+# (the same allowance as the Rust engine tests: a re-sent answer is computed as a prompt batch and
+# rounds differently from the target's own token-by-token answer).
+TIE_NATS = 0.1
+
+
+def assert_same_up_to_a_tie(ours, direct, what):
+    """`ours` is the target's own answer `direct` (a choice asked with logprobs and top_logprobs=2),
+    except that from the first difference on they may part if the target's choice there was a
+    numerical tie. A shorter answer that is the other's start is no difference."""
+    theirs = direct.message.content
+    if ours.startswith(theirs) or theirs.startswith(ours):
+        return
+    at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    offset = 0
+    for entry in direct.logprobs.content:
+        if offset + len(entry.token) > at:
+            top = sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+            gap = top[0] - top[1] if len(top) > 1 else None
+            assert gap is not None and gap <= TIE_NATS, \
+                f"{what}: differs at character {at} in {entry.token!r} without a tie (gap {gap}):\n{ours!r}\n{theirs!r}"
+            print(f"{what}: a numerical tie at character {at} (gap {gap:.3f} nats); the answers part there")
+            return
+        offset += len(entry.token)
+    raise AssertionError(f"{what}: no token of the target's answer covers character {at}")
