@@ -545,6 +545,9 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                         .await;
                     }
                     for c in set {
+                        if vllm {
+                            servers::reset_vllm_prefix_cache(&ctx.http, &target.url).await?;
+                        }
                         let run = run_config(&ctx, &gateway.url, layout, d, c).await?;
                         std::fs::write(
                             raw_path(&opts.out, opts.sample, layout, d, c),

@@ -199,6 +199,26 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     proc_status_bytes(pid, "VmRSS")
 }
 
+/// Empties vLLM's prefix cache, so that a configuration does not find the prompts an earlier
+/// one already computed (within a run, its own re-sent prefixes are still cached, as in
+/// production). Retries while requests still hold blocks.
+pub async fn reset_vllm_prefix_cache(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    for _ in 0..50 {
+        let r: serde_json::Value = http
+            .post(format!("{url}/reset_prefix_cache"))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        if r["success"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("vLLM at {url} did not reset its prefix cache")
+}
+
 /// The name vLLM serves the float32 draft checkpoint under (as the test command's vLLM does).
 pub const VLLM_MODEL: &str = "qwen2.5-coder-0.5b-instruct-f32";
 
@@ -219,7 +239,9 @@ pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Res
             "float32",
             "--enforce-eager",
         ])
-        .env("VLLM_CPU_KVCACHE_SPACE", "2");
+        .env("VLLM_CPU_KVCACHE_SPACE", "2")
+        // For /reset_prefix_cache (see `reset_vllm_prefix_cache`), as vLLM's own sweeps do.
+        .env("VLLM_SERVER_DEV_MODE", "1");
     let log = logs.join(format!("vllm-{}.log", layout.name()));
     let mut server = Server::start(cmd, format!("http://127.0.0.1:{port}"), log)?;
     // Start-up takes one to two minutes here (FACTS.md), more with a cold page cache.
