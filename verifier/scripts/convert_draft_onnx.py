@@ -4,6 +4,9 @@ Run by `approxy setup` inside its conversion venv; not imported by anything else
 Usage: convert_draft_onnx.py GGUF_PATH OUT_DIR WORK_DIR
        convert_draft_onnx.py --dequantize-only GGUF_PATH HF_DIR
          (step 1 alone: the float32 checkpoint a vLLM target serves)
+       convert_draft_onnx.py --variant HF_DIR OUT_DIR WORK_DIR PRECISION [KEY=VALUE ...]
+         (steps 2 and 3 from that checkpoint at another precision or with other builder
+          options, for `approxy bench draft-fidelity`; e.g. int4 block_size=128)
 
 Steps (recipe from shared/FACTS.md):
 1. transformers dequantises the GGUF into a float32 Hugging Face checkpoint (offline).
@@ -49,27 +52,19 @@ def dequantize_only(gguf_path: str, hf_dir: str) -> int:
     return 0
 
 
-def main() -> int:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    if sys.argv[1] == "--dequantize-only":
-        return dequantize_only(*sys.argv[2:4])
-    gguf_path, out_dir, work_dir = sys.argv[1:4]
-    name = os.path.basename(gguf_path)
-    hf_dir = os.path.join(work_dir, "hf")
+def build(hf_dir: str, tok, source_name: str, out_dir: str, work_dir: str, precision: str, options):
+    """Steps 2 and 3: the checkpoint in hf_dir as ONNX at `precision` with builder `options`
+    (KEY=VALUE strings) in out_dir, with the tokenizer, chat template and shape facts."""
     tmp_out = os.path.join(work_dir, "onnx")
     cache_dir = os.path.join(work_dir, "cache")
-    for d in (hf_dir, tmp_out, cache_dir):
+    for d in (tmp_out, cache_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-
-    tok = dequantize(gguf_path, hf_dir)
-
-    print("building int4 ONNX", flush=True)
+    print(f"building {precision} ONNX {' '.join(options)}", flush=True)
     subprocess.run(
         [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf_dir, "-o", tmp_out,
-         "-p", "int4", "-e", "cpu", "-c", cache_dir,
-         "--extra_options", "include_hidden_states=true"],
+         "-p", precision, "-e", "cpu", "-c", cache_dir,
+         "--extra_options", "include_hidden_states=true", *options],
         check=True,
     )
     shutil.copy(os.path.join(hf_dir, "tokenizer.json"), os.path.join(tmp_out, "tokenizer.json"))
@@ -81,7 +76,7 @@ def main() -> int:
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     meta = {
-        "source_gguf": name,
+        "source_gguf": source_name,
         "num_hidden_layers": cfg["num_hidden_layers"],
         "num_key_value_heads": cfg["num_key_value_heads"],
         "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
@@ -99,6 +94,30 @@ def main() -> int:
     shutil.rmtree(work_dir, ignore_errors=True)
     print("done", flush=True)
     return 0
+
+
+def variant(hf_dir: str, out_dir: str, work_dir: str, precision: str, *options) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    source = "float32 checkpoint " + os.path.basename(os.path.abspath(hf_dir))
+    return build(hf_dir, tok, source, out_dir, work_dir, precision, list(options))
+
+
+def main() -> int:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if sys.argv[1] == "--dequantize-only":
+        return dequantize_only(*sys.argv[2:4])
+    if sys.argv[1] == "--variant":
+        return variant(*sys.argv[2:])
+    gguf_path, out_dir, work_dir = sys.argv[1:4]
+    hf_dir = os.path.join(work_dir, "hf")
+    shutil.rmtree(hf_dir, ignore_errors=True)
+    os.makedirs(hf_dir)
+    tok = dequantize(gguf_path, hf_dir)
+    # The shipped draft: the builder's defaults for int4 on CPU (block_size 32, accuracy_level 4).
+    return build(hf_dir, tok, os.path.basename(gguf_path), out_dir, work_dir, "int4", [])
 
 
 if __name__ == "__main__":

@@ -55,6 +55,11 @@ impl Home {
     pub fn draft_onnx_dir(&self) -> PathBuf {
         self.root.join("models").join("draft-onnx")
     }
+    /// Another conversion of the draft, by name (`approxy setup --draft-variants`, compared by
+    /// `approxy bench draft-fidelity`).
+    pub fn draft_variant_dir(&self, name: &str) -> PathBuf {
+        self.root.join("models").join("draft-variants").join(name)
+    }
     /// The draft as a float32 Hugging Face checkpoint, served by the vLLM test target.
     pub fn draft_hf_dir(&self) -> PathBuf {
         self.root.join("models").join("draft-hf")

@@ -169,3 +169,54 @@ mod tests {
         }
     }
 }
+
+/// A conversion of the draft other than the shipped one, compared by
+/// `approxy bench draft-fidelity`: built from the float32 checkpoint (`draft-hf`) by the same
+/// ONNX builder with other options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftVariant {
+    /// Directory name under `models/draft-variants/` and the name in reports.
+    pub name: &'static str,
+    /// The builder's `--precision`.
+    pub precision: &'static str,
+    /// The builder's `--extra_options` beyond `include_hidden_states=true`.
+    pub options: &'static [&'static str],
+    /// What it is, for reports.
+    pub about: &'static str,
+}
+
+/// The shipped draft (`models/draft-onnx`): the builder's CPU defaults for int4.
+pub const SHIPPED_DRAFT_VARIANT: DraftVariant = DraftVariant {
+    name: "int4-b32-acc4",
+    precision: "int4",
+    options: &[],
+    about: "int4 weights, block size 32, int8 compute (accuracy level 4): the builder's CPU defaults, shipped",
+};
+
+/// The variants `approxy setup --draft-variants` builds (the shipped one is not rebuilt).
+pub const DRAFT_VARIANTS: &[DraftVariant] = &[
+    DraftVariant {
+        name: "fp32",
+        precision: "fp32",
+        options: &[],
+        about: "float32 weights and compute: the reference",
+    },
+    DraftVariant {
+        name: "int4-b128-acc4",
+        precision: "int4",
+        options: &["block_size=128"],
+        about: "int4 weights, block size 128, int8 compute",
+    },
+    DraftVariant {
+        name: "int4-b32-acc1",
+        precision: "int4",
+        options: &["accuracy_level=1"],
+        about: "int4 weights, block size 32, float32 compute (accuracy level 1)",
+    },
+    DraftVariant {
+        name: "int8",
+        precision: "int8",
+        options: &[],
+        about: "int8 weights, block size 32, int8 compute",
+    },
+];

@@ -21,6 +21,7 @@ pub mod manifest;
 mod process;
 mod smoke;
 mod steps;
+mod variants;
 pub mod vllm;
 
 use std::path::Path;
@@ -39,6 +40,9 @@ pub struct SetupOptions {
     /// Also provide the vLLM target: its venv (about 6 GB) and the float32 draft checkpoint it
     /// serves (2.5 GB). The test command asks for it.
     pub vllm: bool,
+    /// Also build the draft at other precisions for `approxy bench draft-fidelity` (about
+    /// 5 GB, with the float32 checkpoint it starts from).
+    pub draft_variants: bool,
 }
 
 /// A step's outcome, for the summary line.
@@ -63,7 +67,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
-    let all: [(&str, &str, bool, Step); 12] = [
+    let all: [(&str, &str, bool, Step); 13] = [
         (
             "draft-gguf",
             "draft model (Qwen2.5-Coder-0.5B)",
@@ -136,15 +140,23 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
             true,
             vllm::vllm_venv,
         ),
+        (
+            "draft-variants",
+            "the draft at other precisions (for the fidelity benchmark)",
+            false,
+            variants::draft_variants,
+        ),
     ];
     for (key, label, cpu_specific, step) in all {
         // The test command's parts: vLLM, a model with another tokenizer, Prometheus.
-        if !opts.vllm
-            && matches!(
-                key,
-                "draft-hf" | "vllm-venv" | "smollm2-gguf" | "prometheus"
-            )
-        {
+        let wanted = match key {
+            "vllm-venv" | "smollm2-gguf" | "prometheus" => opts.vllm,
+            // The variants start from the float32 checkpoint vLLM serves.
+            "draft-hf" => opts.vllm || opts.draft_variants,
+            "draft-variants" => opts.draft_variants,
+            _ => true,
+        };
+        if !wanted {
             continue;
         }
         let pb = mp.add(ProgressBar::new_spinner());

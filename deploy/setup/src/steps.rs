@@ -628,6 +628,16 @@ pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<Pat
     Ok(script)
 }
 
+/// The files of a converted draft directory (the shipped one and each variant).
+pub(super) const DRAFT_ONNX_FILES: [&str; 6] = [
+    "model.onnx",
+    "model.onnx.data",
+    "tokenizer.json",
+    "chat_template.jinja",
+    "genai_config.json",
+    "approxy_draft.json",
+];
+
 /// Converts the draft GGUF into int4 ONNX with hidden states.
 pub fn draft_onnx(
     home: &Home,
@@ -651,15 +661,7 @@ pub fn draft_onnx(
         .arg(work.join("conv"))
         .env("HF_HUB_OFFLINE", "1");
     run_logged(&mut cmd, &home.log(key))?;
-    let names = [
-        "model.onnx",
-        "model.onnx.data",
-        "tokenizer.json",
-        "chat_template.jinja",
-        "genai_config.json",
-        "approxy_draft.json",
-    ];
-    let files: Vec<PathBuf> = names.iter().map(|n| out.join(n)).collect();
+    let files: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|n| out.join(n)).collect();
     for f in &files {
         if !f.exists() {
             bail!("conversion did not produce {}", f.display());

@@ -46,6 +46,9 @@ enum Cmd {
         /// Also provide the vLLM test target (about 8.5 GB more; the test command uses it).
         #[arg(long)]
         vllm: bool,
+        /// Also build the draft at other precisions, for `approxy bench draft-fidelity`.
+        #[arg(long)]
+        draft_variants: bool,
     },
     /// Benchmarks.
     Bench {
@@ -191,6 +194,50 @@ enum BenchCmd {
         #[arg(long)]
         fresh: bool,
     },
+    /// Top-1 agreement with the target, speed, memory and size of each conversion of the draft
+    /// (the shipped int4 and those `approxy setup --draft-variants` builds).
+    DraftFidelity {
+        /// Held-out calibration prompts per kind (code, chat).
+        #[arg(long, default_value_t = 12)]
+        per_kind: usize,
+        /// Longest target answer per prompt.
+        #[arg(long, default_value_t = 96)]
+        max_answer_tokens: u32,
+        /// Thread counts the decode speed is measured with.
+        #[arg(long, default_value = "1,2", value_delimiter = ',')]
+        threads: Vec<usize>,
+        /// Decode steps per speed run.
+        #[arg(long, default_value_t = 64)]
+        decode_tokens: usize,
+        /// Speed runs (after one warm-up).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The training corpus (its held-out prompts are the sample).
+        #[arg(long, default_value = "training/data/prompts.jsonl")]
+        corpus: PathBuf,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results/draft-fidelity")]
+        out: PathBuf,
+        /// Ignore saved answers and measurements.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// One variant's measurement, in a process of its own (started by draft-fidelity).
+    #[command(hide = true)]
+    DraftFidelityMeasure {
+        #[arg(long)]
+        model_dir: PathBuf,
+        #[arg(long)]
+        answers: PathBuf,
+        #[arg(long)]
+        result: PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        threads: Vec<usize>,
+        #[arg(long)]
+        decode_tokens: usize,
+        #[arg(long)]
+        runs: usize,
+    },
     /// HumanEval pass@1, speed and cost of every configuration (starts its own servers).
     Quality {
         /// Problems per configuration, spread evenly over HumanEval (0 = all 164).
@@ -292,6 +339,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             | Cmd::Bench {
                 what: BenchCmd::Quality { .. }
                     | BenchCmd::Calls { .. }
+                    | BenchCmd::DraftFidelity { .. }
                     | BenchCmd::Overhead { .. }
                     | BenchCmd::Soak { .. }
             }
@@ -302,12 +350,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Cmd::Setup {
             keep_convert_env,
             vllm,
+            draft_variants,
         } => setup::Home::from_env().and_then(|home| {
             setup::run(
                 &home,
                 &setup::SetupOptions {
                     keep_convert_env,
                     vllm,
+                    draft_variants,
                 },
             )
         }),
@@ -379,6 +429,46 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             spin,
             context,
             target_url,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::DraftFidelity {
+                    per_kind,
+                    max_answer_tokens,
+                    threads,
+                    decode_tokens,
+                    runs,
+                    corpus,
+                    out,
+                    fresh,
+                },
+        } => block_on(bench::fidelity::run(&bench::fidelity::FidelityOptions {
+            per_kind,
+            max_answer_tokens,
+            threads,
+            decode_tokens,
+            runs,
+            corpus,
+            out,
+            fresh,
+        })),
+        Cmd::Bench {
+            what:
+                BenchCmd::DraftFidelityMeasure {
+                    model_dir,
+                    answers,
+                    result,
+                    threads,
+                    decode_tokens,
+                    runs,
+                },
+        } => bench::fidelity::measure(&bench::fidelity::MeasureOptions {
+            model_dir,
+            answers,
+            result,
+            threads,
+            decode_tokens,
+            runs,
         }),
         Cmd::Bench {
             what:

@@ -32,7 +32,7 @@ const FACTS_DRAFT_MS_PER_TOKEN: f64 = 21.8;
 const FACTS_TARGET_TOKENS_PER_SECOND: f64 = 13.5;
 
 /// The prompt both the draft and the yardstick target decode after.
-const PROMPT: &str = "<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n";
+pub(crate) const PROMPT: &str = "<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n";
 
 /// Greedy 128-token decode speed of a llama-server, from its own timings.
 async fn target_tokens_per_second(url: &str) -> anyhow::Result<f64> {
@@ -50,6 +50,42 @@ async fn target_tokens_per_second(url: &str) -> anyhow::Result<f64> {
     v["timings"]["predicted_per_second"]
         .as_f64()
         .ok_or_else(|| anyhow::anyhow!("no timings in the llama-server answer"))
+}
+
+/// Prefill milliseconds and milliseconds per greedy decode step of `tokens` steps after
+/// `prompt`, one value per run after a first warm-up run.
+pub(crate) async fn decode_speed(
+    pool: &DraftPool,
+    prompt: &[u32],
+    tokens: usize,
+    runs: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let mut prefill_ms = Vec::new();
+    let mut step_ms = Vec::new();
+    for run in 0..runs.max(2) {
+        let lease = pool
+            .try_lease()
+            .ok_or_else(|| anyhow::anyhow!("draft worker busy"))?;
+        lease.rollback(usize::MAX).await?;
+        let t = Instant::now();
+        let mut out = lease.prefill(prompt.to_vec()).await?;
+        let p = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        for _ in 0..tokens {
+            let next = argmax(&out.logits).0 as u32;
+            out = lease
+                .extend(vec![next], false)
+                .await?
+                .pop()
+                .ok_or_else(|| anyhow::anyhow!("no output"))?;
+        }
+        let s = t.elapsed().as_secs_f64() * 1e3 / tokens.max(1) as f64;
+        if run > 0 {
+            prefill_ms.push(p);
+            step_ms.push(s);
+        }
+    }
+    Ok((prefill_ms, step_ms))
 }
 
 /// Runs the benchmark and prints a JSON report.
@@ -77,34 +113,8 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
         prompt.extend_from_slice(&filler[..opts.context.min(filler.len())]);
     }
     prompt.extend(tok.encode(PROMPT)?);
-    let mut prefill_ms = Vec::new();
-    let mut step_ms = Vec::new();
-    rt.block_on(async {
-        for run in 0..opts.runs.max(2) {
-            let lease = pool
-                .try_lease()
-                .ok_or_else(|| anyhow::anyhow!("draft worker busy"))?;
-            lease.rollback(usize::MAX).await?;
-            let t = Instant::now();
-            let mut out = lease.prefill(prompt.clone()).await?;
-            let p = t.elapsed().as_secs_f64() * 1e3;
-            let t = Instant::now();
-            for _ in 0..opts.tokens {
-                let next = argmax(&out.logits).0 as u32;
-                out = lease
-                    .extend(vec![next], false)
-                    .await?
-                    .pop()
-                    .ok_or_else(|| anyhow::anyhow!("no output"))?;
-            }
-            let s = t.elapsed().as_secs_f64() * 1e3 / opts.tokens as f64;
-            if run > 0 {
-                prefill_ms.push(p);
-                step_ms.push(s);
-            }
-        }
-        anyhow::Ok(())
-    })?;
+    let (prefill_ms, step_ms) =
+        rt.block_on(decode_speed(&pool, &prompt, opts.tokens, opts.runs))?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let ms = mean(&step_ms);
     // The draft runs after the target measurement is done, never beside it.

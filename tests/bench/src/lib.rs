@@ -24,6 +24,7 @@ mod client;
 pub mod configs;
 mod delay;
 pub mod draft;
+pub mod fidelity;
 mod humaneval;
 mod levels;
 pub mod overhead;

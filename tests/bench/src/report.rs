@@ -329,6 +329,13 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
         section.push_str(&calls);
     }
+    // Written by `approxy bench draft-fidelity` (deploy/bench-draft-fidelity.sh).
+    if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
+        section.push_str(
+            "\n### The draft's fidelity by conversion (`approxy bench draft-fidelity`)\n\n",
+        );
+        section.push_str(&f);
+    }
     let text = std::fs::read_to_string(readme).with_context(|| format!("{}", readme.display()))?;
     let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
         anyhow::bail!("{} has no `{BEGIN}` … `{END}` block", readme.display());

@@ -1,0 +1,83 @@
+//! Other conversions of the draft (`approxy setup --draft-variants`), for
+//! `approxy bench draft-fidelity`: float32, int4 with another block size or accuracy level,
+//! int8. Each is built from the float32 checkpoint (`draft-hf`, the GGUF dequantised) by the
+//! same ONNX builder as the shipped draft, so only the precision and the builder options differ.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::bail;
+use indicatif::ProgressBar;
+
+use super::assets::{self, DRAFT_VARIANTS};
+use super::cpu::{BuiltFor, CpuFeatures};
+use super::manifest::{Asset, Manifest};
+use super::process::run_logged;
+use super::steps::{DRAFT_ONNX_FILES, convert_venv, record, write_convert_script};
+use super::{Home, SetupOptions, smoke};
+
+/// Builds every variant not yet built, runs each once through ONNX Runtime, and records them.
+pub fn draft_variants(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    let key = "draft-variants";
+    if !manifest.is_present(&home.root, "draft-hf") {
+        bail!("the float32 draft checkpoint is missing; it is provided by an earlier step");
+    }
+    let venv = convert_venv(home, key, pb)?;
+    let script = write_convert_script(home, key)?;
+    let cpu = CpuFeatures::current()?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for v in DRAFT_VARIANTS {
+        let out = home.draft_variant_dir(v.name);
+        let have: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|f| out.join(f)).collect();
+        // A variant is published by one rename when complete, so all files or none.
+        if !have.iter().all(|f| f.is_file()) {
+            pb.set_message(format!("building {} ({})", v.name, v.about));
+            let mut cmd = Command::new(venv.join("bin").join("python"));
+            cmd.arg(&script)
+                .arg("--variant")
+                .arg(home.draft_hf_dir())
+                .arg(&out)
+                .arg(home.work(key).join(v.name))
+                .arg(v.precision)
+                .args(v.options)
+                .env("HF_HUB_OFFLINE", "1");
+            run_logged(&mut cmd, &home.log(key))?;
+            for f in &have {
+                if !f.is_file() {
+                    bail!("building {} did not produce {}", v.name, f.display());
+                }
+            }
+        }
+        smoke::draft_runs(&home.onnxruntime_lib(), &out).map_err(|e| {
+            anyhow::anyhow!(
+                "the {} draft does not run through ONNX Runtime: {e}",
+                v.name
+            )
+        })?;
+        files.extend(have);
+    }
+    let files = record(home, &files, pb)?;
+    let mut sources = vec!["the draft-hf asset".to_string()];
+    sources.extend(assets::CONVERT_REQUIREMENTS.iter().map(|s| s.to_string()));
+    manifest.assets.insert(
+        key.into(),
+        Asset {
+            source_packages: sources,
+            registry: "pypi".into(),
+            method: "converted by onnxruntime-genai builder at other precisions".into(),
+            files,
+            built_for: Some(BuiltFor {
+                isa: "x86-64 baseline, kernels dispatched at run time".into(),
+                requires: vec![],
+                verified_on: cpu.model,
+            }),
+        },
+    );
+    let _ = std::fs::remove_dir_all(home.work(key));
+    Ok(())
+}
