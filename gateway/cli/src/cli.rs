@@ -221,6 +221,10 @@ enum BenchCmd {
         /// Ignore saved answers and measurements.
         #[arg(long)]
         fresh: bool,
+        /// Only these variants, comma-separated (default: all): int4-b32-acc4 (shipped), fp32,
+        /// int4-b128-acc4, int4-b32-acc1, int8.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// One variant's measurement, in a process of its own (started by draft-fidelity).
     #[command(hide = true)]
@@ -441,6 +445,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     corpus,
                     out,
                     fresh,
+                    only,
                 },
         } => block_on(bench::fidelity::run(&bench::fidelity::FidelityOptions {
             per_kind,
@@ -451,6 +456,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             corpus,
             out,
             fresh,
+            only,
         })),
         Cmd::Bench {
             what:

@@ -60,6 +60,8 @@ pub struct FidelityOptions {
     pub out: PathBuf,
     /// Ignore saved answers and measurements.
     pub fresh: bool,
+    /// Only these variants, by name (empty: all).
+    pub only: Vec<String>,
 }
 
 /// The target's greedy answer to one held-out prompt, as token ids (its end-of-sequence
@@ -185,6 +187,31 @@ pub fn choose(vs: &[VariantResult], threads: usize) -> Option<&VariantResult> {
 /// Runs the sweep: answers (taken or reused), each variant measured (or reused), the report.
 pub async fn run(opts: &FidelityOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
+    let mut all = vec![(SHIPPED_DRAFT_VARIANT, home.draft_onnx_dir())];
+    all.extend(
+        DRAFT_VARIANTS
+            .iter()
+            .map(|v| (*v, home.draft_variant_dir(v.name))),
+    );
+    for name in &opts.only {
+        anyhow::ensure!(
+            all.iter().any(|(v, _)| v.name == name),
+            "no variant {name:?}; there are: {}",
+            all.iter()
+                .map(|(v, _)| v.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    all.retain(|(v, _)| opts.only.is_empty() || opts.only.iter().any(|n| n == v.name));
+    for (v, dir) in &all {
+        anyhow::ensure!(
+            dir.join("model.onnx").is_file(),
+            "no {} draft at {}: run `approxy setup --draft-variants` (deploy/bench-draft-fidelity.sh does)",
+            v.name,
+            dir.display()
+        );
+    }
     std::fs::create_dir_all(opts.out.join("raw"))?;
     let answers_path = opts.out.join("answers.json");
     let prompts = held_out_prompts(
@@ -214,20 +241,8 @@ pub async fn run(opts: &FidelityOptions) -> anyhow::Result<()> {
         }
     };
     let exe = std::env::current_exe()?;
-    let mut all = vec![(SHIPPED_DRAFT_VARIANT, home.draft_onnx_dir())];
-    all.extend(
-        DRAFT_VARIANTS
-            .iter()
-            .map(|v| (*v, home.draft_variant_dir(v.name))),
-    );
     let mut variants = Vec::new();
     for (v, dir) in all {
-        anyhow::ensure!(
-            dir.join("model.onnx").is_file(),
-            "no {} draft at {}: run `approxy setup --draft-variants` (deploy/bench-draft-fidelity.sh does)",
-            v.name,
-            dir.display()
-        );
         let raw = opts.out.join("raw").join(format!("{}.json", v.name));
         let saved: Option<Measured> = std::fs::read(&raw)
             .ok()
