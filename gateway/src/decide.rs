@@ -15,6 +15,7 @@ use approxy_verifier::{Draft, GenerateRequest, Verifier};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy};
+use crate::prompt_kind::{self, PromptKind};
 use crate::request::{self, Endpoint};
 use crate::state::{AppState, Runtime, TokenizerCheck};
 use crate::validate::{self, Prompt, ValidRequest, ValidationError};
@@ -97,6 +98,8 @@ impl Reason {
 pub struct Approximate {
     /// The validated request.
     pub request: ValidRequest,
+    /// Its prompt's kind (which of the policy's thresholds applies).
+    pub prompt_kind: PromptKind,
     /// Engine parameters (prompt token ids, threshold, correction, bail-out).
     pub generation: GenerateRequest,
     /// The model's policy.
@@ -158,7 +161,7 @@ pub async fn decide(
     let typed = request::parse(&json)
         .map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
-    let threshold = validate::requested_threshold(headers, mp)?.unwrap_or(mp.threshold);
+    let requested = validate::requested_threshold(headers, mp)?;
     // From here on approxy could answer a valid request; what stops it is approxy's own
     // limitation, which the policy's fallback turns into a passthrough.
     let fallback = |reason: Reason, e: ApiError| {
@@ -178,7 +181,7 @@ pub async fn decide(
     let shared = &state.shared;
     // Rendering and tokenizing a prompt of megabytes takes long enough to stall the async
     // runtime's other requests: it runs on a blocking thread.
-    let (valid, tokens) = {
+    let (valid, tokens, kind) = {
         let shared = Arc::clone(shared);
         tokio::task::spawn_blocking(move || {
             let tokens = validate::prompt_tokens(
@@ -187,7 +190,13 @@ pub async fn decide(
                 &shared.tokenizer,
                 shared.draft.meta().vocab_size,
             );
-            (valid, tokens)
+            // A prompt of token ids is classified on its text.
+            let decoded = match &valid.prompt {
+                Prompt::Tokens(ids) => shared.tokenizer.decode(ids).ok(),
+                _ => None,
+            };
+            let kind = prompt_kind::detect(&valid.prompt, decoded.as_deref());
+            (valid, tokens, kind)
         })
         .await
         .map_err(|e| ApiError::Internal(format!("prompt tokenization: {e}")))?
@@ -220,6 +229,7 @@ pub async fn decide(
     let Some(draft) = shared.draft.try_lease() else {
         return Ok(Decision::Passthrough(Reason::DraftSaturated));
     };
+    let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
     let generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
@@ -245,6 +255,7 @@ pub async fn decide(
     };
     Ok(Decision::Approximate(Box::new(Approximate {
         request: valid,
+        prompt_kind: kind,
         generation,
         policy: mp.clone(),
         verifier,

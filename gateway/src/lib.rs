@@ -5,6 +5,7 @@
 //!
 //! Layout:
 //! - `probe`: `approxy health`, the container health check.
+//! - `prompt_kind`: whether a request is about code or chat (the dial can differ per kind).
 //! - `server`: `approxy serve`: loads the draft and policy, listens, drains on shutdown, reloads.
 //! - `stack`: the routes and the tower stack around them, in order, each layer with its reason.
 //! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
@@ -25,6 +26,7 @@ pub mod middleware;
 pub mod passthrough;
 pub mod policy;
 pub mod probe;
+pub mod prompt_kind;
 pub mod request;
 pub mod respond;
 pub mod routes;

@@ -21,6 +21,7 @@ use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification
 use crate::decide::Approximate;
 use crate::error::ApiError;
 use crate::policy::ModelPolicy;
+use crate::prompt_kind::PromptKind;
 use crate::request::Endpoint;
 use crate::state::Runtime;
 
@@ -39,7 +40,14 @@ fn verification_name(v: Verification) -> &'static str {
     }
 }
 
-fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &ModelPolicy) -> Value {
+/// The dial a request ran at: its threshold, and the prompt kind that chose it.
+#[derive(Debug, Clone, Copy)]
+struct Dial {
+    threshold: f32,
+    kind: PromptKind,
+}
+
+fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPolicy) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
@@ -47,7 +55,8 @@ fn usage(s: &Stats, cost: CostEstimate, threshold: f32, verifier: &str, mp: &Mod
         "approxy": {
             "mode": "approximate",
             "verifier": verifier,
-            "threshold": threshold,
+            "threshold": dial.threshold,
+            "prompt_kind": dial.kind.name(),
             "draft_tokens": s.draft_tokens,
             "target_tokens": s.target_tokens,
             "target_calls": s.target_calls,
@@ -173,12 +182,16 @@ pub async fn approximate(
 ) -> Result<Response, Failed> {
     let Approximate {
         request: valid,
+        prompt_kind,
         generation: request,
         policy: mp,
         verifier,
         draft: lease,
     } = a;
-    let threshold = request.threshold;
+    let dial = Dial {
+        threshold: request.threshold,
+        kind: prompt_kind,
+    };
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
     let engine = rt.engine.clone();
     let v2 = Arc::clone(&verifier);
@@ -225,7 +238,7 @@ pub async fn approximate(
                 rx,
                 done,
                 mp,
-                threshold,
+                dial,
                 verifier.kind(),
                 valid.include_usage,
                 rt.policy.gateway.write_idle_timeout,
@@ -236,7 +249,7 @@ pub async fn approximate(
             String::new(),
             &stats,
             &mp,
-            threshold,
+            dial,
             verifier.kind(),
         ));
     }
@@ -247,7 +260,7 @@ pub async fn approximate(
             rx,
             task,
             mp,
-            threshold,
+            dial,
             verifier.kind(),
             valid.include_usage,
             rt.policy.gateway.write_idle_timeout,
@@ -265,14 +278,7 @@ pub async fn approximate(
             text.push_str(&ev.text);
         }
         let stats = finished(task).await?;
-        Ok(complete(
-            &ids,
-            text,
-            &stats,
-            &mp,
-            threshold,
-            verifier.kind(),
-        ))
+        Ok(complete(&ids, text, &stats, &mp, dial, verifier.kind()))
     }
 }
 
@@ -291,7 +297,7 @@ fn complete(
     text: String,
     s: &Stats,
     mp: &ModelPolicy,
-    threshold: f32,
+    dial: Dial,
     verifier: &str,
 ) -> Response {
     let cost = estimate_cost(s, &mp.price);
@@ -311,7 +317,7 @@ fn complete(
         "text_completion"
     };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(s, cost, threshold, verifier, mp)});
+                      "choices": [choice], "usage": usage(s, cost, dial, verifier, mp)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -329,7 +335,8 @@ fn complete(
     );
     put("x-approxy-bailed-out", s.bailed_out.to_string());
     put("x-approxy-cost-guard", s.cost_guard.to_string());
-    put("x-approxy-threshold", threshold.to_string());
+    put("x-approxy-threshold", dial.threshold.to_string());
+    put("x-approxy-prompt-kind", dial.kind.name().into());
     put(
         "x-approxy-estimated-cost-usd",
         format!("{:.8}", cost.approxy),
@@ -370,7 +377,7 @@ fn stream(
     mut rx: mpsc::Receiver<TokenEvent>,
     task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>,
     mp: ModelPolicy,
-    threshold: f32,
+    dial: Dial,
     verifier: &'static str,
     include_usage: bool,
     write_idle: Duration,
@@ -415,7 +422,7 @@ fn stream(
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&stats, cost, threshold, verifier, &mp);
+                    u["usage"] = usage(&stats, cost, dial, verifier, &mp);
                     out.push(sse(&u));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -447,7 +454,11 @@ fn stream(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-approxy-mode", HeaderValue::from_static("approximate"));
-    if let Ok(v) = HeaderValue::from_str(&threshold.to_string()) {
+    h.insert(
+        "x-approxy-prompt-kind",
+        HeaderValue::from_static(dial.kind.name()),
+    );
+    if let Ok(v) = HeaderValue::from_str(&dial.threshold.to_string()) {
         h.insert("x-approxy-threshold", v);
     }
     resp

@@ -1064,3 +1064,66 @@ async fn a_client_that_stops_reading_a_stream_frees_its_draft_worker() {
     }
     drop(resp);
 }
+
+#[tokio::test]
+async fn the_threshold_follows_the_prompts_kind() {
+    let mut setup = Setup::new("hello", 0.5, "howdy");
+    setup.extra_policy = r#"
+[models.kinds]
+mode = "approximate"
+threshold = { code = 0.3, chat = 0.9 }
+"#;
+    let state = setup.state().await;
+    let ask = |content: &str, stream: bool| {
+        post(
+            "/v1/chat/completions",
+            &json!({"model": "kinds", "messages": [{"role": "user", "content": content}],
+                    "max_tokens": 32, "temperature": 0, "stream": stream}),
+        )
+    };
+    // Code: the draft's 0.5 clears 0.3, so the draft writes the answer.
+    let (status, headers, body) = call(
+        &state,
+        ask("Write a Python function that says hello.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert_eq!(headers["x-approxy-prompt-kind"], "code");
+    let u = &json_of(&body)["usage"]["approxy"];
+    assert_eq!(
+        (u["prompt_kind"].as_str(), u["threshold"].as_f64()),
+        (Some("code"), Some(0.3f32 as f64))
+    );
+    assert_eq!(
+        (u["draft_tokens"].as_u64(), u["target_calls"].as_u64()),
+        (Some(5), Some(0)),
+        "{u}"
+    );
+    // Chat: 0.5 is below 0.9, so the target is called.
+    let (_, headers, body) = call(&state, ask("Say hello to my grandmother.", false)).await;
+    assert_eq!(headers["x-approxy-prompt-kind"], "chat");
+    let u = &json_of(&body)["usage"]["approxy"];
+    assert_eq!(
+        (u["prompt_kind"].as_str(), u["threshold"].as_f64()),
+        (Some("chat"), Some(0.9f32 as f64))
+    );
+    assert!(u["target_calls"].as_u64() > Some(0), "{u}");
+    // Streams say it in their headers too; the client's header still overrides the kind's value,
+    // within the policy's own range (0.3 to 0.9 here, having no override range).
+    let mut req = ask("Say hello.", true);
+    req.headers_mut()
+        .insert("x-approxy-threshold", "0.3".parse().unwrap());
+    let (status, headers, _) = call(&state, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            &headers["x-approxy-prompt-kind"],
+            &headers["x-approxy-threshold"]
+        ),
+        (&"chat".parse().unwrap(), &"0.3".parse().unwrap())
+    );
+    let mut req = ask("Say hello.", false);
+    req.headers_mut()
+        .insert("x-approxy-threshold", "0.95".parse().unwrap());
+    assert_eq!(call(&state, req).await.0, StatusCode::BAD_REQUEST);
+}

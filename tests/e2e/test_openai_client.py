@@ -25,6 +25,8 @@ def test_chat_non_streaming_reports_usage(gateway):
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     assert raw.headers["x-approxy-mode"] == "approximate"
     assert int(raw.headers["x-approxy-target-calls"]) == u["target_calls"]
+    # "Python" makes it a code prompt; the shipped policy's one threshold applies to both kinds.
+    assert u["prompt_kind"] == raw.headers["x-approxy-prompt-kind"] == "code", u
 
 
 def test_threshold_zero_never_calls_target(gateway):
@@ -33,6 +35,17 @@ def test_threshold_zero_never_calls_target(gateway):
     u = approxy_usage(raw)
     assert u["target_tokens"] == 0 and u["target_calls"] == 0, u
     assert u["draft_tokens"] == raw.parse().usage.completion_tokens
+
+
+def test_a_threshold_per_prompt_kind(start_gateway):
+    """A policy with one threshold for code and another for chat: each request is run at its
+    kind's threshold, detected from its messages."""
+    c = start_gateway(policy_text(threshold="{ code = 0.0, chat = 0.9 }")).client()
+    code = approxy_usage(c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0))
+    assert (code["prompt_kind"], code["threshold"], code["target_calls"]) == ("code", 0.0, 0), code
+    chat = approxy_usage(c.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name three rivers in Europe."}], max_tokens=16, temperature=0))
+    assert (chat["prompt_kind"], round(chat["threshold"], 6)) == ("chat", 0.9), chat
 
 
 def test_chat_streaming_with_usage(gateway):

@@ -158,20 +158,44 @@ impl Calibration {
 }
 
 /// The lowest threshold (the one that accepts most, so costs least) whose measured
-/// false-accept rate is within `max_far`.
+/// false-accept rate is within `max_far`, on all held-out prompts.
 pub fn threshold_for(path: &Path, max_far: f32) -> Result<f32, String> {
+    resolve(path, max_far, None)
+}
+
+/// The same on one kind of prompt (`code` or `chat`): that kind's own curve, for the verifier
+/// the file chose.
+pub fn threshold_for_kind(path: &Path, kind: &str, max_far: f32) -> Result<f32, String> {
+    resolve(path, max_far, Some(kind))
+}
+
+fn resolve(path: &Path, max_far: f32, kind: Option<&str>) -> Result<f32, String> {
     if !(0.0..=1.0).contains(&max_far) {
         return Err(format!("max_false_accept_rate {max_far} is outside [0, 1]"));
     }
     let c = Calibration::load(path)?;
-    pick(&c.thresholds, max_far)
-        .map(|p| p.threshold)
-        .ok_or_else(|| {
-            format!(
-                "{}: no threshold reaches a false-accept rate of {max_far}",
-                path.display()
-            )
-        })
+    let grid = match kind {
+        None => &c.thresholds,
+        Some(k) => {
+            let grids = match k {
+                "code" => &c.by_kind.code,
+                "chat" => &c.by_kind.chat,
+                other => return Err(format!("no prompt kind {other:?} (code, chat)")),
+            };
+            if c.chosen_verifier == "confidence" {
+                &grids.confidence
+            } else {
+                &grids.learned
+            }
+        }
+    };
+    pick(grid, max_far).map(|p| p.threshold).ok_or_else(|| {
+        format!(
+            "{}: no threshold reaches a false-accept rate of {max_far}{}",
+            path.display(),
+            kind.map_or(String::new(), |k| format!(" on {k} prompts"))
+        )
+    })
 }
 
 /// The grid point with the lowest threshold whose false-accept rate is within `max_far`.
@@ -204,6 +228,31 @@ mod tests {
         assert_eq!(t(0.02), Some(0.5));
         assert_eq!(t(0.1), Some(0.3));
         assert_eq!(t(0.0001), None);
+    }
+
+    #[test]
+    fn a_kind_resolves_through_its_own_curve() -> Result<(), String> {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
+        let c = Calibration::load(&path)?;
+        for (kind, grids) in [("code", &c.by_kind.code), ("chat", &c.by_kind.chat)] {
+            let grid = if c.chosen_verifier == "confidence" {
+                &grids.confidence
+            } else {
+                &grids.learned
+            };
+            let t = threshold_for_kind(&path, kind, 0.05)?;
+            assert_eq!(Some(t), pick(grid, 0.05).map(|p| p.threshold), "{kind}");
+        }
+        // The kinds' curves differ: on the shipped calibration the same budget gives code and
+        // chat different thresholds.
+        assert_ne!(
+            threshold_for_kind(&path, "code", 0.05)?,
+            threshold_for_kind(&path, "chat", 0.05)?
+        );
+        assert!(threshold_for_kind(&path, "prose", 0.05).is_err());
+        assert!(threshold_for_kind(&path, "code", 1.5).is_err());
+        Ok(())
     }
 
     #[test]

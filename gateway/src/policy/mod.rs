@@ -13,6 +13,7 @@ use approxy_verifier::cost::CacheRules;
 use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
+use crate::prompt_kind::PromptKind;
 use raw::RawPolicy;
 pub use validate::parse_duration;
 
@@ -150,6 +151,52 @@ pub enum Mode {
 /// USD per million tokens (the engine's own type: its cost guard reads it).
 pub use approxy_verifier::cost::Price;
 
+/// A threshold per prompt kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KindThresholds {
+    /// For prompts about code.
+    pub code: f32,
+    /// For the rest.
+    pub chat: f32,
+}
+
+impl KindThresholds {
+    /// The same threshold for every kind.
+    pub fn all(t: f32) -> Self {
+        Self { code: t, chat: t }
+    }
+
+    /// The threshold for a prompt of `kind`.
+    pub fn get(&self, kind: PromptKind) -> f32 {
+        match kind {
+            PromptKind::Code => self.code,
+            PromptKind::Chat => self.chat,
+        }
+    }
+
+    /// As a policy file writes it.
+    pub fn raw(&self) -> raw::RawPerKind {
+        if self.code == self.chat {
+            raw::RawPerKind::All(self.code)
+        } else {
+            raw::RawPerKind::ByKind(raw::RawByKind {
+                code: self.code,
+                chat: self.chat,
+            })
+        }
+    }
+}
+
+impl std::fmt::Display for KindThresholds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.code == self.chat {
+            write!(f, "{:.2}", self.code)
+        } else {
+            write!(f, "{:.2} on code, {:.2} on chat", self.code, self.chat)
+        }
+    }
+}
+
 /// One model's policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPolicy {
@@ -157,8 +204,9 @@ pub struct ModelPolicy {
     pub mode: Mode,
     /// Verifier.
     pub verifier: VerifierChoice,
-    /// Threshold (resolved from the quality target when one was given).
-    pub threshold: f32,
+    /// Threshold per prompt kind (resolved from the quality target when one was given; the
+    /// same for both kinds when the policy gives one value).
+    pub threshold: KindThresholds,
     /// How draft tokens are checked (resolved with the target kind: windows where it can
     /// score them).
     pub verification: Verification,
@@ -287,7 +335,81 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
         assert_eq!(p.target.timeout, Duration::from_secs(30));
         assert_eq!(p.target.openai_base(), "http://127.0.0.1:8081/v1");
         let m = p.model("anything").map(|m| m.threshold);
-        assert_eq!(m, Some(0.7));
+        assert_eq!(m, Some(KindThresholds::all(0.7)));
+        Ok(())
+    }
+
+    #[test]
+    fn thresholds_and_budgets_per_kind() -> Result<(), Box<dyn std::error::Error>> {
+        let calibration =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/calibration.json");
+        let with = |line: &str| {
+            GOOD.replace("threshold = 0.7\n", &format!("{line}\n"))
+                .replace("threshold_override = [0.0, 1.0]\n", "")
+        };
+        // A threshold per kind; without an override range, only the policy's own values.
+        let p = Policy::parse(
+            &with("threshold = { code = 0.6, chat = 0.8 }"),
+            Path::new("/x/p.toml"),
+        )?;
+        let m = p.model("m").ok_or("no model policy")?;
+        assert_eq!(
+            (
+                m.threshold.get(PromptKind::Code),
+                m.threshold.get(PromptKind::Chat)
+            ),
+            (0.6, 0.8)
+        );
+        assert_eq!(m.threshold_override, (0.6, 0.8));
+        assert_eq!(m.threshold.to_string(), "0.60 on code, 0.80 on chat");
+        // A budget per kind resolves on each kind's own curve; one budget on the pooled curve.
+        let cal = format!("calibration = {:?}", calibration.display().to_string());
+        let p = Policy::parse(
+            &with(&format!(
+                "max_false_accept_rate = {{ code = 0.05, chat = 0.05 }}\n{cal}"
+            )),
+            Path::new("/x/p.toml"),
+        )?;
+        let t = p.model("m").map(|m| m.threshold);
+        let k = |kind| approxy_verifier::calibration::threshold_for_kind(&calibration, kind, 0.05);
+        assert_eq!(
+            t,
+            Some(KindThresholds {
+                code: k("code")?,
+                chat: k("chat")?,
+            })
+        );
+        let p = Policy::parse(
+            &with(&format!("max_false_accept_rate = 0.05\n{cal}")),
+            Path::new("/x/p.toml"),
+        )?;
+        let all = approxy_verifier::calibration::threshold_for(&calibration, 0.05)?;
+        assert_eq!(
+            p.model("m").map(|m| m.threshold),
+            Some(KindThresholds::all(all))
+        );
+        // Mistakes name the key.
+        for (line, says) in [
+            (
+                "threshold = { code = 0.6, chat = 1.5 }",
+                "threshold.chat: 1.5 is outside [0, 1]",
+            ),
+            (
+                "threshold = { code = 0.6 }",
+                "a number, or a table { code = NUMBER, chat = NUMBER }",
+            ),
+            (
+                "threshold = { code = 0.6, chat = 0.7, prose = 0.1 }",
+                "a number, or a table",
+            ),
+            ("threshold = \"high\"", "a number, or a table"),
+        ] {
+            let e = Policy::parse(&with(line), Path::new("/x/p.toml"));
+            assert!(
+                e.as_ref().is_err_and(|e| e.to_string().contains(says)),
+                "{line}: {e:?}"
+            );
+        }
         Ok(())
     }
 
@@ -507,7 +629,8 @@ max_cost_ratio = -1
             let p = Policy::load(&dir.join(name))?;
             let m = p.model("any-model").map(|m| (m.mode, m.threshold));
             assert!(
-                matches!(m, Some((Mode::Approximate, t)) if (0.0..=1.0).contains(&t)),
+                matches!(m, Some((Mode::Approximate, t))
+                    if (0.0..=1.0).contains(&t.code) && (0.0..=1.0).contains(&t.chat)),
                 "{name}: {m:?}"
             );
         }

@@ -165,12 +165,13 @@ pub struct RawModel {
     /// `confidence` or a path to a learned verifier artifact.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verifier: Option<String>,
-    /// Fixed threshold in [0, 1]...
+    /// Fixed threshold in [0, 1], one for all prompts or one per kind...
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub threshold: Option<f32>,
-    /// ...or a quality target resolved through `calibration`.
+    pub threshold: Option<RawPerKind>,
+    /// ...or a quality target resolved through `calibration`: one number on the curve of all
+    /// held-out prompts, or one per kind, each on that kind's own curve.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_false_accept_rate: Option<f32>,
+    pub max_false_accept_rate: Option<RawPerKind>,
     /// Calibration JSON written by `approxy train fit`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<String>,
@@ -245,4 +246,27 @@ pub struct RawPrice {
     pub cached_input: f64,
     /// Output tokens.
     pub output: f64,
+}
+
+/// A dial setting: one value for every prompt, or one per prompt kind.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a number, or a table { code = NUMBER, chat = NUMBER }"
+)]
+pub enum RawPerKind {
+    /// Every prompt.
+    All(f32),
+    /// Per kind, as detected from the prompt.
+    ByKind(RawByKind),
+}
+
+/// `{ code = ..., chat = ... }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawByKind {
+    /// Prompts about code.
+    pub code: f32,
+    /// Everything else.
+    pub chat: f32,
 }

@@ -8,10 +8,10 @@ use approxy_verifier::cost::CacheRules;
 use approxy_verifier::target::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
-use super::raw::{RawCorrection, RawModel, RawPolicy};
+use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
 use super::{
-    Auth, DraftPolicy, GatewayPolicy, Mode, ModelPolicy, PassthroughPolicy, Policy, Price,
-    TargetPolicy, VerifierChoice,
+    Auth, DraftPolicy, GatewayPolicy, KindThresholds, Mode, ModelPolicy, PassthroughPolicy, Policy,
+    Price, TargetPolicy, VerifierChoice,
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
@@ -321,11 +321,19 @@ impl Validator {
                     f("threshold"),
                     f("max_false_accept_rate")
                 ));
-                0.5
+                KindThresholds::all(0.5)
             }
             (Some(t), None) => {
-                if !(0.0..=1.0).contains(&t) {
-                    self.err(format!("{}: {t} is outside [0, 1]", f("threshold")));
+                let t = per_kind(t);
+                for (kind, v) in [("code", t.code), ("chat", t.chat)] {
+                    if !(0.0..=1.0).contains(&v) {
+                        let at = match m.threshold {
+                            Some(RawPerKind::ByKind(_)) => format!("{}.{kind}", f("threshold")),
+                            _ => f("threshold"),
+                        };
+                        self.err(format!("{at}: {v} is outside [0, 1]"));
+                        break;
+                    }
                 }
                 t
             }
@@ -336,15 +344,25 @@ impl Validator {
                         f("max_false_accept_rate"),
                         f("calibration")
                     ));
-                    0.5
+                    KindThresholds::all(0.5)
                 }
                 Some(c) => {
                     let path = self.path(c);
-                    match approxy_verifier::calibration::threshold_for(&path, far) {
+                    use approxy_verifier::calibration::{threshold_for, threshold_for_kind};
+                    // One budget reads the curve of all prompts; a table reads each kind's own.
+                    let resolved = match far {
+                        RawPerKind::All(x) => threshold_for(&path, x).map(KindThresholds::all),
+                        RawPerKind::ByKind(k) => threshold_for_kind(&path, "code", k.code)
+                            .and_then(|code| {
+                                threshold_for_kind(&path, "chat", k.chat)
+                                    .map(|chat| KindThresholds { code, chat })
+                            }),
+                    };
+                    match resolved {
                         Ok(t) => t,
                         Err(e) => {
                             self.err(format!("{}: {e}", f("calibration")));
-                            0.5
+                            KindThresholds::all(0.5)
                         }
                     }
                 }
@@ -356,7 +374,7 @@ impl Validator {
                         f("threshold")
                     ));
                 }
-                1.0
+                KindThresholds::all(1.0)
             }
         };
         let correction = match (m.correction_tokens, m.correction) {
@@ -415,7 +433,11 @@ impl Validator {
         let (lo, hi) = m
             .threshold_override
             .map(|[a, b]| (a, b))
-            .unwrap_or((threshold, threshold));
+            // Without an override range, only the policy's own values may be asked for.
+            .unwrap_or((
+                threshold.code.min(threshold.chat),
+                threshold.code.max(threshold.chat),
+            ));
         if lo > hi || !(0.0..=1.0).contains(&lo) || !(0.0..=1.0).contains(&hi) {
             self.err(format!(
                 "{}: [{lo}, {hi}] must be an ordered range inside [0, 1]",
@@ -503,5 +525,16 @@ impl Validator {
                 Correction::Fixed { tokens: 1 }
             }
         }
+    }
+}
+
+/// A raw per-kind value, one number standing for both kinds.
+fn per_kind(v: RawPerKind) -> KindThresholds {
+    match v {
+        RawPerKind::All(x) => KindThresholds::all(x),
+        RawPerKind::ByKind(k) => KindThresholds {
+            code: k.code,
+            chat: k.chat,
+        },
     }
 }

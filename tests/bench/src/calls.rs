@@ -247,7 +247,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
     RawModel {
         mode: "approximate".into(),
         verifier: Some("confidence".into()),
-        threshold: Some(base.threshold),
+        threshold: Some(base.threshold.raw()),
         correction: Some(super::quality::raw_correction(base.correction)),
         verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
             .then(|| "exact".into()),

@@ -27,7 +27,8 @@ use super::humaneval::{self, Sandbox, Verdict};
 use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
 use approxy_gateway::policy::raw::{
-    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
+    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPerKind, RawPolicy, RawPrice,
+    RawTarget,
 };
 use approxy_gateway::policy::{ModelPolicy, Policy, Price};
 use approxy_setup::Home;
@@ -176,7 +177,7 @@ fn bench_policy(
     let approx = |verifier: String| RawModel {
         mode: "approximate".into(),
         verifier: Some(verifier),
-        threshold: Some(0.7),
+        threshold: Some(RawPerKind::All(0.7)),
         correction: Some(raw_correction(base.correction)),
         max_cost_ratio: Some(base.max_cost_ratio),
         threshold_override: Some([0.0, 1.0]),
