@@ -76,14 +76,17 @@ const CODE_WORDS: &[&str] = &[
     "npm",
 ];
 
-/// The kind of a request's prompt: of all its messages (a follow-up such as "now make it faster"
-/// belongs to the code conversation it continues), or of a completion prompt's text. A prompt
-/// given as token ids is classified on its decoded text, which the caller passes.
+/// The kind of a request's prompt: of all its user and assistant messages (a follow-up such as
+/// "now make it faster" belongs to the code conversation it continues; a system prompt is an
+/// app's boilerplate, the same for all its requests, so it is not read), or of a completion
+/// prompt's text. A prompt given as token ids is classified on its decoded text, which the
+/// caller passes.
 pub fn detect(prompt: &Prompt, decoded: Option<&str>) -> PromptKind {
     match prompt {
         Prompt::Chat(messages) => {
             if messages
                 .iter()
+                .filter(|m| m.role != "system")
                 .any(|m| detect_text(&m.content) == PromptKind::Code)
             {
                 PromptKind::Code
@@ -210,6 +213,12 @@ mod tests {
         assert_eq!(detect(&follow_up, None), PromptKind::Code);
         let chat = Prompt::Chat(vec![msg("system", "You are helpful."), msg("user", "Hi!")]);
         assert_eq!(detect(&chat, None), PromptKind::Chat);
+        // A system prompt about code is the app's, not the request's.
+        let coding_app = Prompt::Chat(vec![
+            msg("system", "You help with code. Format code as ```blocks```."),
+            msg("user", "What should I cook tonight?"),
+        ]);
+        assert_eq!(detect(&coding_app, None), PromptKind::Chat);
         assert_eq!(
             detect(&Prompt::Tokens(vec![1, 2]), Some("import os\n")),
             PromptKind::Code
