@@ -360,7 +360,27 @@ pub async fn assert_greedy_up_to_a_tie(
         return;
     }
     let at = got.iter().zip(expected).take_while(|(a, b)| a == b).count();
-    let prefix = [prompt, &expected[..at]].concat();
+    let top = target_top(&[prompt, &expected[..at]].concat()).await;
+    let logprob = |t: Option<&u32>| {
+        top.iter()
+            .filter(|(id, _)| t.map_or(eos.contains(id), |t| t == id))
+            .map(|(_, lp)| *lp)
+            .fold(None, |m: Option<f64>, lp| Some(m.map_or(lp, |m| m.max(lp))))
+    };
+    let (a, b) = (logprob(got.get(at)), logprob(expected.get(at)));
+    let gap = a.zip(b).map(|(a, b)| (a - b).abs());
+    assert!(
+        gap.is_some_and(|g| g <= TIE_NATS),
+        "{what}: differs from the target's greedy answer at {at} ({:?} vs {:?}) without a tie \
+         (gap {gap:?} nats, target's top {top:?}):\n got {got:?}\n expected {expected:?}",
+        got.get(at),
+        expected.get(at)
+    );
+    eprintln!("{what}: a numerical tie at {at} (gap {gap:?} nats); the answers part there");
+}
+
+/// llama-server's ten most likely next tokens after `prefix`, with their log-probabilities.
+pub async fn target_top(prefix: &[u32]) -> Vec<(u32, f64)> {
     let body = serde_json::json!({
         "prompt": prefix,
         "n_predict": 1,
@@ -378,7 +398,7 @@ pub async fn assert_greedy_up_to_a_tie(
         .json()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let top: Vec<(u32, f64)> = answer["completion_probabilities"][0]["top_logprobs"]
+    answer["completion_probabilities"][0]["top_logprobs"]
         .as_array()
         .unwrap_or_else(|| panic!("no top_logprobs in {answer}"))
         .iter()
@@ -388,21 +408,5 @@ pub async fn assert_greedy_up_to_a_tie(
                 e["logprob"].as_f64().unwrap(),
             )
         })
-        .collect();
-    let logprob = |t: Option<&u32>| {
-        top.iter()
-            .filter(|(id, _)| t.map_or(eos.contains(id), |t| t == id))
-            .map(|(_, lp)| *lp)
-            .fold(None, |m: Option<f64>, lp| Some(m.map_or(lp, |m| m.max(lp))))
-    };
-    let (a, b) = (logprob(got.get(at)), logprob(expected.get(at)));
-    let gap = a.zip(b).map(|(a, b)| (a - b).abs());
-    assert!(
-        gap.is_some_and(|g| g <= TIE_NATS),
-        "{what}: differs from the target's greedy answer at {at} ({:?} vs {:?}) without a tie \
-         (gap {gap:?} nats, target's top {top:?}):\n got {got:?}\n expected {expected:?}",
-        got.get(at),
-        expected.get(at)
-    );
-    eprintln!("{what}: a numerical tie at {at} (gap {gap:?} nats); the answers part there");
+        .collect()
 }

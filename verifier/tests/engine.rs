@@ -248,12 +248,75 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
             off.1.draft_time.as_secs_f64(),
             on.1.draft_time.as_secs_f64()
         );
-        assert_eq!(on.0, off.0, "prompt {p:?}");
-        assert_eq!(on.1.target_calls, off.1.target_calls, "prompt {p:?}");
+        if on.0 == off.0 {
+            assert_eq!(on.1.target_calls, off.1.target_calls, "prompt {p:?}");
+        } else {
+            // Overlap feeds the draft the same tokens in other batch shapes, which round
+            // differently; where that tips a near-tie the two answers may part (and their
+            // calls with them), but nowhere else.
+            let at = on.0.iter().zip(&off.0).take_while(|(a, b)| a == b).count();
+            let why = near_tie(&pool, &prompt, &on.0[..at], 0.7).await;
+            assert!(
+                why.is_some(),
+                "prompt {p:?}: overlap changed the answer at {at} without a near tie:\n on  {:?}\n off {:?}",
+                on.0,
+                off.0
+            );
+            eprintln!(
+                "{p:?}: the answers part at {at}, after {}",
+                why.unwrap_or_default()
+            );
+        }
         guessed += on.1.overlap_guesses;
         used += on.1.overlap_guesses_used;
     }
     assert!(guessed > 0 && used > 0, "guessed {guessed}, used {used}");
+}
+
+/// Where, up to and including the position after `answer`, a greedy decode at `threshold`
+/// could have gone either way by rounding alone: the draft's top-1 probability within 0.02 of
+/// the threshold (accept or call the target) or its top two within [`common::TIE_NATS`] (the
+/// draft teacher-forced over `answer`), or the target's top two within it at the end.
+async fn near_tie(
+    pool: &Arc<DraftPool>,
+    prompt: &[u32],
+    answer: &[u32],
+    threshold: f32,
+) -> Option<String> {
+    let lease = pool.try_lease().unwrap_or_else(|| panic!("busy"));
+    lease
+        .rollback(usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut outs = vec![
+        lease
+            .prefill(prompt.to_vec())
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    ];
+    if !answer.is_empty() {
+        outs.extend(
+            lease
+                .extend(answer.to_vec(), true)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    drop(lease);
+    for (i, o) in outs.iter().enumerate() {
+        let f = approxy_verifier::verify::Features::from_output(o);
+        let (p1, margin) = (f.stats[0], f.stats[1]);
+        let gap = f64::from(p1).ln() - f64::from(p1 - margin).ln();
+        if (p1 - threshold).abs() < 0.02 || gap <= common::TIE_NATS {
+            return Some(format!(
+                "a draft near-tie at {i} (top-1 {p1:.3}, {gap:.3} nats above the next)"
+            ));
+        }
+    }
+    let top = common::target_top(&[prompt, answer].concat()).await;
+    let gap = top.first().zip(top.get(1)).map(|(a, b)| a.1 - b.1);
+    gap.filter(|g| *g <= common::TIE_NATS)
+        .map(|g| format!("a target near-tie at {} ({g:.3} nats)", answer.len()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
