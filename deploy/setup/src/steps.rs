@@ -661,21 +661,9 @@ pub fn draft_onnx(
         .arg(work.join("conv"))
         .env("HF_HUB_OFFLINE", "1");
     run_logged(&mut cmd, &home.log(key))?;
-    let files: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|n| out.join(n)).collect();
-    for f in &files {
-        if !f.exists() {
-            bail!("conversion did not produce {}", f.display());
-        }
-    }
     pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let cpu = CpuFeatures::current()?;
-    smoke::draft_runs(&home.onnxruntime_lib(), &out).with_context(|| {
-        format!(
-            "the converted draft does not run through ONNX Runtime on {} ({})",
-            cpu.model,
-            cpu.simd_summary()
-        )
-    })?;
+    let files = check_converted_draft(home, &out, "the converted draft", &cpu)?;
     let files = record(home, &files, pb)?;
     let mut sources = vec![format!(
         "{}1..{}=={}",
@@ -691,16 +679,45 @@ pub fn draft_onnx(
             registry: "pypi".into(),
             method: "converted by onnxruntime-genai builder".into(),
             files,
-            // ONNX Runtime's kernels (MLAS) pick AVX2/AVX-512/VNNI code at run time from CPUID.
-            built_for: Some(BuiltFor {
-                isa: "x86-64 baseline, kernels dispatched at run time".into(),
-                requires: vec![],
-                verified_on: cpu.model,
-            }),
+            built_for: Some(converted_draft_built_for(cpu)),
         },
     );
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// A converted draft directory as setup accepts one (the shipped draft and each variant): every
+/// file there, and one prefill through ONNX Runtime on this CPU. Its files, to record.
+pub(super) fn check_converted_draft(
+    home: &Home,
+    dir: &Path,
+    what: &str,
+    cpu: &CpuFeatures,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let files: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|n| dir.join(n)).collect();
+    for f in &files {
+        if !f.is_file() {
+            bail!("building {what} did not produce {}", f.display());
+        }
+    }
+    smoke::draft_runs(&home.onnxruntime_lib(), dir).with_context(|| {
+        format!(
+            "{what} does not run through ONNX Runtime on {} ({})",
+            cpu.model,
+            cpu.simd_summary()
+        )
+    })?;
+    Ok(files)
+}
+
+/// What a converted draft is built for: any x86-64, since ONNX Runtime's kernels (MLAS) pick
+/// AVX2/AVX-512/VNNI code at run time from CPUID.
+pub(super) fn converted_draft_built_for(cpu: CpuFeatures) -> BuiltFor {
+    BuiltFor {
+        isa: "x86-64 baseline, kernels dispatched at run time".into(),
+        requires: vec![],
+        verified_on: cpu.model,
+    }
 }
 
 /// An exclusive lock on the cache: two setups at once (run and test commands side by side)

@@ -10,11 +10,14 @@ use anyhow::bail;
 use indicatif::ProgressBar;
 
 use super::assets::{self, DRAFT_VARIANTS};
-use super::cpu::{BuiltFor, CpuFeatures};
+use super::cpu::CpuFeatures;
 use super::manifest::{Asset, Manifest};
 use super::process::run_logged;
-use super::steps::{DRAFT_ONNX_FILES, convert_venv, record, write_convert_script};
-use super::{Home, SetupOptions, smoke};
+use super::steps::{
+    DRAFT_ONNX_FILES, check_converted_draft, convert_venv, converted_draft_built_for, record,
+    write_convert_script,
+};
+use super::{Home, SetupOptions};
 
 /// Builds every variant not yet built, runs each once through ONNX Runtime, and records them.
 pub fn draft_variants(
@@ -33,9 +36,8 @@ pub fn draft_variants(
     let mut files: Vec<PathBuf> = Vec::new();
     for v in DRAFT_VARIANTS {
         let out = home.draft_variant_dir(v.name);
-        let have: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|f| out.join(f)).collect();
         // A variant is published by one rename when complete, so all files or none.
-        if !have.iter().all(|f| f.is_file()) {
+        if !DRAFT_ONNX_FILES.iter().all(|f| out.join(f).is_file()) {
             pb.set_message(format!("building {} ({})", v.name, v.about));
             let mut cmd = Command::new(venv.join("bin").join("python"));
             cmd.arg(&script)
@@ -47,19 +49,13 @@ pub fn draft_variants(
                 .args(v.options)
                 .env("HF_HUB_OFFLINE", "1");
             run_logged(&mut cmd, &home.log(key))?;
-            for f in &have {
-                if !f.is_file() {
-                    bail!("building {} did not produce {}", v.name, f.display());
-                }
-            }
         }
-        smoke::draft_runs(&home.onnxruntime_lib(), &out).map_err(|e| {
-            anyhow::anyhow!(
-                "the {} draft does not run through ONNX Runtime: {e}",
-                v.name
-            )
-        })?;
-        files.extend(have);
+        files.extend(check_converted_draft(
+            home,
+            &out,
+            &format!("the {} draft", v.name),
+            &cpu,
+        )?);
     }
     let files = record(home, &files, pb)?;
     let mut sources = vec!["the draft-hf asset".to_string()];
@@ -71,11 +67,7 @@ pub fn draft_variants(
             registry: "pypi".into(),
             method: "converted by onnxruntime-genai builder at other precisions".into(),
             files,
-            built_for: Some(BuiltFor {
-                isa: "x86-64 baseline, kernels dispatched at run time".into(),
-                requires: vec![],
-                verified_on: cpu.model,
-            }),
+            built_for: Some(converted_draft_built_for(cpu)),
         },
     );
     let _ = std::fs::remove_dir_all(home.work(key));
