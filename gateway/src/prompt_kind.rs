@@ -120,9 +120,11 @@ fn looks_like_code(line: &str) -> bool {
     if l.len() < 4 {
         return false;
     }
-    let lower = l.to_lowercase();
-    let starts = |w: &str| lower.starts_with(w);
-    let shaped = l.contains('(') || l.contains('=') || l.ends_with(';') || l.ends_with('{');
+    // Every line of every message passes here: nothing is allocated unless a statement word
+    // starts the line.
+    let starts = |w: &str| l.get(..w.len()).is_some_and(|p| p.eq_ignore_ascii_case(w));
+    let has = |w: &str| l.to_lowercase().contains(w);
+    let shaped = || l.contains('(') || l.contains('=') || l.ends_with(';') || l.ends_with('{');
     let statement = if starts("def ") || starts("fn ") || starts("pub fn ") {
         l.contains('(')
     } else if starts("#include") || starts("#!/") {
@@ -130,11 +132,11 @@ fn looks_like_code(line: &str) -> bool {
     } else if starts("import ") {
         l.split_whitespace().count() <= 4 && !l.ends_with('?')
     } else if starts("from ") {
-        lower.contains(" import ")
+        has(" import ")
     } else if starts("select ") {
-        lower.contains(" from ")
+        has(" from ")
     } else if starts("class ") {
-        shaped || l.ends_with(':')
+        shaped() || l.ends_with(':')
     } else if [
         "function ",
         "const ",
@@ -148,7 +150,7 @@ fn looks_like_code(line: &str) -> bool {
     .iter()
     .any(|w| starts(w))
     {
-        shaped
+        shaped()
     } else {
         false
     };

@@ -27,6 +27,7 @@ use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 use super::draft::{PROMPT, decode_speed};
 use super::report::{Machine, utc_now};
 use super::servers::{self, Layout};
+use super::stats;
 
 /// How many corpus prompts `deploy/train-default.sh` collects on (`approxy train collect
 /// --prompts 200`: the first half of each kind) ...
@@ -402,8 +403,11 @@ pub fn measure(opts: &MeasureOptions) -> anyhow::Result<()> {
         })?;
         let (prefill, steps) =
             rt.block_on(decode_speed(&pool, &prompt, opts.decode_tokens, opts.runs))?;
-        m.ms_per_token.insert(threads, mean(&steps));
-        m.prefill_ms.insert(threads, mean(&prefill));
+        // decode_speed returns at least one run.
+        m.ms_per_token
+            .insert(threads, stats::mean(&steps).unwrap_or_default());
+        m.prefill_ms
+            .insert(threads, stats::mean(&prefill).unwrap_or_default());
         if threads == most {
             m.agree = rt.block_on(agreement(&pool, &answers.answers))?;
         }
@@ -411,10 +415,6 @@ pub fn measure(opts: &MeasureOptions) -> anyhow::Result<()> {
     m.peak_rss_bytes = servers::peak_rss_bytes(std::process::id()).unwrap_or(0);
     std::fs::write(&opts.result, serde_json::to_vec_pretty(&m)?)?;
     Ok(())
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 /// Teacher forcing: the draft reads each prompt and the target's answer, and at every answer
