@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Reproduces the committed default verifier from scratch: sets up whatever is missing, starts
-# the local llama-server target, collects labels (`approxy train collect`, resumable), then fits
-# and calibrates (`approxy train fit`), writing policies/verifier/{default.json,calibration.json,report.md}.
-# Usage: ./deploy/train-default.sh [PROMPTS] [MAX_ANSWER_TOKENS]
+# the local llama-server target, collects labels (`approxy train collect`, resumable): teacher-
+# forced rows on PROMPTS prompts, then rows along live decodes (the decode loop at the default
+# policy's threshold) on LIVE_PROMPTS of them; then fits and calibrates (`approxy train fit`),
+# writing policies/verifier/{default.json,calibration.json,report.md,roc.png,thresholds.png}.
+# Usage: ./deploy/train-default.sh [PROMPTS] [MAX_ANSWER_TOKENS] [LIVE_PROMPTS]
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 PROMPTS="${1:-200}"
 MAX_ANSWER="${2:-48}"
+LIVE_PROMPTS="${3:-100}"
 mkdir -p "$APPROXY_HOME/logs"
-DATA="$APPROXY_HOME/training/rows-p${PROMPTS}-m${MAX_ANSWER}"
+# v2: rows with the answer's context (older shards are refused by `train fit`).
+DATA="$APPROXY_HOME/training/rows-v2-p${PROMPTS}-m${MAX_ANSWER}-l${LIVE_PROMPTS}"
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/train-target-server.log"
 trap 'kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true' EXIT
 START=$(date +%s)
 "$APPROXY" train collect --target-url "http://127.0.0.1:$PORT" --data "$DATA" --prompts "$PROMPTS" --max-answer-tokens "$MAX_ANSWER"
+echo "==> teacher-forced rows in $(( $(date +%s) - START ))s"
+"$APPROXY" train collect --target-url "http://127.0.0.1:$PORT" --data "$DATA" --prompts "$LIVE_PROMPTS" --max-answer-tokens "$MAX_ANSWER" --live-threshold 0.7
+echo "==> live rows done at $(( $(date +%s) - START ))s"
 "$APPROXY" train fit --data "$DATA" --out-dir "$REPO/policies/verifier" --seed 7
 echo "==> done in $(( $(date +%s) - START ))s (set-up excluded) on $(nproc) cores, $(date -u +%Y-%m-%d)"

@@ -9,21 +9,22 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use approxy_verifier::calibration::{
-    Auc, AucReport, ByKind, Calibration, DataSummary, FORMAT, KindGrids, OtherHead,
+    AtBudget, Auc, AucReport, BudgetComparison, ByKind, Calibration, DataSummary, FORMAT,
+    KindGrids, OtherHead,
 };
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET;
-use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
+use approxy_verifier::verify::{LearnedVerifier, Verifier};
 use approxy_verifier::{
     ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer,
 };
 
 use crate::collect::{CollectItem, CollectOptions, LiveOptions, collect, collect_live};
 use crate::dataset::{Rows, load_dir};
-use crate::fit::{FitOptions, HeadKind, fit, is_held_out, raw_input};
-use crate::report::{Scored, baseline, grid, roc_auc, standard_thresholds};
+use crate::fit::{FitOptions, HeadKind, fit, is_held_out};
+use crate::report::{Scored, at_budget, baseline, grid, roc_auc, standard_thresholds};
 
 /// `approxy train collect` options.
 #[derive(Debug, Clone)]
@@ -130,7 +131,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
                 shard_prompts: 20,
                 concurrency: 2,
             };
-            rt.block_on(collect(pool, target, &items, &a.data, &opts, &pb))?
+            rt.block_on(collect(pool, target, &tok, &items, &a.data, &opts, &pb))?
         }
         Some(threshold) => {
             anyhow::ensure!(
@@ -183,18 +184,7 @@ fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
     let mut b = baseline(rows, idx);
     b.scores = idx
         .iter()
-        .map(|&i| {
-            let x = raw_input(rows, i, true);
-            let mut stats = [0f32; 4];
-            stats.copy_from_slice(&x[..4]);
-            v.p_accept(&Features {
-                top1: 0,
-                token: 0,
-                top1_prob: stats[0],
-                stats,
-                hidden: x[4..].to_vec(),
-            })
-        })
+        .map(|&i| v.p_accept(&rows.features_of(i)))
         .collect();
     b
 }
@@ -240,13 +230,19 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         .iter()
         .partition(|&&i| is_held_out(rows.prompt_ids[i], a.seed.wrapping_add(1)));
     let mut candidates = Vec::new();
+    // Every head with and without the answer's context, so the report shows what the context
+    // adds on its own.
     let heads = [
-        ("logistic", HeadKind::Logistic, true),
-        ("mlp", HeadKind::Mlp(4), true),
-        ("logistic-stats", HeadKind::Logistic, false),
-        ("mlp-stats", HeadKind::Mlp(8), false),
+        ("logistic", HeadKind::Logistic, true, false),
+        ("mlp", HeadKind::Mlp(4), true, false),
+        ("logistic-stats", HeadKind::Logistic, false, false),
+        ("mlp-stats", HeadKind::Mlp(8), false, false),
+        ("logistic+context", HeadKind::Logistic, true, true),
+        ("mlp+context", HeadKind::Mlp(4), true, true),
+        ("logistic-stats+context", HeadKind::Logistic, false, true),
+        ("mlp-stats+context", HeadKind::Mlp(8), false, true),
     ];
-    for (name, kind, use_hidden) in heads {
+    for (name, kind, use_hidden, use_context) in heads {
         let opts = |wd: f32| FitOptions {
             kind,
             epochs: 20,
@@ -255,6 +251,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             weight_decay: wd,
             seed: a.seed,
             use_hidden,
+            use_context,
         };
         let mut best = (f64::NEG_INFINITY, 0.0f32);
         for wd in [0.0f32, 1e-3, 1e-2, 1e-1, 0.3, 1.0] {
@@ -282,10 +279,31 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     // The learned head is chosen on validation AUC; the held-out split only judges it.
     candidates.sort_by(|x, y| y.4.total_cmp(&x.4));
     let (best_name, mut best_art, best_scores, best_auc, _) = candidates.remove(0);
+    // The best head on the other side of the context (with it when the best has none, and
+    // the other way round), so the budget comparison shows what the context adds.
+    let reads_context =
+        |a: &approxy_verifier::verify::learned::Artifact| !a.features.context.is_empty();
+    let other_side = candidates
+        .iter()
+        .find(|c| reads_context(&c.1) != reads_context(&best_art))
+        .map(|c| (c.0, &c.2));
     // Named only when it is not the shipped pair's target, so the committed artifact
     // regenerates byte for byte.
     best_art.target = (a.target != DEFAULT_CALIBRATION_TARGET).then(|| a.target.clone());
-    let learned_wins = key(&best_auc) > key(&base_auc);
+    let budgets = budgets(&base, (best_name, &best_scores), other_side);
+    // What a user pays for is target calls at the quality they asked for: a learned head
+    // replaces the baseline only when, besides a higher AUC, it makes fewer calls than the
+    // baseline at the default policy's budget on both kinds of prompt.
+    let fewer_calls_at_default = budgets
+        .iter()
+        .filter(|b| b.policy == POLICY_BUDGETS[0].0)
+        .all(|b| match (b.verifiers.first(), b.verifiers.get(1)) {
+            (Some(base), Some(learned)) => {
+                learned.target_calls_per_100_tokens < base.target_calls_per_100_tokens
+            }
+            _ => false,
+        });
+    let learned_wins = key(&best_auc) > key(&base_auc) && fewer_calls_at_default;
     let chosen = if learned_wins {
         best_name
     } else {
@@ -311,6 +329,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             held_out_chat_rows: base.kinds.iter().filter(|k| **k == 1).count(),
             held_out_agreement: base.labels.iter().filter(|l| **l).count() as f64
                 / base.labels.len().max(1) as f64,
+            live_rows: rows.live_rows,
             seed: a.seed,
         },
         auc: AucReport {
@@ -332,6 +351,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             code: by_kind(0),
             chat: by_kind(1),
         },
+        budgets,
         fit_seconds: started.elapsed().as_secs_f64(),
     };
     std::fs::create_dir_all(&a.out_dir)?;
@@ -350,6 +370,69 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         a.out_dir.display()
     );
     Ok(())
+}
+
+/// A false-accept budget a shipped policy names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PolicyBudget {
+    /// `max_false_accept_rate = x`.
+    FalseAcceptRate(f32),
+    /// `threshold = t` with the confidence verifier: the budget is the false-accept rate that
+    /// threshold gives on the kind's held-out rows.
+    ConfidenceThreshold(f32),
+}
+
+/// The shipped policies' budgets (`policies/*.toml`; a test keeps the two in step).
+pub const POLICY_BUDGETS: [(&str, PolicyBudget); 3] = [
+    ("default", PolicyBudget::ConfidenceThreshold(0.7)),
+    ("economy", PolicyBudget::ConfidenceThreshold(0.5)),
+    ("strict", PolicyBudget::FalseAcceptRate(0.01)),
+];
+
+/// Each verifier at each policy's budget, by prompt kind: the baseline, the best learned
+/// head, and the best on the other side of the context.
+fn budgets(
+    base: &Scored,
+    learned: (&str, &Scored),
+    other_side: Option<(&str, &Scored)>,
+) -> Vec<BudgetComparison> {
+    let mut out = Vec::new();
+    for (policy, b) in POLICY_BUDGETS {
+        for (kind, k) in [("code", 0u8), ("chat", 1u8)] {
+            fn of_kind(s: &Scored, k: u8) -> impl Fn(usize) -> bool + '_ {
+                move |i| s.kinds[i] == k
+            }
+            let (budget, source) = match b {
+                PolicyBudget::FalseAcceptRate(x) => (x, format!("max_false_accept_rate {x}")),
+                PolicyBudget::ConfidenceThreshold(t) => (
+                    grid(base, of_kind(base, k), &[t])[0].false_accept_rate,
+                    format!("confidence at threshold {t}"),
+                ),
+            };
+            let verifiers = std::iter::once(("confidence", base))
+                .chain(std::iter::once(learned))
+                .chain(other_side)
+                .map(|(name, s)| {
+                    let p = at_budget(s, of_kind(s, k), budget);
+                    AtBudget {
+                        verifier: name.to_string(),
+                        threshold: p.threshold,
+                        accept_rate: p.accept_rate,
+                        false_accept_rate: p.false_accept_rate,
+                        target_calls_per_100_tokens: p.target_calls_per_100_tokens,
+                    }
+                })
+                .collect();
+            out.push(BudgetComparison {
+                policy: policy.to_string(),
+                source,
+                kind: kind.to_string(),
+                budget,
+                verifiers,
+            });
+        }
+    }
+    out
 }
 
 /// ROC and threshold charts, split by prompt kind; skipped with a warning when no font exists.
@@ -405,25 +488,28 @@ pub fn markdown(c: &Calibration) -> String {
     let d = &c.data;
     s.push_str("# Verifier calibration report\n\nGenerated by `approxy train fit` from the rows that `approxy train collect` gathered (see `deploy/train-default.sh`). ");
     s.push_str(&format!(
-        "{} rows, {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions.\n\n",
-        d.rows, d.held_out_rows, d.held_out_code_rows, d.held_out_chat_rows, d.held_out_agreement * 100.0
+        "{} rows ({} teacher-forced, {} along live decodes), {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions. Code prompts come from CPython standard-library docstrings, chat prompts from question templates over everyday topics (`training/scripts/build_corpus.py`): each kind is one source.\n\n",
+        d.rows, d.rows - d.live_rows, d.live_rows, d.held_out_rows, d.held_out_code_rows, d.held_out_chat_rows, d.held_out_agreement * 100.0
     ));
     s.push_str(
-        "## ROC AUC on the held-out split\n\n| verifier | all | code | chat |\n|---|---|---|---|\n",
+        "## ROC AUC on the held-out split\n\nA head's name says what it reads besides the draft's logit statistics: `-stats` nothing else, otherwise the hidden state; `+context` the answer's context (position, code block, the draft's agreement over the last tokens, entropy trend, the last emitted token's gap; `verifier/src/verify/context.rs`).\n\n| verifier | all | code | chat |\n|---|---|---|---|\n",
     );
-    s.push_str(&format!(
-        "| learned ({}) | {} | {} | {} |\n",
-        a.learned_kind,
-        f(a.learned.all),
-        f(a.learned.code),
-        f(a.learned.chat)
+    let row = |label: String, auc: &Auc| {
+        format!(
+            "| {label} | {} | {} | {} |\n",
+            f(auc.all),
+            f(auc.code),
+            f(auc.chat)
+        )
+    };
+    s.push_str(&row(
+        format!("learned, best on validation ({})", a.learned_kind),
+        &a.learned,
     ));
-    s.push_str(&format!(
-        "| draft confidence (baseline) | {} | {} | {} |\n",
-        f(a.confidence.all),
-        f(a.confidence.code),
-        f(a.confidence.chat)
-    ));
+    for o in &a.other_learned {
+        s.push_str(&row(format!("learned ({})", o.kind), &o.auc));
+    }
+    s.push_str(&row("draft confidence (baseline)".into(), &a.confidence));
     for (k, l, b) in [
         ("all", a.learned.all, a.confidence.all),
         ("code", a.learned.code, a.confidence.code),
@@ -440,8 +526,9 @@ pub fn markdown(c: &Calibration) -> String {
             s.push_str(&format!("\nOn {k} prompts the learned verifier's AUC is {verdict} than the baseline's by {:+.4}.", l - b));
         }
     }
+    s.push_str(&budget_section(c));
     s.push_str(&format!(
-        "\n\nChosen for the default policy: **{}**.\n",
+        "\n\nChosen for the default policy: **{}**. A learned head is chosen only when its AUC is higher than the baseline's and it makes fewer target calls at the default policy's budget on code and on chat.\n",
         c.chosen_verifier
     ));
     s.push_str("\n![ROC curves](roc.png)\n\n![False-accept rate and target calls against threshold](thresholds.png)\n");
@@ -465,6 +552,81 @@ pub fn markdown(c: &Calibration) -> String {
     s
 }
 
+/// The verifiers at the policies' budgets, and where the goal stands.
+fn budget_section(c: &Calibration) -> String {
+    let mut s = String::new();
+    if c.budgets.is_empty() {
+        return s;
+    }
+    s.push_str("\n\n## At the false-accept budgets the policies name\n\nFor each verifier, the lowest threshold whose false-accept rate on the kind's held-out rows stays within the budget (chosen on those rows, for every verifier alike), and what it gives. Calls = target calls per 100 output tokens with one correction token per rejection.\n\n| policy | kind | budget | verifier | threshold | accept | FAR | calls | calls vs confidence |\n|---|---|---|---|---|---|---|---|---|\n");
+    for b in &c.budgets {
+        let base = b
+            .verifiers
+            .first()
+            .map_or(0.0, |v| v.target_calls_per_100_tokens);
+        for v in &b.verifiers {
+            let vs = if base > 0.0 {
+                format!(
+                    "{:+.1} %",
+                    (v.target_calls_per_100_tokens / base - 1.0) * 100.0
+                )
+            } else {
+                "n/a".into()
+            };
+            s.push_str(&format!(
+                "| {} | {} | {:.4} ({}) | {} | {:.3} | {:.3} | {:.4} | {:.1} | {} |\n",
+                b.policy,
+                b.kind,
+                b.budget,
+                b.source,
+                v.verifier,
+                v.threshold,
+                v.accept_rate,
+                v.false_accept_rate,
+                v.target_calls_per_100_tokens,
+                vs
+            ));
+        }
+    }
+    s.push_str("\nGoal: at the default policy's budget, at least 25 % fewer target calls than the confidence baseline, and an AUC at least 0.02 higher, on code and on chat.\n");
+    for kind in ["code", "chat"] {
+        let Some(b) = c
+            .budgets
+            .iter()
+            .find(|b| b.policy == "default" && b.kind == kind)
+        else {
+            continue;
+        };
+        let (Some(base), Some(learned)) = (b.verifiers.first(), b.verifiers.get(1)) else {
+            continue;
+        };
+        let fewer = if base.target_calls_per_100_tokens > 0.0 {
+            (1.0 - learned.target_calls_per_100_tokens / base.target_calls_per_100_tokens) * 100.0
+        } else {
+            0.0
+        };
+        let calls = if fewer >= 0.0 {
+            format!("{fewer:.1} % fewer calls")
+        } else {
+            format!("{:.1} % more calls", -fewer)
+        };
+        let (l, bs) = match kind {
+            "code" => (c.auc.learned.code, c.auc.confidence.code),
+            _ => (c.auc.learned.chat, c.auc.confidence.chat),
+        };
+        let gain = l.zip(bs).map_or(f64::NAN, |(l, b)| l - b);
+        let met = |ok: bool| if ok { "met" } else { "NOT met" };
+        s.push_str(&format!(
+            "- {kind}: {} makes {calls} than the baseline ({}; goal 25 % fewer), AUC {gain:+.4} ({}; goal +0.02).\n",
+            learned.verifier,
+            met(fewer >= 25.0),
+            met(gain >= 0.02)
+        ));
+    }
+    s.truncate(s.trim_end().len());
+    s
+}
+
 /// Default data directory for collected rows.
 pub fn default_data_dir() -> anyhow::Result<PathBuf> {
     Ok(Home::from_env()?.root.join("training").join("rows"))
@@ -483,6 +645,33 @@ mod tests {
         let committed =
             std::fs::read_to_string(dir.join("report.md")).map_err(|e| e.to_string())?;
         assert_eq!(markdown(&c), committed);
+        Ok(())
+    }
+
+    /// The budgets the report compares at are the ones the shipped policies name.
+    #[test]
+    fn policy_budgets_match_the_policy_files() -> Result<(), String> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        for (policy, budget) in POLICY_BUDGETS {
+            let text = std::fs::read_to_string(dir.join(format!("{policy}.toml")))
+                .map_err(|e| e.to_string())?;
+            let v: toml::Value = toml::from_str(&text).map_err(|e| e.to_string())?;
+            let m = &v["models"]["*"];
+            let num = |k: &str| m.get(k).and_then(toml::Value::as_float).map(|x| x as f32);
+            match budget {
+                PolicyBudget::FalseAcceptRate(x) => {
+                    assert_eq!(num("max_false_accept_rate"), Some(x), "{policy}")
+                }
+                PolicyBudget::ConfidenceThreshold(t) => {
+                    assert_eq!(num("threshold"), Some(t), "{policy}");
+                    assert_eq!(
+                        m.get("verifier").and_then(toml::Value::as_str),
+                        Some("confidence"),
+                        "{policy}"
+                    );
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Label collection, in two modes. Teacher forcing: for each prompt, the target's own greedy
 //! answer from its API, then the draft teacher-forced over prompt + answer; at every answer
-//! position the row holds the draft's features and whether the draft's top token equals the
-//! target's token there. Live: the real decode loop runs with a verifier and a threshold, and
+//! position the row holds the draft's features (in the context of the answer before it, as
+//! `verify::context::along_answer` computes it for serving too) and whether the draft's top
+//! token equals the target's token there. Live: the real decode loop runs with a verifier and a threshold, and
 //! the rows are the positions it visits, including those after a wrongly accepted draft token
 //! that teacher forcing never sees; each is labelled with the target's greedy token after
 //! exactly that prefix. Target calls run two at a time (a llama-server with two slots), and
@@ -17,9 +18,10 @@ use indicatif::ProgressBar;
 use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::ChatMessage;
-use approxy_verifier::verify::Features;
+use approxy_verifier::verify::context::along_answer;
 use approxy_verifier::{
-    Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Verifier,
+    Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Tokenizer,
+    Verifier,
 };
 
 use crate::dataset::{Rows, live_shard_path, shard_path};
@@ -111,6 +113,7 @@ where
 pub async fn collect(
     pool: Arc<DraftPool>,
     target: Arc<dyn TargetClient>,
+    tokenizer: &Tokenizer,
     items: &[CollectItem],
     out: &Path,
     opts: &CollectOptions,
@@ -135,7 +138,7 @@ pub async fn collect(
             futures::pin_mut!(answers);
             while let Some((item, answer)) = answers.next().await {
                 let answer = answer?.tokens;
-                teacher_force(pool, item, &answer, &mut rows).await?;
+                teacher_force(pool, tokenizer, item, &answer, &mut rows).await?;
                 pb.inc(1);
             }
             Ok(rows)
@@ -147,6 +150,7 @@ pub async fn collect(
 /// Runs the draft over prompt + answer and appends one row per answer position.
 pub async fn teacher_force(
     pool: &Arc<DraftPool>,
+    tokenizer: &Tokenizer,
     item: &CollectItem,
     answer: &[u32],
     rows: &mut Rows,
@@ -155,9 +159,8 @@ pub async fn teacher_force(
         .try_lease()
         .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
     let outs = draft_outputs(lease.as_ref(), &item.prompt, answer).await?;
-    for (out, &truth) in outs.iter().zip(answer) {
-        let f = Features::from_output(out);
-        rows.push(&f.stats, &f.hidden, f.top1 == truth, item.id, item.kind);
+    for (f, &truth) in along_answer(&outs, answer, tokenizer)?.iter().zip(answer) {
+        rows.push(f, f.top1 == truth, item.id, item.kind);
     }
     Ok(())
 }
@@ -196,7 +199,8 @@ pub struct LiveOptions {
 /// The second mode: rows at the positions the live decode loop visits (greedy, one
 /// correction token per rejection, no bail-out, so every position is a verifier decision).
 /// Features come from the draft run over the live answer, which gives exactly the numbers
-/// the loop saw (the draft's prefill is deterministic whatever its history).
+/// the loop saw (the draft's prefill is deterministic whatever its history), and the context
+/// is the live answer's own (where the target corrected the draft, the draft disagreed).
 pub async fn collect_live(
     pool: Arc<DraftPool>,
     engine: &Engine,
@@ -226,15 +230,9 @@ pub async fn collect_live(
                 drop(lease);
                 let truths =
                     label_visited(engine.target(), item, &visited, opts.concurrency).await?;
-                for (out, truth) in outs.iter().zip(truths) {
-                    let f = Features::from_output(out);
-                    rows.push(
-                        &f.stats,
-                        &f.hidden,
-                        truth == Some(f.top1),
-                        item.id,
-                        item.kind,
-                    );
+                let features = along_answer(&outs, &tokens, engine.tokenizer())?;
+                for (f, truth) in features.iter().zip(truths) {
+                    rows.push(f, truth == Some(f.top1), item.id, item.kind);
                 }
                 pb.inc(1);
             }

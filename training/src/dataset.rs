@@ -1,15 +1,21 @@
 //! Collected training rows: at every answer position, the draft's features (the same
-//! [`Features`](approxy_verifier::verify::Features) the serving path computes) and the label
-//! "the draft's top token equals the target's token". Stored as safetensors shards, one per
-//! batch of prompts, so collection can stop and resume.
+//! [`Features`](approxy_verifier::verify::Features) the serving path computes, the answer's
+//! context included) and the label "the draft's top token equals the target's token". Stored
+//! as safetensors shards, one per batch of prompts, so collection can stop and resume.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
+use approxy_verifier::verify::Features;
+pub use approxy_verifier::verify::context::N_CONTEXT;
+
 /// Number of logit statistics per row (see `approxy_verifier::verify::features::STAT_NAMES`).
 pub const N_STATS: usize = 4;
+
+/// The shard format; shards of an older one (without the context) are refused, not misread.
+const FORMAT: &str = "approxy-rows/2";
 
 /// Rows of one or more prompts, column-wise.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -18,6 +24,8 @@ pub struct Rows {
     pub hidden_size: usize,
     /// `[n][N_STATS]` row-major.
     pub stats: Vec<f32>,
+    /// `[n][N_CONTEXT]` row-major.
+    pub context: Vec<f32>,
     /// `[n][hidden_size]` row-major.
     pub hidden: Vec<f32>,
     /// 1 when the draft's top token is the target's token.
@@ -26,6 +34,8 @@ pub struct Rows {
     pub prompt_ids: Vec<u32>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
+    /// Of these rows, those read from live-decode shards (counted at load, not stored).
+    pub live_rows: usize,
 }
 
 impl Rows {
@@ -47,17 +57,12 @@ impl Rows {
         self.labels.is_empty()
     }
 
-    /// Appends one row.
-    pub fn push(
-        &mut self,
-        stats: &[f32; N_STATS],
-        hidden: &[f32],
-        label: bool,
-        prompt_id: u32,
-        kind: u8,
-    ) {
-        self.stats.extend_from_slice(stats);
-        self.hidden.extend(hidden.iter().take(self.hidden_size));
+    /// Appends one row: the features of the draft's top-1 at a position, and whether the
+    /// target's token there is that token.
+    pub fn push(&mut self, f: &Features, label: bool, prompt_id: u32, kind: u8) {
+        self.stats.extend_from_slice(&f.stats);
+        self.context.extend_from_slice(&f.context);
+        self.hidden.extend(f.hidden.iter().take(self.hidden_size));
         self.hidden
             .resize(self.labels.len() * self.hidden_size + self.hidden_size, 0.0);
         self.labels.push(u8::from(label));
@@ -68,10 +73,12 @@ impl Rows {
     /// Appends all rows of `other`.
     pub fn extend(&mut self, other: &Rows) {
         self.stats.extend_from_slice(&other.stats);
+        self.context.extend_from_slice(&other.context);
         self.hidden.extend_from_slice(&other.hidden);
         self.labels.extend_from_slice(&other.labels);
         self.prompt_ids.extend_from_slice(&other.prompt_ids);
         self.kinds.extend_from_slice(&other.kinds);
+        self.live_rows += other.live_rows;
     }
 
     /// Row `i`'s statistics.
@@ -79,9 +86,30 @@ impl Rows {
         &self.stats[i * N_STATS..(i + 1) * N_STATS]
     }
 
+    /// Row `i`'s context values.
+    pub fn context_of(&self, i: usize) -> &[f32] {
+        &self.context[i * N_CONTEXT..(i + 1) * N_CONTEXT]
+    }
+
     /// Row `i`'s hidden state.
     pub fn hidden_of(&self, i: usize) -> &[f32] {
         &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+    }
+
+    /// Row `i` as the features the serving side scores (top-1 ids are not kept: 0).
+    pub fn features_of(&self, i: usize) -> Features {
+        let mut stats = [0f32; N_STATS];
+        stats.copy_from_slice(self.stats_of(i));
+        let mut context = [0f32; N_CONTEXT];
+        context.copy_from_slice(self.context_of(i));
+        Features {
+            top1: 0,
+            token: 0,
+            top1_prob: stats[0],
+            stats,
+            hidden: self.hidden_of(i).to_vec(),
+            context,
+        }
     }
 
     /// Writes a shard atomically.
@@ -89,6 +117,7 @@ impl Rows {
         let n = self.len();
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let stats = f32s(&self.stats);
+        let context = f32s(&self.context);
         let hidden = f32s(&self.hidden);
         let ids: Vec<u8> = self
             .prompt_ids
@@ -101,6 +130,10 @@ impl Rows {
                 TensorView::new(Dtype::F32, vec![n, N_STATS], &stats)?,
             ),
             (
+                "context",
+                TensorView::new(Dtype::F32, vec![n, N_CONTEXT], &context)?,
+            ),
+            (
                 "hidden",
                 TensorView::new(Dtype::F32, vec![n, self.hidden_size], &hidden)?,
             ),
@@ -109,7 +142,7 @@ impl Rows {
             ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
         ];
         let mut meta = std::collections::HashMap::new();
-        meta.insert("format".to_string(), "approxy-rows/1".to_string());
+        meta.insert("format".to_string(), FORMAT.to_string());
         let bytes = safetensors::tensor::serialize(views, Some(meta))?;
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, bytes)?;
@@ -120,6 +153,17 @@ impl Rows {
     /// Reads a shard.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let bytes = std::fs::read(path)?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)?;
+        let format = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("format").cloned())
+            .unwrap_or_default();
+        anyhow::ensure!(
+            format == FORMAT,
+            "{}: rows of format {format:?}, this build reads {FORMAT:?}: collect again",
+            path.display()
+        );
         let st = SafeTensors::deserialize(&bytes)?;
         let f32s = |name: &str| -> anyhow::Result<Vec<f32>> {
             Ok(st
@@ -134,6 +178,7 @@ impl Rows {
         Ok(Self {
             hidden_size,
             stats: f32s("stats")?,
+            context: f32s("context")?,
             hidden: f32s("hidden")?,
             labels: st.tensor("labels")?.data().to_vec(),
             prompt_ids: st
@@ -143,6 +188,7 @@ impl Rows {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
             kinds: st.tensor("kinds")?.data().to_vec(),
+            live_rows: 0,
         })
     }
 }
@@ -174,8 +220,11 @@ pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
         }
     }
     let mut all: Option<Rows> = None;
-    for p in shards.values() {
-        let r = Rows::load(p)?;
+    for (name, p) in &shards {
+        let mut r = Rows::load(p)?;
+        if name.starts_with("live-") {
+            r.live_rows = r.len();
+        }
         match &mut all {
             None => all = Some(r),
             Some(a) => a.extend(&r),
@@ -190,9 +239,22 @@ mod tests {
 
     #[test]
     fn shard_round_trip() -> anyhow::Result<()> {
+        let row = |stats: [f32; 4], hidden: &[f32], c: f32| Features {
+            top1: 0,
+            token: 0,
+            top1_prob: stats[0],
+            stats,
+            hidden: hidden.to_vec(),
+            context: [c; N_CONTEXT],
+        };
         let mut r = Rows::new(3);
-        r.push(&[0.9, 0.5, 0.3, 12.0], &[1.0, 2.0, 3.0], true, 7, 0);
-        r.push(&[0.2, 0.1, 2.3, 8.0], &[4.0, 5.0], false, 8, 1);
+        r.push(
+            &row([0.9, 0.5, 0.3, 12.0], &[1.0, 2.0, 3.0], 0.5),
+            true,
+            7,
+            0,
+        );
+        r.push(&row([0.2, 0.1, 2.3, 8.0], &[4.0, 5.0], -1.0), false, 8, 1);
         let dir = std::env::temp_dir().join(format!("approxy-rows-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         r.save(&shard_path(&dir, 0))?;
@@ -206,6 +268,7 @@ mod tests {
             }
         );
         assert_eq!(back.hidden_of(1), &[4.0, 5.0, 0.0]);
+        assert_eq!(back.context_of(1), &[-1.0; N_CONTEXT]);
         Ok(())
     }
 }

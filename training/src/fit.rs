@@ -1,5 +1,5 @@
 //! Fitting the verifier head: logistic regression or a one-hidden-layer MLP over standardised
-//! [logit statistics, hidden state], trained with mini-batch Adam on binary cross-entropy.
+//! [logit statistics, context values, hidden state], trained with mini-batch Adam on binary cross-entropy.
 //! Deterministic for a seed. Written out here rather than with a framework: the largest model
 //! has a few thousand parameters, and the artifact format is the one the serving side reads
 //! (`approxy_verifier::verify::learned`).
@@ -7,10 +7,11 @@
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use approxy_verifier::verify::context::CONTEXT_NAMES;
 use approxy_verifier::verify::features::STAT_NAMES;
 use approxy_verifier::verify::learned::{Artifact, Dense, FORMAT, FeatureSpec};
 
-use crate::dataset::{N_STATS, Rows};
+use crate::dataset::{N_CONTEXT, N_STATS, Rows};
 
 /// Which head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,18 @@ pub struct FitOptions {
     pub seed: u64,
     /// Feed the hidden state as well as the logit statistics.
     pub use_hidden: bool,
+    /// Feed the answer's context values.
+    pub use_context: bool,
+}
+
+/// Which inputs a head reads besides the logit statistics (the order the serving side reads
+/// them in: statistics, context, hidden state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inputs {
+    /// The context values.
+    pub context: bool,
+    /// The hidden-state row.
+    pub hidden: bool,
 }
 
 /// True for rows held out for evaluation: a fixed fifth of the prompts, chosen by id and seed,
@@ -49,24 +62,37 @@ pub fn is_held_out(prompt_id: u32, seed: u64) -> bool {
     (z ^ (z >> 31)).is_multiple_of(5)
 }
 
-/// Input vector of row `i`, unnormalised: statistics, then the hidden state when `hidden`.
-pub fn raw_input(rows: &Rows, i: usize, hidden: bool) -> Vec<f32> {
+/// Input vector of row `i`, unnormalised: statistics, then the context values and the
+/// hidden state when `inputs` asks for them.
+pub fn raw_input(rows: &Rows, i: usize, inputs: Inputs) -> Vec<f32> {
     let mut x = rows.stats_of(i).to_vec();
-    if hidden {
+    if inputs.context {
+        x.extend_from_slice(rows.context_of(i));
+    }
+    if inputs.hidden {
         x.extend_from_slice(rows.hidden_of(i));
     }
     x
 }
 
+impl FitOptions {
+    fn inputs(&self) -> Inputs {
+        Inputs {
+            context: self.use_context,
+            hidden: self.use_hidden,
+        }
+    }
+}
+
 /// Fits a head on the rows at `train` and returns it as a serving artifact.
 pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) -> Artifact {
     let hidden_size = if opts.use_hidden { rows.hidden_size } else { 0 };
-    let width = N_STATS + hidden_size;
-    let (mean, std) = standardisation(rows, train, width, opts.use_hidden);
+    let width = N_STATS + if opts.use_context { N_CONTEXT } else { 0 } + hidden_size;
+    let (mean, std) = standardisation(rows, train, width, opts.inputs());
     let xs: Vec<Vec<f32>> = train
         .iter()
         .map(|&i| {
-            raw_input(rows, i, opts.use_hidden)
+            raw_input(rows, i, opts.inputs())
                 .iter()
                 .zip(&mean)
                 .zip(&std)
@@ -108,6 +134,11 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
         target: None,
         features: FeatureSpec {
             stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(),
+            context: if opts.use_context {
+                CONTEXT_NAMES.iter().map(|s| s.to_string()).collect()
+            } else {
+                Vec::new()
+            },
             hidden: opts.use_hidden,
             hidden_size,
         },
@@ -121,13 +152,13 @@ fn standardisation(
     rows: &Rows,
     train: &[usize],
     width: usize,
-    hidden: bool,
+    inputs: Inputs,
 ) -> (Vec<f32>, Vec<f32>) {
     let n = train.len().max(1) as f64;
     let mut sum = vec![0f64; width];
     let mut sq = vec![0f64; width];
     for &i in train {
-        for (k, v) in raw_input(rows, i, hidden).iter().enumerate() {
+        for (k, v) in raw_input(rows, i, inputs).iter().enumerate() {
             sum[k] += f64::from(*v);
             sq[k] += f64::from(*v) * f64::from(*v);
         }
@@ -267,14 +298,27 @@ mod tests {
     use super::*;
     use approxy_verifier::verify::{Features, LearnedVerifier, Verifier};
 
-    /// Rows whose label is a known function of one hidden unit: any working fit must find it.
+    /// Rows whose label is a known function of one hidden unit and one context value: a
+    /// working fit that reads both must find it.
     fn synthetic(n: usize) -> Rows {
         let mut rng = StdRng::seed_from_u64(1);
         let mut r = Rows::new(3);
         for i in 0..n {
             let h: Vec<f32> = (0..3).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let label = h[1] > 0.2;
-            r.push(&[0.5, 0.1, 1.0, 10.0], &h, label, i as u32, 0);
+            let mut context = [0f32; N_CONTEXT];
+            context
+                .iter_mut()
+                .for_each(|c| *c = rng.random_range(-1.0..1.0));
+            let label = h[1] + context[5] > 0.2;
+            let f = Features {
+                top1: 0,
+                token: 0,
+                top1_prob: 0.5,
+                stats: [0.5, 0.1, 1.0, 10.0],
+                hidden: h,
+                context,
+            };
+            r.push(&f, label, i as u32, 0);
         }
         r
     }
@@ -282,20 +326,22 @@ mod tests {
     fn accuracy(a: Artifact, rows: &Rows) -> f32 {
         let v = LearnedVerifier::from_artifact(a, "sha").unwrap_or_else(|e| panic!("{e}"));
         let ok = (0..rows.len())
-            .filter(|&i| {
-                let mut stats = [0f32; 4];
-                stats.copy_from_slice(rows.stats_of(i));
-                let f = Features {
-                    top1: 0,
-                    token: 0,
-                    top1_prob: stats[0],
-                    stats,
-                    hidden: rows.hidden_of(i).to_vec(),
-                };
-                (v.p_accept(&f) >= 0.5) == (rows.labels[i] == 1)
-            })
+            .filter(|&i| (v.p_accept(&rows.features_of(i)) >= 0.5) == (rows.labels[i] == 1))
             .count();
         ok as f32 / rows.len() as f32
+    }
+
+    fn opts(kind: HeadKind, use_context: bool) -> FitOptions {
+        FitOptions {
+            kind,
+            epochs: 30,
+            batch: 64,
+            learning_rate: 0.02,
+            weight_decay: 0.0,
+            seed: 3,
+            use_hidden: true,
+            use_context,
+        }
     }
 
     #[test]
@@ -303,23 +349,20 @@ mod tests {
         let rows = synthetic(2000);
         let idx: Vec<usize> = (0..rows.len()).collect();
         for kind in [HeadKind::Logistic, HeadKind::Mlp(4)] {
-            let opts = FitOptions {
-                kind,
-                epochs: 30,
-                batch: 64,
-                learning_rate: 0.02,
-                weight_decay: 0.0,
-                seed: 3,
-                use_hidden: true,
-            };
-            let a = fit(&rows, &idx, &opts, "sha");
-            let again = fit(&rows, &idx, &opts, "sha");
+            let a = fit(&rows, &idx, &opts(kind, true), "sha");
+            let again = fit(&rows, &idx, &opts(kind, true), "sha");
             assert_eq!(
                 a.layers[0].weights, again.layers[0].weights,
                 "not deterministic"
             );
             let acc = accuracy(a, &rows);
             assert!(acc > 0.95, "{kind:?}: accuracy {acc}");
+            // Without the context half of the rule is invisible.
+            let blind = accuracy(fit(&rows, &idx, &opts(kind, false), "sha"), &rows);
+            assert!(
+                blind < 0.85,
+                "{kind:?}: accuracy {blind} without the context"
+            );
         }
     }
 

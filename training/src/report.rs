@@ -88,6 +88,41 @@ pub fn grid(s: &Scored, keep: impl Fn(usize) -> bool, thresholds: &[f32]) -> Vec
         .collect()
 }
 
+/// The point, among the rows selected by `keep`, where the verifier accepts the most while
+/// its false-accept rate stays within `budget`: the lowest threshold that is one of the scores
+/// themselves and keeps the rate within it (threshold 1, accepting nothing, when none does).
+pub fn at_budget(s: &Scored, keep: impl Fn(usize) -> bool, budget: f32) -> CalibrationPoint {
+    let mut rows: Vec<usize> = (0..s.scores.len()).filter(|&i| keep(i)).collect();
+    rows.sort_by(|&a, &b| s.scores[b].total_cmp(&s.scores[a]));
+    let n = rows.len().max(1) as f32;
+    let mut best = CalibrationPoint {
+        threshold: 1.0,
+        accept_rate: 0.0,
+        false_accept_rate: 0.0,
+        target_calls_per_100_tokens: 100.0,
+    };
+    let (mut accepted, mut wrong) = (0usize, 0usize);
+    for (j, &i) in rows.iter().enumerate() {
+        accepted += 1;
+        wrong += usize::from(!s.labels[i]);
+        // A threshold accepts every row with the same score, so only the last of a tie counts.
+        let tie_ends = rows
+            .get(j + 1)
+            .is_none_or(|&next| s.scores[next] != s.scores[i]);
+        let far = wrong as f32 / accepted as f32;
+        if tie_ends && far <= budget {
+            let accept_rate = accepted as f32 / n;
+            best = CalibrationPoint {
+                threshold: s.scores[i],
+                accept_rate,
+                false_accept_rate: far,
+                target_calls_per_100_tokens: (1.0 - accept_rate) * 100.0,
+            };
+        }
+    }
+    best
+}
+
 /// The standard grid: 0, 0.05, ..., 1.
 pub fn standard_thresholds() -> Vec<f32> {
     (0..=20).map(|i| i as f32 / 20.0).collect()
@@ -105,6 +140,31 @@ pub fn baseline(rows: &Rows, idx: &[usize]) -> Scored {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_budget_accepts_the_most_within_the_false_accept_budget() {
+        let s = Scored {
+            scores: vec![0.9, 0.8, 0.7, 0.7, 0.6, 0.5, 0.1],
+            labels: vec![true, true, false, true, true, false, true],
+            kinds: vec![0; 7],
+        };
+        // Down to 0.6: 5 accepted, 1 wrong (0.2); down to 0.5: 6 and 2 (0.33).
+        let p = at_budget(&s, |_| true, 0.25);
+        assert_eq!((p.threshold, p.false_accept_rate), (0.6, 0.2));
+        assert!((p.accept_rate - 5.0 / 7.0).abs() < 1e-6);
+        // The tie at 0.7 cannot be split: 0.8 is the lowest threshold with no false accept.
+        let p = at_budget(&s, |_| true, 0.0);
+        assert_eq!((p.threshold, p.false_accept_rate), (0.8, 0.0));
+        // Everything, at a budget above the overall rate.
+        assert_eq!(at_budget(&s, |_| true, 0.5).accept_rate, 1.0);
+        // Nothing qualifies: accept nothing, a call per token.
+        let bad = Scored {
+            labels: vec![false; 7],
+            ..s
+        };
+        let p = at_budget(&bad, |_| true, 0.1);
+        assert_eq!((p.accept_rate, p.target_calls_per_100_tokens), (0.0, 100.0));
+    }
 
     #[test]
     fn auc_known_values() {

@@ -190,6 +190,7 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
         let s = collect(
             Arc::clone(&pool),
             target,
+            &tok,
             &items,
             out.path(),
             &opts,

@@ -88,6 +88,38 @@ pub struct ByKind {
     pub chat: KindGrids,
 }
 
+/// One verifier at a false-accept budget: the lowest threshold (over the held-out scores) whose
+/// false-accept rate stays within it, and what that threshold gives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AtBudget {
+    /// `confidence` or a learned head's name.
+    pub verifier: String,
+    /// The threshold.
+    pub threshold: f32,
+    /// Share of draft tokens accepted.
+    pub accept_rate: f32,
+    /// Share of accepted tokens the target would not have produced.
+    pub false_accept_rate: f32,
+    /// Target calls per 100 output tokens (one correction token per rejection).
+    pub target_calls_per_100_tokens: f32,
+}
+
+/// The verifiers compared at one policy's false-accept budget on one kind of prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetComparison {
+    /// The policy that names the budget (`default`, `strict`, ...).
+    pub policy: String,
+    /// How the budget comes from the policy (a false-accept rate, or the confidence
+    /// verifier's at the policy's threshold).
+    pub source: String,
+    /// `code` or `chat`.
+    pub kind: String,
+    /// The budget: the highest false-accept rate allowed.
+    pub budget: f32,
+    /// Each verifier there, the confidence baseline first.
+    pub verifiers: Vec<AtBudget>,
+}
+
 /// What the calibration was computed on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataSummary {
@@ -103,6 +135,9 @@ pub struct DataSummary {
     pub held_out_chat_rows: usize,
     /// Share of held-out positions where the draft's top-1 equals the target's token.
     pub held_out_agreement: f64,
+    /// Of all rows, those collected along live decodes (the rest are teacher-forced).
+    #[serde(default)]
+    pub live_rows: usize,
     /// Split seed.
     pub seed: u64,
 }
@@ -130,6 +165,9 @@ pub struct Calibration {
     pub confidence_thresholds: Vec<CalibrationPoint>,
     /// Grids by prompt kind.
     pub by_kind: ByKind,
+    /// Each verifier at the false-accept budgets the shipped policies name, by prompt kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetComparison>,
     /// Time the fit took.
     pub fit_seconds: f64,
 }

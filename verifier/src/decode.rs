@@ -19,7 +19,7 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::target::TargetClient;
 use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
-use crate::verify::{Features, Verifier, accepts};
+use crate::verify::{Context, Features, Verifier, accepts};
 
 mod cursor;
 mod pacing;
@@ -283,7 +283,7 @@ impl Engine {
         req: GenerateRequest,
         tx: mpsc::Sender<TokenEvent>,
     ) -> Result<Stats, EngineError> {
-        let mut run = Run::new(self, req, tx);
+        let mut run = Run::new(self, req, tx, verifier.reads_context());
         let mut cursor = Cursor::new(lease);
         let mut out = cursor.prefill(run.req.prompt.clone()).await?;
         let mut sampler = Sampler::new(run.req.sampling);
@@ -298,7 +298,17 @@ impl Engine {
             let exact = run.req.verification == Verification::Exact;
             // The verifier judges the token that would be emitted: at temperature > 0 the
             // sampled one, which need not be the draft's top-1.
-            let accepted = !exact && decide(verifier, &out, proposal, run.req.threshold);
+            let (accepted, entropy) = if exact {
+                (false, None)
+            } else {
+                decide(
+                    verifier,
+                    &out,
+                    proposal,
+                    run.req.threshold,
+                    run.context.as_ref(),
+                )
+            };
             let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.
             let at_call_cap = !accepted
@@ -312,7 +322,8 @@ impl Engine {
             }
             let produced = if accepted {
                 accepted_run += 1;
-                if let Some(reason) = run.emit(&[proposal], Source::Draft).await? {
+                let seen = run.record(&out, proposal, entropy);
+                if let Some(reason) = run.emit(&[proposal], Source::Draft, seen).await? {
                     break reason;
                 }
                 vec![proposal]
@@ -392,23 +403,29 @@ impl Engine {
     }
 }
 
-/// Whether the verifier accepts `token` at a position with the draft's output `out`.
+/// Whether the verifier accepts `token` at a position with the draft's output `out`, in the
+/// answer's context `ctx` (kept when the verifier reads it); and the draft's entropy there,
+/// when it was computed.
 pub(crate) fn decide(
     verifier: &dyn Verifier,
     out: &PositionOutput,
     token: u32,
     threshold: f32,
-) -> bool {
+    ctx: Option<&Context>,
+) -> (bool, Option<f32>) {
     // The dial's ends do not need the verifier (nor the feature computation).
     if threshold <= 0.0 || threshold >= 1.0 {
-        return accepts(0.0, threshold);
+        return (accepts(0.0, threshold), None);
     }
-    accepts(
-        verifier.p_accept(&Features::of_token(out, Some(token))),
-        threshold,
-    )
+    let mut f = Features::of_token(out, Some(token));
+    if let Some(ctx) = ctx {
+        f = f.with_context(ctx);
+    }
+    (accepts(verifier.p_accept(&f), threshold), Some(f.entropy()))
 }
 
+#[cfg(test)]
+mod context_tests;
 #[cfg(test)]
 mod overlap_tests;
 #[cfg(test)]

@@ -48,7 +48,7 @@ fn output(mut outs: Vec<PositionOutput>) -> Result<PositionOutput, EngineError> 
 }
 
 /// The draft's most likely token: its guess of what comes next.
-fn top1(out: &PositionOutput) -> u32 {
+pub(super) fn top1(out: &PositionOutput) -> u32 {
     out.logits
         .iter()
         .enumerate()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::cursor::Cursor;
+use super::cursor::{Cursor, top1};
 use super::{
     Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
     TokenEvent, decide,
@@ -19,7 +19,7 @@ use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::target::{ContinuationRequest, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
-use crate::verify::{Features, Verifier};
+use crate::verify::{Context, Record, Verifier};
 
 /// Awaits a target call, adding the time to `waited`, unless the client goes away first
 /// (`None`): the call in flight is then dropped instead of waited for, which also closes its
@@ -81,6 +81,8 @@ pub(super) struct Run<'a> {
     hit_stop_sequence: bool,
     /// The call in flight has reported its cached prompt tokens.
     call_reported: bool,
+    /// The answer's context, kept when the verifier reads it.
+    pub(super) context: Option<Context>,
 }
 
 impl<'a> Run<'a> {
@@ -88,6 +90,7 @@ impl<'a> Run<'a> {
         engine: &'a Engine,
         req: GenerateRequest,
         tx: mpsc::Sender<TokenEvent>,
+        keep_context: bool,
     ) -> Self {
         let stats = Stats {
             prompt_tokens: req.prompt.len() as u32,
@@ -108,7 +111,21 @@ impl<'a> Run<'a> {
             last_source: Source::Draft,
             hit_stop_sequence: false,
             call_reported: false,
+            context: keep_context.then(Context::new),
         }
+    }
+
+    /// What the draft thought where `token` is emitted after output `out` (`entropy` when
+    /// known already), for the context; `None` when no context is kept.
+    pub(super) fn record(
+        &self,
+        out: &PositionOutput,
+        token: u32,
+        entropy: Option<f32>,
+    ) -> Option<Record> {
+        self.context
+            .as_ref()
+            .map(|_| Record::new(out, token, entropy))
     }
 
     pub(super) fn remaining(&self) -> u32 {
@@ -117,13 +134,16 @@ impl<'a> Run<'a> {
             .saturating_sub(self.emitted.len() as u32)
     }
 
-    /// Emits tokens; `Ok(Some(reason))` when one of them ends the generation.
+    /// Emits tokens; `Ok(Some(reason))` when one of them ends the generation. `first` is what
+    /// the draft thought at the first of them (see [`Run::record`]); at the others it is not
+    /// known.
     pub(super) async fn emit(
         &mut self,
         ids: &[u32],
         source: Source,
+        first: Option<Record>,
     ) -> Result<Option<FinishReason>, EngineError> {
-        for &id in ids {
+        for (i, &id) in ids.iter().enumerate() {
             if self.engine.eos.contains(&id) {
                 return Ok(Some(FinishReason::Stop));
             }
@@ -149,6 +169,9 @@ impl<'a> Run<'a> {
                 Source::Target => self.stats.target_tokens += 1,
             }
             let delta = self.decoder.push(id)?;
+            if let Some(ctx) = &mut self.context {
+                ctx.push(if i == 0 { first } else { None }, &delta);
+            }
             let (text, stop) = match self.stop.push(&delta) {
                 StopResult::Continue(t) => (t, false),
                 StopResult::Stop(t) => (t, true),
@@ -278,7 +301,11 @@ impl<'a> Run<'a> {
             return Err(TargetError::Protocol("target returned no tokens".into()).into());
         }
         self.last_target_tokens = cont.tokens.clone();
-        if let Some(r) = self.emit(&cont.tokens, Source::Target).await? {
+        let seen = cont
+            .tokens
+            .first()
+            .and_then(|&t| self.record(from, t, None));
+        if let Some(r) = self.emit(&cont.tokens, Source::Target, seen).await? {
             return Ok(Some(r));
         }
         if cont.stopped_on_eos {
@@ -304,6 +331,11 @@ impl<'a> Run<'a> {
         let sampled = !self.req.sampling.is_greedy();
         let start = out.clone();
         let mut window = vec![first];
+        // The draft's output before each window token, for the context (when kept).
+        let mut seen = Vec::new();
+        if self.context.is_some() {
+            seen.push(out.clone());
+        }
         // The distribution each window token was drawn from (sampled decoding only).
         let mut drawn_from = Vec::new();
         if sampled {
@@ -315,6 +347,9 @@ impl<'a> Run<'a> {
                 break;
             }
             let o = cursor.ahead_at(window.len() - 1, last).await?;
+            if self.context.is_some() {
+                seen.push(o.clone());
+            }
             if sampled {
                 let d = sampler.distribution(&o.logits);
                 window.push(sampler.pick_from(&d));
@@ -394,12 +429,15 @@ impl<'a> Run<'a> {
             (accepted, score.top[accepted])
         };
         self.stats.window_accepted += accepted as u64;
-        for &token in &window[..accepted] {
-            if let Some(reason) = self.emit(&[token], Source::Draft).await? {
+        for (i, &token) in window[..accepted].iter().enumerate() {
+            let r = seen.get(i).and_then(|o| self.record(o, token, None));
+            if let Some(reason) = self.emit(&[token], Source::Draft, r).await? {
                 return Ok(WindowEnd::Finished(reason));
             }
         }
-        if let Some(reason) = self.emit(&[own], Source::Target).await? {
+        // After a fully accepted window the draft has not looked past it yet.
+        let r = seen.get(accepted).and_then(|o| self.record(o, own, None));
+        if let Some(reason) = self.emit(&[own], Source::Target, r).await? {
             return Ok(WindowEnd::Finished(reason));
         }
         // The accepted tokens are ahead already; the target's own token is too when the draft,
@@ -487,7 +525,7 @@ impl<'a> Run<'a> {
             received += chunk.tokens.len();
             self.last_prefix_len += chunk.tokens.len() as u64;
             for (i, &token) in chunk.tokens.iter().enumerate() {
-                if let Some(reason) = self.emit(&[token], Source::Target).await? {
+                if let Some(reason) = self.emit(&[token], Source::Target, None).await? {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
                     return Ok(reason);
                 }
@@ -554,10 +592,20 @@ impl<'a> Run<'a> {
                 received += 1;
                 self.last_prefix_len += 1;
                 let unused = (chunk.tokens.len() - i - 1) as u64;
-                let predicted = Features::from_output(&out).top1 == token
-                    && decide(verifier, &out, token, self.req.threshold);
-                agreeing = if predicted { agreeing + 1 } else { 0 };
-                if let Some(reason) = self.emit(&[token], Source::Target).await? {
+                let (confident, entropy) = if top1(&out) == token {
+                    decide(
+                        verifier,
+                        &out,
+                        token,
+                        self.req.threshold,
+                        self.context.as_ref(),
+                    )
+                } else {
+                    (false, None)
+                };
+                agreeing = if confident { agreeing + 1 } else { 0 };
+                let seen = self.record(&out, token, entropy);
+                if let Some(reason) = self.emit(&[token], Source::Target, seen).await? {
                     self.stats.target_discarded_tokens += unused;
                     return Ok(SpanEnd::Finished(reason));
                 }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::context::{Context, N_CONTEXT};
 use crate::draft::PositionOutput;
 
 /// Names of the logit statistics, in the order [`Features::stats`] holds them.
@@ -27,6 +28,11 @@ pub struct Features {
     pub stats: [f32; 4],
     /// The hidden-state row.
     pub hidden: Vec<f32>,
+    /// The answer's context at this position, in
+    /// [`CONTEXT_NAMES`](super::context::CONTEXT_NAMES) order (zero until
+    /// [`Features::with_context`] fills it in).
+    #[serde(default)]
+    pub context: [f32; N_CONTEXT],
 }
 
 impl Features {
@@ -49,15 +55,7 @@ impl Features {
                 v2 = x;
             }
         }
-        let z: f64 = l.iter().map(|&x| f64::from(x - v1).exp()).sum();
-        let log_z = z.ln();
-        let entropy: f64 = l
-            .iter()
-            .map(|&x| {
-                let lp = f64::from(x - v1) - log_z;
-                -lp.exp() * lp
-            })
-            .sum();
+        let (z, entropy) = softmax_sums(l, v1);
         let p1 = (1.0 / z) as f32;
         let p2 = (f64::from(v2 - v1).exp() / z) as f32;
         let top1 = i1 as u32;
@@ -73,10 +71,38 @@ impl Features {
             top1,
             token,
             top1_prob: p,
-            stats: [p, margin, entropy as f32, logit],
+            stats: [p, margin, entropy, logit],
             hidden: out.hidden.clone(),
+            context: [0.0; N_CONTEXT],
         }
     }
+
+    /// These features with the context of the answer they would extend.
+    pub fn with_context(mut self, ctx: &Context) -> Self {
+        self.context = ctx.values(self.stats[2]);
+        self
+    }
+
+    /// The draft's entropy at this position (nats).
+    pub fn entropy(&self) -> f32 {
+        self.stats[2]
+    }
+}
+
+/// The softmax normaliser of `logits` relative to their maximum `max` (sum of exp(x − max))
+/// and the entropy in nats. The one computation of both, so a context's entropies and the
+/// features' are the same numbers.
+pub(crate) fn softmax_sums(logits: &[f32], max: f32) -> (f64, f32) {
+    let z: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
+    let log_z = z.ln();
+    let entropy: f64 = logits
+        .iter()
+        .map(|&x| {
+            let lp = f64::from(x - max) - log_z;
+            -lp.exp() * lp
+        })
+        .sum();
+    (z, entropy as f32)
 }
 
 #[cfg(test)]

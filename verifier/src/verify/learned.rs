@@ -1,5 +1,5 @@
 //! The learned verifier head, loaded from a JSON training artifact: logistic regression or a
-//! one-hidden-layer MLP over normalised [logit statistics, hidden state]. The artifact names
+//! one-hidden-layer MLP over normalised [logit statistics, context values, hidden state]. The artifact names
 //! the sha256 of the draft model it was trained for; any other draft is refused at load.
 
 use std::path::Path;
@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::Verifier;
+use super::context::CONTEXT_NAMES;
 use super::features::{Features, STAT_NAMES};
 use crate::error::EngineError;
 
@@ -19,6 +20,10 @@ pub const FORMAT: &str = "approxy-verifier/1";
 pub struct FeatureSpec {
     /// Logit statistics by name, a subset of [`STAT_NAMES`], in input order.
     pub stats: Vec<String>,
+    /// Context values by name, a subset of [`CONTEXT_NAMES`], after the statistics; absent in
+    /// artifacts from before the context existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<String>,
     /// Whether the hidden-state row follows the statistics.
     pub hidden: bool,
     /// Width of the hidden-state row when `hidden`.
@@ -68,6 +73,7 @@ pub struct Artifact {
 pub struct LearnedVerifier {
     artifact: Artifact,
     stat_idx: Vec<usize>,
+    context_idx: Vec<usize>,
 }
 
 impl LearnedVerifier {
@@ -106,7 +112,18 @@ impl LearnedVerifier {
                     .ok_or_else(|| EngineError::Artifact(format!("unknown feature {s:?}")))
             })
             .collect::<Result<_, _>>()?;
+        let context_idx: Vec<usize> =
+            a.features
+                .context
+                .iter()
+                .map(|s| {
+                    CONTEXT_NAMES.iter().position(|n| n == s).ok_or_else(|| {
+                        EngineError::Artifact(format!("unknown context value {s:?}"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
         let width = stat_idx.len()
+            + context_idx.len()
             + if a.features.hidden {
                 a.features.hidden_size
             } else {
@@ -147,6 +164,7 @@ impl LearnedVerifier {
         Ok(Self {
             artifact: a,
             stat_idx,
+            context_idx,
         })
     }
 
@@ -158,6 +176,11 @@ impl LearnedVerifier {
             .unwrap_or(DEFAULT_CALIBRATION_TARGET)
     }
 
+    /// True when the head reads the answer's context (the decode loop then keeps one).
+    pub fn reads_context(&self) -> bool {
+        !self.context_idx.is_empty()
+    }
+
     /// The artifact (for reports).
     pub fn artifact(&self) -> &Artifact {
         &self.artifact
@@ -166,9 +189,11 @@ impl LearnedVerifier {
     fn inputs(&self, f: &Features) -> Vec<f32> {
         let a = &self.artifact;
         let mut x: Vec<f32> = self.stat_idx.iter().map(|&i| f.stats[i]).collect();
+        x.extend(self.context_idx.iter().map(|&i| f.context[i]));
         if a.features.hidden {
+            let before = x.len();
             x.extend(f.hidden.iter().take(a.features.hidden_size));
-            x.resize(self.stat_idx.len() + a.features.hidden_size, 0.0);
+            x.resize(before + a.features.hidden_size, 0.0);
         }
         for ((v, m), s) in x.iter_mut().zip(&a.mean).zip(&a.std) {
             *v = (*v - m) / if *s > 1e-12 { *s } else { 1.0 };
@@ -201,6 +226,9 @@ impl Verifier for LearnedVerifier {
     fn kind(&self) -> &'static str {
         "learned"
     }
+    fn reads_context(&self) -> bool {
+        LearnedVerifier::reads_context(self)
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +243,7 @@ mod tests {
             target: None,
             features: FeatureSpec {
                 stats: vec!["top1_prob".into()],
+                context: Vec::new(),
                 hidden: true,
                 hidden_size: 2,
             },
@@ -234,7 +263,28 @@ mod tests {
             top1_prob: p,
             stats: [p, 0.0, 0.0, 0.0],
             hidden,
+            context: [0.0; crate::verify::context::N_CONTEXT],
         }
+    }
+
+    #[test]
+    fn context_values_sit_between_statistics_and_hidden_state() -> Result<(), EngineError> {
+        let mut a = logistic("x");
+        a.features.context = vec!["agreed_last".into()];
+        // Inputs: [top1_prob, agreed_last, h0, h1]; only agreed_last is weighted.
+        a.mean = vec![0.0; 4];
+        a.std = vec![1.0; 4];
+        a.layers[0].weights = vec![vec![0.0, 3.0, 0.0, 0.0]];
+        let v = LearnedVerifier::from_artifact(a.clone(), "x")?;
+        assert!(v.reads_context());
+        let mut f = feats(0.5, vec![7.0, 7.0]);
+        assert!((v.p_accept(&f) - 0.5).abs() < 1e-6);
+        f.context[3] = 1.0;
+        assert!((v.p_accept(&f) - 1.0 / (1.0 + (-3.0f32).exp())).abs() < 1e-6);
+        a.features.context = vec!["nonsense".into()];
+        assert!(LearnedVerifier::from_artifact(a, "x").is_err());
+        assert!(!LearnedVerifier::from_artifact(logistic("x"), "x")?.reads_context());
+        Ok(())
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! would have produced the draft's token there. Two kinds behind one trait: the baseline
 //! "draft top-1 probability" and a small learned head loaded from a training artifact.
 
+pub mod context;
 pub mod features;
 pub mod learned;
 
+pub use context::{Context, Record};
 pub use features::Features;
 pub use learned::LearnedVerifier;
 
@@ -14,6 +16,10 @@ pub trait Verifier: Send + Sync + std::fmt::Debug {
     fn p_accept(&self, f: &Features) -> f32;
     /// A short name for stats and logs.
     fn kind(&self) -> &'static str;
+    /// True when it reads [`Features::context`]: only then does the decode loop keep one.
+    fn reads_context(&self) -> bool {
+        false
+    }
 }
 
 /// The baseline: p_accept is the draft's own top-1 probability.
@@ -65,6 +71,7 @@ mod tests {
             top1_prob: 0.8,
             stats: [0.8, 0.5, 0.7, 10.0],
             hidden: vec![],
+            context: Default::default(),
         };
         assert_eq!(ConfidenceVerifier.p_accept(&f), 0.8);
     }
