@@ -15,7 +15,7 @@ use approxy_verifier::calibration::{
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
-use approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET;
+use approxy_verifier::verify::learned::{Artifact, DEFAULT_CALIBRATION_TARGET};
 use approxy_verifier::verify::{LearnedVerifier, Verifier};
 use approxy_verifier::{
     ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer,
@@ -281,8 +281,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     let (best_name, mut best_art, best_scores, best_auc, _) = candidates.remove(0);
     // The best head on the other side of the context (with it when the best has none, and
     // the other way round), so the budget comparison shows what the context adds.
-    let reads_context =
-        |a: &approxy_verifier::verify::learned::Artifact| !a.features.context.is_empty();
+    let reads_context = |a: &Artifact| !a.features.context.is_empty();
     let other_side = candidates
         .iter()
         .find(|c| reads_context(&c.1) != reads_context(&best_art))
@@ -396,16 +395,16 @@ fn budgets(
     learned: (&str, &Scored),
     other_side: Option<(&str, &Scored)>,
 ) -> Vec<BudgetComparison> {
+    fn in_kind(s: &Scored, k: u8) -> impl Fn(usize) -> bool + '_ {
+        move |i| s.kinds[i] == k
+    }
     let mut out = Vec::new();
     for (policy, b) in POLICY_BUDGETS {
         for (kind, k) in [("code", 0u8), ("chat", 1u8)] {
-            fn of_kind(s: &Scored, k: u8) -> impl Fn(usize) -> bool + '_ {
-                move |i| s.kinds[i] == k
-            }
             let (budget, source) = match b {
                 PolicyBudget::FalseAcceptRate(x) => (x, format!("max_false_accept_rate {x}")),
                 PolicyBudget::ConfidenceThreshold(t) => (
-                    grid(base, of_kind(base, k), &[t])[0].false_accept_rate,
+                    grid(base, in_kind(base, k), &[t])[0].false_accept_rate,
                     format!("confidence at threshold {t}"),
                 ),
             };
@@ -413,7 +412,7 @@ fn budgets(
                 .chain(std::iter::once(learned))
                 .chain(other_side)
                 .map(|(name, s)| {
-                    let p = at_budget(s, of_kind(s, k), budget);
+                    let p = at_budget(s, in_kind(s, k), budget);
                     AtBudget {
                         verifier: name.to_string(),
                         threshold: p.threshold,

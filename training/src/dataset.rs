@@ -271,4 +271,21 @@ mod tests {
         assert_eq!(back.context_of(1), &[-1.0; N_CONTEXT]);
         Ok(())
     }
+
+    #[test]
+    fn shards_of_the_format_before_the_context_are_refused() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let labels = [1u8];
+        let views = vec![("labels", TensorView::new(Dtype::U8, vec![1], &labels)?)];
+        let meta =
+            std::collections::HashMap::from([("format".to_string(), "approxy-rows/1".to_string())]);
+        let path = shard_path(dir.path(), 0);
+        std::fs::write(&path, safetensors::tensor::serialize(views, Some(meta))?)?;
+        let e = load_dir(dir.path())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("collect again"), "{e}");
+        Ok(())
+    }
 }
