@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use approxy_verifier::calibration::{
     AtBudget, Auc, AucReport, BudgetComparison, ByKind, Calibration, DataSummary, FORMAT,
-    KindGrids, OtherHead,
+    KindGrids, OtherHead, SourceReport,
 };
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
@@ -189,17 +189,23 @@ fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
     b
 }
 
-/// Scores and labels of one prompt kind (`None`: all).
-fn of_kind(s: &Scored, k: Option<u8>) -> (Vec<f32>, Vec<bool>) {
+/// Scores and labels of the rows `keep` selects.
+fn selected(s: &Scored, keep: impl Fn(usize) -> bool) -> (Vec<f32>, Vec<bool>) {
     (0..s.scores.len())
-        .filter(|&i| k.is_none_or(|k| s.kinds[i] == k))
+        .filter(|&i| keep(i))
         .map(|i| (s.scores[i], s.labels[i]))
         .unzip()
 }
 
-fn aucs(s: &Scored) -> Auc {
+/// Scores and labels of one prompt kind (`None`: all).
+fn of_kind(s: &Scored, k: Option<u8>) -> (Vec<f32>, Vec<bool>) {
+    selected(s, |i| k.is_none_or(|k| s.kinds[i] == k))
+}
+
+/// AUC overall and per kind, over the rows `keep` selects.
+fn aucs_where(s: &Scored, keep: impl Fn(usize) -> bool) -> Auc {
     let sub = |k: Option<u8>| {
-        let (sc, lb) = of_kind(s, k);
+        let (sc, lb) = selected(s, |i| keep(i) && k.is_none_or(|k| s.kinds[i] == k));
         roc_auc(&sc, &lb)
     };
     Auc {
@@ -207,6 +213,28 @@ fn aucs(s: &Scored) -> Auc {
         code: sub(Some(0)),
         chat: sub(Some(1)),
     }
+}
+
+fn aucs(s: &Scored) -> Auc {
+    aucs_where(s, |_| true)
+}
+
+/// The held-out rows split by how they were collected (empty sources left out).
+fn by_source(base: &Scored, learned: &Scored) -> Vec<SourceReport> {
+    [("teacher-forced", false), ("live", true)]
+        .into_iter()
+        .filter_map(|(name, live)| {
+            let keep = |i: usize| base.live[i] == live;
+            let (_, labels) = selected(base, keep);
+            (!labels.is_empty()).then(|| SourceReport {
+                source: name.to_string(),
+                rows: labels.len(),
+                agreement: labels.iter().filter(|l| **l).count() as f64 / labels.len() as f64,
+                confidence: aucs_where(base, keep),
+                learned: aucs_where(learned, keep),
+            })
+        })
+        .collect()
 }
 
 /// Fits both heads, picks the better on held-out AUC, writes artifact + calibration + report.
@@ -328,7 +356,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             held_out_chat_rows: base.kinds.iter().filter(|k| **k == 1).count(),
             held_out_agreement: base.labels.iter().filter(|l| **l).count() as f64
                 / base.labels.len().max(1) as f64,
-            live_rows: rows.live_rows,
+            live_rows: rows.live_rows(),
             seed: a.seed,
         },
         auc: AucReport {
@@ -351,6 +379,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             chat: by_kind(1),
         },
         budgets,
+        by_source: by_source(&base, &best_scores),
         fit_seconds: started.elapsed().as_secs_f64(),
     };
     std::fs::create_dir_all(&a.out_dir)?;
@@ -525,6 +554,7 @@ pub fn markdown(c: &Calibration) -> String {
             s.push_str(&format!("\nOn {k} prompts the learned verifier's AUC is {verdict} than the baseline's by {:+.4}.", l - b));
         }
     }
+    s.push_str(&source_section(c));
     s.push_str(&budget_section(c));
     s.push_str(&format!(
         "\n\nChosen for the default policy: **{}**. A learned head is chosen only when its AUC is higher than the baseline's and it makes fewer target calls at the default policy's budget on code and on chat.\n",
@@ -548,6 +578,28 @@ pub fn markdown(c: &Calibration) -> String {
             ));
         }
     }
+    s
+}
+
+/// AUC by how the held-out rows were collected.
+fn source_section(c: &Calibration) -> String {
+    let mut s = String::new();
+    if c.by_source.is_empty() {
+        return s;
+    }
+    s.push_str(&format!("\n\n## By source\n\nTeacher-forced rows follow the target's own answers; live rows follow the decode loop at threshold 0.7, including positions after a wrongly accepted draft token. Learned = {}.\n\n| source | held-out rows | draft agrees | confidence AUC all / code / chat | learned AUC all / code / chat |\n|---|---|---|---|---|\n", c.auc.learned_kind));
+    let three = |a: &Auc| format!("{} / {} / {}", f(a.all), f(a.code), f(a.chat));
+    for r in &c.by_source {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} % | {} | {} |\n",
+            r.source,
+            r.rows,
+            r.agreement * 100.0,
+            three(&r.confidence),
+            three(&r.learned)
+        ));
+    }
+    s.truncate(s.trim_end().len());
     s
 }
 

@@ -34,8 +34,9 @@ pub struct Rows {
     pub prompt_ids: Vec<u32>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
-    /// Of these rows, those read from live-decode shards (counted at load, not stored).
-    pub live_rows: usize,
+    /// Per row: read from a live-decode shard (known from the shard's name at load, not
+    /// stored in it).
+    pub live: Vec<bool>,
 }
 
 impl Rows {
@@ -68,6 +69,7 @@ impl Rows {
         self.labels.push(u8::from(label));
         self.prompt_ids.push(prompt_id);
         self.kinds.push(kind);
+        self.live.push(false);
     }
 
     /// Appends all rows of `other`.
@@ -78,12 +80,17 @@ impl Rows {
         self.labels.extend_from_slice(&other.labels);
         self.prompt_ids.extend_from_slice(&other.prompt_ids);
         self.kinds.extend_from_slice(&other.kinds);
-        self.live_rows += other.live_rows;
+        self.live.extend_from_slice(&other.live);
     }
 
     /// Row `i`'s statistics.
     pub fn stats_of(&self, i: usize) -> &[f32] {
         &self.stats[i * N_STATS..(i + 1) * N_STATS]
+    }
+
+    /// Rows from live-decode shards.
+    pub fn live_rows(&self) -> usize {
+        self.live.iter().filter(|l| **l).count()
     }
 
     /// Row `i`'s context values.
@@ -175,12 +182,14 @@ impl Rows {
         };
         let hidden_t = st.tensor("hidden")?;
         let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
+        let labels = st.tensor("labels")?.data().to_vec();
         Ok(Self {
             hidden_size,
             stats: f32s("stats")?,
             context: f32s("context")?,
             hidden: f32s("hidden")?,
-            labels: st.tensor("labels")?.data().to_vec(),
+            live: vec![false; labels.len()],
+            labels,
             prompt_ids: st
                 .tensor("prompt_ids")?
                 .data()
@@ -188,7 +197,6 @@ impl Rows {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
             kinds: st.tensor("kinds")?.data().to_vec(),
-            live_rows: 0,
         })
     }
 }
@@ -223,7 +231,7 @@ pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
     for (name, p) in &shards {
         let mut r = Rows::load(p)?;
         if name.starts_with("live-") {
-            r.live_rows = r.len();
+            r.live.fill(true);
         }
         match &mut all {
             None => all = Some(r),
@@ -269,6 +277,12 @@ mod tests {
         );
         assert_eq!(back.hidden_of(1), &[4.0, 5.0, 0.0]);
         assert_eq!(back.context_of(1), &[-1.0; N_CONTEXT]);
+        assert_eq!(back.live_rows(), 0);
+        // The same rows in a live shard are live rows.
+        let live = tempfile::tempdir()?;
+        r.save(&live_shard_path(live.path(), 0))?;
+        let back = load_dir(live.path())?;
+        assert_eq!((back.live.clone(), back.live_rows()), (vec![true, true], 2));
         Ok(())
     }
 

@@ -17,6 +17,8 @@ pub struct Scored {
     pub labels: Vec<bool>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
+    /// True for rows collected along live decodes.
+    pub live: Vec<bool>,
 }
 
 /// Area under the ROC curve (Mann-Whitney, ties counted half); `None` without both classes.
@@ -134,6 +136,7 @@ pub fn baseline(rows: &Rows, idx: &[usize]) -> Scored {
         scores: idx.iter().map(|&i| rows.stats_of(i)[0]).collect(),
         labels: idx.iter().map(|&i| rows.labels[i] == 1).collect(),
         kinds: idx.iter().map(|&i| rows.kinds[i]).collect(),
+        live: idx.iter().map(|&i| rows.live[i]).collect(),
     }
 }
 
@@ -147,6 +150,7 @@ mod tests {
             scores: vec![0.9, 0.8, 0.7, 0.7, 0.6, 0.5, 0.1],
             labels: vec![true, true, false, true, true, false, true],
             kinds: vec![0; 7],
+            live: vec![false; 7],
         };
         // Down to 0.6: 5 accepted, 1 wrong (0.2); down to 0.5: 6 and 2 (0.33).
         let p = at_budget(&s, |_| true, 0.25);
@@ -193,6 +197,7 @@ mod tests {
             scores: vec![0.1, 0.6, 0.7, 0.9],
             labels: vec![false, false, true, true],
             kinds: vec![0, 0, 1, 1],
+            live: vec![false; 4],
         };
         let g = grid(&s, |_| true, &[0.0, 0.65, 1.0]);
         assert_eq!(

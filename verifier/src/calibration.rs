@@ -120,6 +120,22 @@ pub struct BudgetComparison {
     pub verifiers: Vec<AtBudget>,
 }
 
+/// The held-out rows of one collection source: how often the draft agrees there, and each
+/// verifier's AUC.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceReport {
+    /// `teacher-forced` or `live`.
+    pub source: String,
+    /// Held-out rows.
+    pub rows: usize,
+    /// Share of them where the draft's top-1 is the target's token.
+    pub agreement: f64,
+    /// The draft-confidence baseline's AUC.
+    pub confidence: Auc,
+    /// The best learned head's AUC.
+    pub learned: Auc,
+}
+
 /// What the calibration was computed on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataSummary {
@@ -168,6 +184,9 @@ pub struct Calibration {
     /// Each verifier at the false-accept budgets the shipped policies name, by prompt kind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<BudgetComparison>,
+    /// The held-out rows by how they were collected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_source: Vec<SourceReport>,
     /// Time the fit took.
     pub fit_seconds: f64,
 }
