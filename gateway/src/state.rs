@@ -157,7 +157,7 @@ impl Runtime {
             let v: Arc<dyn Verifier> = match &m.verifier {
                 VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
                 VerifierChoice::Learned(p) => {
-                    let v = LearnedVerifier::load(p, &shared.draft_sha256)?;
+                    let v = LearnedVerifier::load(p, &shared.draft_sha256, shared.draft.meta())?;
                     // Its thresholds mean something only for the pair it was calibrated on.
                     if policy.target.model.as_deref() != Some(v.target()) {
                         anyhow::bail!(

@@ -1,5 +1,6 @@
 """Every error row: OpenAI error shape, right status, nothing leaked."""
 import threading
+import time
 
 import openai
 import pytest
@@ -52,16 +53,26 @@ def test_auth(start_gateway):
     assert r.choices[0].message.content is not None
 
 
-def test_overload_sheds_with_retry_after(start_gateway):
-    g = start_gateway(policy_text(max_concurrent_requests="1"))
-    c = g.client()
-    stream = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=200, stream=True,
-                                       extra_headers={"x-approxy-threshold": "0"})
-    next(iter(stream))  # the one slot is now held by an open stream
+def test_overload_sheds_with_retry_after(start_gateway, fault_proxy):
+    # The one slot is held by a request whose target call the proxy holds for a few seconds: a
+    # draft-only stream, as this test once used, can finish before the second request arrives.
+    p = fault_proxy(fail_after=0, mode="slow", delay=4)
+    g = start_gateway(policy_text(base_url=p.url, max_concurrent_requests="1"))
+    held = {}
+    first = threading.Thread(target=lambda: held.update(r=raw_post(
+        g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4},
+        headers={"x-approxy-threshold": "1"})))
+    first.start()
+    for _ in range(200):
+        if p.completions:
+            break
+        time.sleep(0.02)
+    assert p.completions, "the first request never reached the target"
     r = raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 4})
     shape(r, 429)
     assert r.headers["retry-after"] == "1"
-    stream.close()
+    first.join()
+    assert held["r"].status_code == 200, held["r"].text
 
 
 def test_target_unreachable_is_502(start_gateway):

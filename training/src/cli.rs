@@ -348,6 +348,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         chosen_verifier: chosen.to_string(),
         artifact: learned_wins.then(|| "default.json".to_string()),
         draft_sha256: draft_sha.to_string(),
+        draft_build: Some(rows.draft_build.clone()),
         data: DataSummary {
             rows: rows.len(),
             train_rows: train.len(),

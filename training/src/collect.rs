@@ -119,7 +119,6 @@ pub async fn collect(
     opts: &CollectOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<CollectSummary> {
-    let hidden_size = pool.meta().hidden_size;
     let (pool, target) = (&pool, &target);
     write_shards(
         items,
@@ -128,7 +127,7 @@ pub async fn collect(
         shard_path,
         pb,
         |chunk| async move {
-            let mut rows = Rows::new(hidden_size);
+            let mut rows = Rows::for_draft(pool.meta());
             let answers = futures::stream::iter(chunk.iter().map(|item| {
                 let target = Arc::clone(target);
                 let req = item.request(item.prompt.clone(), opts.max_answer_tokens);
@@ -210,7 +209,6 @@ pub async fn collect_live(
     opts: &LiveOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<CollectSummary> {
-    let hidden_size = pool.meta().hidden_size;
     let pool = &pool;
     write_shards(
         items,
@@ -219,7 +217,7 @@ pub async fn collect_live(
         live_shard_path,
         pb,
         |chunk| async move {
-            let mut rows = Rows::new(hidden_size);
+            let mut rows = Rows::for_draft(pool.meta());
             for item in chunk {
                 let lease = pool
                     .try_lease()

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
+use approxy_verifier::DraftMeta;
+use approxy_verifier::draft::LEGACY_DRAFT_BUILD;
 use approxy_verifier::verify::Features;
 pub use approxy_verifier::verify::context::N_CONTEXT;
 
@@ -34,17 +36,28 @@ pub struct Rows {
     pub prompt_ids: Vec<u32>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
+    /// How the draft that produced the rows was converted ([`DraftMeta::build`]).
+    pub draft_build: String,
     /// Per row: read from a live-decode shard (known from the shard's name at load, not
     /// stored in it).
     pub live: Vec<bool>,
 }
 
 impl Rows {
-    /// Empty rows of the given hidden width.
+    /// Empty rows of the given hidden width, from a draft of the legacy build.
     pub fn new(hidden_size: usize) -> Self {
         Self {
             hidden_size,
+            draft_build: LEGACY_DRAFT_BUILD.to_string(),
             ..Self::default()
+        }
+    }
+
+    /// Empty rows for the draft `meta` describes.
+    pub fn for_draft(meta: &DraftMeta) -> Self {
+        Self {
+            draft_build: meta.build(),
+            ..Self::new(meta.hidden_size)
         }
     }
 
@@ -150,6 +163,7 @@ impl Rows {
         ];
         let mut meta = std::collections::HashMap::new();
         meta.insert("format".to_string(), FORMAT.to_string());
+        meta.insert("draft_build".to_string(), self.draft_build.clone());
         let bytes = safetensors::tensor::serialize(views, Some(meta))?;
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, bytes)?;
@@ -161,11 +175,8 @@ impl Rows {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let bytes = std::fs::read(path)?;
         let (_, meta) = SafeTensors::read_metadata(&bytes)?;
-        let format = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("format").cloned())
-            .unwrap_or_default();
+        let field = |k: &str| meta.metadata().as_ref().and_then(|m| m.get(k).cloned());
+        let format = field("format").unwrap_or_default();
         anyhow::ensure!(
             format == FORMAT,
             "{}: rows of format {format:?}, this build reads {FORMAT:?}: collect again",
@@ -190,6 +201,8 @@ impl Rows {
             hidden: f32s("hidden")?,
             live: vec![false; labels.len()],
             labels,
+            // Shards from before the record were all collected with the legacy build.
+            draft_build: field("draft_build").unwrap_or_else(|| LEGACY_DRAFT_BUILD.to_string()),
             prompt_ids: st
                 .tensor("prompt_ids")?
                 .data()
@@ -232,6 +245,15 @@ pub fn load_dir(dir: &Path) -> anyhow::Result<Rows> {
         let mut r = Rows::load(p)?;
         if name.starts_with("live-") {
             r.live.fill(true);
+        }
+        if let Some(a) = &all {
+            anyhow::ensure!(
+                a.draft_build == r.draft_build,
+                "{}: rows from a draft converted as {:?}, the shards before it from one converted as {:?}: keep one draft's rows per directory",
+                p.display(),
+                r.draft_build,
+                a.draft_build
+            );
         }
         match &mut all {
             None => all = Some(r),
@@ -283,6 +305,17 @@ mod tests {
         r.save(&live_shard_path(live.path(), 0))?;
         let back = load_dir(live.path())?;
         assert_eq!((back.live.clone(), back.live_rows()), (vec![true, true], 2));
+        // Rows of another draft build do not mix in.
+        let other = Rows {
+            draft_build: "int4 block_size=128".into(),
+            ..r.clone()
+        };
+        other.save(&shard_path(live.path(), 1))?;
+        let e = load_dir(live.path())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("keep one draft's rows per directory"), "{e}");
         Ok(())
     }
 

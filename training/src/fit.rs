@@ -131,6 +131,7 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
             HeadKind::Mlp(_) => "mlp".into(),
         },
         draft_sha256: draft_sha256.to_string(),
+        draft_build: Some(rows.draft_build.clone()),
         target: None,
         features: FeatureSpec {
             stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(),

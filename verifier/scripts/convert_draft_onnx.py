@@ -84,6 +84,9 @@ def build(hf_dir: str, tok, source_name: str, out_dir: str, work_dir: str, preci
         "vocab_size": cfg["vocab_size"],
         "eos_token": tok.eos_token,
         "bos_token": tok.bos_token,
+        # How the weights were converted: a verifier is bound to it (DraftMeta::build).
+        "precision": precision,
+        "extra_options": list(options),
     }
     with open(os.path.join(tmp_out, "approxy_draft.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)

@@ -169,6 +169,9 @@ pub struct Calibration {
     pub artifact: Option<String>,
     /// Draft the rows were collected with.
     pub draft_sha256: String,
+    /// How that draft was converted to ONNX (absent in files from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_build: Option<String>,
     /// Row counts.
     pub data: DataSummary,
     /// AUC comparison.

@@ -219,6 +219,8 @@ impl ScriptedWorkers {
             vocab_size: VOCAB,
             eos_token: Some("<|im_end|>".into()),
             context_length: CONTEXT,
+            precision: None,
+            extra_options: Vec::new(),
         };
         Self {
             script,

@@ -168,6 +168,28 @@ mod tests {
             );
         }
     }
+
+    /// The committed verifier and calibration were made with the draft setup ships: the same
+    /// GGUF, converted the same way. Switching the shipped conversion means training again.
+    #[test]
+    fn committed_verifier_matches_the_shipped_draft() -> Result<(), String> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/verifier");
+        for file in ["default.json", "calibration.json"] {
+            let text = std::fs::read_to_string(dir.join(file)).map_err(|e| e.to_string())?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            assert_eq!(
+                v["draft_sha256"].as_str(),
+                Some(DRAFT_MODEL.sha256),
+                "{file}"
+            );
+            assert_eq!(
+                v["draft_build"].as_str(),
+                Some(SHIPPED_DRAFT_VARIANT.build().as_str()),
+                "{file}"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A conversion of the draft other than the shipped one, compared by
@@ -183,6 +205,16 @@ pub struct DraftVariant {
     pub options: &'static [&'static str],
     /// What it is, for reports.
     pub about: &'static str,
+}
+
+impl DraftVariant {
+    /// What its conversion records (`approxy_draft.json`, read back as `DraftMeta::build`).
+    pub fn build(&self) -> String {
+        std::iter::once(self.precision)
+            .chain(self.options.iter().copied())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// The shipped draft (`models/draft-onnx`): the builder's CPU defaults for int4.

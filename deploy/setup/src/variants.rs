@@ -18,6 +18,7 @@ use super::steps::{
     write_convert_script,
 };
 use super::{Home, SetupOptions};
+use approxy_verifier::DraftMeta;
 
 /// Builds every variant not yet built, runs each once through ONNX Runtime, and records them.
 pub fn draft_variants(
@@ -36,8 +37,11 @@ pub fn draft_variants(
     let mut files: Vec<PathBuf> = Vec::new();
     for v in DRAFT_VARIANTS {
         let out = home.draft_variant_dir(v.name);
-        // A variant is published by one rename when complete, so all files or none.
-        if !DRAFT_ONNX_FILES.iter().all(|f| out.join(f).is_file()) {
+        // A variant is published by one rename when complete, so all files or none. One built
+        // before conversions recorded their build (or built otherwise) is built again, so a
+        // verifier cannot be bound to the wrong conversion.
+        let built_as_named = DraftMeta::load(&out).is_ok_and(|m| m.build() == v.build());
+        if !DRAFT_ONNX_FILES.iter().all(|f| out.join(f).is_file()) || !built_as_named {
             pb.set_message(format!("building {} ({})", v.name, v.about));
             let mut cmd = Command::new(venv.join("bin").join("python"));
             cmd.arg(&script)

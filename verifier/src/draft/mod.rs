@@ -33,7 +33,17 @@ pub struct DraftMeta {
     /// Positions the model takes (prompt and answer together), from `genai_config.json`.
     #[serde(default = "default_context_length")]
     pub context_length: usize,
+    /// The ONNX builder's `--precision` for this conversion (absent in conversions from before
+    /// it was recorded, which were all the builder's int4 defaults).
+    #[serde(default)]
+    pub precision: Option<String>,
+    /// The builder's `--extra_options` beyond `include_hidden_states=true`.
+    #[serde(default)]
+    pub extra_options: Vec<String>,
 }
+
+/// The build of the conversions that predate the record: the builder's int4 defaults.
+pub const LEGACY_DRAFT_BUILD: &str = "int4";
 
 /// The Qwen2.5 family's context, for a model directory that does not say.
 fn default_context_length() -> usize {
@@ -41,6 +51,17 @@ fn default_context_length() -> usize {
 }
 
 impl DraftMeta {
+    /// How the weights were converted, e.g. `int4` or `int4 block_size=128`: two conversions
+    /// of one GGUF give different logits, so a verifier is bound to this as well as to the
+    /// GGUF's sha256.
+    pub fn build(&self) -> String {
+        let precision = self.precision.as_deref().unwrap_or(LEGACY_DRAFT_BUILD);
+        std::iter::once(precision)
+            .chain(self.extra_options.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// Reads `approxy_draft.json` from the model directory.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
         let p = dir.join("approxy_draft.json");

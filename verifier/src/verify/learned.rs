@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::Verifier;
 use super::context::CONTEXT_NAMES;
 use super::features::{Features, STAT_NAMES};
+use crate::draft::{DraftMeta, LEGACY_DRAFT_BUILD};
 use crate::error::EngineError;
 
 /// Artifact format tag.
@@ -54,6 +55,10 @@ pub struct Artifact {
     pub kind: String,
     /// sha256 of the draft model the head was trained on.
     pub draft_sha256: String,
+    /// How that draft was converted to ONNX ([`DraftMeta::build`]); absent in artifacts from
+    /// before it was recorded, which were trained on [`LEGACY_DRAFT_BUILD`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_build: Option<String>,
     /// The target model its labels came from (a head is calibrated for one draft–target
     /// pair); absent: [`DEFAULT_CALIBRATION_TARGET`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,16 +82,21 @@ pub struct LearnedVerifier {
 }
 
 impl LearnedVerifier {
-    /// Loads and validates an artifact for the draft whose sha256 is `draft_sha256`.
-    pub fn load(path: &Path, draft_sha256: &str) -> Result<Self, EngineError> {
+    /// Loads and validates an artifact for the draft whose sha256 is `draft_sha256`, converted
+    /// as `draft` says.
+    pub fn load(path: &Path, draft_sha256: &str, draft: &DraftMeta) -> Result<Self, EngineError> {
         let bytes = std::fs::read(path)
             .map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
         let a: Artifact = serde_json::from_slice(&bytes)
             .map_err(|e| EngineError::Artifact(format!("{}: {e}", path.display())))?;
-        Self::from_artifact(a, draft_sha256).map_err(|e| match e {
-            EngineError::Artifact(m) => EngineError::Artifact(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        Self::from_artifact(a, draft_sha256)
+            .and_then(|v| v.check_build(&draft.build()).map(|()| v))
+            .map_err(|e| match e {
+                EngineError::Artifact(m) => {
+                    EngineError::Artifact(format!("{}: {m}", path.display()))
+                }
+                other => other,
+            })
     }
 
     /// Validates an in-memory artifact.
@@ -168,6 +178,23 @@ impl LearnedVerifier {
         })
     }
 
+    /// Refuses a draft converted otherwise than the one the head was trained on: the same GGUF
+    /// at another precision or block size gives other logits and hidden states.
+    pub fn check_build(&self, build: &str) -> Result<(), EngineError> {
+        let trained = self
+            .artifact
+            .draft_build
+            .as_deref()
+            .unwrap_or(LEGACY_DRAFT_BUILD);
+        if trained == build {
+            Ok(())
+        } else {
+            Err(EngineError::Artifact(format!(
+                "trained on the draft converted as {trained:?}, but the configured draft was converted as {build:?}; retrain with `approxy train` or use the confidence verifier"
+            )))
+        }
+    }
+
     /// The target model this head was calibrated against.
     pub fn target(&self) -> &str {
         self.artifact
@@ -240,6 +267,7 @@ mod tests {
             format: FORMAT.into(),
             kind: "logistic".into(),
             draft_sha256: sha.into(),
+            draft_build: None,
             target: None,
             features: FeatureSpec {
                 stats: vec!["top1_prob".into()],
@@ -306,6 +334,27 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("trained for draft model sha256 aaaa"), "{e}");
+    }
+
+    #[test]
+    fn refuses_a_draft_converted_otherwise() -> Result<(), EngineError> {
+        let legacy = LearnedVerifier::from_artifact(logistic("x"), "x")?;
+        legacy.check_build("int4")?;
+        let e = legacy
+            .check_build("int4 block_size=128")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("converted as \"int4\"")),
+            "{e:?}"
+        );
+        let mut a = logistic("x");
+        a.draft_build = Some("int4 block_size=128".into());
+        let v = LearnedVerifier::from_artifact(a, "x")?;
+        v.check_build("int4 block_size=128")?;
+        assert!(v.check_build("int4").is_err());
+        Ok(())
     }
 
     #[test]
