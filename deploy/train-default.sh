@@ -10,8 +10,10 @@ PROMPTS="${1:-200}"
 MAX_ANSWER="${2:-48}"
 LIVE_PROMPTS="${3:-100}"
 mkdir -p "$APPROXY_HOME/logs"
-# v2: rows with the answer's context (older shards are refused by `train fit`).
-DATA="$APPROXY_HOME/training/rows-v2-p${PROMPTS}-m${MAX_ANSWER}-l${LIVE_PROMPTS}"
+# v2: rows with the answer's context (older shards are refused by `train fit`); one directory per
+# conversion of the draft (rows record it, and collect refuses to mix two).
+BUILD="$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print("-".join([m.get("precision", "int4")] + m.get("extra_options", [])).replace("=", ""))' "$APPROXY_HOME/models/draft-onnx/approxy_draft.json")"
+DATA="$APPROXY_HOME/training/rows-v2-${BUILD}-p${PROMPTS}-m${MAX_ANSWER}-l${LIVE_PROMPTS}"
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/train-target-server.log"

@@ -671,18 +671,26 @@ fn scripted_shared(draft_sha256: &str) -> Arc<Shared> {
 #[test]
 fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
     let artifact = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/default.json");
-    let shared = scripted_shared(approxy_verifier::home::DRAFT_GGUF_SHA256);
-    let build = |model_line: &str| {
+    let sha = approxy_verifier::home::DRAFT_GGUF_SHA256;
+    // The shipped draft: int4 with block size 128.
+    let shipped = shared_parts(
+        ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1)
+            .converted_as("int4", &["block_size=128"]),
+        sha,
+        4,
+    );
+    let build = |shared: &Arc<Shared>, model_line: &str| {
         let text = format!(
             "[target]\nkind = \"openai_text\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{model_line}\n[gateway]\nauth = \"none\"\n[models.m]\nmode = \"approximate\"\nverifier = {:?}\nthreshold = 0.5\n",
             artifact.display()
         );
         let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
-        Runtime::with_target(policy, &shared, Arc::new(ScriptedTarget::says("x", None))).map(|_| ())
+        Runtime::with_target(policy, shared, Arc::new(ScriptedTarget::says("x", None))).map(|_| ())
     };
-    assert!(build("model = \"qwen2.5-coder-1.5b-instruct\"").is_ok());
+    let ours = "model = \"qwen2.5-coder-1.5b-instruct\"";
+    assert!(build(&shipped, ours).is_ok());
     for other in ["model = \"smollm2-135m-instruct\"", ""] {
-        let e = build(other)
+        let e = build(&shipped, other)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -691,6 +699,12 @@ fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
             "{other}: {e}"
         );
     }
+    // The same GGUF converted otherwise (the builder's defaults, shipped before) is refused.
+    let e = build(&scripted_shared(sha), ours)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(e.contains("converted as"), "{e}");
 }
 
 #[tokio::test]

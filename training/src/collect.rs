@@ -24,7 +24,7 @@ use approxy_verifier::{
     Verifier,
 };
 
-use crate::dataset::{Rows, live_shard_path, shard_path};
+use crate::dataset::{Rows, ensure_draft_build, live_shard_path, shard_path};
 
 /// One prompt to collect on.
 #[derive(Debug, Clone)]
@@ -82,6 +82,7 @@ async fn write_shards<'a, F, Fut>(
     items: &'a [CollectItem],
     out: &Path,
     shard_prompts: usize,
+    draft_build: &str,
     path_of: fn(&Path, usize) -> PathBuf,
     pb: &ProgressBar,
     mut fill: F,
@@ -91,6 +92,7 @@ where
     Fut: Future<Output = anyhow::Result<Rows>>,
 {
     std::fs::create_dir_all(out)?;
+    ensure_draft_build(out, draft_build)?;
     let mut summary = CollectSummary::default();
     for (i, chunk) in items.chunks(shard_prompts.max(1)).enumerate() {
         let path = path_of(out, i);
@@ -124,6 +126,7 @@ pub async fn collect(
         items,
         out,
         opts.shard_prompts,
+        &pool.meta().build(),
         shard_path,
         pb,
         |chunk| async move {
@@ -214,6 +217,7 @@ pub async fn collect_live(
         items,
         out,
         opts.shard_prompts,
+        &pool.meta().build(),
         live_shard_path,
         pb,
         |chunk| async move {

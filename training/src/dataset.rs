@@ -214,6 +214,27 @@ impl Rows {
     }
 }
 
+/// Refuses to add rows from a draft converted as `build` to a directory holding rows of another
+/// conversion: a resumed collection would skip the old shards and mix the two.
+pub fn ensure_draft_build(dir: &Path, build: &str) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let have = Rows::load(&p)?.draft_build;
+            anyhow::ensure!(
+                have == build,
+                "{} holds rows from a draft converted as {have:?}, and the draft now is {build:?}: collect into another --data directory",
+                dir.display()
+            );
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// Shard file of batch `i` in a data directory.
 pub fn shard_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("shard-{i:05}.safetensors"))
@@ -305,7 +326,12 @@ mod tests {
         r.save(&live_shard_path(live.path(), 0))?;
         let back = load_dir(live.path())?;
         assert_eq!((back.live.clone(), back.live_rows()), (vec![true, true], 2));
-        // Rows of another draft build do not mix in.
+        // A collection from another draft build is refused, and rows of one do not mix in.
+        ensure_draft_build(live.path(), LEGACY_DRAFT_BUILD)?;
+        let e = ensure_draft_build(live.path(), "int4 block_size=128")
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("another --data directory")));
         let other = Rows {
             draft_build: "int4 block_size=128".into(),
             ..r.clone()

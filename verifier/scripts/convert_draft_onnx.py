@@ -115,12 +115,14 @@ def main() -> int:
     if sys.argv[1] == "--variant":
         return variant(*sys.argv[2:])
     gguf_path, out_dir, work_dir = sys.argv[1:4]
+    # The shipped draft's precision and builder options (setup's SHIPPED_DRAFT_VARIANT).
+    precision = sys.argv[4] if len(sys.argv) > 4 else "int4"
+    options = sys.argv[5:]
     hf_dir = os.path.join(work_dir, "hf")
     shutil.rmtree(hf_dir, ignore_errors=True)
     os.makedirs(hf_dir)
     tok = dequantize(gguf_path, hf_dir)
-    # The shipped draft: the builder's defaults for int4 on CPU (block_size 32, accuracy_level 4).
-    return build(hf_dir, tok, os.path.basename(gguf_path), out_dir, work_dir, "int4", [])
+    return build(hf_dir, tok, os.path.basename(gguf_path), out_dir, work_dir, precision, list(options))
 
 
 if __name__ == "__main__":

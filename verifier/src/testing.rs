@@ -209,6 +209,14 @@ pub struct ScriptedWorkers {
 }
 
 impl ScriptedWorkers {
+    /// The same workers claiming to be a draft converted with this precision and these
+    /// builder options (see `DraftMeta::build`).
+    pub fn converted_as(mut self, precision: &str, options: &[&str]) -> Self {
+        self.meta.precision = Some(precision.into());
+        self.meta.extra_options = options.iter().map(|o| o.to_string()).collect();
+        self
+    }
+
     /// Workers following `script`.
     pub fn new(script: DraftScript, workers: usize) -> Self {
         let meta = DraftMeta {

@@ -168,6 +168,15 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
         if let Some(why) = &mismatch {
             eprintln!("approxy setup: {label}: rebuilding for this CPU: {why}");
         }
+        let stale = match key {
+            "draft-onnx" if manifest.is_present(&home.root, key) => steps::draft_onnx_stale(home),
+            "draft-variants" if manifest.is_present(&home.root, key) => variants::stale(home),
+            _ => None,
+        };
+        if let Some(why) = &stale {
+            eprintln!("approxy setup: {label}: converting again: {why}");
+        }
+        let mismatch = mismatch.or(stale);
         let outcome = if mismatch.is_none() && manifest.is_present(&home.root, key) {
             Outcome::Present
         } else {

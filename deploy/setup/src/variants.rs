@@ -20,6 +20,20 @@ use super::steps::{
 use super::{Home, SetupOptions};
 use approxy_verifier::DraftMeta;
 
+/// Why the recorded variants are not the ones this build wants, if they are not: one is missing,
+/// or was converted otherwise than its name says (or before conversions recorded it).
+pub fn stale(home: &Home) -> Option<String> {
+    DRAFT_VARIANTS.iter().find_map(|v| {
+        (!built_as_named(home, v)).then(|| format!("{} is not built as {:?}", v.name, v.build()))
+    })
+}
+
+fn built_as_named(home: &Home, v: &assets::DraftVariant) -> bool {
+    let out = home.draft_variant_dir(v.name);
+    DRAFT_ONNX_FILES.iter().all(|f| out.join(f).is_file())
+        && DraftMeta::load(&out).is_ok_and(|m| m.build() == v.build())
+}
+
 /// Builds every variant not yet built, runs each once through ONNX Runtime, and records them.
 pub fn draft_variants(
     home: &Home,
@@ -40,8 +54,7 @@ pub fn draft_variants(
         // A variant is published by one rename when complete, so all files or none. One built
         // before conversions recorded their build (or built otherwise) is built again, so a
         // verifier cannot be bound to the wrong conversion.
-        let built_as_named = DraftMeta::load(&out).is_ok_and(|m| m.build() == v.build());
-        if !DRAFT_ONNX_FILES.iter().all(|f| out.join(f).is_file()) || !built_as_named {
+        if !built_as_named(home, v) {
             pb.set_message(format!("building {} ({})", v.name, v.about));
             let mut cmd = Command::new(venv.join("bin").join("python"));
             cmd.arg(&script)
