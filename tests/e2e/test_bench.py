@@ -65,7 +65,7 @@ def test_draft_fidelity_on_the_shipped_draft(tmp_path):
     come from `approxy setup --draft-variants`, which the test command does not run): the
     target's answers taken, the variant measured in a process of its own, the report written."""
     out = tmp_path / "fidelity"
-    args = ["bench", "draft-fidelity", "--only", "int4-b32-acc4", "--per-kind", "1", "--max-answer-tokens", "8",
+    args = ["bench", "draft-fidelity", "--only", "int4-b128-acc4", "--per-kind", "1", "--max-answer-tokens", "8",
             "--threads", "1", "--decode-tokens", "4", "--runs", "1", "--out", str(out)]
     run(args, cwd=REPO, timeout=600)
     answers = json.loads((out / "answers.json").read_text())["answers"]
@@ -73,17 +73,17 @@ def test_draft_fidelity_on_the_shipped_draft(tmp_path):
     assert all(0 < len(a["answer"]) <= 8 and a["prompt"] for a in answers)
     report = json.loads((out / "fidelity.json").read_text())
     [v] = report["variants"]
-    assert v["name"] == "int4-b32-acc4" and v["shipped"] and v["disk_bytes"] > 100_000_000
+    assert v["name"] == "int4-b128-acc4" and v["shipped"] and v["disk_bytes"] > 100_000_000
     m = v["measured"]
     # Every answer position is counted once, per kind.
     assert {k: n for k, (_, n) in m["agree"].items()} == {a["kind"]: len(a["answer"]) for a in answers}
     assert all(0 <= a <= n for a, n in m["agree"].values())
     assert m["ms_per_token"]["1"] > 0 and m["peak_rss_bytes"] > 100_000_000
-    assert "| int4-b32-acc4 (shipped) |" in (out / "fidelity.md").read_text()
+    assert "| int4-b128-acc4 (shipped) |" in (out / "fidelity.md").read_text()
     # A rerun reuses the answers and the measurement.
-    before = (out / "raw" / "int4-b32-acc4.json").stat().st_mtime_ns
+    before = (out / "raw" / "int4-b128-acc4.json").stat().st_mtime_ns
     run(args, cwd=REPO, timeout=120)
-    assert (out / "raw" / "int4-b32-acc4.json").stat().st_mtime_ns == before
+    assert (out / "raw" / "int4-b128-acc4.json").stat().st_mtime_ns == before
     # An unknown variant is a clear error.
     p = subprocess.run([BIN, "bench", "draft-fidelity", "--only", "int3", "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
