@@ -221,8 +221,8 @@ enum BenchCmd {
         /// Ignore saved answers and measurements.
         #[arg(long)]
         fresh: bool,
-        /// Only these variants, comma-separated (default: all): int4-b32-acc4 (shipped), fp32,
-        /// int4-b128-acc4, int4-b32-acc1, int8.
+        /// Only these variants, comma-separated (default: all): int4-b128-acc4 (shipped), fp32,
+        /// int4-b32-acc4, int4-b32-acc1, int8.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
