@@ -2,11 +2,11 @@
 //! answer from its API, then the draft teacher-forced over prompt + answer; at every answer
 //! position the row holds the draft's features (in the context of the answer before it, as
 //! `verify::context::along_answer` computes it for serving too) and whether the draft's top
-//! token equals the target's token there. Live: the real decode loop runs with a verifier and a threshold, and
-//! the rows are the positions it visits, including those after a wrongly accepted draft token
-//! that teacher forcing never sees; each is labelled with the target's greedy token after
-//! exactly that prefix. Target calls run two at a time (a llama-server with two slots), and
-//! every finished shard is skipped on a rerun.
+//! token equals the target's token there. Live: the real decode loop runs with a verifier and
+//! a threshold, and the rows are the positions it visits, including those after a wrongly
+//! accepted draft token that teacher forcing never sees; each is labelled with the target's
+//! greedy token after exactly that prefix. Target calls run two at a time (a llama-server with
+//! two slots), and every finished shard is skipped on a rerun.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
