@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use approxy_verifier::calibration::{
     AtBudget, Auc, AucReport, BudgetComparison, ByKind, Calibration, DataSummary, FORMAT,
-    KindGrids, OtherHead, SourceReport,
+    KindGrids, OtherHead, PromptSourceReport, SourceAtBudget, SourceReport,
 };
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
@@ -44,7 +44,7 @@ pub struct CollectArgs {
     pub corpus: PathBuf,
     /// Output directory for shards.
     pub data: PathBuf,
-    /// Prompts to use (half code, half chat).
+    /// Prompts to use (half code, half chat, each half from its kind's sources in turn).
     pub prompts: usize,
     /// Longest target answer (teacher mode) or live answer (live mode).
     pub max_answer_tokens: u32,
@@ -61,13 +61,10 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
     let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"))?;
     let corpus = crate::corpus::load(&a.corpus)?;
     let half = a.prompts / 2;
-    let code = corpus
-        .iter()
-        .filter(|p| p.kind == "code")
-        .take(a.prompts - half);
-    let chat = corpus.iter().filter(|p| p.kind == "chat").take(half);
+    let code = crate::corpus::select(&corpus, "code", a.prompts - half);
+    let chat = crate::corpus::select(&corpus, "chat", half);
     let mut items = Vec::new();
-    for p in code.chain(chat) {
+    for p in code.into_iter().chain(chat) {
         let messages = vec![ChatMessage {
             role: "user".into(),
             content: p.prompt.clone(),
@@ -178,6 +175,9 @@ pub struct FitArgs {
     pub seed: u64,
     /// The target model the rows were collected from: the head is bound to this pair.
     pub target: String,
+    /// The corpus the rows' prompts come from, for the report by source (left out when the
+    /// file cannot be read).
+    pub corpus: PathBuf,
 }
 
 fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {
@@ -232,6 +232,94 @@ fn by_source(base: &Scored, learned: &Scored) -> Vec<SourceReport> {
                 agreement: labels.iter().filter(|l| **l).count() as f64 / labels.len() as f64,
                 confidence: aucs_where(base, keep),
                 learned: aucs_where(learned, keep),
+            })
+        })
+        .collect()
+}
+
+/// The held-out rows by the corpus source of their prompt (`held` gives each scored row's
+/// index in `rows`), code sources first, each kind's sources in corpus order; every policy's
+/// budget applies each verifier's threshold for the source's kind (from `budgets`).
+fn by_prompt_source(
+    corpus: &[crate::corpus::CorpusPrompt],
+    rows: &Rows,
+    held: &[usize],
+    base: &Scored,
+    learned: (&str, &Scored),
+    budgets: &[BudgetComparison],
+) -> Vec<PromptSourceReport> {
+    let source_of: std::collections::HashMap<u32, &str> =
+        corpus.iter().map(|p| (p.id, p.source.as_str())).collect();
+    let src: Vec<&str> = held
+        .iter()
+        .map(|&i| {
+            source_of
+                .get(&rows.prompt_ids[i])
+                .copied()
+                .unwrap_or("unknown")
+        })
+        .collect();
+    let mut sources: Vec<(&str, &str)> = Vec::new();
+    for kind in ["code", "chat"] {
+        for p in corpus.iter().filter(|p| p.kind == kind) {
+            if !sources.iter().any(|(s, _)| *s == p.source) {
+                sources.push((&p.source, kind));
+            }
+        }
+    }
+    sources
+        .into_iter()
+        .filter_map(|(source, kind)| {
+            let keep = |j: usize| src[j] == source;
+            let (_, labels) = selected(base, keep);
+            if labels.is_empty() {
+                return None;
+            }
+            let prompts: std::collections::HashSet<u32> = (0..held.len())
+                .filter(|&j| keep(j))
+                .map(|j| rows.prompt_ids[held[j]])
+                .collect();
+            let auc = |s: &Scored| {
+                let (sc, lb) = selected(s, keep);
+                roc_auc(&sc, &lb)
+            };
+            let budgets = budgets
+                .iter()
+                .filter(|b| b.kind == kind)
+                .map(|b| SourceAtBudget {
+                    policy: b.policy.clone(),
+                    verifiers: b
+                        .verifiers
+                        .iter()
+                        .filter_map(|v| {
+                            let s = if v.verifier == "confidence" {
+                                base
+                            } else if v.verifier == learned.0 {
+                                learned.1
+                            } else {
+                                return None;
+                            };
+                            let p = grid(s, keep, &[v.threshold])[0];
+                            Some(AtBudget {
+                                verifier: v.verifier.clone(),
+                                threshold: v.threshold,
+                                accept_rate: p.accept_rate,
+                                false_accept_rate: p.false_accept_rate,
+                                target_calls_per_100_tokens: p.target_calls_per_100_tokens,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            Some(PromptSourceReport {
+                source: source.to_string(),
+                kind: kind.to_string(),
+                prompts: prompts.len(),
+                rows: labels.len(),
+                agreement: labels.iter().filter(|l| **l).count() as f64 / labels.len() as f64,
+                confidence_auc: auc(base),
+                learned_auc: auc(learned.1),
+                budgets,
             })
         })
         .collect()
@@ -337,6 +425,20 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         "confidence"
     };
     let chosen_scores = if learned_wins { &best_scores } else { &base };
+    let by_prompt_source = match crate::corpus::load(&a.corpus) {
+        Ok(corpus) => by_prompt_source(
+            &corpus,
+            &rows,
+            &held,
+            &base,
+            (best_name, &best_scores),
+            &budgets,
+        ),
+        Err(e) => {
+            eprintln!("warning: no report by corpus source: {e}");
+            Vec::new()
+        }
+    };
     let th = standard_thresholds();
     let by_kind_of = |s: &Scored, k: u8| grid(s, |i| s.kinds[i] == k, &th);
     let by_kind = |k: u8| KindGrids {
@@ -381,6 +483,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         },
         budgets,
         by_source: by_source(&base, &best_scores),
+        by_prompt_source,
         fit_seconds: started.elapsed().as_secs_f64(),
     };
     std::fs::create_dir_all(&a.out_dir)?;
@@ -517,9 +620,26 @@ pub fn markdown(c: &Calibration) -> String {
     let d = &c.data;
     s.push_str("# Verifier calibration report\n\nGenerated by `approxy train fit` from the rows that `approxy train collect` gathered (see `deploy/train-default.sh`). ");
     s.push_str(&format!(
-        "{} rows ({} teacher-forced, {} along live decodes), {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions. Code prompts come from CPython standard-library docstrings, chat prompts from question templates over everyday topics (`training/scripts/build_corpus.py`): each kind is one source.\n\n",
+        "{} rows ({} teacher-forced, {} along live decodes), {} held out by prompt ({} code, {} chat); the draft agrees with the target on {:.1} % of held-out positions. ",
         d.rows, d.rows - d.live_rows, d.live_rows, d.held_out_rows, d.held_out_code_rows, d.held_out_chat_rows, d.held_out_agreement * 100.0
     ));
+    if c.by_prompt_source.is_empty() {
+        s.push_str("Code prompts come from CPython standard-library docstrings, chat prompts from question templates over everyday topics (`training/scripts/build_corpus.py`): each kind is one source.\n\n");
+    } else {
+        let names = |kind: &str| {
+            c.by_prompt_source
+                .iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| format!("`{}`", r.source))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        s.push_str(&format!(
+            "Code prompts come from {}, chat prompts from {} (`training/scripts/build_corpus.py` says what each is); \"By prompt source\" below reports each.\n\n",
+            names("code"),
+            names("chat")
+        ));
+    }
     s.push_str(
         "## ROC AUC on the held-out split\n\nA head's name says what it reads besides the draft's logit statistics: `-stats` nothing else, otherwise the hidden state; `+context` the answer's context (position, code block, the draft's agreement over the last tokens, entropy trend, the last emitted token's gap; `verifier/src/verify/context.rs`).\n\n| verifier | all | code | chat |\n|---|---|---|---|\n",
     );
@@ -557,6 +677,7 @@ pub fn markdown(c: &Calibration) -> String {
     }
     s.push_str(&source_section(c));
     s.push_str(&budget_section(c));
+    s.push_str(&prompt_source_section(c));
     s.push_str(&format!(
         "\n\nChosen for the default policy: **{}**. A learned head is chosen only when its AUC is higher than the baseline's and it makes fewer target calls at the default policy's budget on code and on chat.\n",
         c.chosen_verifier
@@ -599,6 +720,50 @@ fn source_section(c: &Calibration) -> String {
             three(&r.confidence),
             three(&r.learned)
         ));
+    }
+    s.truncate(s.trim_end().len());
+    s
+}
+
+/// AUC and each policy's dial by the corpus source of the held-out prompts.
+fn prompt_source_section(c: &Calibration) -> String {
+    let mut s = String::new();
+    if c.by_prompt_source.is_empty() {
+        return s;
+    }
+    let learned = &c.auc.learned_kind;
+    s.push_str(&format!("\n\n## By prompt source\n\nThe held-out rows by where their prompt comes from (teacher-forced and live together). Learned = {learned}.\n\n| source | kind | held-out prompts | rows | draft agrees | confidence AUC | learned AUC |\n|---|---|---|---|---|---|---|\n"));
+    for r in &c.by_prompt_source {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1} % | {} | {} |\n",
+            r.source,
+            r.kind,
+            r.prompts,
+            r.rows,
+            r.agreement * 100.0,
+            f(r.confidence_auc),
+            f(r.learned_auc)
+        ));
+    }
+    s.push_str("\nEach policy's threshold for the kind (the table above: the same budget for every source of a kind) applied to each source's rows: what the dial gives on prompts like these. Accept / FAR / calls per 100 tokens.\n\n| source | policy | confidence: threshold, accept / FAR / calls | learned: threshold, accept / FAR / calls |\n|---|---|---|---|\n");
+    let cell = |v: Option<&AtBudget>| {
+        v.map_or("n/a".to_string(), |v| {
+            format!(
+                "{:.3}, {:.3} / {:.4} / {:.1}",
+                v.threshold, v.accept_rate, v.false_accept_rate, v.target_calls_per_100_tokens
+            )
+        })
+    };
+    for r in &c.by_prompt_source {
+        for b in &r.budgets {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                r.source,
+                b.policy,
+                cell(b.verifiers.iter().find(|v| v.verifier == "confidence")),
+                cell(b.verifiers.iter().find(|v| v.verifier == *learned))
+            ));
+        }
     }
     s.truncate(s.trim_end().len());
     s
@@ -689,6 +854,86 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn by_prompt_source_applies_each_kinds_threshold_to_each_source() {
+        let p = |id: u32, kind: &str, source: &str| crate::corpus::CorpusPrompt {
+            id,
+            kind: kind.into(),
+            source: source.into(),
+            prompt: String::new(),
+        };
+        let corpus = [
+            p(1, "code", "a"),
+            p(2, "code", "b"),
+            p(3, "chat", "x"),
+            p(4, "chat", "y"),
+        ];
+        let mut rows = Rows::new(0);
+        // Row 0 is a training row; rows 1-4 are held out.
+        rows.prompt_ids = vec![9, 1, 1, 2, 3];
+        let held = [1, 2, 3, 4];
+        let scored = |scores: Vec<f32>| Scored {
+            scores,
+            labels: vec![true, false, true, true],
+            kinds: vec![0, 0, 0, 1],
+            live: vec![false; 4],
+        };
+        let (base, learned) = (
+            scored(vec![0.9, 0.6, 0.4, 0.8]),
+            scored(vec![0.9, 0.2, 0.7, 0.1]),
+        );
+        let at = |verifier: &str, threshold: f32| AtBudget {
+            verifier: verifier.into(),
+            threshold,
+            accept_rate: 0.0,
+            false_accept_rate: 0.0,
+            target_calls_per_100_tokens: 0.0,
+        };
+        let budgets = ["code", "chat"].map(|kind| BudgetComparison {
+            policy: "default".into(),
+            source: String::new(),
+            kind: kind.into(),
+            budget: 0.1,
+            verifiers: vec![at("confidence", 0.5), at("mlp", 0.5), at("other", 0.5)],
+        });
+        let r = by_prompt_source(&corpus, &rows, &held, &base, ("mlp", &learned), &budgets);
+        // `y` has no held-out row.
+        let names: Vec<&str> = r.iter().map(|r| r.source.as_str()).collect();
+        assert_eq!(names, ["a", "b", "x"]);
+        let a = &r[0];
+        assert_eq!((a.kind.as_str(), a.prompts, a.rows), ("code", 1, 2));
+        assert_eq!(a.agreement, 0.5);
+        assert_eq!((a.confidence_auc, a.learned_auc), (Some(1.0), Some(1.0)));
+        // One policy of the code kind, the two verifiers the report compares.
+        assert_eq!(a.budgets.len(), 1);
+        let v = &a.budgets[0].verifiers;
+        assert_eq!(v.len(), 2);
+        // At 0.5 the baseline accepts both of a's rows (one wrongly), the head only the right one.
+        assert_eq!((v[0].accept_rate, v[0].false_accept_rate), (1.0, 0.5));
+        assert_eq!((v[1].accept_rate, v[1].false_accept_rate), (0.5, 0.0));
+        assert_eq!(r[1].budgets[0].verifiers[1].accept_rate, 1.0);
+        assert_eq!(r[2].kind, "chat");
+        assert_eq!(r[2].budgets[0].verifiers[1].accept_rate, 0.0);
+        let c = Calibration {
+            by_prompt_source: r,
+            ..Calibration::load(
+                &Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../policies/verifier/calibration.json"),
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let md = markdown(&c);
+        assert!(md.contains("Code prompts come from `a`, `b`, chat prompts from `x`"));
+        assert!(
+            md.contains("| a | code | 1 | 2 | 50.0 % | 1.0000 | 1.0000 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| a | default | 0.500, 1.000 / 0.5000 / 0.0 |"),
+            "{md}"
+        );
+    }
 
     #[test]
     fn committed_report_regenerates_from_committed_calibration() -> Result<(), String> {

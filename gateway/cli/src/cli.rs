@@ -132,6 +132,9 @@ enum TrainCmd {
         /// the head).
         #[arg(long, default_value = approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET)]
         target: String,
+        /// The corpus the rows' prompts come from (for the report by source).
+        #[arg(long, default_value = "training/data/prompts.jsonl")]
+        corpus: PathBuf,
     },
 }
 
@@ -407,6 +410,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     out_dir,
                     seed,
                     target,
+                    corpus,
                 },
         } => train::default_data_dir().and_then(|d| {
             train::run_fit(&train::FitArgs {
@@ -414,6 +418,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 out_dir,
                 seed,
                 target,
+                corpus,
             })
         }),
         Cmd::Bench {

@@ -3,11 +3,19 @@
 
 use approxy_training::corpus::CorpusPrompt;
 
-/// The last `n` chat prompts of the corpus. `approxy train collect --prompts P` takes the
-/// *first* P/2 chat prompts, so these stay out of every collection with P up to twice the
-/// chat prompts minus `n` (2,104 for the committed corpus; the shipped calibration used 200).
+/// The last `n` chat prompts of the corpus's first chat source (the templated questions).
+/// `approxy train collect --prompts P` takes the first prompts of each source in turn, so
+/// these stay out of every collection that takes fewer than the source's prompts minus `n`
+/// from it; the sample stays the one the committed `approxy bench calls` results were
+/// measured on.
 pub fn held_out_chat(corpus: &[CorpusPrompt], n: usize) -> Vec<CorpusPrompt> {
-    let chat: Vec<&CorpusPrompt> = corpus.iter().filter(|p| p.kind == "chat").collect();
+    let Some(first) = corpus.iter().find(|p| p.kind == "chat") else {
+        return Vec::new();
+    };
+    let chat: Vec<&CorpusPrompt> = corpus
+        .iter()
+        .filter(|p| p.kind == "chat" && p.source == first.source)
+        .collect();
     chat[chat.len().saturating_sub(n)..]
         .iter()
         .map(|p| (*p).clone())
@@ -75,19 +83,19 @@ mod tests {
         let sample = held_out_chat(&corpus, 40);
         assert_eq!(sample.len(), 40);
         assert!(sample.iter().all(|p| p.kind == "chat"));
-        // The prompts `approxy train collect --prompts 200` (deploy/train-default.sh, the
-        // shipped calibration) reads: the first 100 chat prompts.
+        // The prompts `approxy train collect --prompts 300` (deploy/train-default.sh, the
+        // shipped calibration) reads: 150 chat prompts, its sources in turn.
         let script = std::fs::read_to_string(root.join("deploy/train-default.sh"))?;
         assert!(
-            script.contains("PROMPTS=\"${1:-200}\""),
+            script.contains("PROMPTS=\"${1:-300}\""),
             "the default changed"
         );
-        let used: std::collections::HashSet<u32> = corpus
-            .iter()
-            .filter(|p| p.kind == "chat")
-            .take(100)
-            .map(|p| p.id)
-            .collect();
+        let used: std::collections::HashSet<u32> =
+            approxy_training::corpus::select(&corpus, "chat", 150)
+                .iter()
+                .map(|p| p.id)
+                .collect();
+        assert_eq!(used.len(), 150);
         assert!(sample.iter().all(|p| !used.contains(&p.id)));
         let texts: std::collections::HashSet<&str> = corpus
             .iter()

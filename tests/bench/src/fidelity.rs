@@ -29,10 +29,11 @@ use super::report::{Machine, utc_now};
 use super::servers::{self, Layout};
 use super::stats;
 
-/// How many corpus prompts `deploy/train-default.sh` collects on (`approxy train collect
-/// --prompts 200`: the first half of each kind) ...
+/// The sample is drawn from the first 100 prompts of each kind, the templated sources (what
+/// `deploy/train-default.sh` collected on when the fidelity table was first measured; it keeps
+/// this sample so the table stays comparable) ...
 pub const CALIBRATION_PROMPTS: usize = 200;
-/// ... and the seed its `approxy train fit` splits them with.
+/// ... held out by the seed `approxy train fit` splits with, so no verifier was fitted on them.
 pub const SPLIT_SEED: u64 = 7;
 
 /// The target the answers come from: the benchmark's llama-server with the local default
@@ -156,8 +157,8 @@ pub struct FidelityReport {
     pub variants: Vec<VariantResult>,
 }
 
-/// The calibration's held-out prompts: of the prompts `deploy/train-default.sh` collects on,
-/// those its fit holds out, the first `per_kind` of each kind.
+/// The fidelity sample: of the first [`CALIBRATION_PROMPTS`]` / 2` prompts of each kind, the first
+/// `per_kind` the calibration's split holds out.
 pub fn held_out_prompts(corpus: &[CorpusPrompt], per_kind: usize) -> Vec<CorpusPrompt> {
     ["code", "chat"]
         .iter()
@@ -598,6 +599,7 @@ mod tests {
             .map(|id| CorpusPrompt {
                 id,
                 kind: if id % 2 == 0 { "code" } else { "chat" }.into(),
+                source: String::new(),
                 prompt: format!("p{id}"),
             })
             .collect();
@@ -606,7 +608,7 @@ mod tests {
         assert_eq!(got.iter().filter(|p| p.kind == "chat").count(), 5);
         for p in &got {
             assert!(approxy_training::fit::is_held_out(p.id, SPLIT_SEED));
-            // Within the prompts the calibration collected on: the first 100 of each kind.
+            // Within the first 100 of each kind.
             assert!(p.id < 200, "{}", p.id);
         }
     }
