@@ -16,6 +16,9 @@ pub use approxy_verifier::verify::context::N_CONTEXT;
 /// Number of logit statistics per row (see `approxy_verifier::verify::features::STAT_NAMES`).
 pub const N_STATS: usize = 4;
 
+/// [`Rows::tokens`] of a row whose shard did not keep its token.
+pub const UNKNOWN_TOKEN: u32 = u32::MAX;
+
 /// The shard format; shards of an older one (without the context) are refused, not misread.
 const FORMAT: &str = "approxy-rows/2";
 
@@ -36,6 +39,10 @@ pub struct Rows {
     pub prompt_ids: Vec<u32>,
     /// 0 = code, 1 = chat.
     pub kinds: Vec<u8>,
+    /// The token each row's features are of (the draft's top-1), so features of the token
+    /// itself can be tried on collected rows; [`UNKNOWN_TOKEN`] in shards from before it was
+    /// kept.
+    pub tokens: Vec<u32>,
     /// How the draft that produced the rows was converted ([`DraftMeta::build`]).
     pub draft_build: String,
     /// Per row: read from a live-decode shard (known from the shard's name at load, not
@@ -82,6 +89,7 @@ impl Rows {
         self.labels.push(u8::from(label));
         self.prompt_ids.push(prompt_id);
         self.kinds.push(kind);
+        self.tokens.push(f.token);
         self.live.push(false);
     }
 
@@ -93,6 +101,7 @@ impl Rows {
         self.labels.extend_from_slice(&other.labels);
         self.prompt_ids.extend_from_slice(&other.prompt_ids);
         self.kinds.extend_from_slice(&other.kinds);
+        self.tokens.extend_from_slice(&other.tokens);
         self.live.extend_from_slice(&other.live);
     }
 
@@ -116,15 +125,16 @@ impl Rows {
         &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
     }
 
-    /// Row `i` as the features the serving side scores (top-1 ids are not kept: 0).
+    /// Row `i` as the features the serving side scores.
     pub fn features_of(&self, i: usize) -> Features {
         let mut stats = [0f32; N_STATS];
         stats.copy_from_slice(self.stats_of(i));
         let mut context = [0f32; N_CONTEXT];
         context.copy_from_slice(self.context_of(i));
+        let token = self.tokens[i];
         Features {
-            top1: 0,
-            token: 0,
+            top1: token,
+            token,
             top1_prob: stats[0],
             stats,
             hidden: self.hidden_of(i).to_vec(),
@@ -139,11 +149,9 @@ impl Rows {
         let stats = f32s(&self.stats);
         let context = f32s(&self.context);
         let hidden = f32s(&self.hidden);
-        let ids: Vec<u8> = self
-            .prompt_ids
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let ids = u32s(&self.prompt_ids);
+        let tokens = u32s(&self.tokens);
         let views = vec![
             (
                 "stats",
@@ -160,6 +168,7 @@ impl Rows {
             ("labels", TensorView::new(Dtype::U8, vec![n], &self.labels)?),
             ("prompt_ids", TensorView::new(Dtype::U32, vec![n], &ids)?),
             ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
+            ("tokens", TensorView::new(Dtype::U32, vec![n], &tokens)?),
         ];
         let mut meta = std::collections::HashMap::new();
         meta.insert("format".to_string(), FORMAT.to_string());
@@ -191,25 +200,35 @@ impl Rows {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect())
         };
+        let u32s = |name: &str| -> anyhow::Result<Vec<u32>> {
+            Ok(st
+                .tensor(name)?
+                .data()
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
         let hidden_t = st.tensor("hidden")?;
         let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
         let labels = st.tensor("labels")?.data().to_vec();
+        let n = labels.len();
         Ok(Self {
             hidden_size,
             stats: f32s("stats")?,
             context: f32s("context")?,
             hidden: f32s("hidden")?,
-            live: vec![false; labels.len()],
+            live: vec![false; n],
             labels,
             // Shards from before the record were all collected with the legacy build.
             draft_build: field("draft_build").unwrap_or_else(|| LEGACY_DRAFT_BUILD.to_string()),
-            prompt_ids: st
-                .tensor("prompt_ids")?
-                .data()
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            prompt_ids: u32s("prompt_ids")?,
             kinds: st.tensor("kinds")?.data().to_vec(),
+            // Shards from before tokens were kept have none.
+            tokens: if st.names().contains(&"tokens") {
+                u32s("tokens")?
+            } else {
+                vec![UNKNOWN_TOKEN; n]
+            },
         })
     }
 }
@@ -291,8 +310,8 @@ mod tests {
     #[test]
     fn shard_round_trip() -> anyhow::Result<()> {
         let row = |stats: [f32; 4], hidden: &[f32], c: f32| Features {
-            top1: 0,
-            token: 0,
+            top1: c.to_bits(),
+            token: c.to_bits(),
             top1_prob: stats[0],
             stats,
             hidden: hidden.to_vec(),
@@ -321,6 +340,24 @@ mod tests {
         assert_eq!(back.hidden_of(1), &[4.0, 5.0, 0.0]);
         assert_eq!(back.context_of(1), &[-1.0; N_CONTEXT]);
         assert_eq!(back.live_rows(), 0);
+        assert_eq!(back.tokens, [0.5f32.to_bits(), (-1.0f32).to_bits()]);
+        assert_eq!(back.features_of(1).token, (-1.0f32).to_bits());
+        // A shard from before tokens were kept reads as rows of unknown tokens.
+        let old = tempfile::tempdir()?;
+        r.save(&shard_path(old.path(), 0))?;
+        let bytes = std::fs::read(shard_path(old.path(), 0))?;
+        let st = SafeTensors::deserialize(&bytes)?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)?;
+        let views: Vec<(String, TensorView)> = st
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != "tokens")
+            .collect();
+        std::fs::write(
+            shard_path(old.path(), 0),
+            safetensors::tensor::serialize(views, meta.metadata().clone())?,
+        )?;
+        assert_eq!(load_dir(old.path())?.tokens, [UNKNOWN_TOKEN; 2]);
         // The same rows in a live shard are live rows.
         let live = tempfile::tempdir()?;
         r.save(&live_shard_path(live.path(), 0))?;
