@@ -745,7 +745,7 @@ fn prompt_source_section(c: &Calibration) -> String {
             f(r.learned_auc)
         ));
     }
-    s.push_str("\nEach policy's threshold for the kind (the table above: the same budget for every source of a kind) applied to each source's rows: what the dial gives on prompts like these. Accept / FAR / calls per 100 tokens.\n\n| source | policy | confidence: threshold, accept / FAR / calls | learned: threshold, accept / FAR / calls |\n|---|---|---|---|\n");
+    s.push_str("\nEach policy's threshold for the kind (from the budgets table above, one per kind and verifier) applied to each source's rows: what the dial gives on prompts like these. Accept / FAR / calls per 100 tokens.\n\n| source | policy | confidence: threshold, accept / FAR / calls | learned: threshold, accept / FAR / calls |\n|---|---|---|---|\n");
     let cell = |v: Option<&AtBudget>| {
         v.map_or("n/a".to_string(), |v| {
             format!(
