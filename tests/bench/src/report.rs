@@ -278,7 +278,7 @@ pub fn overhead_markdown(r: &OverheadReport) -> String {
     }
     s.push_str(&format!(
         "\nUnthrottled ({} connections): {:.0} req/s through the gateway with {} errors ({:.0} req/s straight to the stub). \
-         Gateway memory: {:.0} MiB resident after start-up (the ONNX draft is loaded even for passthrough), peak {:.0} MiB under load.\n",
+         Gateway memory: {:.0} MiB resident after start-up (a passthrough-only policy never starts the ONNX draft), peak {:.0} MiB under load.\n",
         r.connections, r.max.gateway.achieved_rps, r.max.gateway.errors, r.max.direct.achieved_rps, r.rss_after_start_mib, r.peak_rss_mib
     ));
     let at_1000 = r.rates.iter().find(|x| x.rate == 1000);
