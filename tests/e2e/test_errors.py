@@ -104,15 +104,23 @@ def test_failure_mid_stream_is_error_event_then_close(start_gateway, fault_proxy
     # the target in one call): a call per token, so the injected failure comes mid-stream.
     g = start_gateway(policy_text(base_url=p.url, retries="0", price="{ input = 0.0, cached_input = 0.0, output = 0.0 }",
                                   correction='{ mode = "fixed", tokens = 1 }'))
-    stream = g.client().chat.completions.create(model=MODEL, messages=MSG, max_tokens=40, stream=True,
-                                                extra_headers={"x-approxy-threshold": "1"})
-    got = ""
-    with pytest.raises(openai.APIError) as e:
-        for chunk in stream:
+    raw = g.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=MSG, max_tokens=40, stream=True, extra_headers={"x-approxy-threshold": "1"})
+    got, err = "", None
+    try:
+        for chunk in raw.parse():
             if chunk.choices:
                 got += chunk.choices[0].delta.content or ""
+    except openai.APIError as x:
+        err = x
+    # Once seen in CI (not reproduced since): the stream ended without an error. Say why, so a
+    # repeat can be told apart: a passthrough (its reason), or an answer done in three calls.
+    assert err is not None, (
+        f"the stream ended without an error event: passthrough reason "
+        f"{raw.headers.get('x-approxy-passthrough-reason')}, {p.completions} /completion calls, "
+        f"answer {got!r}; gateway log:\n{g.logs()[-3000:]}")
     assert got, "tokens before the failure must arrive"
-    assert "secret" not in str(e.value)
+    assert "secret" not in str(err)
     # The gateway stays healthy afterwards.
     assert raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 2},
                     headers={"x-approxy-threshold": "0"}).status_code == 200
