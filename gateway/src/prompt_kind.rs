@@ -239,8 +239,8 @@ mod tests {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../training/data/prompts.jsonl");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
-        // (label or source, right, of)
-        let mut tally: Vec<(String, usize, usize)> = Vec::new();
+        // label or label/source -> (right, of)
+        let mut tally: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
         let mut wrong = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}"));
@@ -254,19 +254,13 @@ mod tests {
                 wrong.push(format!("{label}: {prompt}"));
             }
             for key in [label.to_string(), format!("{label}/{source}")] {
-                let i = match tally.iter().position(|t| t.0 == key) {
-                    Some(i) => i,
-                    None => {
-                        tally.push((key, 0, 0));
-                        tally.len() - 1
-                    }
-                };
-                tally[i].1 += usize::from(right);
-                tally[i].2 += 1;
+                let t = tally.entry(key).or_default();
+                t.0 += usize::from(right);
+                t.1 += 1;
             }
         }
         assert!(tally.len() >= 8, "kinds and sources: {tally:?}");
-        for (key, right, of) in &tally {
+        for (key, (right, of)) in &tally {
             let acc = *right as f64 / *of as f64;
             eprintln!("{key}: {right} of {of} classed as labelled ({acc:.4})");
             let floor = if key.contains('/') { 0.8 } else { 0.97 };

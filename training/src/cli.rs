@@ -259,16 +259,13 @@ fn by_prompt_source(
                 .unwrap_or("unknown")
         })
         .collect();
-    let mut sources: Vec<(&str, &str)> = Vec::new();
-    for kind in ["code", "chat"] {
-        for p in corpus.iter().filter(|p| p.kind == kind) {
-            if !sources.iter().any(|(s, _)| *s == p.source) {
-                sources.push((&p.source, kind));
-            }
-        }
-    }
-    sources
+    ["code", "chat"]
         .into_iter()
+        .flat_map(|kind| {
+            crate::corpus::sources(corpus, kind)
+                .into_iter()
+                .map(move |s| (s, kind))
+        })
         .filter_map(|(source, kind)| {
             let keep = |j: usize| src[j] == source;
             let (_, labels) = selected(base, keep);

@@ -48,21 +48,34 @@ pub fn load(path: &Path) -> anyhow::Result<Vec<CorpusPrompt>> {
         .collect()
 }
 
-/// The first `n` prompts of `kind`, taken from its sources in turn (in the order the corpus
-/// first names them, each source in corpus order), so that a collection of any size covers
-/// every source evenly until one runs out.
-pub fn select<'a>(corpus: &'a [CorpusPrompt], kind: &str, n: usize) -> Vec<&'a CorpusPrompt> {
-    let mut by_source: Vec<(&str, std::collections::VecDeque<&CorpusPrompt>)> = Vec::new();
+/// The sources of `kind`'s prompts, in the order the corpus first names them.
+pub fn sources<'a>(corpus: &'a [CorpusPrompt], kind: &str) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
     for p in corpus.iter().filter(|p| p.kind == kind) {
-        match by_source.iter_mut().find(|(s, _)| *s == p.source) {
-            Some((_, q)) => q.push_back(p),
-            None => by_source.push((&p.source, [p].into())),
+        if !out.contains(&p.source.as_str()) {
+            out.push(&p.source);
         }
     }
+    out
+}
+
+/// The first `n` prompts of `kind`, taken from its sources in turn (in [`sources`] order,
+/// each source in corpus order), so that a collection of any size covers every source evenly
+/// until one runs out.
+pub fn select<'a>(corpus: &'a [CorpusPrompt], kind: &str, n: usize) -> Vec<&'a CorpusPrompt> {
+    let mut by_source: Vec<std::collections::VecDeque<&CorpusPrompt>> = sources(corpus, kind)
+        .into_iter()
+        .map(|s| {
+            corpus
+                .iter()
+                .filter(|p| p.kind == kind && p.source == s)
+                .collect()
+        })
+        .collect();
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         let before = out.len();
-        for (_, q) in &mut by_source {
+        for q in &mut by_source {
             if out.len() == n {
                 break;
             }

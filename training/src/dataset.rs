@@ -192,22 +192,8 @@ impl Rows {
             path.display()
         );
         let st = SafeTensors::deserialize(&bytes)?;
-        let f32s = |name: &str| -> anyhow::Result<Vec<f32>> {
-            Ok(st
-                .tensor(name)?
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        };
-        let u32s = |name: &str| -> anyhow::Result<Vec<u32>> {
-            Ok(st
-                .tensor(name)?
-                .data()
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        };
+        let f32s = |name: &str| words(&st, name, f32::from_le_bytes);
+        let u32s = |name: &str| words(&st, name, u32::from_le_bytes);
         let hidden_t = st.tensor("hidden")?;
         let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
         let labels = st.tensor("labels")?.data().to_vec();
@@ -231,6 +217,16 @@ impl Rows {
             },
         })
     }
+}
+
+/// Tensor `name` of `st` as little-endian 4-byte values (`f32` or `u32`).
+fn words<T>(st: &SafeTensors, name: &str, from: fn([u8; 4]) -> T) -> anyhow::Result<Vec<T>> {
+    Ok(st
+        .tensor(name)?
+        .data()
+        .chunks_exact(4)
+        .map(|c| from([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// Refuses to add rows from a draft converted as `build` to a directory holding rows of another
