@@ -9,6 +9,8 @@
 //! - `vllm`: the optional vLLM test target (its venv and the float32 draft it serves).
 //! - `assets`: pinned sources, versions and sha256 of everything fetched.
 //! - `cpu`: this CPU's SIMD features and the llama.cpp build options they allow.
+//! - `fingerprint`: what makes a converted draft the shipped one (its weights and logits
+//!   against a committed reference, within measured rounding tolerances).
 //! - `manifest`: what is present, its hashes and the CPU each native part was built for.
 //! - `smoke`: every native part run once before it is accepted.
 //! - `local_server`: a server process (llama-server, vLLM, approxy) started, awaited, killed on drop.
@@ -16,6 +18,7 @@
 
 pub mod assets;
 pub mod cpu;
+pub mod fingerprint;
 pub mod local_server;
 pub mod manifest;
 mod process;

