@@ -481,6 +481,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         budgets,
         by_source: by_source(&base, &best_scores),
         by_prompt_source,
+        rules: crate::rule_study::study(&rows, &held),
         fit_seconds: started.elapsed().as_secs_f64(),
     };
     std::fs::create_dir_all(&a.out_dir)?;
@@ -675,6 +676,7 @@ pub fn markdown(c: &Calibration) -> String {
     s.push_str(&source_section(c));
     s.push_str(&budget_section(c));
     s.push_str(&prompt_source_section(c));
+    s.push_str(&rule_section(c));
     s.push_str(&format!(
         "\n\nChosen for the default policy: **{}**. A learned head is chosen only when its AUC is higher than the baseline's and it makes fewer target calls at the default policy's budget on code and on chat.\n",
         c.chosen_verifier
@@ -761,6 +763,28 @@ fn prompt_source_section(c: &Calibration) -> String {
                 cell(b.verifiers.iter().find(|v| v.verifier == *learned))
             ));
         }
+    }
+    s.truncate(s.trim_end().len());
+    s
+}
+
+/// What each acceptance rule accepts, from the target's probabilities on the held-out rows.
+fn rule_section(c: &Calibration) -> String {
+    let mut s = String::new();
+    if c.rules.is_empty() {
+        return s;
+    }
+    s.push_str("\n\n## Acceptance rules\n\nOn the held-out rows that carry the target's top-20 log-probabilities: the share each rule accepts (`sprinter`: the mean acceptance chance min(1, p/q)), the draft confidence's ROC AUC against the rule, and the share of positions the confidence can accept with at most 5 % of the accepted rejected by the rule. A draft token outside the target's top-20 counts as rejected by every rule (`verifier/src/verify/rule.rs`).\n\n| rule | kind | rows | accepted by the rule | confidence AUC | confidence accepts at 5 % |\n|---|---|---|---|---|---|\n");
+    for r in &c.rules {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.1} % | {} | {:.1} % |\n",
+            r.rule,
+            r.kind,
+            r.rows,
+            100.0 * r.positive,
+            f(r.confidence_auc),
+            100.0 * r.confidence_accept_at_5_percent
+        ));
     }
     s.truncate(s.trim_end().len());
     s

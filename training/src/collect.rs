@@ -5,7 +5,10 @@
 //! token equals the target's token there. Live: the real decode loop runs with a verifier and
 //! a threshold, and the rows are the positions it visits, including those after a wrongly
 //! accepted draft token that teacher forcing never sees; each is labelled with the target's
-//! greedy token after exactly that prefix. Target calls run two at a time (a llama-server with
+//! greedy token after exactly that prefix. In both, every target call asks for the target's
+//! top-[`TARGET_TOP_K`] log-probabilities at each position it generates, and the rows keep them
+//! (a target kind that gives none leaves them unknown, with a warning): every acceptance
+//! rule's label is computed from them. Target calls run two at a time (a llama-server with
 //! two slots), and every finished shard is skipped on a rerun.
 
 use std::future::Future;
@@ -24,7 +27,7 @@ use approxy_verifier::{
     Verifier,
 };
 
-use crate::dataset::{Rows, ensure_draft_build, live_shard_path, shard_path};
+use crate::dataset::{Rows, TARGET_TOP_K, ensure_draft_build, live_shard_path, shard_path};
 
 /// One prompt to collect on.
 #[derive(Debug, Clone)]
@@ -50,6 +53,7 @@ impl CollectItem {
             max_tokens,
             sampling: SamplingParams::default(),
             model: None,
+            top_logprobs: TARGET_TOP_K as u32,
         }
     }
 }
@@ -139,8 +143,11 @@ pub async fn collect(
             .buffered(opts.concurrency.max(1));
             futures::pin_mut!(answers);
             while let Some((item, answer)) = answers.next().await {
-                let answer = answer?.tokens;
-                teacher_force(pool, tokenizer, item, &answer, &mut rows).await?;
+                let answer = answer?;
+                warn_without_probs(&answer.top_logprobs, answer.tokens.len());
+                let probs = (answer.top_logprobs.len() == answer.tokens.len())
+                    .then_some(answer.top_logprobs.as_slice());
+                teacher_force(pool, tokenizer, item, &answer.tokens, probs, &mut rows).await?;
                 pb.inc(1);
             }
             Ok(rows)
@@ -149,20 +156,42 @@ pub async fn collect(
     .await
 }
 
-/// Runs the draft over prompt + answer and appends one row per answer position.
+/// Says once per process that the target gave no probabilities (a kind that cannot): the rows
+/// then carry only the identity label.
+fn warn_without_probs(probs: &[Vec<(u32, f32)>], tokens: usize) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if tokens > 0 && probs.len() != tokens {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                got = probs.len(),
+                tokens,
+                "the target gave no top log-probabilities: rows carry the identity label only"
+            );
+        });
+    }
+}
+
+/// Runs the draft over prompt + answer and appends one row per answer position, with the
+/// target's top log-probabilities at each position when `target_probs` has them.
 pub async fn teacher_force(
     pool: &Arc<DraftPool>,
     tokenizer: &Tokenizer,
     item: &CollectItem,
     answer: &[u32],
+    target_probs: Option<&[Vec<(u32, f32)>]>,
     rows: &mut Rows,
 ) -> anyhow::Result<()> {
     let lease = pool
         .try_lease()
         .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
     let outs = draft_outputs(lease.as_ref(), &item.prompt, answer).await?;
-    for (f, &truth) in along_answer(&outs, answer, tokenizer)?.iter().zip(answer) {
-        rows.push(f, f.top1 == truth, item.id, item.kind);
+    for (i, (f, &truth)) in along_answer(&outs, answer, tokenizer)?
+        .iter()
+        .zip(answer)
+        .enumerate()
+    {
+        let probs = target_probs.and_then(|p| p.get(i)).map(Vec::as_slice);
+        rows.push_with_target(f, f.top1 == truth, item.id, item.kind, probs);
     }
     Ok(())
 }
@@ -233,8 +262,9 @@ pub async fn collect_live(
                 let truths =
                     label_visited(engine.target(), item, &visited, opts.concurrency).await?;
                 let features = along_answer(&outs, &tokens, engine.tokenizer())?;
-                for (f, truth) in features.iter().zip(truths) {
-                    rows.push(f, truth == Some(f.top1), item.id, item.kind);
+                for (f, (truth, probs)) in features.iter().zip(truths) {
+                    let probs = (!probs.is_empty()).then_some(probs.as_slice());
+                    rows.push_with_target(f, truth == Some(f.top1), item.id, item.kind, probs);
                 }
                 pb.inc(1);
             }
@@ -283,26 +313,33 @@ async fn live_decode(
     Ok(visited)
 }
 
-/// The target's greedy token after each visited prefix. Where the loop rejected, the target
-/// already answered (the emitted token); elsewhere one single-token call asks it. `None`
-/// means the target would have ended the answer there.
+/// The target's greedy token after each visited prefix, and its top log-probabilities there:
+/// one single-token call per position (where the loop rejected, the target already chose the
+/// emitted token, but its probabilities there need the call too). `None` means the target
+/// would have ended the answer there.
 async fn label_visited(
     target: &Arc<dyn TargetClient>,
     item: &CollectItem,
     visited: &[(u32, Source)],
     concurrency: usize,
-) -> anyhow::Result<Vec<Option<u32>>> {
+) -> anyhow::Result<Vec<(Option<u32>, Vec<(u32, f32)>)>> {
     let prompt = item.prompt.as_slice();
     let tokens: Vec<u32> = visited.iter().map(|v| v.0).collect();
     let calls = visited.iter().enumerate().map(|(i, &(id, source))| {
         let target = Arc::clone(target);
         let prefix = [prompt, &tokens[..i]].concat();
         async move {
-            if source == Source::Target {
-                return anyhow::Ok(Some(id));
-            }
             let req = item.request(prefix, 1);
-            Ok(target.continue_tokens(&req).await?.tokens.first().copied())
+            let c = target.continue_tokens(&req).await?;
+            warn_without_probs(&c.top_logprobs, c.tokens.len());
+            // Where the loop rejected, the emitted token is the target's own choice.
+            let truth = if source == Source::Target {
+                Some(id)
+            } else {
+                c.tokens.first().copied()
+            };
+            let probs = c.top_logprobs.into_iter().next().unwrap_or_default();
+            anyhow::Ok((truth, probs))
         }
     });
     futures::stream::iter(calls)

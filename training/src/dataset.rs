@@ -1,7 +1,9 @@
 //! Collected training rows: at every answer position, the draft's features (the same
 //! [`Features`](approxy_verifier::verify::Features) the serving path computes, the answer's
-//! context included) and the label "the draft's top token equals the target's token". Stored
-//! as safetensors shards, one per batch of prompts, so collection can stop and resume.
+//! context included), the label "the draft's top token equals the target's token", and, where
+//! the target gave them, the target's probabilities there (its top-k log-probabilities, from
+//! which every [`AcceptanceRule`] label is computed). Stored as safetensors shards, one per
+//! batch of prompts, so collection can stop and resume.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,8 +12,11 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use approxy_verifier::DraftMeta;
 use approxy_verifier::draft::LEGACY_DRAFT_BUILD;
-use approxy_verifier::verify::Features;
 pub use approxy_verifier::verify::context::N_CONTEXT;
+use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs};
+
+/// How many of the target's top log-probabilities a row keeps.
+pub const TARGET_TOP_K: usize = 20;
 
 /// Number of logit statistics per row (see `approxy_verifier::verify::features::STAT_NAMES`).
 pub const N_STATS: usize = 4;
@@ -43,6 +48,20 @@ pub struct Rows {
     /// itself can be tried on collected rows; [`UNKNOWN_TOKEN`] in shards from before it was
     /// kept.
     pub tokens: Vec<u32>,
+    /// `[n][TARGET_TOP_K]` row-major: the target's top tokens at the row's position, most
+    /// likely first; [`UNKNOWN_TOKEN`] where the target gave fewer, and in every slot of a row
+    /// without the target's probabilities (a target that gives none, or an older shard).
+    pub target_top_ids: Vec<u32>,
+    /// `[n][TARGET_TOP_K]`: their natural-log probabilities (negative infinity where unknown).
+    pub target_top_logprobs: Vec<f32>,
+    /// The target's log-probability of the row's token (the draft's top-1); where that token
+    /// is outside the target's top-k, the k-th log-probability, an upper bound.
+    pub target_token_logprob: Vec<f32>,
+    /// 1 where the row's token is outside the target's top-k (its log-probability is a bound).
+    pub target_token_outside: Vec<u8>,
+    /// The target's entropy in nats, the mass beyond its top-k counted as one outcome (negative
+    /// infinity where unknown).
+    pub target_entropy: Vec<f32>,
     /// How the draft that produced the rows was converted ([`DraftMeta::build`]).
     pub draft_build: String,
     /// Per row: read from a live-decode shard (known from the shard's name at load, not
@@ -78,8 +97,68 @@ impl Rows {
         self.labels.is_empty()
     }
 
+    /// Appends one row: the features of the draft's top-1 at a position, whether the target's
+    /// token there is that token, and the target's top log-probabilities there when known.
+    pub fn push_with_target(
+        &mut self,
+        f: &Features,
+        label: bool,
+        prompt_id: u32,
+        kind: u8,
+        target: Option<&[(u32, f32)]>,
+    ) {
+        self.push(f, label, prompt_id, kind);
+        let Some(top) = target.filter(|t| !t.is_empty()) else {
+            return;
+        };
+        let at = self.len() - 1;
+        let slots = at * TARGET_TOP_K..(at + 1) * TARGET_TOP_K;
+        for (slot, &(id, lp)) in slots.clone().zip(top.iter().take(TARGET_TOP_K)) {
+            self.target_top_ids[slot] = id;
+            self.target_top_logprobs[slot] = lp;
+        }
+        let probs = TargetProbs {
+            top: top.iter().take(TARGET_TOP_K).copied().collect(),
+        };
+        let (lp, outside) = match probs.logprob(f.token) {
+            Some(lp) => (lp, false),
+            None => (probs.top.last().map_or(f32::NEG_INFINITY, |t| t.1), true),
+        };
+        self.target_token_logprob[at] = lp;
+        self.target_token_outside[at] = u8::from(outside);
+        self.target_entropy[at] = probs.entropy();
+    }
+
+    /// The target's probabilities at row `i`, when they were recorded.
+    pub fn target_probs(&self, i: usize) -> Option<TargetProbs> {
+        let ids = &self.target_top_ids[i * TARGET_TOP_K..(i + 1) * TARGET_TOP_K];
+        let lps = &self.target_top_logprobs[i * TARGET_TOP_K..(i + 1) * TARGET_TOP_K];
+        let top: Vec<(u32, f32)> = ids
+            .iter()
+            .zip(lps)
+            .take_while(|(id, _)| **id != UNKNOWN_TOKEN)
+            .map(|(&id, &lp)| (id, lp))
+            .collect();
+        (!top.is_empty()).then_some(TargetProbs { top })
+    }
+
+    /// Row `i`'s label under `rule` (soft for `sprinter`), when the target's probabilities
+    /// were recorded there. The draft's probability of its token is the row's top-1
+    /// probability.
+    pub fn rule_label(&self, i: usize, rule: &AcceptanceRule) -> Option<f32> {
+        let target = self.target_probs(i)?;
+        Some(rule.label(self.tokens[i], self.stats_of(i)[0], &target))
+    }
+
+    /// Rows that carry the target's probabilities.
+    pub fn rows_with_target_probs(&self) -> usize {
+        (0..self.len())
+            .filter(|&i| self.target_top_ids[i * TARGET_TOP_K] != UNKNOWN_TOKEN)
+            .count()
+    }
+
     /// Appends one row: the features of the draft's top-1 at a position, and whether the
-    /// target's token there is that token.
+    /// target's token there is that token (the target's probabilities unknown).
     pub fn push(&mut self, f: &Features, label: bool, prompt_id: u32, kind: u8) {
         self.stats.extend_from_slice(&f.stats);
         self.context.extend_from_slice(&f.context);
@@ -91,6 +170,21 @@ impl Rows {
         self.kinds.push(kind);
         self.tokens.push(f.token);
         self.live.push(false);
+        self.push_unknown_target(1);
+    }
+
+    /// Appends `n` rows' worth of "the target's probabilities are unknown".
+    fn push_unknown_target(&mut self, n: usize) {
+        let k = n * TARGET_TOP_K;
+        self.target_top_ids
+            .extend(std::iter::repeat_n(UNKNOWN_TOKEN, k));
+        self.target_top_logprobs
+            .extend(std::iter::repeat_n(f32::NEG_INFINITY, k));
+        self.target_token_logprob
+            .extend(std::iter::repeat_n(f32::NEG_INFINITY, n));
+        self.target_token_outside.extend(std::iter::repeat_n(0, n));
+        self.target_entropy
+            .extend(std::iter::repeat_n(f32::NEG_INFINITY, n));
     }
 
     /// Appends all rows of `other`.
@@ -103,6 +197,14 @@ impl Rows {
         self.kinds.extend_from_slice(&other.kinds);
         self.tokens.extend_from_slice(&other.tokens);
         self.live.extend_from_slice(&other.live);
+        self.target_top_ids.extend_from_slice(&other.target_top_ids);
+        self.target_top_logprobs
+            .extend_from_slice(&other.target_top_logprobs);
+        self.target_token_logprob
+            .extend_from_slice(&other.target_token_logprob);
+        self.target_token_outside
+            .extend_from_slice(&other.target_token_outside);
+        self.target_entropy.extend_from_slice(&other.target_entropy);
     }
 
     /// Row `i`'s statistics.
@@ -152,7 +254,11 @@ impl Rows {
         let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let ids = u32s(&self.prompt_ids);
         let tokens = u32s(&self.tokens);
-        let views = vec![
+        let top_ids = u32s(&self.target_top_ids);
+        let top_lps = f32s(&self.target_top_logprobs);
+        let token_lp = f32s(&self.target_token_logprob);
+        let entropy = f32s(&self.target_entropy);
+        let mut views = vec![
             (
                 "stats",
                 TensorView::new(Dtype::F32, vec![n, N_STATS], &stats)?,
@@ -170,6 +276,31 @@ impl Rows {
             ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
             ("tokens", TensorView::new(Dtype::U32, vec![n], &tokens)?),
         ];
+        // Only when some row has them: shards of a target that gives none stay as they were.
+        if self.rows_with_target_probs() > 0 {
+            views.extend([
+                (
+                    "target_top_ids",
+                    TensorView::new(Dtype::U32, vec![n, TARGET_TOP_K], &top_ids)?,
+                ),
+                (
+                    "target_top_logprobs",
+                    TensorView::new(Dtype::F32, vec![n, TARGET_TOP_K], &top_lps)?,
+                ),
+                (
+                    "target_token_logprob",
+                    TensorView::new(Dtype::F32, vec![n], &token_lp)?,
+                ),
+                (
+                    "target_token_outside",
+                    TensorView::new(Dtype::U8, vec![n], &self.target_token_outside)?,
+                ),
+                (
+                    "target_entropy",
+                    TensorView::new(Dtype::F32, vec![n], &entropy)?,
+                ),
+            ]);
+        }
         let mut meta = std::collections::HashMap::new();
         meta.insert("format".to_string(), FORMAT.to_string());
         meta.insert("draft_build".to_string(), self.draft_build.clone());
@@ -198,7 +329,7 @@ impl Rows {
         let hidden_size = hidden_t.shape().get(1).copied().unwrap_or(0);
         let labels = st.tensor("labels")?.data().to_vec();
         let n = labels.len();
-        Ok(Self {
+        let mut rows = Self {
             hidden_size,
             stats: f32s("stats")?,
             context: f32s("context")?,
@@ -215,7 +346,23 @@ impl Rows {
             } else {
                 vec![UNKNOWN_TOKEN; n]
             },
-        })
+            ..Self::default()
+        };
+        if st.names().contains(&"target_top_ids") {
+            rows.target_top_ids = u32s("target_top_ids")?;
+            rows.target_top_logprobs = f32s("target_top_logprobs")?;
+            rows.target_token_logprob = f32s("target_token_logprob")?;
+            rows.target_token_outside = st.tensor("target_token_outside")?.data().to_vec();
+            rows.target_entropy = f32s("target_entropy")?;
+            anyhow::ensure!(
+                rows.target_top_ids.len() == n * TARGET_TOP_K && rows.target_entropy.len() == n,
+                "{}: the target's probabilities do not cover its {n} rows",
+                path.display()
+            );
+        } else {
+            rows.push_unknown_target(n);
+        }
+        Ok(rows)
     }
 }
 

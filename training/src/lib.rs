@@ -8,6 +8,7 @@
 //! - `dataset`: reading the shards back as rows.
 //! - `fit`: logistic and MLP heads, trained and exported as verifier artifacts.
 //! - `report`: ROC AUC and the threshold grid written into the calibration file.
+//! - `rule_study`: what each acceptance rule accepts on rows with the target's probabilities.
 //! - `charts`: the ROC and threshold PNGs beside it.
 
 pub mod charts;
@@ -17,3 +18,4 @@ pub mod corpus;
 pub mod dataset;
 pub mod fit;
 pub mod report;
+pub mod rule_study;

@@ -39,6 +39,44 @@ fn item(tok: &Tokenizer, id: u32, user: &str) -> CollectItem {
     }
 }
 
+/// Every row carries the target's top-20 log-probabilities from the real llama-server, and they
+/// agree with the row's identity label: the target's top token there is the token it chose,
+/// except at a numerical tie (a re-sent prefix is computed as a batch and rounds differently).
+fn target_probs_line_up(rows: &approxy_training::dataset::Rows, what: &str) {
+    use approxy_verifier::verify::AcceptanceRule;
+    assert_eq!(
+        rows.rows_with_target_probs(),
+        rows.len(),
+        "{what}: rows without probabilities"
+    );
+    let mut disagree = Vec::new();
+    for i in 0..rows.len() {
+        let probs = rows.target_probs(i).unwrap();
+        assert_eq!(probs.top.len(), 20, "{what}: row {i}");
+        assert!(
+            probs.top.windows(2).all(|w| w[0].1 >= w[1].1) && probs.top[0].1 <= 0.0,
+            "{what}: row {i}: not log-probabilities, most likely first: {:?}",
+            probs.top
+        );
+        let identical = rows.rule_label(i, &AcceptanceRule::Identical).unwrap() == 1.0;
+        if identical != (rows.labels[i] == 1) {
+            let margin = probs.top[0].1 - probs.top[1].1;
+            disagree.push((i, margin));
+        }
+        if rows.target_token_outside[i] == 0 {
+            assert_eq!(
+                Some(rows.target_token_logprob[i]),
+                probs.logprob(rows.tokens[i]),
+                "{what}: row {i}"
+            );
+        }
+    }
+    assert!(
+        disagree.iter().all(|&(_, margin)| margin < 0.1),
+        "{what}: the target's top token and the row's label disagree away from a tie: {disagree:?}"
+    );
+}
+
 /// Rows land at the visited positions, one per emitted token, and their labels line up with
 /// the target: on code prompts the draft agrees with the target at most positions, which a
 /// label shifted by one position (or taken from the wrong prefix) would not show.
@@ -114,6 +152,7 @@ async fn live_rows_follow_the_decode_loop() {
         "draft agreed with the target at only {:.0} % of visited code positions",
         100.0 * agree
     );
+    target_probs_line_up(&rows, "live");
     // A rerun finds the shard and does no work.
     let again = collect_live(
         pool,
@@ -204,6 +243,12 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
             "{name}: {} rows",
             s.rows
         );
+        if name == "llama_cpp" {
+            target_probs_line_up(&rows, name);
+        } else {
+            // The text-level kinds do not ask for probabilities yet: the rows say so.
+            assert_eq!(rows.rows_with_target_probs(), 0, "{name}");
+        }
         all.push((name, rows.labels.clone()));
     }
     for (name, labels) in &all[1..] {

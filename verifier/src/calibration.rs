@@ -225,8 +225,30 @@ pub struct Calibration {
     /// The held-out rows by the corpus source of their prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_prompt_source: Vec<PromptSourceReport>,
+    /// What each acceptance rule accepts on the held-out rows that carry the target's
+    /// probabilities, by prompt kind (empty when none do).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleReport>,
     /// Time the fit took.
     pub fit_seconds: f64,
+}
+
+/// One acceptance rule on one kind's held-out rows (`crate::verify::rule`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleReport {
+    /// The rule's name (`identical`, `ratio:0.2`, ...).
+    pub rule: String,
+    /// `code` or `chat`.
+    pub kind: String,
+    /// Held-out rows of the kind with the target's probabilities.
+    pub rows: usize,
+    /// Share of them the rule accepts (for `sprinter`, the mean acceptance chance).
+    pub positive: f64,
+    /// ROC AUC of the draft's confidence against the rule's accept/reject.
+    pub confidence_auc: Option<f64>,
+    /// Share of positions the draft's confidence can accept with at most 5 % of the accepted
+    /// rejected by the rule.
+    pub confidence_accept_at_5_percent: f64,
 }
 
 impl Calibration {

@@ -217,6 +217,7 @@ impl<'a> Run<'a> {
             max_tokens: n,
             sampling: self.req.sampling,
             model: self.req.model.clone(),
+            top_logprobs: 0,
         }
     }
 

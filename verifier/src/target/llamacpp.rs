@@ -44,7 +44,42 @@ fn body(req: &ContinuationRequest, stream: bool) -> Value {
     if let Some(seed) = s.seed {
         body["seed"] = json!(seed as i64);
     }
+    if req.top_logprobs > 0 {
+        // The probabilities before sampling (llama-server's default, `post_sampling_probs`
+        // off): the model's own distribution at temperature 1, whatever the request samples
+        // with.
+        body["n_probs"] = json!(req.top_logprobs);
+    }
     body
+}
+
+/// The top log-probabilities at each generated token of an `n_probs` answer
+/// (`completion_probabilities[i].top_logprobs[j].{id, logprob}`).
+fn top_logprobs_of(v: &Value) -> Result<Vec<Vec<(u32, f32)>>, TargetError> {
+    let Some(positions) = v["completion_probabilities"].as_array() else {
+        return Ok(Vec::new());
+    };
+    positions
+        .iter()
+        .map(|p| {
+            p["top_logprobs"]
+                .as_array()
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .map(|e| {
+                            let id = e["id"].as_u64().and_then(|x| u32::try_from(x).ok());
+                            let lp = e["logprob"].as_f64();
+                            id.zip(lp).map(|(id, lp)| (id, lp as f32))
+                        })
+                        .collect::<Option<Vec<_>>>()
+                })
+                .unwrap_or(Some(Vec::new()))
+                .ok_or_else(|| {
+                    TargetError::Protocol("malformed top_logprobs in /completion answer".into())
+                })
+        })
+        .collect()
 }
 
 /// The `tokens` of an answer from `endpoint`.
@@ -80,11 +115,17 @@ impl TargetClient for LlamaCppTarget {
             .as_u64()
             .and_then(|x| u32::try_from(x).ok())
             .or(cached);
+        let top_logprobs = if req.top_logprobs > 0 {
+            top_logprobs_of(&v)?
+        } else {
+            Vec::new()
+        };
         Ok(Continuation {
             tokens,
             stopped_on_eos,
             cached_prompt_tokens: cached_prompt,
             extra_calls: 0,
+            top_logprobs,
         })
     }
 
@@ -134,5 +175,49 @@ impl TargetClient for LlamaCppTarget {
 
     async fn health(&self) -> Result<(), TargetError> {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "health")).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape llama-server answers `"n_probs": 2` with (copied from a real answer of the
+    /// test target, `bytes` fields left out): one entry per generated token, end of sequence
+    /// included.
+    #[test]
+    fn top_logprobs_are_read_per_generated_token() {
+        let v = json!({
+            "tokens": [3351, 151645],
+            "completion_probabilities": [
+                {"id": 3351, "token": " today", "logprob": -0.1307, "top_logprobs": [
+                    {"id": 3351, "token": " today", "logprob": -0.1307},
+                    {"id": 30, "token": "?", "logprob": -2.1562}]},
+                {"id": 151645, "token": "<|im_end|>", "logprob": -0.0001, "top_logprobs": [
+                    {"id": 151645, "token": "<|im_end|>", "logprob": -0.0001},
+                    {"id": 198, "token": "\n", "logprob": -9.5}]}
+            ]
+        });
+        let got = top_logprobs_of(&v).unwrap_or_default();
+        assert_eq!(
+            got,
+            vec![
+                vec![(3351, -0.1307), (30, -2.1562)],
+                vec![(151645, -0.0001), (198, -9.5)]
+            ]
+        );
+        let req = ContinuationRequest {
+            top_logprobs: 20,
+            ..ContinuationRequest::greedy(vec![1, 2], 4)
+        };
+        assert_eq!(body(&req, false)["n_probs"], 20);
+        assert!(body(&ContinuationRequest::greedy(vec![1], 1), false)["n_probs"].is_null());
+        // No probabilities in the answer: none, not an error; a malformed entry is one.
+        assert_eq!(
+            top_logprobs_of(&json!({"tokens": [1]})).ok(),
+            Some(Vec::new())
+        );
+        let bad = json!({"completion_probabilities": [{"top_logprobs": [{"id": "x"}]}]});
+        assert!(top_logprobs_of(&bad).is_err());
     }
 }

@@ -49,6 +49,9 @@ pub struct ContinuationRequest {
     pub sampling: SamplingParams,
     /// Model id to name in the call (OpenAI-style targets); `None` uses the configured one.
     pub model: Option<String>,
+    /// Ask for the target's top log-probabilities at every generated position (this many
+    /// entries each; 0: none). Label collection needs them; the engine does not ask.
+    pub top_logprobs: u32,
 }
 
 impl ContinuationRequest {
@@ -61,6 +64,7 @@ impl ContinuationRequest {
             max_tokens,
             sampling: SamplingParams::default(),
             model: None,
+            top_logprobs: 0,
         }
     }
 
@@ -99,6 +103,10 @@ pub struct Continuation {
     /// Calls made beyond the one asked for (a text-level target whose answer did not start
     /// with the healed text is asked again without healing).
     pub extra_calls: u32,
+    /// When [`ContinuationRequest::top_logprobs`] asked for them and the target gives them:
+    /// at each generated token, the target's top (token, natural-log probability at
+    /// temperature 1), most likely first. Empty otherwise.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// Ask the target to judge a window of draft tokens after an exact prefix.

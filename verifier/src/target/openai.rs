@@ -137,6 +137,8 @@ impl TargetClient for OpenAiCompletionsTarget {
             stopped_on_eos,
             cached_prompt_tokens: reported_cached_tokens(&v["usage"]),
             extra_calls: 0,
+            // Not asked of this kind yet: label collection runs on llama-server.
+            top_logprobs: Vec::new(),
         })
     }
 

@@ -5,10 +5,12 @@
 pub mod context;
 pub mod features;
 pub mod learned;
+pub mod rule;
 
 pub use context::{Context, Record};
 pub use features::Features;
 pub use learned::LearnedVerifier;
+pub use rule::{AcceptanceRule, TargetProbs};
 
 /// Scores draft tokens.
 pub trait Verifier: Send + Sync + std::fmt::Debug {
