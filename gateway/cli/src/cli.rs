@@ -229,6 +229,36 @@ enum BenchCmd {
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
+    /// What each acceptance rule allows: the target's own top-20 probabilities decide at every
+    /// position (an oracle verifier); target share, pass@1 and the target's likelihood.
+    Oracle {
+        /// HumanEval problems, spread evenly (0: none).
+        #[arg(long, default_value_t = 24)]
+        problems: usize,
+        /// Held-out chat prompts (0: none).
+        #[arg(long, default_value_t = 40)]
+        chat: usize,
+        /// Output limit per code answer.
+        #[arg(long, default_value_t = 256)]
+        max_tokens: u32,
+        /// Output limit per chat answer.
+        #[arg(long, default_value_t = 128)]
+        chat_max_tokens: u32,
+        /// Rules compared, comma-separated (`identical`, `sprinter`, `sprinter-hard`,
+        /// `ratio:R`, `typical:EPS;DELTA` with a semicolon here).
+        #[arg(
+            long,
+            default_value = "identical,sprinter,ratio:0.5,ratio:0.2,typical:0.09;0.3",
+            value_delimiter = ','
+        )]
+        rules: Vec<String>,
+        /// The training corpus (the chat sample's source).
+        #[arg(long, default_value = "training/data/prompts.jsonl")]
+        corpus: PathBuf,
+        /// Results directory.
+        #[arg(long, default_value = "deploy/results/oracle")]
+        out: PathBuf,
+    },
     /// One variant's measurement, in a process of its own (started by draft-fidelity).
     #[command(hide = true)]
     DraftFidelityMeasure {
@@ -347,6 +377,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 what: BenchCmd::Quality { .. }
                     | BenchCmd::Calls { .. }
                     | BenchCmd::DraftFidelity { .. }
+                    | BenchCmd::Oracle { .. }
                     | BenchCmd::Overhead { .. }
                     | BenchCmd::Soak { .. }
             }
@@ -463,6 +494,33 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             fresh,
             only,
         })),
+        Cmd::Bench {
+            what:
+                BenchCmd::Oracle {
+                    problems,
+                    chat,
+                    max_tokens,
+                    chat_max_tokens,
+                    rules,
+                    corpus,
+                    out,
+                },
+        } => {
+            let rules = rules
+                .iter()
+                .map(|r| approxy_verifier::verify::AcceptanceRule::parse(&r.replace(';', ",")))
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(anyhow::Error::msg)?;
+            block_on(bench::oracle::run(&bench::oracle::OracleOptions {
+                problems,
+                chat,
+                max_tokens,
+                chat_max_tokens,
+                rules,
+                corpus,
+                out,
+            }))
+        }
         Cmd::Bench {
             what:
                 BenchCmd::DraftFidelityMeasure {

@@ -9,6 +9,8 @@
 //! - `calls`: the engine's call structure (spans, overlap, exact windows on vLLM) against
 //!   target-only, on HumanEval or held-out chat, per core layout and per-call delay (`delay`:
 //!   the proxy that injects it), with costs under each provider class in `prices`.
+//! - `oracle`: what each acceptance rule allows, the target's probabilities deciding at every
+//!   position (target share, pass@1, the target's likelihood of the answers).
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
@@ -27,6 +29,7 @@ pub mod draft;
 pub mod fidelity;
 mod humaneval;
 mod levels;
+pub mod oracle;
 pub mod overhead;
 mod prices;
 pub mod quality;
