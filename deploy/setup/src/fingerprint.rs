@@ -440,13 +440,13 @@ fn compare_logits(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Read;
 
     /// A committed fingerprint of a real conversion (`fixtures/NAME.json.gz`), made by
     /// `fingerprint_draft.py` against the reference: see `fixtures/README.md`.
-    fn fixture(name: &str) -> Fingerprint {
+    pub(crate) fn fixture(name: &str) -> Fingerprint {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures")
             .join(format!("{name}.json.gz"));

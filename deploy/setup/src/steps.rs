@@ -905,6 +905,27 @@ mod tests {
         );
     }
 
+    /// The step itself on real conversions: one that differs only by rounding passes (the bug
+    /// this guards: a byte pin refused the same model converted on an Intel Xeon), a corrupted
+    /// or differently quantised one does not.
+    #[test]
+    fn the_conversion_step_accepts_rounding_and_refuses_other_models() {
+        use crate::fingerprint::tests::fixture;
+        let graph = files(assets::SHIPPED_DRAFT_ONNX_GRAPH_SHA256.1);
+        for name in [
+            "rounding-fused-multiply-add",
+            "rounding-ties-to-even",
+            "same-bytes",
+        ] {
+            let r = accept_conversion(&graph, &fixture(name));
+            assert!(r.is_ok(), "{name}: {r:?}");
+        }
+        for name in ["corrupted-tensor", "block-size-32", "int8"] {
+            let r = accept_conversion(&graph, &fixture(name));
+            assert!(r.is_err(), "{name} was accepted: {r:?}");
+        }
+    }
+
     #[test]
     fn the_conversion_step_refuses_a_fingerprint_beyond_the_tolerance() {
         let mut other = reference();
