@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -20,7 +19,7 @@ use approxy_setup::Home;
 use approxy_setup::assets::{DRAFT_VARIANTS, SHIPPED_DRAFT_VARIANT};
 use approxy_training::corpus::CorpusPrompt;
 use approxy_verifier::sampling::argmax;
-use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
+use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 
@@ -325,17 +324,7 @@ async fn take_answers(
     let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"))?;
     let logs = home.log("bench-fidelity").with_extension("d");
     let server = servers::start_llama(home, Layout::Shared, false, &logs).await?;
-    let target = LlamaCppTarget::new(TargetConfig {
-        base_url: server.url.clone(),
-        api_key: None,
-        model: TARGET_MODEL.into(),
-        timeout: Duration::from_secs(300),
-        retries: 2,
-        backoff: Duration::from_millis(500),
-        ca_file: None,
-        cache_hints: Default::default(),
-        use_env_proxy: false,
-    })?;
+    let target = servers::llama_client(&server.url, TARGET_MODEL)?;
     let mut answers = Vec::new();
     for p in prompts {
         let messages = vec![ChatMessage {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use approxy_setup::Home;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
 use approxy_verifier::sampling::argmax;
-use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
+use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, TargetProbs};
 use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
@@ -351,17 +351,7 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     })?;
     let logs = opts.out.join("logs");
     let server = servers::start_llama(&home, Layout::Shared, false, &logs).await?;
-    let target = LlamaCppTarget::new(TargetConfig {
-        base_url: server.url.clone(),
-        api_key: None,
-        model: "target".into(),
-        timeout: Duration::from_secs(300),
-        retries: 2,
-        backoff: Duration::from_millis(500),
-        ca_file: None,
-        cache_hints: Default::default(),
-        use_env_proxy: false,
-    })?;
+    let target = servers::llama_client(&server.url, "target")?;
     let problems = humaneval::sample(
         load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?,
         opts.problems,

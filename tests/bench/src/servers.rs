@@ -160,6 +160,26 @@ pub async fn start_llama(
     spawn(cmd, format!("http://127.0.0.1:{port}"), log, "/health").await
 }
 
+/// A client of a llama-server the benchmark started (`url`), named `model`: generous timeouts,
+/// two retries, no proxy.
+pub fn llama_client(
+    url: &str,
+    model: &str,
+) -> anyhow::Result<approxy_verifier::target::LlamaCppTarget> {
+    use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+    Ok(LlamaCppTarget::new(TargetConfig {
+        base_url: url.to_string(),
+        api_key: None,
+        model: model.to_string(),
+        timeout: Duration::from_secs(300),
+        retries: 2,
+        backoff: Duration::from_millis(500),
+        ca_file: None,
+        cache_hints: Default::default(),
+        use_env_proxy: false,
+    })?)
+}
+
 /// Starts `approxy serve` with `policy`; pinned, on core 1 with the draft.
 pub async fn start_gateway(
     exe: &Path,
