@@ -525,6 +525,46 @@ mod tests {
         Ok(())
     }
 
+    /// The target's probabilities survive a shard, the draft token's own log-probability and
+    /// entropy are derived at push time, and a row without them stays without them.
+    #[test]
+    fn target_probabilities_round_trip() -> anyhow::Result<()> {
+        let f = |token: u32| Features {
+            top1: token,
+            token,
+            top1_prob: 0.8,
+            stats: [0.8, 0.1, 0.5, 3.0],
+            hidden: vec![0.0],
+            context: [0.0; N_CONTEXT],
+        };
+        let ln = |p: f64| p.ln() as f32;
+        let mut r = Rows::new(1);
+        r.push_with_target(&f(5), true, 1, 0, Some(&[(5, ln(0.7)), (6, ln(0.2))]));
+        r.push_with_target(&f(9), false, 1, 0, Some(&[(5, ln(0.7)), (6, ln(0.2))]));
+        r.push(&f(5), true, 2, 1);
+        let dir = tempfile::tempdir()?;
+        r.save(&shard_path(dir.path(), 0))?;
+        let back = load_dir(dir.path())?;
+        assert_eq!(back, r);
+        assert_eq!(back.rows_with_target_probs(), 2);
+        assert_eq!(back.target_token_logprob[0], ln(0.7));
+        // Token 9 is outside the top-k: its log-probability is the last one's, flagged.
+        assert_eq!(
+            (back.target_token_logprob[1], back.target_token_outside[1]),
+            (ln(0.2), 1)
+        );
+        assert!(
+            (back.target_entropy[0] - 0.8018).abs() < 1e-3,
+            "{}",
+            back.target_entropy[0]
+        );
+        assert_eq!(back.target_probs(2), None);
+        assert_eq!(back.rule_label(0, &AcceptanceRule::Identical), Some(1.0));
+        assert_eq!(back.rule_label(1, &AcceptanceRule::Ratio(0.1)), Some(0.0));
+        assert_eq!(back.rule_label(2, &AcceptanceRule::Identical), None);
+        Ok(())
+    }
+
     #[test]
     fn shards_of_the_format_before_the_context_are_refused() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
