@@ -349,7 +349,7 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
         threads_per_worker: 1,
         spin_wait: false,
     })?;
-    let logs = opts.out.join("logs");
+    let logs = home.log("bench-oracle").with_extension("d");
     let server = servers::start_llama(&home, Layout::Shared, false, &logs).await?;
     let target = servers::llama_client(&server.url, "target")?;
     let problems = humaneval::sample(
@@ -392,7 +392,9 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     let mut configs = vec![Decide::TargetOnly, Decide::DraftOnly];
     configs.extend(opts.rules.iter().map(|r| Decide::Rule(*r)));
     let sandbox = Sandbox::detect().await;
-    let scratch = opts.out.join("scratch");
+    // Absolute (the check runs python in this directory on a path inside it), and outside
+    // the results.
+    let scratch = std::path::absolute(home.work("bench-oracle-exec"))?;
     let mut summaries = Vec::new();
     let mut all = Vec::new();
     for (kind, prompts, max_tokens, stops) in [
