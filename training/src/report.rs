@@ -132,9 +132,19 @@ pub fn standard_thresholds() -> Vec<f32> {
 
 /// Held-out scores under the draft-confidence baseline.
 pub fn baseline(rows: &Rows, idx: &[usize]) -> Scored {
+    confidence_against(rows, idx, idx.iter().map(|&i| rows.labels[i] == 1))
+}
+
+/// The rows `idx` scored by the draft's confidence, with `labels` in the same order (the
+/// identity label, or an acceptance rule's).
+pub fn confidence_against(
+    rows: &Rows,
+    idx: &[usize],
+    labels: impl IntoIterator<Item = bool>,
+) -> Scored {
     Scored {
         scores: idx.iter().map(|&i| rows.stats_of(i)[0]).collect(),
-        labels: idx.iter().map(|&i| rows.labels[i] == 1).collect(),
+        labels: labels.into_iter().collect(),
         kinds: idx.iter().map(|&i| rows.kinds[i]).collect(),
         live: idx.iter().map(|&i| rows.live[i]).collect(),
     }

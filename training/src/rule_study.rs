@@ -8,7 +8,7 @@ use approxy_verifier::calibration::RuleReport;
 use approxy_verifier::verify::AcceptanceRule;
 
 use crate::dataset::Rows;
-use crate::report::{Scored, at_budget, roc_auc};
+use crate::report::{at_budget, confidence_against, roc_auc};
 
 /// The false-accept budget the study reports the confidence baseline at.
 const BUDGET: f32 = 0.05;
@@ -27,12 +27,8 @@ pub fn study(rows: &Rows, idx: &[usize]) -> Vec<RuleReport> {
             if labelled.is_empty() {
                 continue;
             }
-            let scored = Scored {
-                scores: labelled.iter().map(|&(i, _)| rows.stats_of(i)[0]).collect(),
-                labels: labelled.iter().map(|&(_, l)| l >= 0.5).collect(),
-                kinds: vec![k; labelled.len()],
-                live: labelled.iter().map(|&(i, _)| rows.live[i]).collect(),
-            };
+            let idx: Vec<usize> = labelled.iter().map(|&(i, _)| i).collect();
+            let scored = confidence_against(rows, &idx, labelled.iter().map(|&(_, l)| l >= 0.5));
             out.push(RuleReport {
                 rule: rule.to_string(),
                 kind: kind.to_string(),

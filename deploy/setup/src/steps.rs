@@ -621,13 +621,18 @@ pub(super) fn convert_venv(home: &Home, key: &str, pb: &ProgressBar) -> anyhow::
 /// Name of the conversion venv under `venv/`.
 pub(super) const CONVERT_VENV: &str = "convert";
 
-/// Writes the conversion script into the step's work directory.
-pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<PathBuf> {
+/// Writes `contents` as `name` into the step's work directory; returns its path.
+fn write_work_file(home: &Home, key: &str, name: &str, contents: &str) -> anyhow::Result<PathBuf> {
     let work = home.work(key);
     std::fs::create_dir_all(&work)?;
-    let script = work.join("convert_draft_onnx.py");
-    std::fs::write(&script, CONVERT_SCRIPT)?;
-    Ok(script)
+    let path = work.join(name);
+    std::fs::write(&path, contents)?;
+    Ok(path)
+}
+
+/// Writes the conversion script into the step's work directory.
+pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<PathBuf> {
+    write_work_file(home, key, "convert_draft_onnx.py", CONVERT_SCRIPT)
 }
 
 /// The files of a converted draft directory (the shipped one and each variant).
@@ -714,12 +719,13 @@ fn draft_fingerprint(
     model_dir: &Path,
     key: &str,
 ) -> anyhow::Result<Fingerprint> {
-    let work = home.work(key);
-    std::fs::create_dir_all(&work)?;
-    let script = work.join("fingerprint_draft.py");
-    std::fs::write(&script, FINGERPRINT_SCRIPT)?;
-    let reference = work.join("reference-fingerprint.json");
-    std::fs::write(&reference, fingerprint::REFERENCE_JSON)?;
+    let script = write_work_file(home, key, "fingerprint_draft.py", FINGERPRINT_SCRIPT)?;
+    let reference = write_work_file(
+        home,
+        key,
+        "reference-fingerprint.json",
+        fingerprint::REFERENCE_JSON,
+    )?;
     let out = home.log("draft-onnx-fingerprint").with_extension("json");
     run_logged(
         Command::new(venv.join("bin").join("python"))

@@ -21,10 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
-use approxy_verifier::sampling::argmax;
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
-use approxy_verifier::verify::{AcceptanceRule, TargetProbs};
+use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs};
 use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 
 use super::chat_sample::{held_out_chat, rouge_l};
@@ -166,15 +165,9 @@ async fn decode(
     let (mut target_tokens, mut nll_sum, mut outside) = (0usize, 0f64, 0usize);
     let mut text = String::new();
     while answer.len() < max_tokens as usize {
-        let (x, top_logit) = argmax(&out.logits);
-        let x = x as u32;
-        // The draft's probability of its own token, from one pass over the logits.
-        let sum: f64 = out
-            .logits
-            .iter()
-            .map(|&l| f64::from(l - top_logit).exp())
-            .sum();
-        let q = (1.0 / sum) as f32;
+        // The draft's token and its probability exactly as the verifier and the rows see them.
+        let f = Features::from_output(&out);
+        let (x, q) = (f.top1, f.top1_prob);
         let req = ContinuationRequest {
             top_logprobs: TOP_K,
             prompt_len: prompt.ids.len(),
