@@ -187,6 +187,54 @@ impl Rows {
             .extend(std::iter::repeat_n(f32::NEG_INFINITY, n));
     }
 
+    /// The rows at `idx`, in that order.
+    pub fn select(&self, idx: &[usize]) -> Rows {
+        fn take<T: Copy>(v: &[T], idx: &[usize], width: usize) -> Vec<T> {
+            idx.iter()
+                .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
+                .collect()
+        }
+        Rows {
+            hidden_size: self.hidden_size,
+            stats: take(&self.stats, idx, N_STATS),
+            context: take(&self.context, idx, N_CONTEXT),
+            hidden: take(&self.hidden, idx, self.hidden_size),
+            labels: take(&self.labels, idx, 1),
+            prompt_ids: take(&self.prompt_ids, idx, 1),
+            kinds: take(&self.kinds, idx, 1),
+            tokens: take(&self.tokens, idx, 1),
+            target_top_ids: take(&self.target_top_ids, idx, TARGET_TOP_K),
+            target_top_logprobs: take(&self.target_top_logprobs, idx, TARGET_TOP_K),
+            target_token_logprob: take(&self.target_token_logprob, idx, 1),
+            target_token_outside: take(&self.target_token_outside, idx, 1),
+            target_entropy: take(&self.target_entropy, idx, 1),
+            draft_build: self.draft_build.clone(),
+            live: take(&self.live, idx, 1),
+        }
+    }
+
+    /// The rows labelled by `rule` instead of token identity: for [`AcceptanceRule::Identical`]
+    /// all rows as they are (their stored label is that rule's); for any other rule only the
+    /// rows that carry the target's probabilities, each labelled with whether the rule accepts
+    /// its token (a soft label counts as accepted at 0.5 or more, as
+    /// [`AcceptanceRule::accepts`] says). The stored identity label is replaced, so every
+    /// figure computed from the result (AUC, false-accept rate, accept rate) is against `rule`.
+    pub fn labelled_by(&self, rule: &AcceptanceRule) -> Rows {
+        if *rule == AcceptanceRule::Identical {
+            return self.clone();
+        }
+        let (idx, labels): (Vec<usize>, Vec<u8>) = (0..self.len())
+            .filter_map(|i| {
+                let target = self.target_probs(i)?;
+                let q = self.stats_of(i)[0];
+                Some((i, u8::from(rule.accepts(self.tokens[i], q, &target))))
+            })
+            .unzip();
+        let mut out = self.select(&idx);
+        out.labels = labels;
+        out
+    }
+
     /// Appends all rows of `other`.
     pub fn extend(&mut self, other: &Rows) {
         self.stats.extend_from_slice(&other.stats);
@@ -563,6 +611,45 @@ mod tests {
         assert_eq!(back.rule_label(1, &AcceptanceRule::Ratio(0.1)), Some(0.0));
         assert_eq!(back.rule_label(2, &AcceptanceRule::Identical), None);
         Ok(())
+    }
+
+    /// Relabelling by a rule keeps only rows with the target's probabilities, in order, with
+    /// every column carried along, and labels them from those probabilities (worked by hand:
+    /// the target gives 0.6 to token 1, 0.3 to token 2; the draft proposes 1, 2, 3 at 0.9).
+    #[test]
+    fn rows_relabelled_by_a_rule_keep_their_columns_and_take_its_labels() {
+        let f = |token: u32, h: f32| Features {
+            top1: token,
+            token,
+            top1_prob: 0.9,
+            stats: [0.9, 0.1, 0.5, 3.0],
+            hidden: vec![h],
+            context: [h; N_CONTEXT],
+        };
+        let ln = |p: f64| p.ln() as f32;
+        let top = [(1, ln(0.6)), (2, ln(0.3))];
+        let mut r = Rows::new(1);
+        r.push_with_target(&f(1, 1.0), true, 1, 0, Some(&top));
+        r.push(&f(1, 2.0), true, 1, 0);
+        r.push_with_target(&f(2, 3.0), false, 2, 1, Some(&top));
+        r.push_with_target(&f(3, 4.0), false, 3, 1, Some(&top));
+        assert_eq!(r.labelled_by(&AcceptanceRule::Identical), r);
+        let half = r.labelled_by(&AcceptanceRule::Ratio(0.5));
+        // 0.3 >= 0.5 * 0.6: token 2 is accepted; token 3 is outside the top-k.
+        assert_eq!(half.labels, [1, 1, 0]);
+        assert_eq!(half.hidden, [1.0, 3.0, 4.0]);
+        assert_eq!(half.context_of(1), &[3.0; N_CONTEXT]);
+        assert_eq!(
+            (half.prompt_ids.clone(), half.kinds.clone()),
+            (vec![1, 2, 3], vec![0, 1, 1])
+        );
+        assert_eq!(half.target_probs(1), r.target_probs(2));
+        assert_eq!(half.target_token_outside, [0, 0, 1]);
+        // p >= q: 0.6 < 0.9, so nothing the draft is this sure of passes sprinter-hard.
+        assert_eq!(
+            r.labelled_by(&AcceptanceRule::SprinterHard).labels,
+            [0, 0, 0]
+        );
     }
 
     #[test]

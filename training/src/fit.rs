@@ -133,6 +133,7 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
         draft_sha256: draft_sha256.to_string(),
         draft_build: Some(rows.draft_build.clone()),
         target: None,
+        rule: None,
         features: FeatureSpec {
             stats: STAT_NAMES.iter().map(|s| s.to_string()).collect(),
             context: if opts.use_context {

@@ -195,6 +195,10 @@ pub struct DataSummary {
 pub struct Calibration {
     /// [`FORMAT`].
     pub format: String,
+    /// The acceptance rule the labels follow: every false-accept rate here counts accepted
+    /// tokens that rule rejects (`crate::verify::AcceptanceRule`); absent: `identical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
     /// `confidence` or the learned head that beat it.
     pub chosen_verifier: String,
     /// The learned artifact beside this file when the learned head was chosen.

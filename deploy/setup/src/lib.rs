@@ -34,6 +34,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 pub use approxy_verifier::home::Home;
 pub use manifest::Manifest;
+pub use steps::requirements_venv;
 
 /// What `approxy setup` should do.
 #[derive(Debug, Clone, Default)]

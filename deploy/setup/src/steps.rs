@@ -444,6 +444,31 @@ fn ensure_venv(
     Ok(dir)
 }
 
+/// A venv with exactly the pins of a requirements file, installed without their declared
+/// dependencies (the file pins every package needed: see
+/// `tests/bench/instructions/requirements.txt`); reused while the file is unchanged. For
+/// benchmark tools that set-up itself does not need.
+pub fn requirements_venv(home: &Home, name: &str, requirements: &Path) -> anyhow::Result<PathBuf> {
+    let wanted = std::fs::read_to_string(requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let dir = venv(home, name);
+    let marker = dir.join(".approxy-complete");
+    if std::fs::read_to_string(&marker).is_ok_and(|s| s == wanted) {
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = home.log(&format!("{name}-venv"));
+    run_logged(Command::new(python()).args(["-m", "venv"]).arg(&dir), &log)?;
+    run_logged(
+        Command::new(dir.join("bin").join("python"))
+            .args(["-m", "pip", "install", "--no-cache-dir", "--no-deps", "-r"])
+            .arg(requirements),
+        &log,
+    )?;
+    std::fs::write(&marker, wanted)?;
+    Ok(dir)
+}
+
 /// A small venv with cmake and scikit-build-core, needed to fetch and build llama.cpp.
 pub fn tools_venv(
     home: &Home,

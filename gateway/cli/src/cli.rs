@@ -135,7 +135,19 @@ enum TrainCmd {
         /// The corpus the rows' prompts come from (for the report by source).
         #[arg(long, default_value = "training/data/prompts.jsonl")]
         corpus: PathBuf,
+        /// The acceptance rule the head learns and is calibrated against: `identical` (the
+        /// draft's token is the target's), `sprinter`, `sprinter-hard`, `ratio:R`,
+        /// `typical:EPS,DELTA` (see the README's "Acceptance rules"). Other than `identical`,
+        /// it needs rows that carry the target's probabilities.
+        #[arg(long, default_value = "identical", value_parser = parse_rule)]
+        rule: approxy_verifier::verify::AcceptanceRule,
     },
+}
+
+/// An acceptance rule as `--rule` takes it (`typical`'s two parameters with a comma or, as
+/// the oracle's list takes them, a semicolon).
+fn parse_rule(s: &str) -> Result<approxy_verifier::verify::AcceptanceRule, String> {
+    approxy_verifier::verify::AcceptanceRule::parse(&s.replace(';', ","))
 }
 
 #[derive(Subcommand)]
@@ -244,14 +256,32 @@ enum BenchCmd {
         /// Output limit per chat answer.
         #[arg(long, default_value_t = 128)]
         chat_max_tokens: u32,
+        /// Instruction-following prompts (0: none), from `tests/bench/instructions/`.
+        #[arg(long, default_value_t = 40)]
+        instructions: usize,
+        /// Output limit per instruction-following answer.
+        #[arg(long, default_value_t = 160)]
+        instructions_max_tokens: u32,
+        /// The instruction-following set.
+        #[arg(long, default_value = "tests/bench/instructions")]
+        instructions_dir: PathBuf,
         /// Rules compared, comma-separated (`identical`, `sprinter`, `sprinter-hard`,
         /// `ratio:R`, `typical:EPS;DELTA` with a semicolon here).
         #[arg(
             long,
-            default_value = "identical,sprinter,ratio:0.5,ratio:0.2,typical:0.09;0.3",
+            default_value = "identical,sprinter,ratio:0.8,ratio:0.5,ratio:0.2,typical:0.09;0.3",
             value_delimiter = ','
         )]
         rules: Vec<String>,
+        /// Local verifiers run under the same oracle, comma-separated: `confidence:T` (the
+        /// draft's confidence at threshold T) or `CALIBRATION@FAR` (the confidence thresholds
+        /// per kind that a rule's calibration file gives at that false-accept budget).
+        #[arg(long, value_delimiter = ',')]
+        verifiers: Vec<String>,
+        /// Ask the target again at every position instead of reusing what an earlier run on
+        /// this machine was told (kept under $APPROXY_HOME/work/bench-oracle-asked).
+        #[arg(long)]
+        fresh: bool,
         /// The training corpus (the chat sample's source).
         #[arg(long, default_value = "training/data/prompts.jsonl")]
         corpus: PathBuf,
@@ -442,6 +472,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     seed,
                     target,
                     corpus,
+                    rule,
                 },
         } => train::default_data_dir().and_then(|d| {
             train::run_fit(&train::FitArgs {
@@ -450,6 +481,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 target,
                 corpus,
+                rule,
             })
         }),
         Cmd::Bench {
@@ -501,22 +533,36 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     chat,
                     max_tokens,
                     chat_max_tokens,
+                    instructions,
+                    instructions_max_tokens,
+                    instructions_dir,
                     rules,
+                    verifiers,
+                    fresh,
                     corpus,
                     out,
                 },
         } => {
             let rules = rules
                 .iter()
-                .map(|r| approxy_verifier::verify::AcceptanceRule::parse(&r.replace(';', ",")))
+                .map(|r| parse_rule(r))
                 .collect::<Result<Vec<_>, String>>()
                 .map_err(anyhow::Error::msg)?;
+            let verifiers = verifiers
+                .iter()
+                .map(|v| bench::oracle::VerifierConfig::parse(v))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             block_on(bench::oracle::run(&bench::oracle::OracleOptions {
                 problems,
                 chat,
                 max_tokens,
                 chat_max_tokens,
+                instructions,
+                instructions_max_tokens,
+                instructions_dir,
                 rules,
+                verifiers,
+                fresh,
                 corpus,
                 out,
             }))

@@ -13,6 +13,7 @@
 //! the gap between draft-only and target-only that the configuration closes; on chat also
 //! ROUGE-L against the target-only answer and how many answers are identical to it.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -21,9 +22,10 @@ use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
+use approxy_verifier::calibration::{Calibration, pick};
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
-use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs};
+use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
 use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 
 use super::chat_sample::{held_out_chat, rouge_l};
@@ -45,20 +47,86 @@ pub struct OracleOptions {
     pub max_tokens: u32,
     /// Output limit per chat answer.
     pub chat_max_tokens: u32,
+    /// Instruction-following prompts (0: none), the first of the set.
+    pub instructions: usize,
+    /// Output limit per instruction-following answer.
+    pub instructions_max_tokens: u32,
+    /// The instruction-following set: `prompts.jsonl`, `score.py`, `requirements.txt`.
+    pub instructions_dir: PathBuf,
     /// The rules compared (besides target-only and draft-only).
     pub rules: Vec<AcceptanceRule>,
+    /// Local verifiers run under the same oracle.
+    pub verifiers: Vec<VerifierConfig>,
+    /// Ask the target again at every position instead of reusing what an earlier run on this
+    /// machine was told.
+    pub fresh: bool,
     /// The training corpus (the chat sample's source).
     pub corpus: PathBuf,
     /// Results directory.
     pub out: PathBuf,
 }
 
+/// A local verifier the oracle runs beside the rules: the draft's confidence against a
+/// threshold per kind, either fixed (`confidence:T`, as a policy's `threshold = T`) or the one a
+/// rule's calibration gives at a false-accept budget (`PATH@FAR`, as a policy's
+/// `max_false_accept_rate` with `calibration = PATH`). Run under the same oracle, it shows what
+/// share of a rule's saving a verifier realises, at what quality.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifierConfig {
+    /// The name the report shows.
+    pub name: String,
+    /// Threshold on code prompts.
+    pub code: f32,
+    /// Threshold on chat prompts.
+    pub chat: f32,
+}
+
+impl VerifierConfig {
+    /// Parses `confidence:T` or `PATH@FAR`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        if let Some(t) = s.strip_prefix("confidence:") {
+            let t: f32 = t.parse().with_context(|| format!("{s:?}: a threshold"))?;
+            return Ok(Self {
+                name: format!("confidence {t}"),
+                code: t,
+                chat: t,
+            });
+        }
+        let (path, far) = s
+            .rsplit_once('@')
+            .with_context(|| format!("{s:?}: confidence:T or CALIBRATION@FAR"))?;
+        let far: f32 = far
+            .parse()
+            .with_context(|| format!("{s:?}: a false-accept rate"))?;
+        let c = Calibration::load(std::path::Path::new(path)).map_err(anyhow::Error::msg)?;
+        let at = |grid: &[approxy_verifier::calibration::CalibrationPoint], kind: &str| {
+            pick(grid, far).map(|p| p.threshold).with_context(|| {
+                format!("{path}: no confidence threshold keeps {kind} within {far}")
+            })
+        };
+        let (code, chat) = (
+            at(&c.by_kind.code.confidence, "code")?,
+            at(&c.by_kind.chat.confidence, "chat")?,
+        );
+        let rule = c.rule.as_deref().unwrap_or("identical");
+        Ok(Self {
+            name: format!(
+                "confidence, {rule} at {:.0} % (code {code:.2}, chat {chat:.2})",
+                100.0 * far
+            ),
+            code,
+            chat,
+        })
+    }
+}
+
 /// A configuration: the oracle's decision at every position.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Decide {
     TargetOnly,
     DraftOnly,
     Rule(AcceptanceRule),
+    Verifier(VerifierConfig),
 }
 
 impl Decide {
@@ -67,15 +135,98 @@ impl Decide {
             Self::TargetOnly => "target-only".into(),
             Self::DraftOnly => "draft-only".into(),
             Self::Rule(r) => r.to_string(),
+            Self::Verifier(v) => v.name.clone(),
         }
     }
 
-    fn accepts(&self, token: u32, q: f32, target: &TargetProbs) -> bool {
+    /// Whether the draft's token `token`, of probability `q` under the draft, is emitted on a
+    /// prompt of `kind` where the target's probabilities are `target`.
+    fn accepts(&self, kind: &str, token: u32, q: f32, target: &TargetProbs) -> bool {
         match self {
             Self::TargetOnly => false,
             Self::DraftOnly => true,
             Self::Rule(r) => r.accepts(token, q, target),
+            Self::Verifier(v) => accepts(q, if kind == "code" { v.code } else { v.chat }),
         }
+    }
+}
+
+/// What the target said at each answer prefix already asked about, for one prompt: its greedy
+/// token and top-k there. Greedy and deterministic, so configurations that share a prefix (all
+/// of them share the first position; `identical` follows target-only's path throughout) need
+/// not ask again, nor does a later run on this machine: the answers are kept on disk, one file
+/// per prompt, whose first line is the prompt's token ids (another prompt under the same name
+/// starts the file over).
+struct Asked {
+    known: HashMap<Vec<u32>, (u32, TargetProbs)>,
+    file: std::fs::File,
+}
+
+#[derive(Serialize, Deserialize)]
+struct AskedLine {
+    answer: Vec<u32>,
+    token: u32,
+    top: Vec<(u32, f32)>,
+}
+
+impl Asked {
+    /// The store of prompt `ids` at `path`, with what an earlier run kept there.
+    fn open(path: &std::path::Path, ids: &[u32], fresh: bool) -> anyhow::Result<Self> {
+        use std::io::{BufRead, Write};
+        let mut known = HashMap::new();
+        let header = serde_json::to_string(ids)?;
+        let reusable = !fresh
+            && std::fs::File::open(path).is_ok_and(|f| {
+                let mut lines = std::io::BufReader::new(f).lines();
+                if lines.next().and_then(Result::ok).as_deref() != Some(header.as_str()) {
+                    return false;
+                }
+                // A line cut short by a killed run ends what is read.
+                for l in lines.map_while(Result::ok) {
+                    let Ok(a) = serde_json::from_str::<AskedLine>(&l) else {
+                        break;
+                    };
+                    known.insert(a.answer, (a.token, TargetProbs { top: a.top }));
+                }
+                true
+            });
+        let file = if reusable {
+            // Rewritten whole, so a cut line is not followed by good ones.
+            let mut f = std::fs::File::create(path)?;
+            writeln!(f, "{header}")?;
+            for (answer, (token, probs)) in &known {
+                let line = AskedLine {
+                    answer: answer.clone(),
+                    token: *token,
+                    top: probs.top.clone(),
+                };
+                writeln!(f, "{}", serde_json::to_string(&line)?)?;
+            }
+            f
+        } else {
+            known.clear();
+            let mut f = std::fs::File::create(path)?;
+            writeln!(f, "{header}")?;
+            f
+        };
+        Ok(Self { known, file })
+    }
+
+    fn get(&self, answer: &[u32]) -> Option<&(u32, TargetProbs)> {
+        self.known.get(answer)
+    }
+
+    fn insert(&mut self, answer: Vec<u32>, token: u32, probs: TargetProbs) -> anyhow::Result<()> {
+        use std::io::Write;
+        let line = AskedLine {
+            answer,
+            token,
+            top: probs.top,
+        };
+        writeln!(self.file, "{}", serde_json::to_string(&line)?)?;
+        self.known
+            .insert(line.answer, (line.token, TargetProbs { top: line.top }));
+        Ok(())
     }
 }
 
@@ -118,14 +269,30 @@ pub struct OracleSummary {
     pub nll_per_token: f64,
     /// (NLL of draft-only - this) / (draft-only - target-only), per-token means.
     pub nll_gap_closed: Option<f64>,
-    /// Mean ROUGE-L against the target-only answer (chat).
+    /// Mean ROUGE-L against the target-only answer (chat, instructions).
     pub rouge_l: Option<f64>,
+    /// Instructions followed, checked by code (instructions).
+    pub instructions: Option<InstructionScores>,
     /// Answers identical to target-only's.
     pub identical: usize,
     /// Emitted tokens outside the target's top-20.
     pub outside_top_k: usize,
-    /// Wall time of the configuration's decoding.
+    /// Wall time of the configuration's decoding. Not a speed: a target call one configuration
+    /// made at a prefix is not repeated by the next, so later configurations take less.
     pub seconds: f64,
+}
+
+/// IFEval's accuracies on the instruction-following set (`tests/bench/instructions/`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct InstructionScores {
+    /// Share of prompts whose every instruction was followed, the answer as given.
+    pub prompt_level_strict: f64,
+    /// Share of all instructions followed, the answer as given.
+    pub instruction_level_strict: f64,
+    /// The same with IFEval's loose reading (first or last line dropped, `*` removed).
+    pub prompt_level_loose: f64,
+    /// The same, instruction level.
+    pub instruction_level_loose: f64,
 }
 
 /// The report.
@@ -135,8 +302,8 @@ pub struct OracleReport {
     pub date: String,
     /// Where.
     pub machine: Machine,
-    /// Output limits (code, chat).
-    pub max_tokens: (u32, u32),
+    /// Output limit per kind.
+    pub max_tokens: Vec<(String, u32)>,
     /// Every configuration per kind.
     pub summaries: Vec<OracleSummary>,
     /// Every answer, by kind and configuration.
@@ -149,7 +316,8 @@ struct Prompt {
     ids: Vec<u32>,
 }
 
-/// Decodes one answer, asking the target at every position.
+/// Decodes one answer, asking the target at every position it has not been asked about.
+#[allow(clippy::too_many_arguments)]
 async fn decode(
     draft: &dyn Draft,
     target: &dyn TargetClient,
@@ -157,7 +325,9 @@ async fn decode(
     prompt: &Prompt,
     max_tokens: u32,
     stops: &[&str],
-    decide: Decide,
+    kind: &str,
+    decide: &Decide,
+    asked: &mut Asked,
 ) -> anyhow::Result<OracleAnswer> {
     let eos = tok.end_of_sequence_ids();
     let mut out = draft.prefill(prompt.ids.clone()).await?;
@@ -168,19 +338,26 @@ async fn decode(
         // The draft's token and its probability exactly as the verifier and the rows see them.
         let f = Features::from_output(&out);
         let (x, q) = (f.top1, f.top1_prob);
-        let req = ContinuationRequest {
-            top_logprobs: TOP_K,
-            prompt_len: prompt.ids.len(),
-            ..ContinuationRequest::greedy([prompt.ids.as_slice(), &answer].concat(), 1)
+        let (y, probs) = match asked.get(&answer).cloned() {
+            Some(known) => known,
+            None => {
+                let req = ContinuationRequest {
+                    top_logprobs: TOP_K,
+                    prompt_len: prompt.ids.len(),
+                    ..ContinuationRequest::greedy([prompt.ids.as_slice(), &answer].concat(), 1)
+                };
+                let c = target.continue_tokens(&req).await?;
+                let probs = TargetProbs {
+                    top: c.top_logprobs.into_iter().next().unwrap_or_default(),
+                };
+                let Some(&y) = c.tokens.first() else {
+                    anyhow::bail!("the target generated nothing after {} tokens", answer.len());
+                };
+                asked.insert(answer.clone(), y, probs.clone())?;
+                (y, probs)
+            }
         };
-        let c = target.continue_tokens(&req).await?;
-        let probs = TargetProbs {
-            top: c.top_logprobs.into_iter().next().unwrap_or_default(),
-        };
-        let Some(&y) = c.tokens.first() else {
-            anyhow::bail!("the target generated nothing after {} tokens", answer.len());
-        };
-        let emitted = if decide.accepts(x, q, &probs) {
+        let emitted = if decide.accepts(kind, x, q, &probs) {
             x
         } else {
             target_tokens += 1;
@@ -247,7 +424,8 @@ fn summarize(
         }),
         nll_per_token: answers.iter().map(|a| a.nll_sum).sum::<f64>() / tokens.max(1) as f64,
         nll_gap_closed: None,
-        rouge_l: reference.filter(|_| kind == "chat").map(|r| {
+        instructions: None,
+        rouge_l: reference.filter(|_| kind != "code").map(|r| {
             answers
                 .iter()
                 .zip(r)
@@ -275,7 +453,7 @@ fn gap_closed(summaries: &mut [OracleSummary]) {
             .find(|x| x.kind == kind && x.config == config)
             .map(|x| x.nll_per_token)
     };
-    let ends: Vec<(String, Option<f64>, Option<f64>)> = ["code", "chat"]
+    let ends: Vec<(String, Option<f64>, Option<f64>)> = ["code", "chat", "instructions"]
         .iter()
         .map(|k| {
             (
@@ -296,9 +474,17 @@ fn gap_closed(summaries: &mut [OracleSummary]) {
 
 /// The Markdown table.
 pub fn markdown(r: &OracleReport) -> String {
+    let limits: Vec<String> = r
+        .max_tokens
+        .iter()
+        .map(|(k, n)| format!("{n} ({k})"))
+        .collect();
     let mut s = format!(
-        "Oracle study, {} on {} ({} cores): the target's top-20 probabilities decide at every position; answers of at most {} tokens (code) and {} (chat), greedy.\n\n| kind | configuration | answers | target share | calls / 100 tokens | pass@1 | NLL / token | NLL gap closed | ROUGE-L vs target | identical to target |\n|---|---|---|---|---|---|---|---|---|---|\n",
-        r.date, r.machine.cpu, r.machine.cores, r.max_tokens.0, r.max_tokens.1
+        "Oracle study, {} on {} ({} cores): at every position the target's top-20 probabilities decide (a rule) or the draft's confidence does (a verifier), and a rejected position gets the target's own token; answers of at most {} tokens, greedy. Instructions: IFEval's checkers on `tests/bench/instructions/` (prompt level / instruction level, strict).\n\n| kind | configuration | answers | target share | calls / 100 tokens | pass@1 | instructions followed | NLL / token | NLL gap closed | ROUGE-L vs target | identical to target |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        r.date,
+        r.machine.cpu,
+        r.machine.cores,
+        limits.join(", ")
     );
     for x in &r.summaries {
         let opt = |v: Option<f64>, pct: bool| {
@@ -311,7 +497,7 @@ pub fn markdown(r: &OracleReport) -> String {
             })
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1} % | {:.1} | {} | {:.3} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.1} % | {:.1} | {} | {} | {:.3} | {} | {} | {} |\n",
             x.kind,
             x.config,
             x.answers,
@@ -319,6 +505,11 @@ pub fn markdown(r: &OracleReport) -> String {
             x.calls_per_100_tokens,
             x.passed
                 .map_or("-".into(), |p| format!("{p}/{}", x.answers)),
+            x.instructions.map_or("-".into(), |i| format!(
+                "{:.1} % / {:.1} %",
+                100.0 * i.prompt_level_strict,
+                100.0 * i.instruction_level_strict
+            )),
             x.nll_per_token,
             opt(x.nll_gap_closed, true),
             opt(x.rouge_l, false),
@@ -326,6 +517,61 @@ pub fn markdown(r: &OracleReport) -> String {
         ));
     }
     s
+}
+
+/// An instruction-following prompt (`tests/bench/instructions/prompts.jsonl`; the
+/// instructions themselves are read by `score.py`).
+#[derive(Deserialize)]
+struct InstructionPrompt {
+    id: String,
+    prompt: String,
+}
+
+/// Scores every configuration's answers with the set's `score.py` (IFEval's checkers, in a
+/// venv of the set's pinned requirements), by configuration name.
+async fn score_instructions(
+    home: &Home,
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+    runs: &[(String, Vec<OracleAnswer>)],
+) -> anyhow::Result<HashMap<String, InstructionScores>> {
+    let venv =
+        approxy_setup::requirements_venv(home, "instructions", &dir.join("requirements.txt"))?;
+    std::fs::create_dir_all(scratch)?;
+    let answers = scratch.join("instruction-answers.jsonl");
+    let result = scratch.join("instruction-scores.json");
+    let mut lines = String::new();
+    for (config, list) in runs {
+        for a in list {
+            lines.push_str(&serde_json::to_string(&serde_json::json!({
+                "config": config, "id": a.id, "response": a.text,
+            }))?);
+            lines.push('\n');
+        }
+    }
+    std::fs::write(&answers, lines)?;
+    let out = tokio::process::Command::new(venv.join("bin").join("python"))
+        .arg(dir.join("score.py"))
+        .arg("--prompts")
+        .arg(dir.join("prompts.jsonl"))
+        .arg("--answers")
+        .arg(&answers)
+        .arg("--out")
+        .arg(&result)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "score.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    #[derive(Deserialize)]
+    struct Scored {
+        configs: HashMap<String, InstructionScores>,
+    }
+    let scored: Scored =
+        serde_json::from_slice(&std::fs::read(&result)?).context("reading score.py's result")?;
+    Ok(scored.configs)
 }
 
 /// Runs the study: its own llama-server target, the shipped draft.
@@ -382,8 +628,37 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    let instruction_prompts: Vec<Prompt> = if opts.instructions == 0 {
+        Vec::new()
+    } else {
+        let path = opts.instructions_dir.join("prompts.jsonl");
+        std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(opts.instructions)
+            .map(|l| {
+                let p: InstructionPrompt = serde_json::from_str(l)?;
+                let messages = [ChatMessage {
+                    role: "user".into(),
+                    content: p.prompt,
+                }];
+                Ok(Prompt {
+                    id: p.id,
+                    ids: tok.encode(&template.render(&messages)?)?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
     let mut configs = vec![Decide::TargetOnly, Decide::DraftOnly];
     configs.extend(opts.rules.iter().map(|r| Decide::Rule(*r)));
+    configs.extend(opts.verifiers.iter().cloned().map(Decide::Verifier));
+    // Keyed by the target model: answers from another target are not this one's.
+    let store = home.work("bench-oracle-asked").join(format!(
+        "{}-top{TOP_K}",
+        approxy_verifier::home::TARGET_GGUF_NAME
+    ));
+    std::fs::create_dir_all(&store)?;
     let sandbox = Sandbox::detect().await;
     // Absolute (the check runs python in this directory on a path inside it), and outside
     // the results.
@@ -393,18 +668,50 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     for (kind, prompts, max_tokens, stops) in [
         ("code", &code_prompts, opts.max_tokens, &humaneval::STOP[..]),
         ("chat", &chat_prompts, opts.chat_max_tokens, &[][..]),
+        (
+            "instructions",
+            &instruction_prompts,
+            opts.instructions_max_tokens,
+            &[][..],
+        ),
     ] {
         if prompts.is_empty() {
             continue;
         }
         let mut reference: Option<Vec<OracleAnswer>> = None;
+        let mut asked: Vec<Asked> = prompts
+            .iter()
+            .map(|p| {
+                let name: String = format!("{kind}-{}", p.id)
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                Asked::open(&store.join(format!("{name}.jsonl")), &p.ids, opts.fresh)
+            })
+            .collect::<anyhow::Result<_>>()?;
         for decide in &configs {
             let started = Instant::now();
             let mut answers = Vec::new();
-            for p in prompts.iter() {
+            for (p, asked) in prompts.iter().zip(&mut asked) {
                 let lease = pool.try_lease().context("no idle draft worker")?;
-                let a =
-                    decode(lease.as_ref(), &target, &tok, p, max_tokens, stops, *decide).await?;
+                let a = decode(
+                    lease.as_ref(),
+                    &target,
+                    &tok,
+                    p,
+                    max_tokens,
+                    stops,
+                    kind,
+                    decide,
+                    asked,
+                )
+                .await?;
                 tracing::info!(kind, config = %decide.name(), id = %a.id, tokens = a.tokens, target = a.target_tokens, "answer");
                 answers.push(a);
             }
@@ -430,13 +737,36 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
             ));
             all.push((kind.to_string(), decide.name(), answers));
         }
+        if kind == "instructions" {
+            let runs: Vec<(String, Vec<OracleAnswer>)> = all
+                .iter()
+                .filter(|r| r.0 == kind)
+                .map(|r| (r.1.clone(), r.2.clone()))
+                .collect();
+            let scores = score_instructions(&home, &opts.instructions_dir, &scratch, &runs).await?;
+            for s in summaries.iter_mut().filter(|s| s.kind == kind) {
+                s.instructions = scores.get(&s.config).copied();
+            }
+        }
     }
     server.stop().await;
     gap_closed(&mut summaries);
     let report = OracleReport {
         date: utc_now(),
         machine: Machine::read(),
-        max_tokens: (opts.max_tokens, opts.chat_max_tokens),
+        max_tokens: [
+            ("code", opts.max_tokens, opts.problems),
+            ("chat", opts.chat_max_tokens, opts.chat),
+            (
+                "instructions",
+                opts.instructions_max_tokens,
+                opts.instructions,
+            ),
+        ]
+        .into_iter()
+        .filter(|k| k.2 > 0)
+        .map(|(k, n, _)| (k.to_string(), n))
+        .collect(),
         summaries,
         answers: all,
     };
@@ -488,11 +818,84 @@ mod tests {
             markdown(&OracleReport {
                 date: "d".into(),
                 machine: Machine::read(),
-                max_tokens: (1, 2),
+                max_tokens: vec![("chat".into(), 2)],
                 summaries: s,
                 answers: Vec::new(),
             })
-            .contains("| chat | ratio:0.2 | 1 | 30.0 % | 30.0 | - | 0.450 | 75 % | 0.667 | 0 |")
+            .contains(
+                "| chat | ratio:0.2 | 1 | 30.0 % | 30.0 | - | - | 0.450 | 75 % | 0.667 | 0 |"
+            )
         );
+    }
+
+    /// What the target said is kept per prompt and read back by the next run; a line cut by a
+    /// killed run ends the reading, and a file of another prompt (or `--fresh`) starts over.
+    #[test]
+    fn target_answers_are_kept_per_prompt_and_reused() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("chat-1.jsonl");
+        let probs = |t: u32| TargetProbs {
+            top: vec![(t, -0.1), (t + 1, -2.5)],
+        };
+        let mut a = Asked::open(&path, &[1, 2, 3], false)?;
+        a.insert(vec![], 7, probs(7))?;
+        a.insert(vec![7], 8, probs(8))?;
+        drop(a);
+        let mut text = std::fs::read_to_string(&path)?;
+        text.push_str("{\"answer\":[7,8],\"tok");
+        std::fs::write(&path, text)?;
+        let b = Asked::open(&path, &[1, 2, 3], false)?;
+        assert_eq!(b.get(&[]), Some(&(7, probs(7))));
+        assert_eq!(b.get(&[7]), Some(&(8, probs(8))));
+        assert_eq!(b.get(&[7, 8]), None);
+        drop(b);
+        // Rewritten without the cut line: still both answers.
+        assert_eq!(Asked::open(&path, &[1, 2, 3], false)?.known.len(), 2);
+        assert!(Asked::open(&path, &[1, 2, 4], false)?.known.is_empty());
+        assert!(Asked::open(&path, &[1, 2, 4], false)?.known.is_empty());
+        let mut c = Asked::open(&path, &[1, 2, 3], false)?;
+        c.insert(vec![], 7, probs(7))?;
+        drop(c);
+        assert!(Asked::open(&path, &[1, 2, 3], true)?.known.is_empty());
+        Ok(())
+    }
+
+    /// A verifier configuration reads its thresholds per kind from a rule's calibration at a
+    /// budget (the lowest threshold within it on that kind's confidence grid), or takes one
+    /// fixed threshold; it then decides by the draft's confidence alone.
+    #[test]
+    fn verifier_configurations_resolve_thresholds_and_decide_by_confidence() -> anyhow::Result<()> {
+        let committed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../policies/verifier/calibration.json");
+        let c = Calibration::load(&committed).map_err(anyhow::Error::msg)?;
+        let v = VerifierConfig::parse(&format!("{}@0.05", committed.display()))?;
+        let want = |g: &[approxy_verifier::calibration::CalibrationPoint]| {
+            pick(g, 0.05).map(|p| p.threshold)
+        };
+        assert_eq!(Some(v.code), want(&c.by_kind.code.confidence));
+        assert_eq!(Some(v.chat), want(&c.by_kind.chat.confidence));
+        assert!(
+            v.name.starts_with("confidence, identical at 5 %"),
+            "{}",
+            v.name
+        );
+        let fixed = VerifierConfig::parse("confidence:0.7")?;
+        assert_eq!((fixed.code, fixed.chat), (0.7, 0.7));
+        assert!(VerifierConfig::parse("nonsense").is_err());
+        assert!(VerifierConfig::parse(&format!("{}@0", committed.display())).is_ok());
+        let d = Decide::Verifier(VerifierConfig {
+            name: "v".into(),
+            code: 0.5,
+            chat: 0.9,
+        });
+        // The target's probabilities play no part: only the draft's confidence and the kind.
+        let t = TargetProbs {
+            top: vec![(2, 0.0)],
+        };
+        assert!(d.accepts("code", 1, 0.6, &t));
+        assert!(!d.accepts("chat", 1, 0.6, &t));
+        assert!(!d.accepts("instructions", 1, 0.6, &t));
+        assert!(d.accepts("instructions", 1, 0.95, &t));
+        Ok(())
     }
 }

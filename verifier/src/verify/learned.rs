@@ -63,6 +63,10 @@ pub struct Artifact {
     /// pair); absent: [`DEFAULT_CALIBRATION_TARGET`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// The acceptance rule its labels follow ([`crate::verify::AcceptanceRule`]'s name): what
+    /// `p_accept` estimates, and what a false accept means for it; absent: `identical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
     /// Inputs.
     pub features: FeatureSpec,
     /// Per-input mean subtracted before the head.
@@ -203,6 +207,11 @@ impl LearnedVerifier {
             .unwrap_or(DEFAULT_CALIBRATION_TARGET)
     }
 
+    /// The acceptance rule the head was trained for (`identical` when the artifact names none).
+    pub fn rule(&self) -> &str {
+        self.artifact.rule.as_deref().unwrap_or("identical")
+    }
+
     /// True when the head reads the answer's context (the decode loop then keeps one).
     pub fn reads_context(&self) -> bool {
         !self.context_idx.is_empty()
@@ -269,6 +278,7 @@ mod tests {
             draft_sha256: sha.into(),
             draft_build: None,
             target: None,
+            rule: None,
             features: FeatureSpec {
                 stats: vec!["top1_prob".into()],
                 context: Vec::new(),
