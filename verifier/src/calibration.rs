@@ -278,35 +278,57 @@ impl Calibration {
     }
 }
 
+/// Which verifier's curve a budget is resolved on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Curve {
+    /// The verifier the file chose (`chosen_verifier`).
+    Chosen,
+    /// The draft's confidence, whatever the file chose: what a policy with
+    /// `verifier = "confidence"` runs.
+    Confidence,
+    /// The best learned head (the `default.json` written beside the file).
+    Learned,
+}
+
 /// The lowest threshold (the one that accepts most, so costs least) whose measured
-/// false-accept rate is within `max_far`, on all held-out prompts.
-pub fn threshold_for(path: &Path, max_far: f32) -> Result<f32, String> {
-    resolve(path, max_far, None)
+/// false-accept rate is within `max_far`, on all held-out prompts, on `curve`.
+pub fn threshold_for(path: &Path, max_far: f32, curve: Curve) -> Result<f32, String> {
+    resolve(path, max_far, None, curve)
 }
 
-/// The same on one kind of prompt (`code` or `chat`): that kind's own curve, for the verifier
-/// the file chose.
-pub fn threshold_for_kind(path: &Path, kind: &str, max_far: f32) -> Result<f32, String> {
-    resolve(path, max_far, Some(kind))
+/// The same on one kind of prompt (`code` or `chat`): that kind's own curve.
+pub fn threshold_for_kind(
+    path: &Path,
+    kind: &str,
+    max_far: f32,
+    curve: Curve,
+) -> Result<f32, String> {
+    resolve(path, max_far, Some(kind), curve)
 }
 
-fn resolve(path: &Path, max_far: f32, kind: Option<&str>) -> Result<f32, String> {
+fn resolve(path: &Path, max_far: f32, kind: Option<&str>, curve: Curve) -> Result<f32, String> {
     if !(0.0..=1.0).contains(&max_far) {
         return Err(format!("max_false_accept_rate {max_far} is outside [0, 1]"));
     }
     let c = Calibration::load(path)?;
+    let learned = match curve {
+        Curve::Chosen => c.chosen_verifier != "confidence",
+        Curve::Confidence => false,
+        Curve::Learned => true,
+    };
     let grid = match kind {
-        None => &c.thresholds,
+        None if learned => &c.learned_thresholds,
+        None => &c.confidence_thresholds,
         Some(k) => {
             let grids = match k {
                 "code" => &c.by_kind.code,
                 "chat" => &c.by_kind.chat,
                 other => return Err(format!("no prompt kind {other:?} (code, chat)")),
             };
-            if c.chosen_verifier == "confidence" {
-                &grids.confidence
-            } else {
+            if learned {
                 &grids.learned
+            } else {
+                &grids.confidence
             }
         }
     };
@@ -362,17 +384,33 @@ mod tests {
             } else {
                 &grids.learned
             };
-            let t = threshold_for_kind(&path, kind, 0.05)?;
+            let t = threshold_for_kind(&path, kind, 0.05, Curve::Chosen)?;
             assert_eq!(Some(t), pick(grid, 0.05).map(|p| p.threshold), "{kind}");
+            // Each verifier's own curve, whatever the file chose.
+            for (curve, grid) in [
+                (Curve::Confidence, &grids.confidence),
+                (Curve::Learned, &grids.learned),
+            ] {
+                let t = threshold_for_kind(&path, kind, 0.05, curve)?;
+                assert_eq!(Some(t), pick(grid, 0.05).map(|p| p.threshold), "{kind}");
+            }
         }
+        assert_eq!(
+            Some(threshold_for(&path, 0.05, Curve::Learned)?),
+            pick(&c.learned_thresholds, 0.05).map(|p| p.threshold)
+        );
+        assert_eq!(
+            Some(threshold_for(&path, 0.05, Curve::Confidence)?),
+            pick(&c.confidence_thresholds, 0.05).map(|p| p.threshold)
+        );
         // The kinds' curves differ: on the shipped calibration the same budget gives code and
         // chat different thresholds.
         assert_ne!(
-            threshold_for_kind(&path, "code", 0.05)?,
-            threshold_for_kind(&path, "chat", 0.05)?
+            threshold_for_kind(&path, "code", 0.05, Curve::Chosen)?,
+            threshold_for_kind(&path, "chat", 0.05, Curve::Chosen)?
         );
-        assert!(threshold_for_kind(&path, "prose", 0.05).is_err());
-        assert!(threshold_for_kind(&path, "code", 1.5).is_err());
+        assert!(threshold_for_kind(&path, "prose", 0.05, Curve::Chosen).is_err());
+        assert!(threshold_for_kind(&path, "code", 1.5, Curve::Chosen).is_err());
         Ok(())
     }
 

@@ -371,7 +371,8 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
             Path::new("/x/p.toml"),
         )?;
         let t = p.model("m").map(|m| m.threshold);
-        let k = |kind| approxy_verifier::calibration::threshold_for_kind(&calibration, kind, 0.05);
+        use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
+        let k = |kind| threshold_for_kind(&calibration, kind, 0.05, Curve::Confidence);
         assert_eq!(
             t,
             Some(KindThresholds {
@@ -383,10 +384,58 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
             &with(&format!("max_false_accept_rate = 0.05\n{cal}")),
             Path::new("/x/p.toml"),
         )?;
-        let all = approxy_verifier::calibration::threshold_for(&calibration, 0.05)?;
+        let all = threshold_for(&calibration, 0.05, Curve::Confidence)?;
         assert_eq!(
             p.model("m").map(|m| m.threshold),
             Some(KindThresholds::all(all))
+        );
+        // A confidence policy reads the confidence curve even of a file that chose a learned
+        // head (the ratio:0.2 calibration did), not the head's.
+        let ratio = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/results/acceptance-rules/by-rule/ratio_0.2");
+        let cal = format!(
+            "calibration = {:?}",
+            ratio.join("calibration.json").display().to_string()
+        );
+        let budget = "max_false_accept_rate = { code = 0.05, chat = 0.05 }";
+        let p = Policy::parse(&with(&format!("{budget}\n{cal}")), Path::new("/x/p.toml"))?;
+        let on = |curve| -> Result<KindThresholds, String> {
+            let k = |kind| threshold_for_kind(&ratio.join("calibration.json"), kind, 0.05, curve);
+            Ok(KindThresholds {
+                code: k("code")?,
+                chat: k("chat")?,
+            })
+        };
+        assert_ne!(on(Curve::Confidence)?, on(Curve::Learned)?);
+        assert_eq!(
+            p.model("m").map(|m| m.threshold),
+            Some(on(Curve::Confidence)?)
+        );
+        // The head trained for that rule reads its own curve; one trained for another rule
+        // is refused.
+        let art = |d: &Path| {
+            format!(
+                "verifier = {:?}",
+                d.join("default.json").display().to_string()
+            )
+        };
+        let p = Policy::parse(
+            &with(&format!("{budget}\n{cal}\n{}", art(&ratio))),
+            Path::new("/x/p.toml"),
+        )?;
+        assert_eq!(p.model("m").map(|m| m.threshold), Some(on(Curve::Learned)?));
+        let identity = calibration.parent().ok_or("no parent")?;
+        let e = Policy::parse(
+            &with(&format!("{budget}\n{cal}\n{}", art(identity))),
+            Path::new("/x/p.toml"),
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            e.contains("calibrates the rule ratio:0.2, but the verifier")
+                && e.contains("was trained for identical"),
+            "{e}"
         );
         // Mistakes name the key.
         for (line, says) in [

@@ -348,13 +348,26 @@ impl Validator {
                 }
                 Some(c) => {
                     let path = self.path(c);
-                    use approxy_verifier::calibration::{threshold_for, threshold_for_kind};
+                    use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
+                    // The budget is read on the curve of the verifier this policy runs, which
+                    // need not be the one the file chose.
+                    let curve = match &verifier {
+                        VerifierChoice::Confidence => Curve::Confidence,
+                        VerifierChoice::Learned(artifact) => {
+                            if let Err(e) = same_rule(&path, artifact) {
+                                self.err(format!("{}: {e}", f("calibration")));
+                            }
+                            Curve::Learned
+                        }
+                    };
                     // One budget reads the curve of all prompts; a table reads each kind's own.
                     let resolved = match far {
-                        RawPerKind::All(x) => threshold_for(&path, x).map(KindThresholds::all),
-                        RawPerKind::ByKind(k) => threshold_for_kind(&path, "code", k.code)
+                        RawPerKind::All(x) => {
+                            threshold_for(&path, x, curve).map(KindThresholds::all)
+                        }
+                        RawPerKind::ByKind(k) => threshold_for_kind(&path, "code", k.code, curve)
                             .and_then(|code| {
-                                threshold_for_kind(&path, "chat", k.chat)
+                                threshold_for_kind(&path, "chat", k.chat, curve)
                                     .map(|chat| KindThresholds { code, chat })
                             }),
                     };
@@ -536,5 +549,27 @@ fn per_kind(v: RawPerKind) -> KindThresholds {
             code: k.code,
             chat: k.chat,
         },
+    }
+}
+
+/// A learned head's false-accept budget is read on a calibration of the same acceptance rule:
+/// the rule the artifact was trained for must be the one the calibration file measured against.
+fn same_rule(calibration: &Path, artifact: &Path) -> Result<(), String> {
+    let c = approxy_verifier::calibration::Calibration::load(calibration)?;
+    let a: approxy_verifier::verify::learned::Artifact = std::fs::read(artifact)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        .map_err(|e| format!("{}: {e}", artifact.display()))?;
+    let rule = |r: &Option<String>| r.clone().unwrap_or_else(|| "identical".into());
+    if rule(&c.rule) == rule(&a.rule) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} calibrates the rule {}, but the verifier {} was trained for {}",
+            calibration.display(),
+            rule(&c.rule),
+            artifact.display(),
+            rule(&a.rule)
+        ))
     }
 }

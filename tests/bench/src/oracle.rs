@@ -898,4 +898,120 @@ mod tests {
         assert!(d.accepts("instructions", 1, 0.95, &t));
         Ok(())
     }
+
+    /// A target that gives, at each answer position, a fixed top list (by position after the
+    /// prompt), and counts its calls.
+    #[derive(Debug)]
+    struct TableTarget {
+        table: Vec<Vec<(u32, f32)>>,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl TargetClient for TableTarget {
+        async fn continue_tokens(
+            &self,
+            req: &ContinuationRequest,
+        ) -> Result<approxy_verifier::target::Continuation, approxy_verifier::TargetError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let top = self.table[req.prefix.len() - req.prompt_len].clone();
+            Ok(approxy_verifier::target::Continuation {
+                tokens: vec![top[0].0],
+                top_logprobs: vec![top],
+                ..Default::default()
+            })
+        }
+        async fn tokenize(
+            &self,
+            _: &str,
+        ) -> Result<Option<Vec<u32>>, approxy_verifier::TargetError> {
+            Ok(None)
+        }
+        async fn health(&self) -> Result<(), approxy_verifier::TargetError> {
+            Ok(())
+        }
+    }
+
+    /// Each rule and a verifier decided by hand on a scripted pair: the draft says "abc" (then
+    /// end of turn) at confidence 0.9; the target prefers `a` (0.95), then `x` over `b` (0.6
+    /// against 0.35), then `c` (0.5), then end of turn. A rule accepting `b` (ratio:0.5) gives
+    /// the draft's answer with no target token; identity and ratio:0.8 take the target's `x`.
+    /// The target is asked once per distinct prefix over all configurations.
+    #[tokio::test]
+    async fn each_rule_decides_as_worked_out_by_hand_on_a_scripted_pair() -> anyhow::Result<()> {
+        use approxy_verifier::DraftWorkers;
+        use approxy_verifier::testing::{
+            DraftScript, IM_END, IM_START, ScriptedWorkers, tiny_tokenizer,
+        };
+        let ln = |p: f64| p.ln() as f32;
+        let (a, b, c, x) = (97u32, 98u32, 99u32, 120u32);
+        let target = TableTarget {
+            table: vec![
+                vec![(a, ln(0.95)), (b, ln(0.03))],
+                vec![(x, ln(0.6)), (b, ln(0.35))],
+                vec![(c, ln(0.5)), (b, ln(0.4))],
+                vec![(IM_END, ln(0.99))],
+            ],
+            calls: Default::default(),
+        };
+        let workers = ScriptedWorkers::new(DraftScript::says("abc", 0.9), 1);
+        let tok = tiny_tokenizer();
+        let prompt = Prompt {
+            id: "p".into(),
+            ids: vec![IM_START],
+        };
+        let dir = tempfile::tempdir()?;
+        let mut asked = Asked::open(&dir.path().join("p.jsonl"), &prompt.ids, false)?;
+        let verifier = |t: f32| {
+            Decide::Verifier(VerifierConfig {
+                name: format!("confidence {t}"),
+                code: 0.0,
+                chat: t,
+            })
+        };
+        let cases = [
+            (Decide::TargetOnly, "axc", 4),
+            (Decide::DraftOnly, "abc", 0),
+            (Decide::Rule(AcceptanceRule::Identical), "axc", 1),
+            (Decide::Rule(AcceptanceRule::Ratio(0.8)), "axc", 1),
+            (Decide::Rule(AcceptanceRule::Ratio(0.5)), "abc", 0),
+            (Decide::Rule(AcceptanceRule::MEDUSA_TYPICAL), "abc", 0),
+            (verifier(0.95), "axc", 4),
+            (verifier(0.5), "abc", 0),
+        ];
+        for (decide, text, target_tokens) in cases {
+            let lease = workers.try_lease().context("no draft")?;
+            let got = decode(
+                lease.as_ref(),
+                &target,
+                &tok,
+                &prompt,
+                16,
+                &[],
+                "chat",
+                &decide,
+                &mut asked,
+            )
+            .await?;
+            assert_eq!(
+                (got.text.as_str(), got.target_tokens, got.tokens),
+                (text, target_tokens, 4),
+                "{}",
+                decide.name()
+            );
+            let nll = if text == "abc" {
+                -(ln(0.95) + ln(0.35) + ln(0.5) + ln(0.99))
+            } else {
+                -(ln(0.95) + ln(0.6) + ln(0.5) + ln(0.99))
+            };
+            assert!(
+                (got.nll_sum - f64::from(nll)).abs() < 1e-5,
+                "{}",
+                decide.name()
+            );
+        }
+        // Prefixes asked: "", "a", "ax", "ab", "axc", "abc".
+        assert_eq!(target.calls.load(std::sync::atomic::Ordering::SeqCst), 6);
+        Ok(())
+    }
 }
