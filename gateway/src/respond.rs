@@ -300,7 +300,7 @@ fn complete(
     dial: Dial,
     verifier: &str,
 ) -> Response {
-    let cost = estimate_cost(s, &mp.price);
+    let cost = estimate_cost(&s.spend(), &mp.price);
     record_metrics(s, cost, "ok");
     let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
@@ -412,7 +412,7 @@ fn stream(
         }
         match task.await {
             Ok(Ok(stats)) => {
-                let cost = estimate_cost(&stats, &mp.price);
+                let cost = estimate_cost(&stats.spend(), &mp.price);
                 record_metrics(&stats, cost, "ok");
                 let mut out = vec![sse(&ids.chunk(
                     None,

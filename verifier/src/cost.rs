@@ -9,7 +9,22 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::decode::Stats;
+/// What a generation has spent so far, in tokens: all the cost model reads (the decode loop
+/// fills it from its own counters, so this module depends on nothing of the loop's).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Spend {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Tokens of the answer so far.
+    pub completion_tokens: u64,
+    /// Tokens the target generated, used or not (a cancelled stream's are paid all the same).
+    pub target_output_tokens: u64,
+    /// Input tokens sent to the target over all calls (each call re-sends the prefix).
+    pub target_input_tokens: u64,
+    /// Of those, the tokens served from a prompt cache: what the target reported when every
+    /// call reported it, else the estimate under the cache rules.
+    pub cached_input_tokens: u64,
+}
 
 /// USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -85,17 +100,12 @@ pub struct CostEstimate {
     pub passthrough: f64,
 }
 
-/// Costs of a finished generation. The cached input is what the target reported when every
-/// call reported it, else the estimate under the cache rules.
-pub fn estimate(s: &Stats, p: &Price) -> CostEstimate {
-    let cached = s
-        .reported_cached_tokens()
-        .unwrap_or(s.target_cacheable_input_tokens);
+/// Costs of a generation's spend.
+pub fn estimate(s: &Spend, p: &Price) -> CostEstimate {
     CostEstimate {
-        approxy: p.input_cost(s.target_input_tokens, cached)
-            + p.output_cost(u64::from(s.target_tokens) + s.target_discarded_tokens),
-        passthrough: p.input_cost(u64::from(s.prompt_tokens), 0)
-            + p.output_cost(u64::from(s.completion_tokens)),
+        approxy: p.input_cost(s.target_input_tokens, s.cached_input_tokens)
+            + p.output_cost(s.target_output_tokens),
+        passthrough: p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens),
     }
 }
 
@@ -132,7 +142,7 @@ impl CostGuard {
     /// stays within the ratio whatever follows, as long as the prices hold: the re-sent prefix
     /// is really served from the cache at `cached_input`, and output costs at least as much as
     /// input.
-    pub fn trips(&self, s: &Stats, call: CallPlan) -> bool {
+    pub fn trips(&self, s: &Spend, call: CallPlan) -> bool {
         if self.price.is_free() {
             return false;
         }
@@ -141,8 +151,8 @@ impl CostGuard {
         let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
         let next = call.prefix + call.max_output;
         let reserve = p.input_cost(next, self.cache.cacheable(next));
-        let passthrough = p.input_cost(u64::from(s.prompt_tokens), 0)
-            + p.output_cost(u64::from(s.completion_tokens) + call.max_output);
+        let passthrough =
+            p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
     }
 }
@@ -161,14 +171,12 @@ mod tests {
 
     #[test]
     fn cost_counts_resent_prefixes_cache_discount_and_discarded_tokens() {
-        let s = Stats {
+        let s = Spend {
             prompt_tokens: 100,
             completion_tokens: 50,
-            target_tokens: 5,
-            target_discarded_tokens: 2,
+            target_output_tokens: 7,
             target_input_tokens: 1000,
-            target_cacheable_input_tokens: 800,
-            ..Stats::default()
+            cached_input_tokens: 800,
         };
         let c = estimate(&s, &price());
         assert!((c.approxy - (200.0 + 80.0 + 14.0) / 1e6).abs() < 1e-12);
@@ -185,11 +193,10 @@ mod tests {
         // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
         // 103 input + 2 output + a 104-token cached reserve (10.4) = 115.4 against passthrough
         // 100 + 4 tokens * 2 = 108: refused. After 20: 120 + 2 + 12.1 = 134.1 vs 142: allowed.
-        let mut s = Stats {
+        let mut s = Spend {
             prompt_tokens: 100,
             completion_tokens: 3,
-            draft_tokens: 3,
-            ..Stats::default()
+            ..Spend::default()
         };
         assert!(g.trips(
             &s,
@@ -242,20 +249,5 @@ mod tests {
             32
         );
         assert_eq!(CacheRules::default().cacheable(7), 7);
-    }
-
-    #[test]
-    fn reported_cached_tokens_replace_the_estimate_when_every_call_reported() {
-        let mut s = Stats {
-            target_calls: 2,
-            target_input_tokens: 1000,
-            target_cacheable_input_tokens: 800,
-            ..Stats::default()
-        };
-        s.target_calls_reporting_cache = 2;
-        s.target_reported_cached_tokens = 0;
-        assert!((estimate(&s, &price()).approxy - 1000.0 / 1e6).abs() < 1e-12);
-        s.target_calls_reporting_cache = 1;
-        assert!((estimate(&s, &price()).approxy - 280.0 / 1e6).abs() < 1e-12);
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cost::{CacheRules, CostGuard};
+use crate::cost::{CacheRules, CostGuard, Spend};
 use crate::draft::{Draft, PositionOutput};
 use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
@@ -216,6 +216,20 @@ impl Stats {
     pub fn reported_cached_tokens(&self) -> Option<u64> {
         (self.target_calls > 0 && self.target_calls_reporting_cache == self.target_calls)
             .then_some(self.target_reported_cached_tokens)
+    }
+
+    /// What the generation has spent, for the cost model: the cached input is what the target
+    /// reported when every call reported it, else the estimate under the cache rules.
+    pub fn spend(&self) -> Spend {
+        Spend {
+            prompt_tokens: u64::from(self.prompt_tokens),
+            completion_tokens: u64::from(self.completion_tokens),
+            target_output_tokens: u64::from(self.target_tokens) + self.target_discarded_tokens,
+            target_input_tokens: self.target_input_tokens,
+            cached_input_tokens: self
+                .reported_cached_tokens()
+                .unwrap_or(self.target_cacheable_input_tokens),
+        }
     }
 }
 
@@ -424,6 +438,37 @@ pub(crate) fn decide(
     (accepts(verifier.p_accept(&f), threshold), Some(f.entropy()))
 }
 
+#[cfg(test)]
+mod spend_tests {
+    use super::*;
+
+    #[test]
+    fn spend_counts_discarded_tokens_and_prefers_reported_cache_when_every_call_reported() {
+        let mut s = Stats {
+            prompt_tokens: 100,
+            completion_tokens: 50,
+            target_tokens: 5,
+            target_discarded_tokens: 2,
+            target_calls: 2,
+            target_input_tokens: 1000,
+            target_cacheable_input_tokens: 800,
+            ..Stats::default()
+        };
+        s.target_calls_reporting_cache = 2;
+        s.target_reported_cached_tokens = 0;
+        let want = Spend {
+            prompt_tokens: 100,
+            completion_tokens: 50,
+            target_output_tokens: 7,
+            target_input_tokens: 1000,
+            cached_input_tokens: 0,
+        };
+        assert_eq!(s.spend(), want);
+        // One call did not report: the estimate under the cache rules stands.
+        s.target_calls_reporting_cache = 1;
+        assert_eq!(s.spend().cached_input_tokens, 800);
+    }
+}
 #[cfg(test)]
 mod context_tests;
 #[cfg(test)]

@@ -260,7 +260,7 @@ impl<'a> Run<'a> {
             cacheable,
             max_output: u64::from(n),
         };
-        guard.trips(&self.stats, plan)
+        guard.trips(&self.stats.spend(), plan)
     }
 
     /// Awaits a target call, the draft guessing up to `guesses` tokens ahead meanwhile when

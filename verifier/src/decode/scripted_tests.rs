@@ -404,7 +404,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     assert_eq!(o.text, "hello world");
     assert!(o.stats.cost_guard && !o.stats.bailed_out);
     assert_eq!(o.stats.target_calls, 1, "one call for the whole answer");
-    let c = estimate(&o.stats, &price);
+    let c = estimate(&o.stats.spend(), &price);
     assert!(c.approxy <= c.passthrough, "{c:?}");
 
     // Confident drafting pays for corrections: the guard lets them through.
@@ -419,7 +419,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     .await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 1);
-    let c = estimate(&o.stats, &price);
+    let c = estimate(&o.stats.spend(), &price);
     assert!(c.approxy <= c.passthrough, "{c:?}");
     Ok(())
 }
