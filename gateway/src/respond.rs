@@ -81,6 +81,12 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             // estimate then uses it instead of the cache rules).
             "target_reported_cached_tokens": s.reported_cached_tokens(),
             "heal_retries": s.heal_retries,
+            // The target's own account of its compute, over the calls that gave one (llama.cpp
+            // does; a stream closed before its end does not).
+            "target_busy_seconds": s.target_busy.as_secs_f64(),
+            "target_prompt_processed_tokens": s.target_prompt_processed,
+            "target_predicted_tokens": s.target_predicted,
+            "target_calls_timed": s.target_calls_timed,
             "estimated_cost_usd": cost.approxy,
             "estimated_passthrough_cost_usd": cost.passthrough,
         }

@@ -190,6 +190,17 @@ pub struct Stats {
     /// Calls a text-level target needed again because its answer did not start with the
     /// held-back piece of the answer (token healing); counted in `target_calls` too.
     pub heal_retries: u32,
+    /// Time the target reports it spent on this request's calls (prompt processing and
+    /// generation), summed over the calls that reported it: the request's real compute cost
+    /// on a self-hosted target.
+    #[serde(serialize_with = "secs")]
+    pub target_busy: Duration,
+    /// Prompt tokens the target reports it processed (not served from its cache), same calls.
+    pub target_prompt_processed: u64,
+    /// Tokens the target reports it generated, same calls (a stream closed early reports none).
+    pub target_predicted: u64,
+    /// Calls that reported their compute.
+    pub target_calls_timed: u32,
     /// Tokens the draft guessed ahead while a target call was in flight (overlap).
     pub overlap_guesses: u64,
     /// Of those, guesses the answer then took, so their draft work was not repeated.

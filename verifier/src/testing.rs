@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
 use crate::target::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TokenStream, WindowRequest,
-    WindowScore,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetTimings, TokenStream,
+    WindowRequest, WindowScore,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -301,6 +301,7 @@ pub struct ScriptedTarget {
     token_delay: Duration,
     generated: std::sync::Arc<AtomicUsize>,
     windows: Option<Mutex<Vec<WindowRequest>>>,
+    timings: bool,
 }
 
 impl ScriptedTarget {
@@ -315,7 +316,16 @@ impl ScriptedTarget {
             token_delay: Duration::ZERO,
             generated: Default::default(),
             windows: None,
+            timings: false,
         }
+    }
+
+    /// The same target reporting each call's compute as llama-server does: in a last event
+    /// of its own after a stream's tokens (1 ms per prompt token processed, 10 ms per token
+    /// generated; every prompt token counts as processed).
+    pub fn with_timings(mut self) -> Self {
+        self.timings = true;
+        self
     }
 
     /// The same target, able to score windows of draft tokens (as vLLM with prompt
@@ -388,6 +398,10 @@ impl TargetClient for ScriptedTarget {
         let all = self.continue_tokens(req).await?;
         let (delay, generated) = (self.token_delay, self.generated.clone());
         let (last, eos) = (all.tokens.len(), all.stopped_on_eos);
+        let usage = all.timings.map(|t| StreamChunk {
+            timings: Some(t),
+            ..StreamChunk::default()
+        });
         // `then` runs each step only when the stream is polled: a dropped stream generates no more.
         let chunks =
             futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
@@ -402,7 +416,8 @@ impl TargetClient for ScriptedTarget {
                     })
                 }
             });
-        Ok(Box::pin(chunks))
+        // The usage event comes after the tokens, as llama-server's last event does.
+        Ok(Box::pin(chunks.chain(futures::stream::iter(usage.map(Ok)))))
     }
 
     async fn continue_tokens(
@@ -431,9 +446,16 @@ impl TargetClient for ScriptedTarget {
                 }
             }
         }
+        let timings = self.timings.then(|| TargetTimings {
+            prompt_tokens: req.prefix.len() as u64,
+            prompt_ms: req.prefix.len() as f64,
+            predicted_tokens: tokens.len() as u64,
+            predicted_ms: 10.0 * tokens.len() as f64,
+        });
         Ok(Continuation {
             tokens,
             stopped_on_eos,
+            timings,
             ..Continuation::default()
         })
     }

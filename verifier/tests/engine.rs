@@ -70,6 +70,10 @@ async fn reject_everything_equals_target_greedy() {
             target.calls.load(Ordering::SeqCst) - before,
             stats.target_calls
         );
+        // llama-server reports every call's compute: one generated token each, and time.
+        assert_eq!(stats.target_calls_timed, stats.target_calls, "{stats:?}");
+        assert_eq!(stats.target_predicted, u64::from(stats.target_calls));
+        assert!(stats.target_busy > Duration::ZERO && stats.target_prompt_processed > 0);
     }
 }
 
@@ -164,6 +168,9 @@ async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls
             "{stats:?}"
         );
         assert_eq!(stats.resyncs, 0);
+        // Every span was read to its end, whose event carries the call's compute.
+        assert_eq!(stats.target_calls_timed, stats.target_calls, "{stats:?}");
+        assert_eq!(stats.target_predicted as usize, streamed, "{stats:?}");
     }
 }
 

@@ -17,9 +17,12 @@ use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
-use crate::target::{ContinuationRequest, TokenStream, WindowRequest, WindowScore};
+use crate::target::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Context, Record, Verifier};
+
+/// Longest wait for the last event of a stream whose tokens have all arrived.
+const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Awaits a target call, adding the time to `waited`, unless the client goes away first
 /// (`None`): the call in flight is then dropped instead of waited for, which also closes its
@@ -222,8 +225,15 @@ impl<'a> Run<'a> {
     }
 
     /// Counts what an answer says beyond its tokens: cached prompt tokens the target reported,
-    /// and calls it had to make again (each re-sends the prefix, served from the cache).
-    fn absorb(&mut self, cached: Option<u32>, extra_calls: u32) {
+    /// the compute it reports the call took, and calls it had to make again (each re-sends
+    /// the prefix, served from the cache).
+    fn absorb(&mut self, cached: Option<u32>, timings: Option<TargetTimings>, extra_calls: u32) {
+        if let Some(t) = timings {
+            self.stats.target_busy += t.busy();
+            self.stats.target_prompt_processed += t.prompt_tokens;
+            self.stats.target_predicted += t.predicted_tokens;
+            self.stats.target_calls_timed += 1;
+        }
         if let Some(c) = cached
             && !self.call_reported
         {
@@ -296,7 +306,7 @@ impl<'a> Run<'a> {
             return Ok(Some(FinishReason::Cancelled));
         };
         let cont = cont?;
-        self.absorb(cont.cached_prompt_tokens, cont.extra_calls);
+        self.absorb(cont.cached_prompt_tokens, cont.timings, cont.extra_calls);
         self.last_prefix_len += cont.tokens.len() as u64;
         if cont.tokens.is_empty() && !cont.stopped_on_eos {
             return Err(TargetError::Protocol("target returned no tokens".into()).into());
@@ -522,12 +532,15 @@ impl<'a> Run<'a> {
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
-            self.absorb(chunk.cached_prompt_tokens, chunk.extra_calls);
+            self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
             received += chunk.tokens.len();
             self.last_prefix_len += chunk.tokens.len() as u64;
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 if let Some(reason) = self.emit(&[token], Source::Target, None).await? {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
+                    if self.upstream_is_done(reason, received as u64, u64::from(n)) {
+                        self.drain_usage(&mut stream).await;
+                    }
                     return Ok(reason);
                 }
             }
@@ -588,7 +601,7 @@ impl<'a> Run<'a> {
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
-            self.absorb(chunk.cached_prompt_tokens, chunk.extra_calls);
+            self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 received += 1;
                 self.last_prefix_len += 1;
@@ -608,6 +621,9 @@ impl<'a> Run<'a> {
                 let seen = self.record(&out, token, entropy);
                 if let Some(reason) = self.emit(&[token], Source::Target, seen).await? {
                     self.stats.target_discarded_tokens += unused;
+                    if self.upstream_is_done(reason, received, u64::from(creq.max_tokens)) {
+                        self.drain_usage(&mut stream).await;
+                    }
                     return Ok(SpanEnd::Finished(reason));
                 }
                 out = cursor.commit(&[token]).await?;
@@ -625,6 +641,32 @@ impl<'a> Run<'a> {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
         Ok(SpanEnd::Resume(out))
+    }
+
+    /// True when a streamed call that ended the answer for `reason` after `received` of the
+    /// `asked` tokens has nothing left to generate: it delivered all it was asked for, or its
+    /// end-of-sequence. Not after a stop string: the target would go on, so its stream is
+    /// closed at once to stop it.
+    fn upstream_is_done(&self, reason: FinishReason, received: u64, asked: u64) -> bool {
+        match reason {
+            FinishReason::Length => received >= asked,
+            FinishReason::Stop => !self.hit_stop_sequence,
+            FinishReason::Cancelled => false,
+        }
+    }
+
+    /// Reads the rest of a stream that has nothing left to generate (see
+    /// [`Run::upstream_is_done`]), for what its last event reports: the cached prompt tokens and
+    /// the call's compute, which dropping it at once would lose. The target has nothing left
+    /// to generate, so the wait is short; it is bounded all the same.
+    async fn drain_usage(&mut self, stream: &mut TokenStream) {
+        let drain = async {
+            while let Some(Ok(chunk)) = stream.next().await {
+                self.stats.target_discarded_tokens += chunk.tokens.len() as u64;
+                self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
+            }
+        };
+        let _ = tokio::time::timeout(USAGE_DRAIN_LIMIT, drain).await;
     }
 
     pub(super) async fn finish(mut self, reason: FinishReason) -> Result<Stats, EngineError> {

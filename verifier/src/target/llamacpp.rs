@@ -6,8 +6,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream,
-    get_ok, http_client, join, post_json, post_sse, token_ids,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
+    TokenStream, get_ok, http_client, join, post_json, post_sse, token_ids,
 };
 use crate::error::TargetError;
 
@@ -126,6 +126,7 @@ impl TargetClient for LlamaCppTarget {
             cached_prompt_tokens: cached_prompt,
             extra_calls: 0,
             top_logprobs,
+            timings: TargetTimings::from_llama(&v["timings"]),
         })
     }
 
@@ -150,12 +151,18 @@ impl TargetClient for LlamaCppTarget {
             let cached = v["timings"]["cache_n"]
                 .as_u64()
                 .and_then(|x| u32::try_from(x).ok());
+            let last = v["stop"].as_bool() == Some(true);
             Ok(StreamChunk {
                 tokens,
-                stopped_on_eos: v["stop"].as_bool() == Some(true)
-                    && v["stop_type"].as_str() == Some("eos"),
+                stopped_on_eos: last && v["stop_type"].as_str() == Some("eos"),
                 cached_prompt_tokens: cached,
                 extra_calls: 0,
+                // Read from the last event only: the call's totals, once.
+                timings: if last {
+                    TargetTimings::from_llama(&v["timings"])
+                } else {
+                    None
+                },
             })
         })))
     }

@@ -107,6 +107,41 @@ pub struct Continuation {
     /// at each generated token, the target's top (token, natural-log probability at
     /// temperature 1), most likely first. Empty otherwise.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// The compute the call took, when the target reports it.
+    pub timings: Option<TargetTimings>,
+}
+
+/// What one call cost the target in compute, as it reports it (llama-server's `timings`): the
+/// prompt tokens it had to process (those its cache did not serve) and the tokens it
+/// generated, with the milliseconds each took. The measure of a self-hosted target's cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TargetTimings {
+    /// Prompt tokens processed (not served from the cache).
+    pub prompt_tokens: u64,
+    /// Time processing them, ms.
+    pub prompt_ms: f64,
+    /// Tokens generated.
+    pub predicted_tokens: u64,
+    /// Time generating them, ms.
+    pub predicted_ms: f64,
+}
+
+impl TargetTimings {
+    /// Reads llama-server's `timings` object (`prompt_n`, `prompt_ms`, `predicted_n`,
+    /// `predicted_ms`); `None` when it is absent or incomplete.
+    pub fn from_llama(v: &serde_json::Value) -> Option<Self> {
+        Some(Self {
+            prompt_tokens: v["prompt_n"].as_u64()?,
+            prompt_ms: v["prompt_ms"].as_f64()?,
+            predicted_tokens: v["predicted_n"].as_u64()?,
+            predicted_ms: v["predicted_ms"].as_f64()?,
+        })
+    }
+
+    /// Time the target was busy with the call.
+    pub fn busy(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(((self.prompt_ms + self.predicted_ms) / 1e3).max(0.0))
+    }
 }
 
 /// Ask the target to judge a window of draft tokens after an exact prefix.
@@ -154,6 +189,9 @@ pub struct StreamChunk {
     /// Calls made beyond the one asked for, since the previous chunk (see
     /// [`Continuation::extra_calls`]).
     pub extra_calls: u32,
+    /// The whole call's compute, in the last chunk, when the target reports it (a stream
+    /// closed before its end never gets it).
+    pub timings: Option<TargetTimings>,
 }
 
 /// A continuation arriving as the target generates it. Dropping it closes the connection,
@@ -230,6 +268,7 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
             stopped_on_eos: c.stopped_on_eos,
             cached_prompt_tokens: c.cached_prompt_tokens,
             extra_calls: c.extra_calls,
+            timings: c.timings,
         };
         Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
     }

@@ -9,8 +9,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TokenStream,
-    WindowRequest, WindowScore, get_ok, http_client, join, post_json, post_sse,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
+    TokenStream, WindowRequest, WindowScore, get_ok, http_client, join, post_json, post_sse,
     reported_cached_tokens, token_ids,
 };
 use crate::error::TargetError;
@@ -139,6 +139,8 @@ impl TargetClient for OpenAiCompletionsTarget {
             extra_calls: 0,
             // Not asked of this kind yet: label collection runs on llama-server.
             top_logprobs: Vec::new(),
+            // llama-server's OpenAI endpoints add its `timings`; vLLM's do not.
+            timings: TargetTimings::from_llama(&v["timings"]),
         })
     }
 
@@ -177,9 +179,15 @@ impl TargetClient for OpenAiCompletionsTarget {
                         .into(),
                 )),
             };
+            let last = !choice["finish_reason"].is_null();
             Ok(StreamChunk {
                 tokens,
                 stopped_on_eos: choice["finish_reason"].as_str() == Some("stop"),
+                timings: if last {
+                    TargetTimings::from_llama(&v["timings"])
+                } else {
+                    None
+                },
                 ..StreamChunk::default()
             })
         })))

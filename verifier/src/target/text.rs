@@ -385,6 +385,8 @@ impl Streaming {
                     stopped_on_eos: self.finished == Some(true),
                     cached_prompt_tokens: self.cached,
                     extra_calls: std::mem::take(&mut self.extra_calls),
+                    // Text-level providers report no compute.
+                    timings: None,
                 }),
             });
         };
