@@ -1014,4 +1014,27 @@ mod tests {
         assert_eq!(target.calls.load(std::sync::atomic::Ordering::SeqCst), 6);
         Ok(())
     }
+
+    /// The instruction-following scorer installs from its pinned requirements into a venv of
+    /// its own and passes its self-test there (crafted answers that must pass and must fail
+    /// each instruction type of the set, and a small answer file scored to known figures).
+    #[test]
+    fn the_instruction_scorer_installs_and_passes_its_self_test() -> anyhow::Result<()> {
+        let home = Home::from_env()?;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("instructions");
+        let venv =
+            approxy_setup::requirements_venv(&home, "instructions", &dir.join("requirements.txt"))?;
+        let out = std::process::Command::new(venv.join("bin").join("python"))
+            .arg(dir.join("score.py"))
+            .arg("--self-test")
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.contains("40 prompts") && said.contains(" 0 failed"),
+            "{said}"
+        );
+        Ok(())
+    }
 }
