@@ -649,7 +649,7 @@ pub fn markdown(c: &Calibration) -> String {
     ));
     if let Some(r) = &c.rule {
         s.push_str(&format!(
-            "Labels follow the acceptance rule `{r}`, not token identity: a row is a positive when the target's top-20 probabilities at its position accept the draft's token under that rule (`verifier/src/verify/rule.rs`; a token outside the top-20 is a negative), so every false-accept rate below counts accepted draft tokens the rule rejects. Only rows that carry the target's probabilities are used. "
+            "Labels follow the acceptance rule `{r}`, not token identity: a row is a positive when the target's top-20 probabilities at its position accept the draft's token under that rule (`verifier/src/verify/rule.rs`; a token outside the top-20 is a negative; `sprinter`'s soft label counts as accepted at 0.5 or more), so every false-accept rate below counts accepted draft tokens the rule rejects. Only rows that carry the target's probabilities are used. "
         ));
     }
     if c.by_prompt_source.is_empty() {
