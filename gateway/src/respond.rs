@@ -32,11 +32,12 @@ fn correction_name(c: Correction) -> &'static str {
     }
 }
 
-fn verification_name(v: Verification) -> &'static str {
+fn verification_name(v: Verification) -> String {
     match v {
-        Verification::Approximate => "approximate",
-        Verification::ApproximateWindows => "approximate_windows",
-        Verification::Exact => "exact",
+        Verification::Approximate => "approximate".into(),
+        Verification::ApproximateWindows => "approximate_windows".into(),
+        Verification::Exact => "exact".into(),
+        Verification::Relaxed(rule) => format!("relaxed:{rule}"),
     }
 }
 
@@ -69,6 +70,7 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             "windows": s.windows,
             "window_tokens": s.window_tokens,
             "window_accepted": s.window_accepted,
+            "window_relaxed_accepts": s.window_relaxed_accepts,
             "near_ties": s.near_ties,
             "span_resyncs": s.resyncs,
             "overlap": mp.overlap,

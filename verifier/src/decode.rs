@@ -19,7 +19,7 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::target::TargetClient;
 use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
-use crate::verify::{Context, Features, Verifier, accepts};
+use crate::verify::{AcceptanceRule, Context, Features, Verifier, accepts};
 
 mod cursor;
 mod pacing;
@@ -92,7 +92,7 @@ pub enum Correction {
 }
 
 /// How draft tokens are checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Verification {
     /// The local verifier accepts confident tokens; a rejection gets the `correction`.
     #[default]
@@ -103,6 +103,27 @@ pub enum Verification {
     /// Every draft token is scored by the target in windows: at temperature 0 the output is
     /// the target's own greedy output (lossless speculative decoding over the API).
     Exact,
+    /// Every draft token is scored by the target in windows, as in `Exact`, but at temperature
+    /// 0 a draft token the target would not have chosen is kept when the rule accepts it from
+    /// the target's top log-probabilities there (lossy speculative decoding over the API, with
+    /// the target as the verifier). At temperature > 0 it is `Exact`: speculative sampling
+    /// already keeps the target's distribution.
+    Relaxed(AcceptanceRule),
+}
+
+impl Verification {
+    /// True when the target scores every draft token (no local verifier decides).
+    pub fn target_scores_every_token(&self) -> bool {
+        matches!(self, Self::Exact | Self::Relaxed(_))
+    }
+
+    /// The rule windows accept a differing draft token by (greedy only), if any.
+    pub fn window_rule(&self) -> Option<AcceptanceRule> {
+        match self {
+            Self::Relaxed(r) => Some(*r),
+            _ => None,
+        }
+    }
 }
 
 /// One generation's parameters.
@@ -173,6 +194,8 @@ pub struct Stats {
     pub window_tokens: u64,
     /// Of those, tokens the target agreed with (emitted as draft tokens).
     pub window_accepted: u64,
+    /// Of those, tokens that were not the target's own choice but its relaxed rule accepted.
+    pub window_relaxed_accepts: u64,
     /// Window positions where the target chose another token than the draft's by a margin
     /// below [`TIE_MARGIN`]: (position in the answer, margin in nats). A numerical tie, which
     /// batch shapes can tip either way.
@@ -320,7 +343,7 @@ impl Engine {
                 break FinishReason::Length;
             }
             let proposal = sampler.pick(&out.logits);
-            let exact = run.req.verification == Verification::Exact;
+            let exact = run.req.verification.target_scores_every_token();
             // The verifier judges the token that would be emitted: at temperature > 0 the
             // sampled one, which need not be the draft's top-1.
             let (accepted, entropy) = if exact {

@@ -302,6 +302,7 @@ pub struct ScriptedTarget {
     generated: std::sync::Arc<AtomicUsize>,
     windows: Option<Mutex<Vec<WindowRequest>>>,
     timings: bool,
+    alternative: f32,
 }
 
 impl ScriptedTarget {
@@ -317,7 +318,16 @@ impl ScriptedTarget {
             generated: Default::default(),
             windows: None,
             timings: false,
+            alternative: 0.0,
         }
+    }
+
+    /// The same target giving a window token other than its own this probability (its own
+    /// token the rest), where windows ask for its top log-probabilities: what a relaxed rule
+    /// judges.
+    pub fn with_alternatives(mut self, p: f32) -> Self {
+        self.alternative = p;
+        self
     }
 
     /// The same target reporting each call's compute as llama-server does: in a last event
@@ -484,12 +494,26 @@ impl TargetClient for ScriptedTarget {
             .collect();
         // Sampled decoding: a target that always writes its answer puts all its probability on
         // the answer's token.
-        let logprobs = match req.sampling {
-            Some(_) => top[..req.window.len()]
+        let logprobs = if req.sampling.is_some() {
+            top[..req.window.len()]
                 .iter()
                 .map(|&t| vec![(t, 0.0)])
-                .collect(),
-            None => Vec::new(),
+                .collect()
+        } else if req.top_logprobs > 0 {
+            let p = self.alternative;
+            req.window
+                .iter()
+                .zip(&top)
+                .map(|(&w, &t)| {
+                    if w == t || p <= 0.0 {
+                        vec![(t, 0.0)]
+                    } else {
+                        vec![(w, p.ln()), (t, (1.0 - p).ln())]
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
         };
         Ok(Some(WindowScore {
             top,

@@ -122,6 +122,7 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
             window: window.clone(),
             model: None,
             sampling: None,
+            top_logprobs: 0,
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -142,6 +143,7 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
             window: wrong,
             model: None,
             sampling: None,
+            top_logprobs: 0,
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -164,6 +166,7 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
                 top_p: 0.95,
                 seed: Some(3),
             }),
+            top_logprobs: 0,
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -188,6 +191,34 @@ async fn vllm_scores_a_window_with_its_own_greedy_tokens() {
         assert!(mass <= 1.001, "position {i}: probabilities sum to {mass}");
     }
     assert_eq!(score.top.len(), window.len() + 1);
+    // Greedy under a relaxed rule: the same top entries at every position, and the greedy
+    // tokens as before.
+    let relaxed = c
+        .score_window(&WindowRequest {
+            prefix: common::chat_prompt("Write a Python function that squares a number."),
+            window: window.clone(),
+            model: None,
+            sampling: None,
+            top_logprobs: 20,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no scores"));
+    assert_eq!(relaxed.top[..8], window[..]);
+    assert_eq!(relaxed.top[8], greedy[8]);
+    assert_eq!(relaxed.logprobs.len(), window.len());
+    for (i, entries) in relaxed.logprobs.iter().enumerate() {
+        assert!(
+            entries.len() >= 20,
+            "position {i}: {} entries",
+            entries.len()
+        );
+        let best = entries
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|e| e.0);
+        assert_eq!(best, Some(window[i]), "position {i}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -657,6 +657,32 @@ max_cost_ratio = -1
         };
         assert_eq!(v(&exact(&vllm))?, Some(Verification::Exact));
         assert!(v(&exact(GOOD)).is_err_and(|e| e.to_string().contains("prompt log-probabilities")));
+        let relaxed = |t: &str, rule: &str| {
+            t.replace(
+                "threshold = 0.7\n",
+                &format!("threshold = 0.7\nverification = \"relaxed:{rule}\"\n"),
+            )
+        };
+        assert_eq!(
+            v(&relaxed(&vllm, "ratio:0.8"))?,
+            Some(Verification::Relaxed(
+                approxy_verifier::verify::AcceptanceRule::Ratio(0.8)
+            ))
+        );
+        assert_eq!(
+            v(&relaxed(&vllm, "typical:0.09,0.3"))?,
+            Some(Verification::Relaxed(
+                approxy_verifier::verify::AcceptanceRule::MEDUSA_TYPICAL
+            ))
+        );
+        assert!(
+            v(&relaxed(GOOD, "ratio:0.8"))
+                .is_err_and(|e| e.to_string().contains("prompt log-probabilities"))
+        );
+        assert!(
+            v(&relaxed(&vllm, "ratio:2"))
+                .is_err_and(|e| e.to_string().contains("parameters lie in [0, 1]"))
+        );
         Ok(())
     }
 

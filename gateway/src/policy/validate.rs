@@ -405,17 +405,30 @@ impl Validator {
         };
         // Windows need prompt log-probabilities, which of the kinds only vLLM-style targets give.
         let windows = kind == TargetKind::Vllm;
+        let relaxed = m
+            .verification
+            .as_deref()
+            .and_then(|v| v.strip_prefix("relaxed:"));
         let verification = match (m.verification.as_deref(), windows) {
             (None | Some("approximate"), true) => Verification::ApproximateWindows,
             (None | Some("approximate"), false) => Verification::Approximate,
             (Some("exact"), true) => Verification::Exact,
-            (Some("exact"), false) => {
-                self.err(format!("{}: \"exact\" needs a target that returns prompt log-probabilities (target.kind = \"vllm\")", f("verification")));
+            (Some(v), false) if v == "exact" || relaxed.is_some() => {
+                self.err(format!("{}: {v:?} needs a target that returns prompt log-probabilities (target.kind = \"vllm\")", f("verification")));
                 Verification::Approximate
+            }
+            (Some(_), true) if relaxed.is_some() => {
+                match approxy_verifier::verify::AcceptanceRule::parse(relaxed.unwrap_or_default()) {
+                    Ok(rule) => Verification::Relaxed(rule),
+                    Err(e) => {
+                        self.err(format!("{}: {e}", f("verification")));
+                        Verification::Exact
+                    }
+                }
             }
             (Some(other), _) => {
                 self.err(format!(
-                    "{}: {other:?} is not one of \"approximate\", \"exact\"",
+                    "{}: {other:?} is not one of \"approximate\", \"exact\", \"relaxed:RULE\"",
                     f("verification")
                 ));
                 Verification::Approximate

@@ -19,7 +19,20 @@ use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::target::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
-use crate::verify::{Context, Record, Verifier};
+use crate::verify::{Context, Record, TargetProbs, Verifier};
+
+/// The target's top log-probabilities a relaxed window asks for at each position (as label
+/// collection and the oracle study use).
+const RELAXED_TOP_LOGPROBS: u32 = 20;
+
+/// The draft's probability of `token` under `logits` (softmax at temperature 1).
+fn prob_of_logit(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    logits
+        .get(token as usize)
+        .map_or(0.0, |&l| (f64::from(l - max).exp() / sum) as f32)
+}
 
 /// Longest wait for the last event of a stream whose tokens have all arrived.
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
@@ -352,6 +365,14 @@ impl<'a> Run<'a> {
         if sampled {
             drawn_from.push(sampler.distribution(&out.logits));
         }
+        // A relaxed rule judges greedy windows from the target's probabilities; the draft's
+        // probability of each window token only when the rule reads it.
+        let rule = self.req.verification.window_rule().filter(|_| !sampled);
+        let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
+        let mut draft_probs = Vec::new();
+        if reads_q {
+            draft_probs.push(prob_of_logit(&out.logits, first));
+        }
         while window.len() < k as usize {
             let last = window[window.len() - 1];
             if self.engine.eos.contains(&last) {
@@ -366,7 +387,11 @@ impl<'a> Run<'a> {
                 window.push(sampler.pick_from(&d));
                 drawn_from.push(d);
             } else {
-                window.push(sampler.pick(&o.logits));
+                let t = sampler.pick(&o.logits);
+                if reads_q {
+                    draft_probs.push(prob_of_logit(&o.logits, t));
+                }
+                window.push(t);
             }
         }
         // The cursor now has every window token but the last ahead.
@@ -385,6 +410,11 @@ impl<'a> Run<'a> {
             window: window.clone(),
             model: self.req.model.clone(),
             sampling: sampled.then(|| self.window_sampling()),
+            top_logprobs: if rule.is_some() {
+                RELAXED_TOP_LOGPROBS
+            } else {
+                0
+            },
         };
         let engine = self.engine;
         let call = engine.target.score_window(&wreq);
@@ -407,7 +437,7 @@ impl<'a> Run<'a> {
             ))
             .into());
         }
-        if sampled && score.logprobs.len() != window.len() {
+        if (sampled || rule.is_some()) && score.logprobs.len() != window.len() {
             return Err(TargetError::Protocol(format!(
                 "a window of {} tokens came back with log-probabilities at {} positions",
                 window.len(),
@@ -427,8 +457,22 @@ impl<'a> Run<'a> {
             let accepted = window
                 .iter()
                 .zip(&score.top)
-                .take_while(|(w, t)| w == t)
+                .enumerate()
+                .take_while(|&(i, (w, t))| {
+                    w == t
+                        || rule.is_some_and(|r| {
+                            let mut top = score.logprobs[i].clone();
+                            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+                            let q = draft_probs.get(i).copied().unwrap_or(0.0);
+                            r.accepts(*w, q, &TargetProbs { top })
+                        })
+                })
                 .count();
+            self.stats.window_relaxed_accepts += window[..accepted]
+                .iter()
+                .zip(&score.top)
+                .filter(|(w, t)| w != t)
+                .count() as u64;
             if let Some(Some(m)) = score.margins.get(accepted)
                 && accepted < window.len()
                 && *m < TIE_MARGIN

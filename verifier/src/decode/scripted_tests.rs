@@ -13,7 +13,7 @@ use crate::error::TargetError;
 use crate::testing::{
     DraftScript, IM_START, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer,
 };
-use crate::verify::ConfidenceVerifier;
+use crate::verify::{AcceptanceRule, ConfidenceVerifier};
 use crate::{DraftWorkers, SamplingParams};
 
 pub(super) fn prompt() -> Vec<u32> {
@@ -543,6 +543,49 @@ async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agr
         o.stats.verifier_rejections, 0,
         "the local verifier is not consulted"
     );
+    Ok(())
+}
+
+/// Relaxed windows keep a draft token the target would not have chosen when the rule accepts
+/// it from the target's probabilities: here the target gives each differing draft token 0.4
+/// against its own 0.6 (reported with the draft's token first, so the order is the engine's
+/// to sort out). `ratio:0.5` keeps them (0.4 >= 0.3); `ratio:0.8` (0.4 < 0.48) and SPRINTER's
+/// label (p/q = 0.4/0.95) do not, and give the exact answer.
+#[tokio::test]
+async fn relaxed_windows_keep_what_the_rule_accepts_and_nothing_else() -> Result<(), EngineError> {
+    let relaxed = |rule: AcceptanceRule| async move {
+        let mut req = request(0.5, 64);
+        req.verification = Verification::Relaxed(rule);
+        let target = ScriptedTarget::says("abcdefghij", None)
+            .with_windows()
+            .with_alternatives(0.4);
+        run(DraftScript::says("abcxyzghij", 0.95), target, req).await
+    };
+    let o = relaxed(AcceptanceRule::Ratio(0.5)).await?;
+    assert_eq!(o.text, "abcxyzghij");
+    assert_eq!(o.stats.window_relaxed_accepts, 3, "{:?}", o.stats);
+    assert!(o.target.window_calls().iter().all(|w| w.top_logprobs == 20));
+    assert!(o.target.calls().is_empty());
+    for rule in [
+        AcceptanceRule::Ratio(0.8),
+        AcceptanceRule::Sprinter,
+        AcceptanceRule::SprinterHard,
+    ] {
+        let o = relaxed(rule).await?;
+        assert_eq!(o.text, "abcdefghij", "{rule}");
+        assert_eq!(o.stats.window_relaxed_accepts, 0, "{rule}");
+        assert_eq!(
+            (o.stats.draft_tokens, o.stats.target_tokens),
+            (7, 3),
+            "{rule}"
+        );
+    }
+    // Exact windows do not ask for the probabilities.
+    let mut req = request(0.5, 64);
+    req.verification = Verification::Exact;
+    let target = ScriptedTarget::says("abcdefghij", None).with_windows();
+    let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
+    assert!(o.target.window_calls().iter().all(|w| w.top_logprobs == 0));
     Ok(())
 }
 

@@ -157,6 +157,9 @@ pub struct WindowRequest {
     /// (its top entries and the window token's) and samples its token after the window with
     /// these parameters. `None`: greedy, the top token is enough.
     pub sampling: Option<SamplingParams>,
+    /// Greedy windows under a relaxed rule: report this many of the target's top
+    /// log-probabilities (and the window token's) at every window position (0: none).
+    pub top_logprobs: u32,
 }
 
 /// The target's choices over a window.
@@ -169,9 +172,9 @@ pub struct WindowScore {
     /// token's, where the target reports both (0 when they are the same token): a small margin
     /// is a numerical tie.
     pub margins: Vec<Option<f32>>,
-    /// When sampling was asked for: at each window position, (token, log-probability at
-    /// temperature 1) for the target's top entries and the window token. The last entry of
-    /// `top` is then the target's sampled token, not its top one.
+    /// When sampling or top log-probabilities were asked for: at each window position, (token,
+    /// log-probability at temperature 1) for the target's top entries and the window token.
+    /// When sampling, the last entry of `top` is the target's sampled token, not its top one.
     pub logprobs: Vec<Vec<(u32, f32)>>,
 }
 

@@ -205,6 +205,9 @@ impl TargetClient for OpenAiCompletionsTarget {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
+        if req.top_logprobs > 0 {
+            body["prompt_logprobs"] = json!(req.top_logprobs);
+        }
         if let Some(s) = &req.sampling {
             // The token after the window is the target's own sample; the log-probabilities
             // (raw, before temperature) give its distribution at every window position.
@@ -248,7 +251,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             })?;
             top.push(t);
             margins.push(m);
-            if req.sampling.is_some() {
+            if req.sampling.is_some() || req.top_logprobs > 0 {
                 logprobs.push(entries_of(position).ok_or_else(|| {
                     TargetError::Protocol(format!(
                         "unreadable log-probabilities at window position {i}"

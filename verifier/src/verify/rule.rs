@@ -156,6 +156,11 @@ impl AcceptanceRule {
         }
     }
 
+    /// True when the rule reads the draft's probability of its token (SPRINTER's two forms).
+    pub fn reads_draft_probability(&self) -> bool {
+        matches!(self, Self::Sprinter | Self::SprinterHard)
+    }
+
     /// The label as accept or not: a soft label counts as accepted at 0.5 or more.
     pub fn accepts(&self, token: u32, q: f32, target: &TargetProbs) -> bool {
         self.label(token, q, target) >= 0.5
