@@ -748,27 +748,38 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
                 s.instructions = scores.get(&s.config).copied();
             }
         }
+        write_report(opts, &summaries, &all)?;
     }
     server.stop().await;
+    let md = write_report(opts, &summaries, &all)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// Writes `oracle.json` and `oracle.md` for the kinds finished so far (after each kind, so an
+/// interrupted study keeps what it measured), and returns the Markdown.
+fn write_report(
+    opts: &OracleOptions,
+    summaries: &[OracleSummary],
+    all: &[(String, String, Vec<OracleAnswer>)],
+) -> anyhow::Result<String> {
+    let mut summaries = summaries.to_vec();
     gap_closed(&mut summaries);
+    let done: Vec<&str> = summaries.iter().map(|s| s.kind.as_str()).collect();
     let report = OracleReport {
         date: utc_now(),
         machine: Machine::read(),
         max_tokens: [
-            ("code", opts.max_tokens, opts.problems),
-            ("chat", opts.chat_max_tokens, opts.chat),
-            (
-                "instructions",
-                opts.instructions_max_tokens,
-                opts.instructions,
-            ),
+            ("code", opts.max_tokens),
+            ("chat", opts.chat_max_tokens),
+            ("instructions", opts.instructions_max_tokens),
         ]
         .into_iter()
-        .filter(|k| k.2 > 0)
-        .map(|(k, n, _)| (k.to_string(), n))
+        .filter(|k| done.contains(&k.0))
+        .map(|(k, n)| (k.to_string(), n))
         .collect(),
         summaries,
-        answers: all,
+        answers: all.to_vec(),
     };
     std::fs::write(
         opts.out.join("oracle.json"),
@@ -776,8 +787,7 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     )?;
     let md = markdown(&report);
     std::fs::write(opts.out.join("oracle.md"), &md)?;
-    println!("{md}");
-    Ok(())
+    Ok(md)
 }
 
 #[cfg(test)]
