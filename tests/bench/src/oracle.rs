@@ -550,10 +550,28 @@ async fn score_instructions(
         }
     }
     std::fs::write(&answers, lines)?;
+    // Only the prompts answered: the scorer counts a prompt without an answer as failed.
+    let asked: std::collections::HashSet<&str> = runs
+        .iter()
+        .flat_map(|r| r.1.iter().map(|a| a.id.as_str()))
+        .collect();
+    let prompts = scratch.join("instruction-prompts.jsonl");
+    let mut kept = String::new();
+    for line in std::fs::read_to_string(dir.join("prompts.jsonl"))?.lines() {
+        let p: InstructionPrompt = match serde_json::from_str(line) {
+            Ok(p) => p,
+            Err(_) => continue,
+        };
+        if asked.contains(p.id.as_str()) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    std::fs::write(&prompts, kept)?;
     let out = tokio::process::Command::new(venv.join("bin").join("python"))
         .arg(dir.join("score.py"))
         .arg("--prompts")
-        .arg(dir.join("prompts.jsonl"))
+        .arg(&prompts)
         .arg("--answers")
         .arg(&answers)
         .arg("--out")
