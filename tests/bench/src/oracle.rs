@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
-use approxy_verifier::calibration::{Calibration, pick};
+use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
 use approxy_verifier::target::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
@@ -98,16 +98,12 @@ impl VerifierConfig {
         let far: f32 = far
             .parse()
             .with_context(|| format!("{s:?}: a false-accept rate"))?;
-        let c = Calibration::load(std::path::Path::new(path)).map_err(anyhow::Error::msg)?;
-        let at = |grid: &[approxy_verifier::calibration::CalibrationPoint], kind: &str| {
-            pick(grid, far).map(|p| p.threshold).with_context(|| {
-                format!("{path}: no confidence threshold keeps {kind} within {far}")
-            })
+        let path = std::path::Path::new(path);
+        let at = |kind| {
+            threshold_for_kind(path, kind, far, Curve::Confidence).map_err(anyhow::Error::msg)
         };
-        let (code, chat) = (
-            at(&c.by_kind.code.confidence, "code")?,
-            at(&c.by_kind.chat.confidence, "chat")?,
-        );
+        let (code, chat) = (at("code")?, at("chat")?);
+        let c = Calibration::load(path).map_err(anyhow::Error::msg)?;
         let rule = c.rule.as_deref().unwrap_or("identical");
         Ok(Self {
             name: format!(
@@ -898,7 +894,7 @@ mod tests {
         let c = Calibration::load(&committed).map_err(anyhow::Error::msg)?;
         let v = VerifierConfig::parse(&format!("{}@0.05", committed.display()))?;
         let want = |g: &[approxy_verifier::calibration::CalibrationPoint]| {
-            pick(g, 0.05).map(|p| p.threshold)
+            approxy_verifier::calibration::pick(g, 0.05).map(|p| p.threshold)
         };
         assert_eq!(Some(v.code), want(&c.by_kind.code.confidence));
         assert_eq!(Some(v.chat), want(&c.by_kind.chat.confidence));

@@ -19,20 +19,11 @@ use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::target::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
-use crate::verify::{Context, Record, TargetProbs, Verifier};
+use crate::verify::{Context, Features, Record, TargetProbs, Verifier};
 
 /// The target's top log-probabilities a relaxed window asks for at each position (as label
 /// collection and the oracle study use).
 const RELAXED_TOP_LOGPROBS: u32 = 20;
-
-/// The draft's probability of `token` under `logits` (softmax at temperature 1).
-fn prob_of_logit(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    logits
-        .get(token as usize)
-        .map_or(0.0, |&l| (f64::from(l - max).exp() / sum) as f32)
-}
 
 /// Longest wait for the last event of a stream whose tokens have all arrived.
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
@@ -366,12 +357,13 @@ impl<'a> Run<'a> {
             drawn_from.push(sampler.distribution(&out.logits));
         }
         // A relaxed rule judges greedy windows from the target's probabilities; the draft's
-        // probability of each window token only when the rule reads it.
+        // probability of each window token (its top-1, greedy) only when the rule reads it, taken
+        // as the verifier, the rows and the oracle take it.
         let rule = self.req.verification.window_rule().filter(|_| !sampled);
         let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
         let mut draft_probs = Vec::new();
         if reads_q {
-            draft_probs.push(prob_of_logit(&out.logits, first));
+            draft_probs.push(Features::from_output(&out).top1_prob);
         }
         while window.len() < k as usize {
             let last = window[window.len() - 1];
@@ -389,7 +381,7 @@ impl<'a> Run<'a> {
             } else {
                 let t = sampler.pick(&o.logits);
                 if reads_q {
-                    draft_probs.push(prob_of_logit(&o.logits, t));
+                    draft_probs.push(Features::from_output(o).top1_prob);
                 }
                 window.push(t);
             }
