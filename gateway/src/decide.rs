@@ -10,7 +10,6 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::cost::CostGuard;
 use approxy_verifier::{Draft, GenerateRequest, Verifier};
 
 use crate::error::ApiError;
@@ -108,6 +107,8 @@ pub struct Approximate {
     pub verifier: Arc<dyn Verifier>,
     /// The leased draft worker (free again when dropped).
     pub draft: Box<dyn Draft>,
+    /// Where its spend is recorded (budget guard).
+    pub account: Option<crate::budget::Account>,
 }
 
 /// The decision.
@@ -230,6 +231,12 @@ pub async fn decide(
         return Ok(Decision::Passthrough(Reason::DraftSaturated));
     };
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
+    let (guard, account) = shared.ledgers.guard(
+        mp,
+        rt.policy.model_key(&valid.model).unwrap_or("*"),
+        kind,
+        rt.policy.target.cache_rules,
+    );
     let generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
@@ -239,11 +246,7 @@ pub async fn decide(
         verification: mp.verification,
         correction: mp.correction,
         bailout: mp.bailout,
-        cost_guard: Some(CostGuard {
-            price: mp.price,
-            max_cost_ratio: mp.max_cost_ratio,
-            cache: rt.policy.target.cache_rules,
-        }),
+        cost_guard: guard,
         model: Some(valid.model.clone()),
         messages: match &valid.prompt {
             Prompt::Chat(m) => Some(Arc::new(m.clone())),
@@ -260,6 +263,7 @@ pub async fn decide(
         policy: mp.clone(),
         verifier,
         draft,
+        account,
     })))
 }
 

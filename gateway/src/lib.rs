@@ -20,6 +20,7 @@
 //! - `error`: the API error type, the one place errors become OpenAI-shaped responses.
 //! - `telemetry`: logging and the Prometheus metrics.
 
+pub mod budget;
 pub mod decide;
 pub mod error;
 pub mod middleware;

@@ -64,6 +64,10 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
             "cost_guard": s.cost_guard,
+            "guard": mp.guard.name(),
+            // Why the guard handed the rest to the target: strict, hard_cap, over_budget or
+            // not_worth_it.
+            "cost_guard_reason": s.cost_guard_reason,
             "call_cap": s.call_cap,
             "verification": verification_name(mp.verification),
             "correction": correction_name(mp.correction),
@@ -195,6 +199,7 @@ pub async fn approximate(
         policy: mp,
         verifier,
         draft: lease,
+        account,
     } = a;
     let dial = Dial {
         threshold: request.threshold,
@@ -207,11 +212,17 @@ pub async fn approximate(
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
     let watch = tx.clone();
+    let mp2 = mp.clone();
     let task = tokio::spawn(approxy_verifier::target::trace::scope(trace, async move {
-        tokio::select! {
+        let r = tokio::select! {
             r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
             () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
+        };
+        // Recorded as soon as the generation ends, however the response then goes.
+        if let (Ok(stats), Some(account)) = (&r, &account) {
+            account.record(stats, &mp2);
         }
+        r
     }));
     let prefix = if valid.endpoint == Endpoint::Chat {
         "chatcmpl"

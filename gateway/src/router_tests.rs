@@ -25,6 +25,7 @@ use approxy_verifier::testing::{
 };
 
 use crate::policy::Policy;
+use crate::prompt_kind::PromptKind;
 use crate::stack::router;
 use crate::state::{AppState, Runtime, Shared};
 
@@ -656,6 +657,7 @@ fn shared_parts(
             .handle(),
         inflight: Arc::new(Semaphore::new(max_concurrent)),
         policy_path: "/tests/policy.toml".into(),
+        ledgers: Default::default(),
     })
 }
 
@@ -1140,4 +1142,86 @@ threshold = { code = 0.3, chat = 0.9 }
     req.headers_mut()
         .insert("x-approxy-threshold", "0.95".parse().unwrap());
     assert_eq!(call(&state, req).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_budget_guard_makes_the_calls_that_pay_and_keeps_an_over_budget_model_strict() {
+    // The draft writes the target's answer but is unsure of its first token. At these prices
+    // (output ten times input, a cheap cache) a one-token correction there pays for itself
+    // over the answer, but it cannot be paid for by what was drafted before it: the strict
+    // guard hands the answer to the target, the budget guard makes the call.
+    let mut s = Setup::new("abcdefghij", 0.95, "abcdefghij");
+    s.draft.confidence = vec![0.1];
+    s.extra_policy = r#"
+[models.budget]
+mode = "approximate"
+threshold = 0.5
+price = { input = 1.0, cached_input = 0.01, output = 10.0 }
+
+[models.strict]
+mode = "approximate"
+threshold = 0.5
+price = { input = 1.0, cached_input = 0.01, output = 10.0 }
+guard = "strict"
+"#;
+    let state = s.state().await;
+    let ask = |model: &'static str| {
+        let state = state.clone();
+        async move {
+            let (status, _, body) = call(
+                &state,
+                post(
+                    "/v1/chat/completions",
+                    &chat(model, json!({"temperature": 0})),
+                ),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body:?}");
+            let v = json_of(&body);
+            assert_eq!(v["choices"][0]["message"]["content"], "abcdefghij");
+            v["usage"]["approxy"].clone()
+        }
+    };
+    let a = ask("strict").await;
+    assert_eq!(
+        (a["guard"].as_str(), a["cost_guard_reason"].as_str()),
+        (Some("strict"), Some("strict")),
+        "{a}"
+    );
+    assert_eq!(a["draft_tokens"], 0);
+    let a = ask("budget").await;
+    assert_eq!(
+        (a["guard"].as_str(), a["cost_guard"].as_bool()),
+        (Some("budget"), Some(false)),
+        "{a}"
+    );
+    assert_eq!((a["target_calls"].as_u64(), a["draft_tokens"].as_u64()), (Some(1), Some(9)));
+    let spent = a["estimated_cost_usd"].as_f64().unwrap();
+    let passthrough = a["estimated_passthrough_cost_usd"].as_f64().unwrap();
+    assert!(spent < passthrough, "{a}");
+    // The request is in the model's ledger.
+    let kind = match a["prompt_kind"].as_str() {
+        Some("code") => PromptKind::Code,
+        _ => PromptKind::Chat,
+    };
+    let ledger = state
+        .shared
+        .ledgers
+        .ledger("budget", kind, crate::policy::DEFAULT_BUDGET_WINDOW);
+    let v = ledger.view();
+    assert_eq!(v.requests, 1);
+    assert!((v.approxy - spent).abs() < 1e-12 && (v.passthrough - passthrough).abs() < 1e-12);
+    // Traffic that has cost twice passthrough: the next request is held to the ratio per
+    // request, and its call no longer may be made.
+    ledger.record(
+        approxy_verifier::cost::CostEstimate {
+            approxy: 100.0 * passthrough,
+            passthrough: 50.0 * passthrough,
+        },
+        10,
+        Default::default(),
+    );
+    let a = ask("budget").await;
+    assert_eq!(a["cost_guard_reason"].as_str(), Some("over_budget"), "{a}");
+    assert_eq!(a["draft_tokens"], 0);
 }

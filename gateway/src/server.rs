@@ -81,6 +81,7 @@ pub fn build_state(
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
         policy_path: policy_path.to_path_buf(),
+        ledgers: Default::default(),
     });
     let runtime = Runtime::build(policy, &shared)?;
     Ok(AppState::new(shared, runtime))

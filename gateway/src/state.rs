@@ -35,6 +35,8 @@ pub struct Shared {
     pub inflight: Arc<Semaphore>,
     /// Policy file watched for changes.
     pub policy_path: PathBuf,
+    /// The budget guard's ledgers (kept across policy reloads).
+    pub ledgers: crate::budget::Ledgers,
 }
 
 /// Outcome of the draft/target tokenizer comparison, done once per runtime.

@@ -9,6 +9,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod budget;
+pub mod ledger;
+
+pub use budget::{BudgetGuard, Rates};
+pub use ledger::{Ledger, LedgerView, Segment};
+
 /// What a generation has spent so far, in tokens: all the cost model reads (the decode loop
 /// fills it from its own counters, so this module depends on nothing of the loop's).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -24,6 +30,8 @@ pub struct Spend {
     /// Of those, the tokens served from a prompt cache: what the target reported when every
     /// call reported it, else the estimate under the cache rules.
     pub cached_input_tokens: u64,
+    /// Calls made to the target.
+    pub target_calls: u64,
 }
 
 /// USD per million tokens.
@@ -135,7 +143,10 @@ pub struct CallPlan {
 impl CostGuard {
     /// True when making `call` could let the request end up dearer than `max_cost_ratio` times
     /// passthrough. Counted on the approxy side: everything spent so far, this call, and a
-    /// reserve for one more re-send of the prefix (the hand-off a later check may need). On the
+    /// reserve for one more re-send of the prefix (the hand-off a later check may need), in
+    /// which only this call's own prefix counts as cached, and only as far as the cache rules
+    /// serve it: the tokens the call brings back are new input to a provider whose cache
+    /// holds prompts only, and a prefix below the cache's minimum is not served at all. On the
     /// passthrough side: the answer only as far as it is known (emitted tokens plus this
     /// call's), since its final length is not. Every later token costs both sides the same
     /// output price or nothing (a draft token), so a request whose every call passed this check
@@ -150,10 +161,51 @@ impl CostGuard {
         let so_far = estimate(s, p).approxy;
         let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
         let next = call.prefix + call.max_output;
-        let reserve = p.input_cost(next, self.cache.cacheable(next));
+        let reserve = p.input_cost(next, self.cache.cacheable(call.prefix));
         let passthrough =
             p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
+    }
+}
+
+/// Why a guard handed the rest of an answer to the target instead of making a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardReason {
+    /// The strict guard: the call could make this request dearer than `max_cost_ratio` times
+    /// passthrough.
+    Strict,
+    /// The budget guard's per-request hard cap: the call could make this request dearer than
+    /// the cap times passthrough.
+    HardCap,
+    /// The budget guard: the model's traffic is above `max_cost_ratio` over the window, and
+    /// the call could make this request dearer than that too.
+    OverBudget,
+    /// The budget guard: the call is not expected to pay for itself (the rest of the answer is
+    /// expected to cost more with approxy's calls than written by the target in one).
+    NotWorthIt,
+}
+
+/// When approxy stops making calls and lets the target write the rest of an answer for cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Guard {
+    /// Per request, worst case: no call may let the request cost more than `max_cost_ratio`
+    /// times passthrough.
+    Strict(CostGuard),
+    /// Over the traffic, expected value: a call is made when it is expected to save, within a
+    /// per-request hard cap, and per request at `max_cost_ratio` while the model's traffic is
+    /// above it.
+    Budget(BudgetGuard),
+}
+
+impl Guard {
+    /// Why `call` should not be made (`None`: make it). `remaining` is the most tokens the
+    /// answer may still have.
+    pub fn judge(&self, s: &Spend, call: CallPlan, remaining: u64) -> Option<GuardReason> {
+        match self {
+            Self::Strict(g) => g.trips(s, call).then_some(GuardReason::Strict),
+            Self::Budget(b) => b.judge(s, call, remaining),
+        }
     }
 }
 
@@ -177,6 +229,7 @@ mod tests {
             target_output_tokens: 7,
             target_input_tokens: 1000,
             cached_input_tokens: 800,
+            target_calls: 3,
         };
         let c = estimate(&s, &price());
         assert!((c.approxy - (200.0 + 80.0 + 14.0) / 1e6).abs() < 1e-12);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cost::{CacheRules, CostGuard, Spend};
+use crate::cost::{CacheRules, Guard, GuardReason, Segment, Spend};
 use crate::draft::{Draft, PositionOutput};
 use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
@@ -146,7 +146,7 @@ pub struct GenerateRequest {
     /// Bail-out budget; `None` never bails out.
     pub bailout: Option<BailoutBudget>,
     /// Cost guard; `None` never hands off for cost.
-    pub cost_guard: Option<CostGuard>,
+    pub cost_guard: Option<Guard>,
     /// Model id the client asked for, passed on to the target.
     pub model: Option<String>,
     /// Most target calls one request may make; the last one writes the rest of the answer.
@@ -181,6 +181,11 @@ pub struct Stats {
     pub bailed_out: bool,
     /// True when the cost guard handed the rest of the answer to the target.
     pub cost_guard: bool,
+    /// Why it did.
+    pub cost_guard_reason: Option<GuardReason>,
+    /// Where the target was handed the rest of the answer (for whatever reason), as the
+    /// answer stood then.
+    pub handed_off_at: Option<Segment>,
     /// True when the request reached its cap on target calls and the target finished it.
     pub call_cap: bool,
     /// Spans that ended because the draft caught up with the target.
@@ -263,6 +268,25 @@ impl Stats {
             cached_input_tokens: self
                 .reported_cached_tokens()
                 .unwrap_or(self.target_cacheable_input_tokens),
+            target_calls: u64::from(self.target_calls),
+        }
+    }
+
+    /// The part of the answer approxy drafted and corrected: all of it, or what came before
+    /// the hand-off, whose rejection counts as a one-token correction (the call it would
+    /// have taken otherwise). What a model's rates are measured on.
+    pub fn approximate_part(&self) -> Segment {
+        match self.handed_off_at {
+            Some(s) => Segment {
+                tokens: s.tokens + 1,
+                calls: s.calls + 1,
+                target_tokens: s.target_tokens + 1,
+            },
+            None => Segment {
+                tokens: u64::from(self.completion_tokens),
+                calls: u64::from(self.target_calls),
+                target_tokens: self.spend().target_output_tokens,
+            },
         }
     }
 }
@@ -409,12 +433,17 @@ impl Engine {
                     Correction::Span { max_span, .. } => max_span.max(1),
                 }
                 .min(run.remaining());
-                let guarded = run.cost_guard_trips(0, asked);
-                if over_budget || guarded {
-                    // One call lets the target write the rest: too many rejections, or another
-                    // correction could make the request dearer than passing it through.
+                let guarded = if over_budget {
+                    None
+                } else {
+                    run.guard_judges(0, asked)
+                };
+                if over_budget || guarded.is_some() {
+                    // One call lets the target write the rest: too many rejections, or the
+                    // guard will not have another correction.
                     run.stats.bailed_out = over_budget && !at_call_cap;
-                    run.stats.cost_guard = guarded && !over_budget;
+                    run.stats.cost_guard = guarded.is_some();
+                    run.stats.cost_guard_reason = guarded;
                     break run.hand_off().await?;
                 }
                 match correction {
@@ -496,6 +525,7 @@ mod spend_tests {
             target_output_tokens: 7,
             target_input_tokens: 1000,
             cached_input_tokens: 0,
+            target_calls: 2,
         };
         assert_eq!(s.spend(), want);
         // One call did not report: the estimate under the cache rules stands.

@@ -303,6 +303,7 @@ pub struct ScriptedTarget {
     windows: Option<Mutex<Vec<WindowRequest>>>,
     timings: bool,
     alternative: f32,
+    eager: bool,
 }
 
 impl ScriptedTarget {
@@ -319,6 +320,7 @@ impl ScriptedTarget {
             windows: None,
             timings: false,
             alternative: 0.0,
+            eager: false,
         }
     }
 
@@ -355,6 +357,13 @@ impl ScriptedTarget {
                     .clone()
             })
             .unwrap_or_default()
+    }
+
+    /// The same target generating a streamed call's tokens all at once, before they are read
+    /// (a fast server whose stream is read more slowly than it writes: a backlog on the wire).
+    pub fn with_eager_streams(mut self) -> Self {
+        self.eager = true;
+        self
     }
 
     /// The same target generating one streamed token every `delay`.
@@ -408,6 +417,23 @@ impl TargetClient for ScriptedTarget {
         let all = self.continue_tokens(req).await?;
         let (delay, generated) = (self.token_delay, self.generated.clone());
         let (last, eos) = (all.tokens.len(), all.stopped_on_eos);
+        if self.eager {
+            generated.fetch_add(last, Ordering::SeqCst);
+            let usage = all.timings.map(|t| StreamChunk {
+                timings: Some(t),
+                ..StreamChunk::default()
+            });
+            let chunks = all.tokens.into_iter().enumerate().map(move |(i, token)| {
+                Ok(StreamChunk {
+                    tokens: vec![token],
+                    stopped_on_eos: eos && i + 1 == last,
+                    ..StreamChunk::default()
+                })
+            });
+            return Ok(Box::pin(futures::stream::iter(
+                chunks.chain(usage.map(Ok)).collect::<Vec<_>>(),
+            )));
+        }
         let usage = all.timings.map(|t| StreamChunk {
             timings: Some(t),
             ..StreamChunk::default()

@@ -15,7 +15,7 @@ use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use crate::prompt_kind::PromptKind;
 use raw::RawPolicy;
-pub use validate::parse_duration;
+pub use validate::{DEFAULT_BUDGET_WINDOW, DEFAULT_HARD_COST_CAP, parse_duration};
 
 /// Everything wrong with a policy file.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +197,34 @@ impl std::fmt::Display for KindThresholds {
     }
 }
 
+/// Which cost guard a model runs (see `approxy_verifier::cost::Guard`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GuardPolicy {
+    /// Never hands off for cost.
+    Off,
+    /// No request above `max_cost_ratio` times passthrough, worst case.
+    Strict,
+    /// Calls that are expected to pay for themselves; the model's traffic at or below
+    /// `max_cost_ratio` over `window`; no request above `hard_cap`.
+    Budget {
+        /// Per-request bound.
+        hard_cap: f64,
+        /// The traffic's window.
+        window: std::time::Duration,
+    },
+}
+
+impl GuardPolicy {
+    /// Its name in a policy file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Strict => "strict",
+            Self::Budget { .. } => "budget",
+        }
+    }
+}
+
 /// One model's policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPolicy {
@@ -212,8 +240,11 @@ pub struct ModelPolicy {
     pub verification: Verification,
     /// What a rejection asks the target for.
     pub correction: Correction,
-    /// Largest cost relative to passthrough before the target takes over (cost guard).
+    /// Largest cost relative to passthrough: per request under the strict guard, over the
+    /// model's traffic under the budget guard.
     pub max_cost_ratio: f64,
+    /// Which cost guard decides when the target takes over.
+    pub guard: GuardPolicy,
     /// Bail-out budget.
     pub bailout: Option<BailoutBudget>,
     /// Allowed per-request threshold range.
@@ -251,6 +282,15 @@ impl Policy {
     /// The policy for a model id: its own entry, else `"*"`, else none (passthrough).
     pub fn model(&self, id: &str) -> Option<&ModelPolicy> {
         self.models.get(id).or_else(|| self.models.get("*"))
+    }
+
+    /// The entry [`Policy::model`] takes a model id's policy from: the id, or `"*"`.
+    pub fn model_key<'a>(&'a self, id: &'a str) -> Option<&'a str> {
+        if self.models.contains_key(id) {
+            Some(id)
+        } else {
+            self.models.contains_key("*").then_some("*")
+        }
     }
 
     /// Whether any model may run the draft: if none does, the gateway never loads it.
@@ -460,6 +500,54 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
             );
         }
         Ok(())
+    }
+
+    #[test]
+    fn the_guard_is_the_budget_guard_unless_the_policy_says_and_its_keys_are_checked() {
+        let with = |lines: &str| {
+            format!(
+                "[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:1\"\n\n[gateway]\nauth = \"none\"\n\n[models.m]\nmode = \"approximate\"\nthreshold = 0.5\n{lines}\n"
+            )
+        };
+        let guard = |lines: &str| {
+            Policy::parse(&with(lines), Path::new("/x/p.toml")).map(|p| p.models["m"].guard)
+        };
+        assert_eq!(
+            guard("").ok(),
+            Some(GuardPolicy::Budget {
+                hard_cap: DEFAULT_HARD_COST_CAP,
+                window: DEFAULT_BUDGET_WINDOW
+            })
+        );
+        assert_eq!(
+            guard("hard_cost_cap = 2.0\nbudget_window = \"10m\"").ok(),
+            Some(GuardPolicy::Budget {
+                hard_cap: 2.0,
+                window: std::time::Duration::from_secs(600)
+            })
+        );
+        // A ratio above the default cap raises the cap with it.
+        assert_eq!(
+            guard("max_cost_ratio = 2.0").ok(),
+            Some(GuardPolicy::Budget {
+                hard_cap: 2.0,
+                window: DEFAULT_BUDGET_WINDOW
+            })
+        );
+        assert_eq!(guard("guard = \"strict\"").ok(), Some(GuardPolicy::Strict));
+        assert_eq!(guard("guard = \"off\"").ok(), Some(GuardPolicy::Off));
+        for (line, says) in [
+            ("guard = \"sometimes\"", "guard: \"sometimes\" is not one of"),
+            ("hard_cost_cap = 0.5", "hard_cost_cap: must be a number at or above"),
+            ("guard = \"strict\"\nhard_cost_cap = 2.0", "belong to guard = \"budget\""),
+            ("budget_window = \"0s\"", "budget_window: at least 1s"),
+        ] {
+            let e = guard(line);
+            assert!(
+                e.as_ref().is_err_and(|e| e.to_string().contains(says)),
+                "{line}: {e:?}"
+            );
+        }
     }
 
     #[test]

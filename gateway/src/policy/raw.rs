@@ -209,6 +209,16 @@ pub struct RawModel {
     /// Prices in USD per million tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub price: Option<RawPrice>,
+    /// `budget` (the default: calls expected to pay for themselves, the model's traffic kept
+    /// at `max_cost_ratio`), `strict` (no request above `max_cost_ratio`) or `off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
+    /// Budget guard: no request above this times passthrough.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hard_cost_cap: Option<f64>,
+    /// Budget guard: the window the model's traffic is kept within budget over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_window: Option<String>,
 }
 
 /// `correction = { mode = "fixed", tokens = N }` or `{ mode = "span", max_span = N, resync = K }`.

@@ -10,14 +10,21 @@ use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
 use super::{
-    Auth, DraftPolicy, GatewayPolicy, KindThresholds, Mode, ModelPolicy, PassthroughPolicy, Policy,
-    Price, TargetPolicy, VerifierChoice,
+    Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
+    PassthroughPolicy, Policy, Price, TargetPolicy, VerifierChoice,
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
 /// target on the same cores the guesses take the cores the target needs (README, "Drafting
 /// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
+
+/// The budget guard's per-request bound unless the policy says: a request may cost up to half
+/// again passthrough when its calls were expected to pay and did not.
+pub const DEFAULT_HARD_COST_CAP: f64 = 1.5;
+
+/// The window the budget guard keeps a model's traffic within `max_cost_ratio` over.
+pub const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(3600);
 
 /// Validates a raw policy read from `path`; the problems list is empty when it is valid.
 pub(super) fn validate(raw: RawPolicy, path: &Path) -> (Policy, Vec<String>) {
@@ -441,6 +448,37 @@ impl Validator {
                 f("max_cost_ratio")
             ));
         }
+        let hard_cap = m.hard_cost_cap.unwrap_or(DEFAULT_HARD_COST_CAP.max(max_cost_ratio));
+        if !hard_cap.is_finite() || hard_cap < max_cost_ratio {
+            self.err(format!(
+                "{}: must be a number at or above max_cost_ratio ({max_cost_ratio})",
+                f("hard_cost_cap")
+            ));
+        }
+        let window = self.duration(&f("budget_window"), m.budget_window.clone(), DEFAULT_BUDGET_WINDOW);
+        if window < Duration::from_secs(1) {
+            self.err(format!("{}: at least 1s", f("budget_window")));
+        }
+        let guard = match m.guard.as_deref() {
+            None | Some("budget") => GuardPolicy::Budget { hard_cap, window },
+            Some("strict") => GuardPolicy::Strict,
+            Some("off") => GuardPolicy::Off,
+            Some(other) => {
+                self.err(format!(
+                    "{}: {other:?} is not one of \"budget\", \"strict\", \"off\"",
+                    f("guard")
+                ));
+                GuardPolicy::Off
+            }
+        };
+        if m.guard.as_deref().is_some_and(|g| g != "budget")
+            && (m.hard_cost_cap.is_some() || m.budget_window.is_some())
+        {
+            self.err(format!(
+                "{}: hard_cost_cap and budget_window belong to guard = \"budget\"",
+                f("guard")
+            ));
+        }
         let bailout = m.bailout.map(|b| {
             if b.window == 0 || b.window > 4096 {
                 self.err(format!("{}: must be in 1..=4096", f("bailout.window")));
@@ -505,6 +543,7 @@ impl Validator {
             verification,
             correction,
             max_cost_ratio,
+            guard,
             bailout,
             threshold_override: (lo, hi),
             price,

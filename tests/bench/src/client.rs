@@ -41,6 +41,18 @@ pub struct ApproxyUsage {
     /// Target tokens generated but not used (a span cancelled mid-chunk); paid for.
     #[serde(default)]
     pub target_discarded_tokens: u64,
+    /// approxy's estimate at the policy's prices.
+    #[serde(default)]
+    pub estimated_cost_usd: f64,
+    /// The same for passthrough.
+    #[serde(default)]
+    pub estimated_passthrough_cost_usd: f64,
+    /// Why the guard handed the rest to the target, when it did.
+    #[serde(default)]
+    pub cost_guard_reason: Option<String>,
+    /// The target's own account of its compute, seconds (llama.cpp).
+    #[serde(default)]
+    pub target_busy_seconds: f64,
 }
 
 /// One timed generation.

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::cursor::{Cursor, top1};
@@ -12,7 +12,7 @@ use super::{
     Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
     TokenEvent, decide,
 };
-use crate::cost::CallPlan;
+use crate::cost::{CallPlan, GuardReason, Segment};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
@@ -261,12 +261,10 @@ impl<'a> Run<'a> {
         [self.req.prompt.as_slice(), self.emitted.as_slice()].concat()
     }
 
-    /// True when the cost guard forbids a call that sends the prefix and `window` more tokens
-    /// (a correction sends none) and may bring back `n` tokens.
-    pub(super) fn cost_guard_trips(&self, window: usize, n: u32) -> bool {
-        let Some(guard) = self.req.cost_guard else {
-            return false;
-        };
+    /// Why the cost guard forbids a call that sends the prefix and `window` more tokens (a
+    /// correction sends none) and may bring back `n` tokens, if it does.
+    pub(super) fn guard_judges(&self, window: usize, n: u32) -> Option<GuardReason> {
+        let guard = self.req.cost_guard?;
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
         let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix));
         let plan = CallPlan {
@@ -274,7 +272,7 @@ impl<'a> Run<'a> {
             cacheable,
             max_output: u64::from(n),
         };
-        guard.trips(&self.stats.spend(), plan)
+        guard.judge(&self.stats.spend(), plan, u64::from(self.remaining()))
     }
 
     /// Awaits a target call, the draft guessing up to `guesses` tokens ahead meanwhile when
@@ -393,8 +391,9 @@ impl<'a> Run<'a> {
             .req
             .cache
             .cacheable(self.last_prefix_len.min(prefix.len() as u64));
-        if self.cost_guard_trips(window.len(), 1) {
+        if let Some(reason) = self.guard_judges(window.len(), 1) {
             self.stats.cost_guard = true;
+            self.stats.cost_guard_reason = Some(reason);
             return Ok(WindowEnd::Finished(self.hand_off().await?));
         }
         let wreq = WindowRequest {
@@ -553,6 +552,11 @@ impl<'a> Run<'a> {
     /// stop string or the token limit ends it (and the upstream generation with it) as soon
     /// as it appears, as passthrough would.
     pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
+        self.stats.handed_off_at = Some(Segment {
+            tokens: u64::from(self.stats.completion_tokens),
+            calls: u64::from(self.stats.target_calls),
+            target_tokens: self.stats.spend().target_output_tokens,
+        });
         let n = self.remaining();
         let Some(mut stream) = self.open_stream(n).await? else {
             return Ok(FinishReason::Cancelled);
@@ -576,6 +580,8 @@ impl<'a> Run<'a> {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
                     if self.upstream_is_done(reason, received as u64, u64::from(n)) {
                         self.drain_usage(&mut stream).await;
+                    } else {
+                        self.count_unread(&mut stream);
                     }
                     return Ok(reason);
                 }
@@ -659,6 +665,8 @@ impl<'a> Run<'a> {
                     self.stats.target_discarded_tokens += unused;
                     if self.upstream_is_done(reason, received, u64::from(creq.max_tokens)) {
                         self.drain_usage(&mut stream).await;
+                    } else {
+                        self.count_unread(&mut stream);
                     }
                     return Ok(SpanEnd::Finished(reason));
                 }
@@ -666,6 +674,7 @@ impl<'a> Run<'a> {
                 if agreeing >= resync {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;
+                    self.count_unread(&mut stream);
                     return Ok(SpanEnd::Resume(out));
                 }
             }
@@ -688,6 +697,17 @@ impl<'a> Run<'a> {
             FinishReason::Length => received >= asked,
             FinishReason::Stop => !self.hit_stop_sequence,
             FinishReason::Cancelled => false,
+        }
+    }
+
+    /// Counts what a stream about to be closed has already delivered and nobody read: the
+    /// target generated those tokens, so they are billed (the stream is read a token per
+    /// draft step, so a backlog builds while the draft works). Only what has arrived: tokens
+    /// still on the wire when the stream closes are not seen.
+    fn count_unread(&mut self, stream: &mut TokenStream) {
+        while let Some(Some(Ok(chunk))) = stream.next().now_or_never() {
+            self.stats.target_discarded_tokens += chunk.tokens.len() as u64;
+            self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
         }
     }
 

@@ -462,11 +462,11 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
         output: 2.0,
     };
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard {
+    req.cost_guard = Some(Guard::Strict(CostGuard {
         price,
         max_cost_ratio: 1.0,
         cache: Default::default(),
-    });
+    }));
     // The draft is never confident: each one-token correction would re-send the prefix.
     let o = run(
         DraftScript::says("hello world", 0.1),
@@ -500,11 +500,11 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
 #[tokio::test]
 async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.cost_guard = Some(CostGuard {
+    req.cost_guard = Some(Guard::Strict(CostGuard {
         price: Price::default(),
         max_cost_ratio: 1.0,
         cache: Default::default(),
-    });
+    }));
     let o = run(
         DraftScript::says("hello", 0.1),
         ScriptedTarget::says("hello", None),
@@ -787,5 +787,44 @@ async fn a_hand_off_to_a_target_with_nothing_more_to_say_ends_the_answer() -> Re
         (stats.completion_tokens, stats.finish_reason, stats.call_cap),
         (0, Some(FinishReason::Stop), true)
     );
+    Ok(())
+}
+
+/// Every token the target generated is billed: a span cancelled at a resync counts the tokens
+/// that had already arrived and were not read as discarded, whether the target had written
+/// the whole span before it was read or was still generating (then nothing more was).
+#[tokio::test]
+async fn a_cancelled_span_bills_every_token_the_target_generated() -> Result<(), EngineError> {
+    for eager in [true, false] {
+        let delay = if eager {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(5)
+        };
+        let mut req = request(0.5, 64);
+        req.correction = span(32, 3);
+        let mut draft = DraftScript::says("the quick brown fox jumps over the lazy dog", 0.95);
+        draft.confidence = vec![0.1];
+        let o = run(
+            draft,
+            if eager {
+                ScriptedTarget::says("the quick brown fox jumps over the lazy dog", None)
+                    .with_eager_streams()
+            } else {
+                ScriptedTarget::says("the quick brown fox jumps over the lazy dog", None)
+                    .with_token_delay(delay)
+            },
+            req,
+        )
+        .await?;
+        assert_eq!(o.text, "the quick brown fox jumps over the lazy dog");
+        assert!(o.stats.resyncs >= 1, "{:?}", o.stats);
+        assert_eq!(
+            u64::from(o.stats.target_tokens) + o.stats.target_discarded_tokens,
+            o.target.streamed_tokens() as u64,
+            "eager {eager}: {:?}",
+            o.stats
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,137 @@
+//! The budget guard's side in the gateway: one ledger per policy entry and prompt kind, kept
+//! across policy reloads, read when a request starts (the model's rates and whether its
+//! traffic is within budget) and written when it ends; and its gauges on `/metrics`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use approxy_verifier::Stats;
+use approxy_verifier::cost::{BudgetGuard, CacheRules, CostGuard, Guard, Ledger, Rates, estimate};
+
+use crate::policy::{GuardPolicy, ModelPolicy};
+use crate::prompt_kind::PromptKind;
+
+/// How many tokens of traffic the prior weighs as against a ledger's own record: once a
+/// model has answered a few answers' worth, its own rates decide.
+const PRIOR_TOKENS: f64 = 512.0;
+
+/// The rates a model starts from, before its traffic says otherwise: spans at the shipped
+/// threshold without a guard, as `approxy bench calls` measured them (README, 2026-11-23:
+/// HumanEval 5.5 calls and 33 target tokens per 100, held-out chat 5.8 and 87).
+pub fn prior(kind: PromptKind) -> Rates {
+    match kind {
+        PromptKind::Code => Rates {
+            calls_per_token: 0.055,
+            target_share: 0.33,
+            mean_completion: None,
+        },
+        PromptKind::Chat => Rates {
+            calls_per_token: 0.058,
+            target_share: 0.87,
+            mean_completion: None,
+        },
+    }
+}
+
+/// Where a request's spend is recorded.
+#[derive(Clone)]
+pub struct Account {
+    ledger: Arc<Ledger>,
+    model: String,
+    kind: PromptKind,
+}
+
+/// The ledgers, by policy entry and prompt kind.
+#[derive(Default)]
+pub struct Ledgers {
+    by_key: Mutex<HashMap<(String, PromptKind), Arc<Ledger>>>,
+}
+
+impl Ledgers {
+    /// The ledger of policy entry `model` (an id or `"*"`) for prompts of `kind`, kept over
+    /// `window` (a reload that changes the window starts it afresh).
+    pub(crate) fn ledger(
+        &self,
+        model: &str,
+        kind: PromptKind,
+        window: std::time::Duration,
+    ) -> Arc<Ledger> {
+        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map
+            .entry((model.to_string(), kind))
+            .or_insert_with(|| Arc::new(Ledger::new(window)));
+        if entry.window() != window {
+            *entry = Arc::new(Ledger::new(window));
+        }
+        Arc::clone(entry)
+    }
+
+    /// The engine's guard for a request of `kind` under `mp` (policy entry `model`), and the
+    /// account its spend goes to (budget guard only).
+    pub fn guard(
+        &self,
+        mp: &ModelPolicy,
+        model: &str,
+        kind: PromptKind,
+        cache: CacheRules,
+    ) -> (Option<Guard>, Option<Account>) {
+        match mp.guard {
+            GuardPolicy::Off => (None, None),
+            GuardPolicy::Strict => (
+                Some(Guard::Strict(CostGuard {
+                    price: mp.price,
+                    max_cost_ratio: mp.max_cost_ratio,
+                    cache,
+                })),
+                None,
+            ),
+            GuardPolicy::Budget { hard_cap, window } => {
+                let ledger = self.ledger(model, kind, window);
+                let view = ledger.view();
+                let guard = BudgetGuard {
+                    price: mp.price,
+                    cache,
+                    hard_cap,
+                    max_cost_ratio: mp.max_cost_ratio,
+                    prior: view.rates(prior(kind), PRIOR_TOKENS),
+                    traffic_ratio: view.cost_ratio(),
+                };
+                let account = Account {
+                    ledger,
+                    model: model.to_string(),
+                    kind,
+                };
+                (Some(Guard::Budget(guard)), Some(account))
+            }
+        }
+    }
+}
+
+impl Account {
+    /// Records a finished request's spend at `mp`'s prices and updates the ledger's gauges.
+    pub fn record(&self, s: &Stats, mp: &ModelPolicy) {
+        let cost = estimate(&s.spend(), &mp.price);
+        self.ledger.record(
+            cost,
+            u64::from(s.completion_tokens),
+            s.approximate_part(),
+        );
+        let v = self.ledger.view();
+        let labels = |side: Option<&'static str>| {
+            let mut l = vec![
+                metrics::Label::new("model", self.model.clone()),
+                metrics::Label::new("kind", self.kind.name()),
+            ];
+            l.extend(side.map(|s| metrics::Label::new("side", s)));
+            l
+        };
+        metrics::gauge!("approxy_budget_cost_usd", labels(Some("approxy"))).set(v.approxy);
+        metrics::gauge!("approxy_budget_cost_usd", labels(Some("passthrough"))).set(v.passthrough);
+        if let Some(r) = v.cost_ratio() {
+            metrics::gauge!("approxy_budget_cost_ratio", labels(None)).set(r);
+        }
+        let rates = v.rates(prior(self.kind), PRIOR_TOKENS);
+        metrics::gauge!("approxy_budget_calls_per_token", labels(None)).set(rates.calls_per_token);
+        metrics::gauge!("approxy_budget_target_share", labels(None)).set(rates.target_share);
+    }
+}
