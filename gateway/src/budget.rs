@@ -111,11 +111,8 @@ impl Account {
     /// Records a finished request's spend at `mp`'s prices and updates the ledger's gauges.
     pub fn record(&self, s: &Stats, mp: &ModelPolicy) {
         let cost = estimate(&s.spend(), &mp.price);
-        self.ledger.record(
-            cost,
-            u64::from(s.completion_tokens),
-            s.approximate_part(),
-        );
+        self.ledger
+            .record(cost, u64::from(s.completion_tokens), s.approximate_part());
         let v = self.ledger.view();
         let labels = |side: Option<&'static str>| {
             let mut l = vec![

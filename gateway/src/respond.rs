@@ -49,7 +49,7 @@ struct Dial {
 }
 
 fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPolicy) -> Value {
-    json!({
+    let mut u = json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "total_tokens": s.prompt_tokens + s.completion_tokens,
@@ -96,7 +96,13 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             "estimated_cost_usd": cost.approxy,
             "estimated_passthrough_cost_usd": cost.passthrough,
         }
-    })
+    });
+    // Where the time went: the draft's forward passes, the verifier, and waiting for the
+    // target (the draft's work overlaps the waits when the request overlaps).
+    u["approxy"]["draft_seconds"] = json!(s.draft_time.as_secs_f64());
+    u["approxy"]["verifier_seconds"] = json!(s.verifier_time.as_secs_f64());
+    u["approxy"]["target_wait_seconds"] = json!(s.target_wait.as_secs_f64());
+    u
 }
 
 fn finish_str(r: Option<FinishReason>) -> &'static str {

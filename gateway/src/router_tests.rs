@@ -226,6 +226,14 @@ async fn approximate_chat_answer_with_usage_and_headers() {
     assert_eq!(u["approxy"]["target_calls"], 0);
     assert_eq!(u["approxy"]["threshold"], 0.5);
     assert_eq!(u["approxy"]["estimated_cost_usd"], 0.0);
+    // Where the time went.
+    for k in ["draft_seconds", "verifier_seconds", "target_wait_seconds"] {
+        assert!(
+            u["approxy"][k].as_f64().is_some_and(|s| s >= 0.0),
+            "{k}: {u}"
+        );
+    }
+    assert_eq!(u["approxy"]["guard"], "budget");
 }
 
 #[tokio::test]
@@ -1195,7 +1203,10 @@ guard = "strict"
         (Some("budget"), Some(false)),
         "{a}"
     );
-    assert_eq!((a["target_calls"].as_u64(), a["draft_tokens"].as_u64()), (Some(1), Some(9)));
+    assert_eq!(
+        (a["target_calls"].as_u64(), a["draft_tokens"].as_u64()),
+        (Some(1), Some(9))
+    );
     let spent = a["estimated_cost_usd"].as_f64().unwrap();
     let passthrough = a["estimated_passthrough_cost_usd"].as_f64().unwrap();
     assert!(spent < passthrough, "{a}");

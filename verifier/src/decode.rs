@@ -239,6 +239,9 @@ pub struct Stats {
     /// Time spent waiting for the target.
     #[serde(serialize_with = "secs")]
     pub target_wait: Duration,
+    /// Time spent in the verifier (features and score), not counting the draft's forward pass.
+    #[serde(serialize_with = "secs")]
+    pub verifier_time: Duration,
     /// Time to the first emitted token.
     #[serde(serialize_with = "secs")]
     pub time_to_first_token: Duration,
@@ -373,13 +376,16 @@ impl Engine {
             let (accepted, entropy) = if exact {
                 (false, None)
             } else {
-                decide(
+                let t = std::time::Instant::now();
+                let d = decide(
                     verifier,
                     &out,
                     proposal,
                     run.req.threshold,
                     run.context.as_ref(),
-                )
+                );
+                run.stats.verifier_time += t.elapsed();
+                d
             };
             let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.

@@ -537,9 +537,18 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
         assert_eq!(guard("guard = \"strict\"").ok(), Some(GuardPolicy::Strict));
         assert_eq!(guard("guard = \"off\"").ok(), Some(GuardPolicy::Off));
         for (line, says) in [
-            ("guard = \"sometimes\"", "guard: \"sometimes\" is not one of"),
-            ("hard_cost_cap = 0.5", "hard_cost_cap: must be a number at or above"),
-            ("guard = \"strict\"\nhard_cost_cap = 2.0", "belong to guard = \"budget\""),
+            (
+                "guard = \"sometimes\"",
+                "guard: \"sometimes\" is not one of",
+            ),
+            (
+                "hard_cost_cap = 0.5",
+                "hard_cost_cap: must be a number at or above",
+            ),
+            (
+                "guard = \"strict\"\nhard_cost_cap = 2.0",
+                "belong to guard = \"budget\"",
+            ),
             ("budget_window = \"0s\"", "budget_window: at least 1s"),
         ] {
             let e = guard(line);

@@ -448,14 +448,20 @@ impl Validator {
                 f("max_cost_ratio")
             ));
         }
-        let hard_cap = m.hard_cost_cap.unwrap_or(DEFAULT_HARD_COST_CAP.max(max_cost_ratio));
+        let hard_cap = m
+            .hard_cost_cap
+            .unwrap_or(DEFAULT_HARD_COST_CAP.max(max_cost_ratio));
         if !hard_cap.is_finite() || hard_cap < max_cost_ratio {
             self.err(format!(
                 "{}: must be a number at or above max_cost_ratio ({max_cost_ratio})",
                 f("hard_cost_cap")
             ));
         }
-        let window = self.duration(&f("budget_window"), m.budget_window.clone(), DEFAULT_BUDGET_WINDOW);
+        let window = self.duration(
+            &f("budget_window"),
+            m.budget_window.clone(),
+            DEFAULT_BUDGET_WINDOW,
+        );
         if window < Duration::from_secs(1) {
             self.err(format!("{}: at least 1s", f("budget_window")));
         }

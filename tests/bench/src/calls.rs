@@ -882,10 +882,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
             Sample::HumanEval => ("HumanEval", 0.6),
             Sample::Chat => ("held-out chat", 0.75),
         };
-        s.push_str(&format!(
-            "\nGoals ({name}, cores {layout}; cost at {} prices with its cache):\n\n",
-            deepseek.name
-        ));
+        let mut lines = String::new();
         for c in [
             CallConfig::Default,
             CallConfig::Strict,
@@ -894,8 +891,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         ] {
             let Some(r) = find(0, c) else { continue };
             let a = aggregate(r);
-            let ratio =
-                class_cost(&a, deepseek, true) / class_cost(&b, deepseek, true).max(1e-12);
+            let ratio = class_cost(&a, deepseek, true) / class_cost(&b, deepseek, true).max(1e-12);
             let mut line = format!(
                 "- {}: cost {:.0} % (≤ {:.0} %: {})",
                 c.label(),
@@ -947,10 +943,19 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
                 ));
             }
             if !a.guard_reasons.is_empty() {
-                line.push_str(&format!("; handed to the target for cost: {}", a.guard_reasons.join(", ")));
+                line.push_str(&format!(
+                    "; handed to the target for cost: {}",
+                    a.guard_reasons.join(", ")
+                ));
             }
-            s.push_str(&line);
-            s.push('\n');
+            lines.push_str(&line);
+            lines.push('\n');
+        }
+        if !lines.is_empty() {
+            s.push_str(&format!(
+                "\nGoals ({name}, cores {layout}; cost at {} prices with its cache):\n\n{lines}",
+                deepseek.name
+            ));
         }
     }
     s
@@ -994,7 +999,12 @@ mod tests {
                     CallConfig::Strict => GuardPolicy::Strict,
                     _ => GuardPolicy::Off,
                 };
-                assert_eq!((got.guard, got.max_cost_ratio), (guard, m.max_cost_ratio), "{}", c.id());
+                assert_eq!(
+                    (got.guard, got.max_cost_ratio),
+                    (guard, m.max_cost_ratio),
+                    "{}",
+                    c.id()
+                );
                 assert_eq!(
                     got.verification == approxy_verifier::Verification::Exact,
                     c.id().contains("exact")

@@ -8,9 +8,10 @@
 //! Both send the prefix once now, so they differ in what each later token costs. Written by
 //! the target in one call, every token costs the output price. Continuing, a share `f` of the
 //! tokens are the target's (output price), the rest are the draft's, which a later call sends
-//! as new input (input price), and there are `c` calls per token, each re-sending the prefix
-//! (at the cached price as far as the cache rules serve it). So the call pays when
-//! `f·output + (1 − f)·input + c·resend < output`. `f` and `c` blend the request's rates so
+//! as new input (input price) unless they come after the last call (a run of (1 − f)/c tokens
+//! on average, out of the `left` the answer is expected to have), and there are `c` calls per
+//! token, each re-sending the prefix (at the cached price as far as the cache rules serve it).
+//! So the call pays when `f·output + (1 − f)·(1 − run/left)·input + c·resend < output`. `f` and `c` blend the request's rates so
 //! far (counting the call being decided, with the tokens a call brings on average) with the
 //! model's rates, worth [`PRIOR_TOKENS`] tokens, so that a request's first rejections are
 //! judged mostly by the model's record and its later ones by its own.
@@ -123,12 +124,14 @@ impl BudgetGuard {
         .min(remaining as f64)
         .max(1.0);
         let resent = call.prefix + (left / 2.0) as u64;
-        let resend = self
-            .price
-            .input_cost(resent, self.cache.cacheable(resent));
+        let resend = self.price.input_cost(resent, self.cache.cacheable(resent));
+        // A draft token is sent as new input only when a later call follows it: the run after
+        // the last call is not. Between calls the draft writes (1 − f)/c tokens on average.
+        let run = if c > 0.0 { (1.0 - f) / c } else { left };
+        let resent = (1.0 - run / left).clamp(0.0, 1.0);
         let p = &self.price;
         Expectation {
-            continuing: f * p.output_cost(1) + (1.0 - f) * p.input_cost(1, 0) + c * resend,
+            continuing: f * p.output_cost(1) + (1.0 - f) * resent * p.input_cost(1, 0) + c * resend,
             handing_off: p.output_cost(1),
         }
     }
@@ -181,18 +184,18 @@ mod tests {
     }
 
     #[test]
-    fn a_call_pays_when_the_model_drafts_most_of_its_answers_and_not_when_the_target_writes_them()
-    {
+    fn a_call_pays_when_the_model_drafts_most_of_its_answers_and_not_when_the_target_writes_them() {
         // Worked by hand for the first rejection after 20 drafted tokens, DeepSeek's prices,
         // a model at 3 calls and 10 target tokens per 100: a call brings 3.33 tokens; blended
         // c = (1 + 1.92) / 87.3 = 0.0334, f = (3.33 + 6.4) / 87.3 = 0.111; the rest is 180
-        // tokens, so a re-send is 170 + 90 = 260 cached tokens, 18.2e-6 USD. Continuing costs
-        // 0.111 * 1.68 + 0.889 * 0.56 + 0.0334 * 18.2 = 0.187 + 0.498 + 0.608 = 1.29 (per
-        // million) against 1.68 handing off.
+        // tokens, so a re-send is 170 + 90 = 260 cached tokens, 18.2e-6 USD, and the draft's
+        // last run, 0.889 / 0.0334 = 26.6 tokens, is not re-sent (85.2 % of its tokens are).
+        // Continuing costs 0.111 * 1.68 + 0.889 * 0.852 * 0.56 + 0.0334 * 18.2 = 0.187 +
+        // 0.424 + 0.608 = 1.22 (per million) against 1.68 handing off.
         let g = guard(DEEPSEEK, rates(3.0, 0.10));
         let (s, plan) = at(20, 0, 0);
         let e = g.expect(&s, plan, 300);
-        assert!((e.continuing * 1e6 - 1.29).abs() < 0.01, "{e:?}");
+        assert!((e.continuing * 1e6 - 1.22).abs() < 0.01, "{e:?}");
         assert!((e.handing_off * 1e6 - 1.68).abs() < 1e-9);
         assert_eq!(g.judge(&s, plan, 300), None);
         // A model whose spans leave the target 87 % of the tokens (chat at the shipped
@@ -214,19 +217,29 @@ mod tests {
     }
 
     #[test]
-    fn input_priced_like_output_never_pays_for_a_call() {
-        // Fireworks' serverless prices: a draft token re-sent as input costs what the target
-        // writing it would, so no call can save, whatever the acceptance.
+    fn with_input_priced_like_output_only_a_long_last_run_of_the_draft_pays() {
+        // Fireworks' serverless prices: a draft token a later call re-sends costs what the
+        // target writing it would, and a re-sent prefix half the input price. At the rates
+        // spans reach on code (5.5 calls, 33 target tokens per 100) no call pays.
         let fireworks = Price {
             input: 0.9,
             cached_input: 0.45,
             output: 0.9,
         };
-        let g = guard(fireworks, rates(0.5, 0.01));
-        let (s, plan) = at(100, 0, 0);
+        let g = guard(fireworks, rates(5.5, 0.33));
+        let (s, plan) = at(20, 0, 0);
         assert_eq!(g.judge(&s, plan, 300), Some(GuardReason::NotWorthIt));
+        // Far into an answer the draft has written alone, for a model that almost never needs
+        // the target: the call is likely the answer's last, and the draft's run after it is
+        // not re-sent.
+        let g = guard(fireworks, rates(0.1, 0.002));
+        let (s2, plan2) = at(150, 0, 0);
+        assert_eq!(g.judge(&s2, plan2, 300), None);
         // A free target is never guarded.
-        assert_eq!(guard(Price::default(), rates(50.0, 1.0)).judge(&s, plan, 300), None);
+        assert_eq!(
+            guard(Price::default(), rates(50.0, 1.0)).judge(&s, plan, 300),
+            None
+        );
     }
 
     #[test]
@@ -255,12 +268,14 @@ mod tests {
             cached_input_tokens: 0,
             ..s
         };
-        assert!(CostGuard {
-            price: DEEPSEEK,
-            max_cost_ratio: 1.0,
-            cache: CacheRules::default()
-        }
-        .trips(&s, plan));
+        assert!(
+            CostGuard {
+                price: DEEPSEEK,
+                max_cost_ratio: 1.0,
+                cache: CacheRules::default()
+            }
+            .trips(&s, plan)
+        );
         assert_eq!(g.judge(&s, plan, 300), None);
         g.traffic_ratio = Some(0.9);
         assert_eq!(g.judge(&s, plan, 300), None);

@@ -177,7 +177,12 @@ mod tests {
             target_tokens: 20,
         };
         for i in 0..1000u64 {
-            l.record_at(t0 + Duration::from_millis(i * 100), cost(1.0, 2.0), 100, seg);
+            l.record_at(
+                t0 + Duration::from_millis(i * 100),
+                cost(1.0, 2.0),
+                100,
+                seg,
+            );
         }
         let v = l.view_at(t0 + Duration::from_secs(100));
         assert_eq!(v.requests, 1000);

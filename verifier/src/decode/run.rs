@@ -649,13 +649,16 @@ impl<'a> Run<'a> {
                 self.last_prefix_len += 1;
                 let unused = (chunk.tokens.len() - i - 1) as u64;
                 let (confident, entropy) = if top1(&out) == token {
-                    decide(
+                    let t = Instant::now();
+                    let d = decide(
                         verifier,
                         &out,
                         token,
                         self.req.threshold,
                         self.context.as_ref(),
-                    )
+                    );
+                    self.stats.verifier_time += t.elapsed();
+                    d
                 } else {
                     (false, None)
                 };

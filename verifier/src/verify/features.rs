@@ -91,18 +91,18 @@ impl Features {
 
 /// The softmax normaliser of `logits` relative to their maximum `max` (sum of exp(x − max))
 /// and the entropy in nats. The one computation of both, so a context's entropies and the
-/// features' are the same numbers.
+/// features' are the same numbers. One pass over the vocabulary, one exponential per entry:
+/// with d = x − max, e = exp(d), z = Σe and s = Σe·d, the entropy −Σ(e/z)(d − ln z) is
+/// ln z − s/z (this runs for every drafted token, over 151,936 entries).
 pub(crate) fn softmax_sums(logits: &[f32], max: f32) -> (f64, f32) {
-    let z: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
-    let log_z = z.ln();
-    let entropy: f64 = logits
-        .iter()
-        .map(|&x| {
-            let lp = f64::from(x - max) - log_z;
-            -lp.exp() * lp
-        })
-        .sum();
-    (z, entropy as f32)
+    let (mut z, mut s) = (0.0f64, 0.0f64);
+    for &x in logits {
+        let d = f64::from(x - max);
+        let e = d.exp();
+        z += e;
+        s += e * d;
+    }
+    (z, (z.ln() - s / z) as f32)
 }
 
 #[cfg(test)]
@@ -123,6 +123,29 @@ mod tests {
         let h = -(0.5f32 * 0.5f32.ln() + 0.3 * 0.3f32.ln() + 0.2 * 0.2f32.ln());
         assert!((f.stats[2] - h).abs() < 1e-4);
         assert_eq!(f.hidden, vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn the_one_pass_entropy_is_the_definition_s() {
+        // Logits spread like a language model's: a few large, a long tail.
+        let logits: Vec<f32> = (0..50_000u32)
+            .map(|i| {
+                ((i.wrapping_mul(2_654_435_761) % 1000) as f32 / 50.0) - 10.0
+                    + if i % 997 == 0 { 12.0 } else { 0.0 }
+            })
+            .collect();
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (z, h) = softmax_sums(&logits, max);
+        let z2: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
+        let h2: f64 = logits
+            .iter()
+            .map(|&x| {
+                let lp = f64::from(x - max) - z2.ln();
+                -lp.exp() * lp
+            })
+            .sum();
+        assert!((z - z2).abs() / z2 < 1e-12);
+        assert!((f64::from(h) - h2).abs() < 1e-5, "{h} against {h2}");
     }
 
     #[test]
