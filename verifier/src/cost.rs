@@ -10,9 +10,11 @@
 use serde::{Deserialize, Serialize};
 
 pub mod budget;
+pub mod guard;
 pub mod ledger;
 
 pub use budget::{BudgetGuard, Rates};
+pub use guard::Guard;
 pub use ledger::{Ledger, LedgerView, Segment};
 
 /// What a generation has spent so far, in tokens: all the cost model reads (the decode loop
@@ -184,29 +186,6 @@ pub enum GuardReason {
     /// The budget guard: the call is not expected to pay for itself (the rest of the answer is
     /// expected to cost more with approxy's calls than written by the target in one).
     NotWorthIt,
-}
-
-/// When approxy stops making calls and lets the target write the rest of an answer for cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Guard {
-    /// Per request, worst case: no call may let the request cost more than `max_cost_ratio`
-    /// times passthrough.
-    Strict(CostGuard),
-    /// Over the traffic, expected value: a call is made when it is expected to save, within a
-    /// per-request hard cap, and per request at `max_cost_ratio` while the model's traffic is
-    /// above it.
-    Budget(BudgetGuard),
-}
-
-impl Guard {
-    /// Why `call` should not be made (`None`: make it). `remaining` is the most tokens the
-    /// answer may still have.
-    pub fn judge(&self, s: &Spend, call: CallPlan, remaining: u64) -> Option<GuardReason> {
-        match self {
-            Self::Strict(g) => g.trips(s, call).then_some(GuardReason::Strict),
-            Self::Budget(b) => b.judge(s, call, remaining),
-        }
-    }
 }
 
 #[cfg(test)]
