@@ -2,7 +2,8 @@
 //! sample (pass@1) or on held-out chat prompts (agreement with the target-only answer), per
 //! core layout and per injected per-call delay (a remote API's round trip), it runs:
 //! - `target-only`: the gateway in passthrough;
-//! - `default`: the shipped policy's `"*"` model as it is (spans, cost guard);
+//! - `default`: the shipped policy's `"*"` model as it is (spans, its guard: budget);
+//! - `strict`: the same with `guard = "strict"` (the default until 2026-11-25);
 //! - `span`: the same with the cost guard off, so the spans themselves are measured;
 //! - `span-overlap`: `span` with drafting while the target works;
 //! - `vllm-target-only`, `vllm-exact`, `vllm-exact-overlap`: vLLM serving the draft's float32
@@ -256,8 +257,8 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         correction: Some(super::quality::raw_correction(base.correction)),
         verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
             .then(|| "exact".into()),
-        // The guard off but in the policy's configurations: the calls themselves are what is
-        // measured.
+        // The guard is off except in the policy's own configurations: elsewhere the calls
+        // themselves are what is measured.
         max_cost_ratio: Some(base.max_cost_ratio),
         guard: Some(
             match c {
