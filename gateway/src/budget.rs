@@ -60,7 +60,7 @@ impl Ledgers {
         let entry = map
             .entry((model.to_string(), kind))
             .or_insert_with(|| Arc::new(Ledger::new(window)));
-        if entry.window() != window {
+        if entry.window() != Ledger::new(window).window() {
             *entry = Arc::new(Ledger::new(window));
         }
         Arc::clone(entry)
@@ -111,8 +111,23 @@ impl Account {
     /// Records a finished request's spend at `mp`'s prices and updates the ledger's gauges.
     pub fn record(&self, s: &Stats, mp: &ModelPolicy) {
         let cost = estimate(&s.spend(), &mp.price);
+        let mut part = s.approximate_part();
+        if s.handed_off_at.is_some() {
+            // The rejection that led to the hand-off needed a call: counted as one that brings
+            // what the model's calls bring on average (a call of one token would teach the
+            // ledger that calls are cheaper than they are, and swing the guard).
+            let brings = self
+                .ledger
+                .view()
+                .rates(prior(self.kind), PRIOR_TOKENS)
+                .tokens_per_call()
+                .round() as u64;
+            part.tokens += brings;
+            part.calls += 1;
+            part.target_tokens += brings;
+        }
         self.ledger
-            .record(cost, u64::from(s.completion_tokens), s.approximate_part());
+            .record(cost, u64::from(s.completion_tokens), part);
         let v = self.ledger.view();
         let labels = |side: Option<&'static str>| {
             let mut l = vec![

@@ -223,8 +223,9 @@ mod tests {
             cache: CacheRules::default(),
         };
         // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
-        // 103 input + 2 output + a 104-token cached reserve (10.4) = 115.4 against passthrough
-        // 100 + 4 tokens * 2 = 108: refused. After 20: 120 + 2 + 12.1 = 134.1 vs 142: allowed.
+        // 103 input + 2 output + a reserve re-sending 104 tokens, the call's own 103 cached
+        // (10.3 + 1) = 116.3 against passthrough 100 + 4 tokens * 2 = 108: refused. After 20:
+        // 120 + 2 + 13 = 135 vs 142: allowed.
         let mut s = Spend {
             prompt_tokens: 100,
             completion_tokens: 3,

@@ -276,21 +276,13 @@ impl Stats {
     }
 
     /// The part of the answer approxy drafted and corrected: all of it, or what came before
-    /// the hand-off, whose rejection counts as a one-token correction (the call it would
-    /// have taken otherwise). What a model's rates are measured on.
+    /// the hand-off (see [`Stats::handed_off_at`]). What a model's rates are measured on.
     pub fn approximate_part(&self) -> Segment {
-        match self.handed_off_at {
-            Some(s) => Segment {
-                tokens: s.tokens + 1,
-                calls: s.calls + 1,
-                target_tokens: s.target_tokens + 1,
-            },
-            None => Segment {
-                tokens: u64::from(self.completion_tokens),
-                calls: u64::from(self.target_calls),
-                target_tokens: self.spend().target_output_tokens,
-            },
-        }
+        self.handed_off_at.unwrap_or(Segment {
+            tokens: u64::from(self.completion_tokens),
+            calls: u64::from(self.target_calls),
+            target_tokens: self.spend().target_output_tokens,
+        })
     }
 }
 

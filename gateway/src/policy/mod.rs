@@ -845,6 +845,8 @@ max_cost_ratio = -1
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("2"), None);
         assert_eq!(parse_duration("x s"), None);
+        // Beyond what a duration holds: refused, not a panic.
+        assert_eq!(parse_duration("99999999999999999999h"), None);
     }
 }
 

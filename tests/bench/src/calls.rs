@@ -272,6 +272,12 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             (CallConfig::Default, GuardPolicy::Budget { hard_cap, .. }) => Some(hard_cap),
             _ => None,
         },
+        budget_window: match (c, base.guard) {
+            (CallConfig::Default, GuardPolicy::Budget { window, .. }) => {
+                Some(format!("{}ms", window.as_millis()))
+            }
+            _ => None,
+        },
         overlap: Some(matches!(
             c,
             CallConfig::SpanOverlap | CallConfig::VllmExactOverlap

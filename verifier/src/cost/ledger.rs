@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::{CostEstimate, Rates};
 
-/// Slots a window is kept in: a request leaves the window at most 1/SLOTS of it late.
+/// Slots a window is kept in: a request leaves the window up to 1/SLOTS of it early (its
+/// slot's start counts).
 const SLOTS: u32 = 32;
 
 /// The part of an answer approxy drafted and corrected, before any hand-off: what the model's

@@ -99,8 +99,11 @@ pub(crate) fn softmax_sums(logits: &[f32], max: f32) -> (f64, f32) {
     for &x in logits {
         let d = f64::from(x - max);
         let e = d.exp();
-        z += e;
-        s += e * d;
+        // A logit of -inf (a masked token) adds nothing, where 0 * -inf would be NaN.
+        if e > 0.0 {
+            z += e;
+            s += e * d;
+        }
     }
     (z, (z.ln() - s / z) as f32)
 }
