@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use approxy_verifier::Stats;
-use approxy_verifier::cost::{BudgetGuard, CacheRules, CostGuard, Guard, Ledger, Rates, estimate};
+use approxy_verifier::cost::{
+    BudgetGuard, CacheRules, CostGuard, Guard, Ledger, Price, Rates, estimate,
+};
 
 use crate::policy::{GuardPolicy, ModelPolicy};
 use crate::prompt_kind::PromptKind;
@@ -37,6 +39,7 @@ pub fn prior(kind: PromptKind) -> Rates {
 #[derive(Clone)]
 pub struct Account {
     ledger: Arc<Ledger>,
+    price: Price,
     model: String,
     kind: PromptKind,
 }
@@ -60,7 +63,7 @@ impl Ledgers {
         let entry = map
             .entry((model.to_string(), kind))
             .or_insert_with(|| Arc::new(Ledger::new(window)));
-        if entry.window() != Ledger::new(window).window() {
+        if entry.window() != Ledger::kept(window) {
             *entry = Arc::new(Ledger::new(window));
         }
         Arc::clone(entry)
@@ -98,6 +101,7 @@ impl Ledgers {
                 };
                 let account = Account {
                     ledger,
+                    price: mp.price,
                     model: model.to_string(),
                     kind,
                 };
@@ -108,9 +112,9 @@ impl Ledgers {
 }
 
 impl Account {
-    /// Records a finished request's spend at `mp`'s prices and updates the ledger's gauges.
-    pub fn record(&self, s: &Stats, mp: &ModelPolicy) {
-        let cost = estimate(&s.spend(), &mp.price);
+    /// Records a finished request's spend at its model's prices and updates the ledger's gauges.
+    pub fn record(&self, s: &Stats) {
+        let cost = estimate(&s.spend(), &self.price);
         let mut part = s.approximate_part();
         if s.handed_off_at.is_some() {
             // The rejection that led to the hand-off needed a call: counted as one that brings

@@ -218,7 +218,6 @@ pub async fn approximate(
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
     let watch = tx.clone();
-    let mp2 = mp.clone();
     let task = tokio::spawn(approxy_verifier::target::trace::scope(trace, async move {
         let r = tokio::select! {
             r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
@@ -226,7 +225,7 @@ pub async fn approximate(
         };
         // Recorded as soon as the generation ends, however the response then goes.
         if let (Ok(stats), Some(account)) = (&r, &account) {
-            account.record(stats, &mp2);
+            account.record(stats);
         }
         r
     }));

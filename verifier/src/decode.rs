@@ -275,14 +275,19 @@ impl Stats {
         }
     }
 
-    /// The part of the answer approxy drafted and corrected: all of it, or what came before
-    /// the hand-off (see [`Stats::handed_off_at`]). What a model's rates are measured on.
-    pub fn approximate_part(&self) -> Segment {
-        self.handed_off_at.unwrap_or(Segment {
+    /// The answer so far: its tokens, the target calls made and the tokens the target generated.
+    pub fn so_far(&self) -> Segment {
+        Segment {
             tokens: u64::from(self.completion_tokens),
             calls: u64::from(self.target_calls),
             target_tokens: self.spend().target_output_tokens,
-        })
+        }
+    }
+
+    /// The part of the answer approxy drafted and corrected: all of it, or what came before
+    /// the hand-off (see [`Stats::handed_off_at`]). What a model's rates are measured on.
+    pub fn approximate_part(&self) -> Segment {
+        self.handed_off_at.unwrap_or_else(|| self.so_far())
     }
 }
 
@@ -368,16 +373,7 @@ impl Engine {
             let (accepted, entropy) = if exact {
                 (false, None)
             } else {
-                let t = std::time::Instant::now();
-                let d = decide(
-                    verifier,
-                    &out,
-                    proposal,
-                    run.req.threshold,
-                    run.context.as_ref(),
-                );
-                run.stats.verifier_time += t.elapsed();
-                d
+                run.judge(verifier, &out, proposal)
             };
             let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.

@@ -417,27 +417,26 @@ impl TargetClient for ScriptedTarget {
         let all = self.continue_tokens(req).await?;
         let (delay, generated) = (self.token_delay, self.generated.clone());
         let (last, eos) = (all.tokens.len(), all.stopped_on_eos);
-        if self.eager {
-            generated.fetch_add(last, Ordering::SeqCst);
-            let usage = all.timings.map(|t| StreamChunk {
-                timings: Some(t),
-                ..StreamChunk::default()
-            });
-            let chunks = all.tokens.into_iter().enumerate().map(move |(i, token)| {
-                Ok(StreamChunk {
-                    tokens: vec![token],
-                    stopped_on_eos: eos && i + 1 == last,
-                    ..StreamChunk::default()
-                })
-            });
-            return Ok(Box::pin(futures::stream::iter(
-                chunks.chain(usage.map(Ok)).collect::<Vec<_>>(),
-            )));
-        }
         let usage = all.timings.map(|t| StreamChunk {
             timings: Some(t),
             ..StreamChunk::default()
         });
+        let chunk = move |i: usize, token: u32| StreamChunk {
+            tokens: vec![token],
+            stopped_on_eos: eos && i + 1 == last,
+            ..StreamChunk::default()
+        };
+        if self.eager {
+            generated.fetch_add(last, Ordering::SeqCst);
+            let chunks = all
+                .tokens
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| Ok(chunk(i, t)));
+            return Ok(Box::pin(futures::stream::iter(
+                chunks.chain(usage.map(Ok)).collect::<Vec<_>>(),
+            )));
+        }
         // `then` runs each step only when the stream is polled: a dropped stream generates no more.
         let chunks =
             futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
@@ -445,11 +444,7 @@ impl TargetClient for ScriptedTarget {
                 async move {
                     tokio::time::sleep(delay).await;
                     generated.fetch_add(1, Ordering::SeqCst);
-                    Ok(StreamChunk {
-                        tokens: vec![token],
-                        stopped_on_eos: eos && i + 1 == last,
-                        ..StreamChunk::default()
-                    })
+                    Ok(chunk(i, token))
                 }
             });
         // The usage event comes after the tokens, as llama-server's last event does.

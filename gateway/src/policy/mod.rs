@@ -281,7 +281,7 @@ pub struct Policy {
 impl Policy {
     /// The policy for a model id: its own entry, else `"*"`, else none (passthrough).
     pub fn model(&self, id: &str) -> Option<&ModelPolicy> {
-        self.models.get(id).or_else(|| self.models.get("*"))
+        self.model_key(id).and_then(|k| self.models.get(k))
     }
 
     /// The entry [`Policy::model`] takes a model id's policy from: the id, or `"*"`.

@@ -23,6 +23,16 @@ use super::{CacheRules, CallPlan, CostGuard, GuardReason, Price, Spend};
 /// How many tokens of a request's own record the model's rates weigh as, in the blend.
 pub const PRIOR_TOKENS: f64 = 64.0;
 
+/// A rate over `tokens` tokens that counted `count`, blended with `prior` weighted as `weight`
+/// tokens (the prior alone when there is nothing to blend).
+pub(crate) fn blend(count: f64, tokens: f64, prior: f64, weight: f64) -> f64 {
+    if tokens + weight > 0.0 {
+        (count + weight * prior) / (tokens + weight)
+    } else {
+        prior
+    }
+}
+
 /// How a model's answers have gone in approximate mode: what the expected-value model reads.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
@@ -109,9 +119,9 @@ impl BudgetGuard {
             .tokens_per_call()
             .min(call.max_output.max(1) as f64);
         let tokens = s.completion_tokens as f64 + per_call;
-        let blend = |own: f64, prior: f64| (own + PRIOR_TOKENS * prior) / (tokens + PRIOR_TOKENS);
-        let c = blend(s.target_calls as f64 + 1.0, self.prior.calls_per_token);
-        let f = blend(
+        let own = |count: f64, prior: f64| blend(count, tokens, prior, PRIOR_TOKENS);
+        let c = own(s.target_calls as f64 + 1.0, self.prior.calls_per_token);
+        let f = own(
             s.target_output_tokens as f64 + per_call,
             self.prior.target_share,
         )
@@ -128,10 +138,12 @@ impl BudgetGuard {
         // A draft token is sent as new input only when a later call follows it: the run after
         // the last call is not. Between calls the draft writes (1 − f)/c tokens on average.
         let run = if c > 0.0 { (1.0 - f) / c } else { left };
-        let resent = (1.0 - run / left).clamp(0.0, 1.0);
+        let resent_share = (1.0 - run / left).clamp(0.0, 1.0);
         let p = &self.price;
         Expectation {
-            continuing: f * p.output_cost(1) + (1.0 - f) * resent * p.input_cost(1, 0) + c * resend,
+            continuing: f * p.output_cost(1)
+                + (1.0 - f) * resent_share * p.input_cost(1, 0)
+                + c * resend,
             handing_off: p.output_cost(1),
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::budget::blend;
 use super::{CostEstimate, Rates};
 
 /// Slots a window is kept in: a request leaves the window up to 1/SLOTS of it early (its
@@ -51,17 +52,10 @@ impl LedgerView {
     /// (the prior alone on an empty window).
     pub fn rates(&self, prior: Rates, prior_tokens: f64) -> Rates {
         let seg = &self.approximate;
-        let tokens = seg.tokens as f64 + prior_tokens;
-        let blend = |own: u64, p: f64| {
-            if tokens > 0.0 {
-                (own as f64 + prior_tokens * p) / tokens
-            } else {
-                p
-            }
-        };
+        let own = |count: u64, p: f64| blend(count as f64, seg.tokens as f64, p, prior_tokens);
         Rates {
-            calls_per_token: blend(seg.calls, prior.calls_per_token),
-            target_share: blend(seg.target_tokens, prior.target_share).clamp(0.0, 1.0),
+            calls_per_token: own(seg.calls, prior.calls_per_token),
+            target_share: own(seg.target_tokens, prior.target_share).clamp(0.0, 1.0),
             mean_completion: if self.requests > 0 {
                 Some(self.completion_tokens as f64 / self.requests as f64)
             } else {
@@ -89,12 +83,17 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// A ledger over the last `window`.
+    /// A ledger over the last `window` (see [`Ledger::kept`]).
     pub fn new(window: Duration) -> Self {
         Self {
-            window: window.max(Duration::from_millis(u64::from(SLOTS))),
+            window: Self::kept(window),
             slots: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// The window a ledger asked for `window` keeps: at least a millisecond per slot.
+    pub fn kept(window: Duration) -> Duration {
+        window.max(Duration::from_millis(u64::from(SLOTS)))
     }
 
     /// The window it keeps.

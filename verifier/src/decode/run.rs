@@ -12,7 +12,7 @@ use super::{
     Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
     TokenEvent, decide,
 };
-use crate::cost::{CallPlan, GuardReason, Segment};
+use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
@@ -259,6 +259,27 @@ impl<'a> Run<'a> {
     /// The exact token prefix so far: the prompt and everything emitted.
     fn prefix(&self) -> Vec<u32> {
         [self.req.prompt.as_slice(), self.emitted.as_slice()].concat()
+    }
+
+    /// Whether the verifier accepts `token` after the draft's output `out`, at the request's
+    /// threshold and in the answer's context (and the draft's entropy there, when computed);
+    /// the time it takes is counted in the stats.
+    pub(super) fn judge(
+        &mut self,
+        verifier: &dyn Verifier,
+        out: &PositionOutput,
+        token: u32,
+    ) -> (bool, Option<f32>) {
+        let t = Instant::now();
+        let d = decide(
+            verifier,
+            out,
+            token,
+            self.req.threshold,
+            self.context.as_ref(),
+        );
+        self.stats.verifier_time += t.elapsed();
+        d
     }
 
     /// Why the cost guard forbids a call that sends the prefix and `window` more tokens (a
@@ -552,11 +573,7 @@ impl<'a> Run<'a> {
     /// stop string or the token limit ends it (and the upstream generation with it) as soon
     /// as it appears, as passthrough would.
     pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
-        self.stats.handed_off_at = Some(Segment {
-            tokens: u64::from(self.stats.completion_tokens),
-            calls: u64::from(self.stats.target_calls),
-            target_tokens: self.stats.spend().target_output_tokens,
-        });
+        self.stats.handed_off_at = Some(self.stats.so_far());
         let n = self.remaining();
         let Some(mut stream) = self.open_stream(n).await? else {
             return Ok(FinishReason::Cancelled);
@@ -649,16 +666,7 @@ impl<'a> Run<'a> {
                 self.last_prefix_len += 1;
                 let unused = (chunk.tokens.len() - i - 1) as u64;
                 let (confident, entropy) = if top1(&out) == token {
-                    let t = Instant::now();
-                    let d = decide(
-                        verifier,
-                        &out,
-                        token,
-                        self.req.threshold,
-                        self.context.as_ref(),
-                    );
-                    self.stats.verifier_time += t.elapsed();
-                    d
+                    self.judge(verifier, &out, token)
                 } else {
                     (false, None)
                 };
