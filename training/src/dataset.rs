@@ -287,7 +287,7 @@ impl Rows {
             token,
             top1_prob: stats[0],
             stats,
-            hidden: self.hidden_of(i).to_vec(),
+            hidden: self.hidden_of(i).into(),
             context,
         }
     }
@@ -505,7 +505,7 @@ mod tests {
             token: c.to_bits(),
             top1_prob: stats[0],
             stats,
-            hidden: hidden.to_vec(),
+            hidden: hidden.into(),
             context: [c; N_CONTEXT],
         };
         let mut r = Rows::new(3);
@@ -582,7 +582,7 @@ mod tests {
             token,
             top1_prob: 0.8,
             stats: [0.8, 0.1, 0.5, 3.0],
-            hidden: vec![0.0],
+            hidden: vec![0.0].into(),
             context: [0.0; N_CONTEXT],
         };
         let ln = |p: f64| p.ln() as f32;
@@ -623,7 +623,7 @@ mod tests {
             token,
             top1_prob: 0.9,
             stats: [0.9, 0.1, 0.5, 3.0],
-            hidden: vec![h],
+            hidden: vec![h].into(),
             context: [h; N_CONTEXT],
         };
         let ln = |p: f64| p.ln() as f32;

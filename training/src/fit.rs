@@ -317,7 +317,7 @@ mod tests {
                 token: 0,
                 top1_prob: 0.5,
                 stats: [0.5, 0.1, 1.0, 10.0],
-                hidden: h,
+                hidden: h.into(),
                 context,
             };
             r.push(&f, label, i as u32, 0);

@@ -56,7 +56,7 @@ mod tests {
             token,
             top1_prob: confidence,
             stats: [confidence, 0.0, 0.0, 0.0],
-            hidden: vec![0.0],
+            hidden: vec![0.0].into(),
             context: Default::default(),
         }
     }

@@ -366,7 +366,7 @@ impl Engine {
             if run.remaining() == 0 {
                 break FinishReason::Length;
             }
-            let proposal = sampler.pick(&out.logits);
+            let proposal = sampler.pick_at(&out);
             let exact = run.req.verification.target_scores_every_token();
             // The verifier judges the token that would be emitted: at temperature > 0 the
             // sampled one, which need not be the draft's top-1.

@@ -22,6 +22,7 @@ pub mod decode;
 pub mod draft;
 pub mod error;
 pub mod home;
+pub mod logits;
 pub mod sampling;
 pub mod stop;
 pub mod target;

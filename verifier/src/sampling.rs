@@ -5,6 +5,8 @@
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::{Deserialize, Serialize};
 
+use crate::draft::PositionOutput;
+
 /// Sampling parameters, applied identically to draft and target.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -50,13 +52,24 @@ impl Sampler {
         Self { params, rng }
     }
 
-    /// The distribution [`Sampler::pick`] draws from: (token, probability) over the top-p
-    /// nucleus at the temperature, most likely first, summing to 1; greedy is the argmax alone.
+    /// The distribution [`Sampler::pick`] draws from: (token, probability) at the temperature,
+    /// summing to 1; cut to the top-p nucleus, most likely first, when top_p < 1, and the
+    /// whole vocabulary in token order when it is 1 (no sort: an order does not change a draw).
+    /// Greedy: the argmax alone.
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         nucleus(
             logits.iter().enumerate().map(|(i, &l)| (i as u32, l)),
             &self.params,
         )
+    }
+
+    /// Picks a token id at a draft position: greedy reads the top token of the position's one
+    /// scan (which the verifier's features then reuse).
+    pub fn pick_at(&mut self, out: &PositionOutput) -> u32 {
+        if self.params.is_greedy() {
+            return out.top1();
+        }
+        self.pick(&out.logits)
     }
 
     /// Picks a token id.
@@ -88,8 +101,8 @@ impl Sampler {
 }
 
 /// Probabilities at the params' temperature from log-weights (logits, or log-probabilities a
-/// target reported), cut to the top-p nucleus and renormalised, most likely first. Greedy: the
-/// largest alone, with probability 1.
+/// target reported), renormalised. Cut to the top-p nucleus, most likely first, when top_p < 1;
+/// all of them, in the order given, when it is 1. Greedy: the largest alone, with probability 1.
 pub fn nucleus(
     scores: impl Iterator<Item = (u32, f32)>,
     params: &SamplingParams,
@@ -106,17 +119,9 @@ pub fn nucleus(
         .map(|(i, l)| (i, ((l - max) / t).exp()))
         .collect();
     let z: f32 = probs.iter().map(|p| p.1).sum();
-    probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-    let mut kept = 0.0;
-    let mut cut = probs.len();
-    for (i, p) in probs.iter().enumerate() {
-        kept += p.1 / z;
-        if kept >= params.top_p {
-            cut = i + 1;
-            break;
-        }
+    if params.top_p < 1.0 {
+        probs = top_p_cut(probs, z, params.top_p);
     }
-    probs.truncate(cut);
     let mass: f32 = probs.iter().map(|p| p.1).sum();
     for p in &mut probs {
         p.1 /= mass;
@@ -124,8 +129,42 @@ pub fn nucleus(
     probs
 }
 
-/// Probability of `token` in a distribution (0 when it is not there).
+/// The most likely entries whose share of `z` first reaches `top_p`, most likely first. A
+/// partial selection finds a head of the vocabulary that holds that mass (a nucleus is small:
+/// the head starts at 64 entries and grows fourfold until it is enough) and only the head is
+/// sorted, not the 151,936 entries of a vocabulary.
+fn top_p_cut(mut probs: Vec<(u32, f32)>, z: f32, top_p: f32) -> Vec<(u32, f32)> {
+    let likelier = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+    let n = probs.len();
+    let mut head = n.min(64);
+    loop {
+        if head < n {
+            probs.select_nth_unstable_by(head - 1, likelier);
+        }
+        probs[..head].sort_unstable_by(likelier);
+        let mut kept = 0.0;
+        for (i, p) in probs[..head].iter().enumerate() {
+            kept += p.1 / z;
+            if kept >= top_p {
+                probs.truncate(i + 1);
+                return probs;
+            }
+        }
+        if head == n {
+            return probs;
+        }
+        head = n.min(head * 4);
+    }
+}
+
+/// Probability of `token` in a distribution (0 when it is not there). A whole-vocabulary
+/// distribution in token order is looked up by index.
 pub fn prob_of(dist: &[(u32, f32)], token: u32) -> f32 {
+    if let Some(&(t, p)) = dist.get(token as usize)
+        && t == token
+    {
+        return p;
+    }
     dist.iter().find(|p| p.0 == token).map_or(0.0, |p| p.1)
 }
 

@@ -132,10 +132,7 @@ impl DraftScript {
         // Every other token gets logit 0; the top one the logit that gives it probability p.
         let mut logits = vec![0.0f32; VOCAB];
         logits[top as usize] = (p * (VOCAB as f32 - 1.0) / (1.0 - p)).ln();
-        PositionOutput {
-            logits,
-            hidden: vec![0.0; HIDDEN],
-        }
+        PositionOutput::new(logits, vec![0.0; HIDDEN].into())
     }
 }
 

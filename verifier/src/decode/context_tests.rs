@@ -1,6 +1,7 @@
 //! The answer's context as the decode loop keeps it equals the context training computes for
 //! the same answer (`verify::context::along_answer`), position by position, in every way a
-//! token can be emitted: accepted, corrected one token at a time, and corrected by a span.
+//! token can be emitted: accepted, corrected one token at a time, corrected by a span, and
+//! accepted or corrected by a window the target scores.
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +38,7 @@ impl Verifier for Spy {
 
 async fn seen_and_replayed(
     correction: Correction,
+    verification: Verification,
 ) -> Result<(Vec<Features>, Vec<Features>), EngineError> {
     let tok = tiny_tokenizer();
     // The draft is unsure but right at 1, and wrong and unsure at 7 and 11 ("X", "Y"); the
@@ -45,12 +47,13 @@ async fn seen_and_replayed(
     draft.confidence = vec![
         0.9, 0.4, 0.95, 0.9, 0.9, 0.9, 0.9, 0.3, 0.9, 0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.1,
     ];
-    let target = Arc::new(ScriptedTarget::says("ab\n```cde\nfghij", None));
+    let target = Arc::new(ScriptedTarget::says("ab\n```cde\nfghij", None).with_windows());
     let engine = Engine::new(tok.clone(), target, tok.end_of_sequence_ids());
     let workers = ScriptedWorkers::new(draft, 1);
     let spy = Spy::default();
     let mut req = request(0.5, 64);
     req.correction = correction;
+    req.verification = verification;
     let (tx, mut rx) = mpsc::channel(1024);
     {
         let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
@@ -103,7 +106,8 @@ fn assert_same(seen: &[Features], replayed: &[Features]) {
 #[tokio::test]
 async fn the_loop_and_training_see_the_same_context_with_one_token_corrections()
 -> Result<(), EngineError> {
-    let (seen, replayed) = seen_and_replayed(Correction::Fixed { tokens: 1 }).await?;
+    let (seen, replayed) =
+        seen_and_replayed(Correction::Fixed { tokens: 1 }, Verification::Approximate).await?;
     // Every position is a decision.
     assert_eq!(seen.len(), replayed.len() + 1);
     assert_same(&seen, &replayed);
@@ -120,10 +124,27 @@ async fn the_loop_and_training_see_the_same_context_with_one_token_corrections()
 
 #[tokio::test]
 async fn the_loop_and_training_see_the_same_context_after_spans() -> Result<(), EngineError> {
-    let (seen, replayed) = seen_and_replayed(Correction::Span {
-        max_span: 8,
-        resync: 2,
-    })
+    let (seen, replayed) = seen_and_replayed(
+        Correction::Span {
+            max_span: 8,
+            resync: 2,
+        },
+        Verification::Approximate,
+    )
+    .await?;
+    assert!(seen.len() > 4, "{} decisions", seen.len());
+    assert_same(&seen, &replayed);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_loop_and_training_see_the_same_context_after_windows() -> Result<(), EngineError> {
+    // The window's tokens and the target's own token after them are recorded from the draft's
+    // outputs the window ran ahead: a decision after a window sees them as training does.
+    let (seen, replayed) = seen_and_replayed(
+        Correction::Fixed { tokens: 1 },
+        Verification::ApproximateWindows,
+    )
     .await?;
     assert!(seen.len() > 4, "{} decisions", seen.len());
     assert_same(&seen, &replayed);

@@ -49,13 +49,7 @@ fn output(mut outs: Vec<PositionOutput>) -> Result<PositionOutput, EngineError> 
 
 /// The draft's most likely token: its guess of what comes next.
 pub(super) fn top1(out: &PositionOutput) -> u32 {
-    out.logits
-        .iter()
-        .enumerate()
-        .fold((0usize, f32::NEG_INFINITY), |best, (i, &l)| {
-            if l > best.1 { (i, l) } else { best }
-        })
-        .0 as u32
+    out.top1()
 }
 
 impl<'d> Cursor<'d> {
@@ -108,6 +102,42 @@ impl<'d> Cursor<'d> {
         output(out?)
     }
 
+    /// Feeds `tokens` ahead of the committed sequence, after those of them already ahead in the
+    /// same order, in one draft call with an output at every position: committing them one by
+    /// one afterwards costs nothing. A batched extend of k tokens costs about one step, where
+    /// k single extends cost k (target tokens that arrived together, a span's backlog).
+    pub(super) async fn feed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        let have = self
+            .ahead
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, t)| a.token == **t)
+            .count();
+        self.truncate(have).await?;
+        let rest = &tokens[have..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let outs = self.draft.extend(rest.to_vec(), true).await;
+        self.time += t.elapsed();
+        let outs = outs?;
+        if outs.len() != rest.len() {
+            return Err(EngineError::Draft(format!(
+                "{} outputs after extending by {} tokens",
+                outs.len(),
+                rest.len()
+            )));
+        }
+        self.ahead
+            .extend(rest.iter().zip(outs).map(|(&token, out)| Ahead {
+                token,
+                out,
+                guess: false,
+            }));
+        Ok(())
+    }
+
     /// Makes `token` the `i`-th position ahead of the committed sequence (a window's token);
     /// the draft's output after it. Reused when it is there already (a guess the window
     /// follows); otherwise what is ahead from `i` on is rolled back and `token` is fed.
@@ -139,6 +169,14 @@ impl<'d> Cursor<'d> {
             .get(i)
             .map(|a| &a.out)
             .ok_or_else(|| EngineError::Draft("nothing ahead".into()))
+    }
+
+    /// The output after the token at position `i` ahead, when that token is `token`.
+    pub(super) fn ahead_output(&self, i: usize, token: u32) -> Option<&PositionOutput> {
+        self.ahead
+            .get(i)
+            .filter(|a| a.token == token)
+            .map(|a| &a.out)
     }
 
     /// Rolls back what is ahead from position `i` on.

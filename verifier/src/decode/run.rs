@@ -363,17 +363,12 @@ impl<'a> Run<'a> {
         sampler: &mut Sampler,
     ) -> Result<WindowEnd, EngineError> {
         let sampled = !self.req.sampling.is_greedy();
-        let start = out.clone();
+        let start = out;
         let mut window = vec![first];
-        // The draft's output before each window token, for the context (when kept).
-        let mut seen = Vec::new();
-        if self.context.is_some() {
-            seen.push(out.clone());
-        }
         // The distribution each window token was drawn from (sampled decoding only).
         let mut drawn_from = Vec::new();
         if sampled {
-            drawn_from.push(sampler.distribution(&out.logits));
+            drawn_from.push(sampler.distribution(&start.logits));
         }
         // A relaxed rule judges greedy windows from the target's probabilities; the draft's
         // probability of each window token (its top-1, greedy) only when the rule reads it, taken
@@ -382,7 +377,7 @@ impl<'a> Run<'a> {
         let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
         let mut draft_probs = Vec::new();
         if reads_q {
-            draft_probs.push(Features::from_output(&out).top1_prob);
+            draft_probs.push(Features::from_output(&start).top1_prob);
         }
         while window.len() < k as usize {
             let last = window[window.len() - 1];
@@ -390,15 +385,12 @@ impl<'a> Run<'a> {
                 break;
             }
             let o = cursor.ahead_at(window.len() - 1, last).await?;
-            if self.context.is_some() {
-                seen.push(o.clone());
-            }
             if sampled {
                 let d = sampler.distribution(&o.logits);
                 window.push(sampler.pick_from(&d));
                 drawn_from.push(d);
             } else {
-                let t = sampler.pick(&o.logits);
+                let t = sampler.pick_at(o);
                 if reads_q {
                     draft_probs.push(Features::from_output(o).top1_prob);
                 }
@@ -496,14 +488,25 @@ impl<'a> Run<'a> {
             (accepted, score.top[accepted])
         };
         self.stats.window_accepted += accepted as u64;
+        // The draft's output before window token `i`, for the context (when kept): the cursor
+        // still holds the outputs of the window it ran ahead (a guess made while waiting only
+        // replaces what comes after the last window token), so none is copied.
+        let record = |run: &Self, cursor: &Cursor<'_>, i: usize, token: u32| {
+            let before = match i {
+                0 => Some(&start),
+                // After a fully accepted window the draft has not looked past it yet.
+                i if i >= window.len() => None,
+                i => cursor.ahead_output(i - 1, window[i - 1]),
+            };
+            before.and_then(|o| run.record(o, token, None))
+        };
         for (i, &token) in window[..accepted].iter().enumerate() {
-            let r = seen.get(i).and_then(|o| self.record(o, token, None));
+            let r = record(self, cursor, i, token);
             if let Some(reason) = self.emit(&[token], Source::Draft, r).await? {
                 return Ok(WindowEnd::Finished(reason));
             }
         }
-        // After a fully accepted window the draft has not looked past it yet.
-        let r = seen.get(accepted).and_then(|o| self.record(o, own, None));
+        let r = record(self, cursor, accepted, own);
         if let Some(reason) = self.emit(&[own], Source::Target, r).await? {
             return Ok(WindowEnd::Finished(reason));
         }
@@ -618,10 +621,11 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// Streams a correction of at most `max_span` tokens. Each target token is emitted and fed
-    /// to the draft as it arrives; the draft's output before it says whether the draft would
-    /// have written it, confidently. After `resync` such tokens in a row the stream is dropped,
-    /// which closes the connection and stops the target, and drafting resumes.
+    /// Streams a correction of at most `max_span` tokens. Each target token is emitted as it
+    /// arrives and fed to the draft (tokens that arrived together in one call); the draft's
+    /// output before it says whether the draft would have written it, confidently. After
+    /// `resync` such tokens in a row the stream is dropped, which closes the connection and
+    /// stops the target, and drafting resumes.
     pub(super) async fn span(
         &mut self,
         cursor: &mut Cursor<'_>,
@@ -651,20 +655,48 @@ impl<'a> Run<'a> {
         let mut stream = stream?;
         let mut received = 0u64;
         let mut agreeing = 0u32;
-        loop {
-            let Some(chunk) = self
+        // The stream ended while what had arrived was taken: it is not read again.
+        let mut ended = false;
+        while !ended {
+            let Some(first) = self
                 .wait(cursor, &out, None, guesses, stream.next())
                 .await?
             else {
                 return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
-            let Some(chunk) = chunk else { break };
-            let chunk = chunk?;
-            self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
-            for (i, &token) in chunk.tokens.iter().enumerate() {
+            let Some(first) = first else { break };
+            // Whatever else has arrived meanwhile (a fast target's backlog) is taken with it,
+            // so that the draft can be fed several tokens in one call.
+            let mut chunks = vec![first];
+            while chunks
+                .last()
+                .is_some_and(|c| c.as_ref().is_ok_and(|c| !c.stopped_on_eos))
+            {
+                match stream.next().now_or_never() {
+                    Some(Some(c)) => chunks.push(c),
+                    Some(None) => {
+                        ended = true;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let (mut batch, mut eos, mut failed) = (Vec::new(), false, None);
+            for c in chunks {
+                match c {
+                    Ok(c) => {
+                        self.absorb(c.cached_prompt_tokens, c.timings, c.extra_calls);
+                        batch.extend(c.tokens);
+                        eos |= c.stopped_on_eos;
+                    }
+                    // The tokens before it are emitted first.
+                    Err(e) => failed = Some(e),
+                }
+            }
+            for (i, &token) in batch.iter().enumerate() {
                 received += 1;
                 self.last_prefix_len += 1;
-                let unused = (chunk.tokens.len() - i - 1) as u64;
+                let unused = (batch.len() - i - 1) as u64;
                 let (confident, entropy) = if top1(&out) == token {
                     self.judge(verifier, &out, token)
                 } else {
@@ -674,22 +706,36 @@ impl<'a> Run<'a> {
                 let seen = self.record(&out, token, entropy);
                 if let Some(reason) = self.emit(&[token], Source::Target, seen).await? {
                     self.stats.target_discarded_tokens += unused;
-                    if self.upstream_is_done(reason, received, u64::from(creq.max_tokens)) {
+                    if ended {
+                        // Nothing is left to read.
+                    } else if self.upstream_is_done(reason, received, u64::from(creq.max_tokens)) {
                         self.drain_usage(&mut stream).await;
                     } else {
                         self.count_unread(&mut stream);
                     }
                     return Ok(SpanEnd::Finished(reason));
                 }
+                if cursor.ahead_output(0, token).is_none() {
+                    // This token and those after it that have arrived, up to the fewest that
+                    // could end the span (all confident), go to the draft in one call: a
+                    // batch costs about one step, and none is fed that the span may not need.
+                    let n = (resync.saturating_sub(agreeing) as usize + 1).min(batch.len() - i);
+                    cursor.feed(&batch[i..i + n]).await?;
+                }
                 out = cursor.commit(&[token]).await?;
                 if agreeing >= resync {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;
-                    self.count_unread(&mut stream);
+                    if !ended {
+                        self.count_unread(&mut stream);
+                    }
                     return Ok(SpanEnd::Resume(out));
                 }
             }
-            if chunk.stopped_on_eos {
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            if eos {
                 return Ok(SpanEnd::Finished(FinishReason::Stop));
             }
         }

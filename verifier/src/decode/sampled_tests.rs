@@ -124,10 +124,7 @@ impl ToyDraft {
         for (t, lp) in toy_entries(seq.last().copied().unwrap_or(IM_START), false) {
             logits[t as usize] = lp;
         }
-        PositionOutput {
-            logits,
-            hidden: vec![0.0; HIDDEN],
-        }
+        PositionOutput::new(logits, vec![0.0; HIDDEN].into())
     }
 }
 

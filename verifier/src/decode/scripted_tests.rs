@@ -50,6 +50,8 @@ pub(super) struct Outcome {
     pub(super) events: Vec<TokenEvent>,
     pub(super) stats: Stats,
     pub(super) target: Arc<ScriptedTarget>,
+    /// Draft calls (prefill and extends).
+    pub(super) draft_steps: usize,
 }
 
 pub(super) async fn run(
@@ -85,6 +87,7 @@ pub(super) async fn run(
         events,
         stats,
         target,
+        draft_steps: workers.steps(),
     })
 }
 
@@ -826,5 +829,54 @@ async fn a_cancelled_span_bills_every_token_the_target_generated() -> Result<(),
             o.stats
         );
     }
+    Ok(())
+}
+
+/// Target tokens that arrive together are fed to the draft in one call, never more of them
+/// than the span could still need (here a resync's worth plus the corrected token), and the
+/// answer and every decision are those of tokens arriving one at a time.
+#[tokio::test]
+async fn a_span_backlog_is_fed_to_the_draft_in_batches() -> Result<(), EngineError> {
+    let text = "the quick brown fox jumps over the lazy dog";
+    let mut outcomes = Vec::new();
+    for eager in [false, true] {
+        let mut req = request(0.5, 64);
+        req.correction = span(32, 3);
+        let mut draft = DraftScript::says(text, 0.95);
+        // Unsure at the first position: a span corrects it, and resyncs three tokens later.
+        draft.confidence = vec![0.1];
+        let target = ScriptedTarget::says(text, None);
+        let target = if eager {
+            target.with_eager_streams()
+        } else {
+            target.with_token_delay(Duration::from_millis(2))
+        };
+        outcomes.push(run(draft, target, req).await?);
+    }
+    let (one_by_one, batched) = (&outcomes[0], &outcomes[1]);
+    for o in &outcomes {
+        assert_eq!(o.text, text);
+        assert_eq!(
+            (o.stats.target_calls, o.stats.resyncs),
+            (1, 1),
+            "{:?}",
+            o.stats
+        );
+    }
+    assert_eq!(
+        (
+            one_by_one.stats.target_tokens,
+            one_by_one.stats.draft_tokens
+        ),
+        (batched.stats.target_tokens, batched.stats.draft_tokens)
+    );
+    // One by one: the span's four tokens cost four steps. Batched: one.
+    assert_eq!(
+        one_by_one.draft_steps - batched.draft_steps,
+        3,
+        "{} and {} draft steps",
+        one_by_one.draft_steps,
+        batched.draft_steps
+    );
     Ok(())
 }

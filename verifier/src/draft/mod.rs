@@ -9,11 +9,13 @@ pub mod pool;
 pub mod session;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use serde::Deserialize;
 
 use crate::error::EngineError;
+use crate::logits::LogitScan;
 
 /// Shape facts about the draft, written by the conversion step as `approxy_draft.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -104,8 +106,33 @@ pub struct DraftConfig {
 pub struct PositionOutput {
     /// Raw logits over the vocabulary.
     pub logits: Vec<f32>,
-    /// The last hidden state row.
-    pub hidden: Vec<f32>,
+    /// The last hidden state row (shared: the verifier's features hold it without a copy).
+    pub hidden: Arc<[f32]>,
+    /// The one pass over `logits`, taken when something first reads it.
+    scan: OnceLock<LogitScan>,
+}
+
+impl PositionOutput {
+    /// An output from its logits and hidden row.
+    pub fn new(logits: Vec<f32>, hidden: Arc<[f32]>) -> Self {
+        Self {
+            logits,
+            hidden,
+            scan: OnceLock::new(),
+        }
+    }
+
+    /// The top token and softmax statistics here. The sampler's greedy pick, the verifier's
+    /// features, the cursor's guess and the answer's context all read this one pass over the
+    /// 151,936 logits instead of each making its own.
+    pub fn scan(&self) -> &LogitScan {
+        self.scan.get_or_init(|| LogitScan::of(&self.logits))
+    }
+
+    /// The draft's most likely token (the first on a tie).
+    pub fn top1(&self) -> u32 {
+        self.scan().top1 as u32
+    }
 }
 
 /// One generation's exclusive use of a draft model and its KV cache.

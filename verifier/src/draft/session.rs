@@ -270,9 +270,11 @@ impl DraftSession {
         let hs = self.meta.hidden_size;
         let first = if all { 0 } else { s - 1 };
         let outs: Vec<PositionOutput> = (first..s)
-            .map(|p| PositionOutput {
-                logits: logits[p * vocab..(p + 1) * vocab].to_vec(),
-                hidden: hidden[p * hs..(p + 1) * hs].to_vec(),
+            .map(|p| {
+                PositionOutput::new(
+                    logits[p * vocab..(p + 1) * vocab].to_vec(),
+                    hidden[p * hs..(p + 1) * hs].into(),
+                )
             })
             .collect();
         drop(outputs);

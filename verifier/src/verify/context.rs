@@ -50,29 +50,17 @@ pub struct Record {
 
 impl Record {
     /// The record of emitting `token` where the draft's output was `out`. `entropy` may be
-    /// passed when it is known already (the verifier just computed it), to save a pass over the
-    /// vocabulary.
+    /// passed when it is known already (the verifier's features hold it); otherwise it is the
+    /// output's own scan's.
     pub fn new(out: &PositionOutput, token: u32, entropy: Option<f32>) -> Self {
-        let (top1, max) =
-            out.logits
-                .iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |best, (i, &x)| {
-                    if x > best.1 { (i, x) } else { best }
-                });
-        let emitted = out.logits.get(token as usize).copied().unwrap_or(max);
+        let scan = out.scan();
+        let emitted = out.logits.get(token as usize).copied().unwrap_or(scan.max);
         Self {
-            agreed: top1 == token as usize,
-            entropy: entropy.unwrap_or_else(|| entropy_of(&out.logits)),
-            emitted_gap: emitted - max,
+            agreed: scan.top1 == token as usize,
+            entropy: entropy.unwrap_or(scan.entropy),
+            emitted_gap: emitted - scan.max,
         }
     }
-}
-
-/// Entropy (nats) of the softmax of `logits`.
-pub fn entropy_of(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    super::features::softmax_sums(logits, max).1
 }
 
 /// The features at every position of `answer`, each in the context of the answer before it,
@@ -282,10 +270,7 @@ mod tests {
 
     #[test]
     fn a_record_knows_agreement_gap_and_entropy() {
-        let out = PositionOutput {
-            logits: vec![0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()],
-            hidden: vec![],
-        };
+        let out = PositionOutput::new(vec![0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()], vec![].into());
         let r = Record::new(&out, 0, None);
         assert!(r.agreed && r.emitted_gap == 0.0);
         let h = -(0.5f32 * 0.5f32.ln() + 0.3 * 0.3f32.ln() + 0.2 * 0.2f32.ln());

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::{Context, N_CONTEXT};
 use crate::draft::PositionOutput;
+use crate::logits::LogitScan;
 
 /// Names of the logit statistics, in the order [`Features::stats`] holds them.
 pub const STAT_NAMES: [&str; 4] = ["top1_prob", "margin", "entropy", "top1_logit"];
@@ -27,7 +28,7 @@ pub struct Features {
     /// and its raw logit.
     pub stats: [f32; 4],
     /// The hidden-state row.
-    pub hidden: Vec<f32>,
+    pub hidden: std::sync::Arc<[f32]>,
     /// The answer's context at this position, in
     /// [`CONTEXT_NAMES`](super::context::CONTEXT_NAMES) order (zero until
     /// [`Features::with_context`] fills it in).
@@ -45,17 +46,13 @@ impl Features {
     /// judges the token that would be emitted, also when a sampler drew another than the top-1.
     pub fn of_token(out: &PositionOutput, token: Option<u32>) -> Self {
         let l = &out.logits;
-        let (mut i1, mut v1, mut v2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
-        for (i, &x) in l.iter().enumerate() {
-            if x > v1 {
-                v2 = v1;
-                v1 = x;
-                i1 = i;
-            } else if x > v2 {
-                v2 = x;
-            }
-        }
-        let (z, entropy) = softmax_sums(l, v1);
+        let &LogitScan {
+            top1: i1,
+            max: v1,
+            second: v2,
+            z,
+            entropy,
+        } = out.scan();
         let p1 = (1.0 / z) as f32;
         let p2 = (f64::from(v2 - v1).exp() / z) as f32;
         let top1 = i1 as u32;
@@ -89,25 +86,6 @@ impl Features {
     }
 }
 
-/// The softmax normaliser of `logits` relative to their maximum `max` (sum of exp(x − max))
-/// and the entropy in nats. The one computation of both, so a context's entropies and the
-/// features' are the same numbers. One pass over the vocabulary, one exponential per entry:
-/// with d = x − max, e = exp(d), z = Σe and s = Σe·d, the entropy −Σ(e/z)(d − ln z) is
-/// ln z − s/z (this runs for every drafted token, over 151,936 entries).
-pub(crate) fn softmax_sums(logits: &[f32], max: f32) -> (f64, f32) {
-    let (mut z, mut s) = (0.0f64, 0.0f64);
-    for &x in logits {
-        let d = f64::from(x - max);
-        let e = d.exp();
-        // A logit of -inf (a masked token) adds nothing, where 0 * -inf would be NaN.
-        if e > 0.0 {
-            z += e;
-            s += e * d;
-        }
-    }
-    (z, (z.ln() - s / z) as f32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,48 +93,22 @@ mod tests {
     #[test]
     fn stats_of_known_distribution() {
         // logits ln(0.5), ln(0.3), ln(0.2): probs 0.5/0.3/0.2.
-        let out = PositionOutput {
-            logits: vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()],
-            hidden: vec![1.0, 2.0],
-        };
+        let out = PositionOutput::new(
+            vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()],
+            vec![1.0, 2.0].into(),
+        );
         let f = Features::from_output(&out);
         assert_eq!(f.top1, 1);
         assert!((f.top1_prob - 0.5).abs() < 1e-5);
         assert!((f.stats[1] - 0.2).abs() < 1e-5);
         let h = -(0.5f32 * 0.5f32.ln() + 0.3 * 0.3f32.ln() + 0.2 * 0.2f32.ln());
         assert!((f.stats[2] - h).abs() < 1e-4);
-        assert_eq!(f.hidden, vec![1.0, 2.0]);
-    }
-
-    #[test]
-    fn the_one_pass_entropy_is_the_definition_s() {
-        // Logits spread like a language model's: a few large, a long tail.
-        let logits: Vec<f32> = (0..50_000u32)
-            .map(|i| {
-                ((i.wrapping_mul(2_654_435_761) % 1000) as f32 / 50.0) - 10.0
-                    + if i % 997 == 0 { 12.0 } else { 0.0 }
-            })
-            .collect();
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let (z, h) = softmax_sums(&logits, max);
-        let z2: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
-        let h2: f64 = logits
-            .iter()
-            .map(|&x| {
-                let lp = f64::from(x - max) - z2.ln();
-                -lp.exp() * lp
-            })
-            .sum();
-        assert!((z - z2).abs() / z2 < 1e-12);
-        assert!((f64::from(h) - h2).abs() < 1e-5, "{h} against {h2}");
+        assert_eq!(*f.hidden, [1.0, 2.0]);
     }
 
     #[test]
     fn a_sampled_token_other_than_the_top1_is_scored_as_itself() {
-        let out = PositionOutput {
-            logits: vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()],
-            hidden: vec![],
-        };
+        let out = PositionOutput::new(vec![0.3f32.ln(), 0.5f32.ln(), 0.2f32.ln()], vec![].into());
         let f = Features::of_token(&out, Some(2));
         assert_eq!((f.top1, f.token), (1, 2));
         assert!((f.top1_prob - 0.2).abs() < 1e-5);

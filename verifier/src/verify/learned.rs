@@ -300,7 +300,7 @@ mod tests {
             token: 0,
             top1_prob: p,
             stats: [p, 0.0, 0.0, 0.0],
-            hidden,
+            hidden: hidden.into(),
             context: [0.0; crate::verify::context::N_CONTEXT],
         }
     }

@@ -72,7 +72,7 @@ mod tests {
             token: 3,
             top1_prob: 0.8,
             stats: [0.8, 0.5, 0.7, 10.0],
-            hidden: vec![],
+            hidden: vec![].into(),
             context: Default::default(),
         };
         assert_eq!(ConfidenceVerifier.p_accept(&f), 0.8);
