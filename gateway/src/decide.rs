@@ -145,6 +145,16 @@ pub async fn decide(
         }
         None => return Err(ValidationError::Missing("model".into()).into()),
     };
+    // Checked for every path: a malformed `n` is the client's mistake, whoever would answer.
+    if let Some(n) = map.get("n").filter(|n| !n.is_null())
+        && !n.as_f64().is_some_and(|x| x >= 1.0 && x.fract() == 0.0)
+    {
+        return Err(ValidationError::Invalid {
+            param: "n".into(),
+            reason: "must be a positive integer".into(),
+        }
+        .into());
+    }
     let Some(mp) = rt.policy.model(model) else {
         return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy));
     };
@@ -290,9 +300,11 @@ pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Opt
     if let Some((_, r)) = features.iter().find(|(f, _)| used(body, f)) {
         return Some(*r);
     }
+    // One answer is what approxy writes, asked for as 1 or 1.0 (clients that send numbers as
+    // floats); anything else goes to the target, which judges it.
     if body
         .get("n")
-        .is_some_and(|n| !n.is_null() && n.as_u64() != Some(1))
+        .is_some_and(|n| !n.is_null() && n.as_f64() != Some(1.0))
     {
         return Some(Reason::NGreaterThan1);
     }

@@ -25,9 +25,26 @@ pub enum ApiError {
     /// No such route.
     #[error("not found")]
     NotFound,
+    /// The route exists, not with this method.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// The target lists no model with this id.
+    #[error("the model {0:?} does not exist")]
+    ModelNotFound(String),
     /// Body over the limit.
     #[error("request body exceeds {0} bytes")]
     PayloadTooLarge(usize),
+    /// The request body did not arrive within the gateway's body deadlines: the client's
+    /// fault, never the target's.
+    #[error(
+        "the request body did not arrive in time: it must arrive within {total_secs} s, with no pause over {idle_secs} s"
+    )]
+    BodyTimeout {
+        /// `gateway.body_timeout` in seconds.
+        total_secs: u64,
+        /// `gateway.body_idle_timeout` in seconds.
+        idle_secs: u64,
+    },
     /// Too many requests in flight.
     #[error("the gateway is at capacity; retry shortly")]
     Overloaded,
@@ -89,10 +106,25 @@ impl ApiError {
                 "invalid_request_error",
                 Some("not_found"),
             ),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                Some("method_not_allowed"),
+            ),
+            ApiError::ModelNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
             ApiError::PayloadTooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 Some("payload_too_large"),
+            ),
+            ApiError::BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("request_timeout"),
             ),
             ApiError::Overloaded => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -149,6 +181,7 @@ impl ApiError {
             ApiError::BadRequest { param, .. } | ApiError::UpstreamRejectedWith { param, .. } => {
                 param.clone()
             }
+            ApiError::ModelNotFound(_) => Some("model".into()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})

@@ -7,6 +7,7 @@
 //! - `probe`: `approxy health`, the container health check.
 //! - `prompt_kind`: whether a request is about code or chat (the dial can differ per kind).
 //! - `server`: `approxy serve`: loads the draft and policy, listens, drains on shutdown, reloads.
+//! - `connection`: below HTTP: deadlines for a quiet connection, the per-address cap.
 //! - `stack`: the routes and the tower stack around them, in order, each layer with its reason.
 //! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
 //! - `decide`: the approximate-or-passthrough decision, and every passthrough [`decide::Reason`].
@@ -21,6 +22,7 @@
 //! - `telemetry`: logging and the Prometheus metrics.
 
 pub mod budget;
+pub mod connection;
 pub mod decide;
 pub mod error;
 pub mod middleware;
@@ -37,5 +39,7 @@ pub mod state;
 pub mod telemetry;
 pub mod validate;
 
+#[cfg(test)]
+mod connection_tests;
 #[cfg(test)]
 mod router_tests;

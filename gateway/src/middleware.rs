@@ -1,6 +1,6 @@
-//! The gateway's own tower middleware: auth, body-size precheck, load-shedding concurrency
-//! limit whose permit lives as long as the response body, request timeout, and request
-//! metrics. Their order is set in `stack.rs`.
+//! The gateway's own tower middleware: auth, the request body read whole within its size and
+//! time limits, load-shedding concurrency limit whose permit lives as long as the response
+//! body, request timeout, and request metrics. Their order is set in `stack.rs`.
 
 use std::time::Instant;
 
@@ -13,6 +13,30 @@ use futures::StreamExt;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+
+/// Longest client `x-request-id` kept.
+const REQUEST_ID_MAX: usize = 128;
+
+/// Keeps a client's `x-request-id` only when it is short and plain (letters, digits and
+/// `-_.:/+=`); otherwise it is dropped and the gateway makes its own. The id goes into every
+/// log line of the request and back to the client: an unchecked one could forge log lines
+/// (newlines are refused by HTTP already; other control characters and escapes are not) or
+/// bloat every line.
+pub async fn request_id(mut req: Request, next: Next) -> Response {
+    let plain = |v: &header::HeaderValue| {
+        let b = v.as_bytes();
+        !b.is_empty()
+            && b.len() <= REQUEST_ID_MAX
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.:/+=".contains(c))
+    };
+    let ids = req.headers().get_all("x-request-id");
+    let keep = ids.iter().count() == 1 && ids.iter().all(plain);
+    if !keep {
+        req.headers_mut().remove("x-request-id");
+    }
+    next.run(req).await
+}
 
 /// Rejects requests without a valid `Authorization: Bearer <key>` when keys are configured.
 /// Keys are compared in constant time so response timing does not reveal a prefix.
@@ -53,19 +77,61 @@ fn keys_match(key: &str, given: &str) -> bool {
         == 0
 }
 
-/// Refuses bodies whose declared length is over the limit before reading them (bodies
-/// without a length are limited where they are read).
-pub async fn body_limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let limit = state.runtime().policy.gateway.max_body_bytes;
+/// Reads the request body whole before the request goes on: 413 when it is over
+/// `max_body_bytes` (at once when its declared length says so), 408 when it does not arrive
+/// within `body_timeout` or pauses longer than `body_idle_timeout`, 400 when its framing is
+/// broken. A client that trickles or stalls its body so never holds a request slot (they are
+/// taken after this) and is not blamed on the target.
+pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let g = state.runtime().policy.gateway.clone();
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return ApiError::PayloadTooLarge(limit).into_response();
+    if declared.is_some_and(|n| n > g.max_body_bytes) {
+        return ApiError::PayloadTooLarge(g.max_body_bytes).into_response();
     }
-    next.run(req).await
+    let (parts, body) = req.into_parts();
+    let too_slow = || {
+        metrics::counter!("approxy_client_errors_total", "reason" => "body_timeout").increment(1);
+        ApiError::BodyTimeout {
+            total_secs: g.body_timeout.as_secs(),
+            idle_secs: g.body_idle_timeout.as_secs(),
+        }
+    };
+    let mut chunks = body.into_data_stream();
+    let mut whole = bytes::BytesMut::new();
+    let read = async {
+        loop {
+            match tokio::time::timeout(g.body_idle_timeout, chunks.next()).await {
+                Err(_) => return Err(too_slow()),
+                Ok(None) => return Ok(whole.freeze()),
+                Ok(Some(Ok(chunk))) => {
+                    if whole.len() + chunk.len() > g.max_body_bytes {
+                        return Err(ApiError::PayloadTooLarge(g.max_body_bytes));
+                    }
+                    whole.extend_from_slice(&chunk);
+                }
+                Ok(Some(Err(_))) => {
+                    metrics::counter!("approxy_client_errors_total", "reason" => "body_framing")
+                        .increment(1);
+                    return Err(ApiError::bad(
+                        "body",
+                        "the request body could not be read: its framing (chunked encoding or length) is broken",
+                    ));
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(g.body_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => too_slow().into_response(),
+    }
 }
 
 /// Load shedding: a request that finds every slot taken gets 429 at once. The slot is held
@@ -120,6 +186,43 @@ pub async fn request_metrics(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_request_id_is_kept_only_when_short_and_plain() {
+        use axum::Router;
+        use axum::routing::get;
+        use tower::ServiceExt;
+        let app = Router::new()
+            .route(
+                "/",
+                get(|req: Request| async move {
+                    req.headers()
+                        .get("x-request-id")
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                        .unwrap_or_default()
+                }),
+            )
+            .layer(axum::middleware::from_fn(request_id));
+        let long = "a".repeat(REQUEST_ID_MAX + 1);
+        for (given, kept) in [
+            ("trace-42:abc/def+1=", true),
+            ("id%0a[ERROR]forged", false),
+            ("id\"quoted", false),
+            ("id with spaces", false),
+            (long.as_str(), false),
+        ] {
+            let req = axum::http::Request::get("/")
+                .header("x-request-id", given)
+                .body(Body::empty())
+                .unwrap();
+            let resp = app.clone().oneshot(req).await.unwrap();
+            let seen = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            assert_eq!(seen == given.as_bytes(), kept, "{given}");
+            assert!(kept || seen.is_empty(), "{given}");
+        }
+    }
 
     #[test]
     fn key_comparison() {

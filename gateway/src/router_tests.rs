@@ -40,6 +40,14 @@ const TEMPLATE: &str =
 async fn stub_upstream() -> String {
     let app = axum::Router::new().fallback(|req: Request<Body>| async move {
         let (parts, body) = req.into_parts();
+        if parts.uri.path() == "/v1/models" {
+            // OpenAI's list-models shape.
+            let list = json!({"object": "list", "data": [
+                {"id": "qwen", "object": "model", "created": 0, "owned_by": "stub"},
+                {"id": "org/model-name", "object": "model", "created": 0, "owned_by": "stub"},
+            ]});
+            return axum::Json(list).into_response();
+        }
         let auth = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
         let seen: Vec<String> = parts.headers.keys().map(|k| k.as_str().to_string()).collect();
         let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
@@ -85,6 +93,7 @@ struct Setup {
     client_keys: Vec<String>,
     target_timeout: &'static str,
     write_idle: &'static str,
+    body_idle: &'static str,
     /// Policy text appended (more tables).
     extra_policy: &'static str,
 }
@@ -99,6 +108,7 @@ impl Setup {
             client_keys: Vec::new(),
             target_timeout: "5s",
             write_idle: "60s",
+            body_idle: "10s",
             extra_policy: "",
         }
     }
@@ -117,6 +127,7 @@ retries = 0
 auth = "none"
 max_body_bytes = 4096
 write_idle_timeout = "{}"
+body_idle_timeout = "{}"
 max_concurrent_requests = {}
 
 [models.m]
@@ -143,7 +154,11 @@ threshold = 0.5
 fallback = "error"
 {}
 "#,
-            self.target_timeout, self.write_idle, self.max_concurrent, self.extra_policy
+            self.target_timeout,
+            self.write_idle,
+            self.body_idle,
+            self.max_concurrent,
+            self.extra_policy
         );
         let policy = Policy::parse(&text, Path::new("/tests/policy.toml")).unwrap();
         let shared = shared_parts(
@@ -202,7 +217,8 @@ async fn approximate_chat_answer_with_usage_and_headers() {
         &state,
         post(
             "/v1/chat/completions",
-            &chat("m", json!({"temperature": 0})),
+            // n as a float, as some clients send numbers, is still one answer.
+            &chat("m", json!({"temperature": 0, "n": 1.0})),
         ),
     )
     .await;
@@ -482,6 +498,10 @@ async fn bad_requests_get_400_in_the_openai_shape_naming_the_field() {
             chat("m", json!({"max_tokens": -1})),
             "max_tokens",
         ),
+        // A malformed n is the client's, on the passthrough model too.
+        ("/v1/chat/completions", chat("m", json!({"n": 0})), "n"),
+        ("/v1/chat/completions", chat("pt", json!({"n": 2.5})), "n"),
+        ("/v1/chat/completions", chat("m", json!({"n": "two"})), "n"),
         (
             "/v1/chat/completions",
             chat(
@@ -767,18 +787,29 @@ fn get(path: &str) -> Request<Body> {
 async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
     let state = Setup::new("x", 0.9, "x").state().await;
     for path in ["/v1/models", "/v1/models/qwen", "/v1/models/org/model-name"] {
-        let (status, headers, _) = call(&state, get(path)).await;
+        let (status, headers, body) = call(&state, get(path)).await;
         assert_eq!(
             (status, &headers["x-approxy-passthrough-reason"]),
             (StatusCode::OK, &"route".parse().unwrap()),
             "{path}"
         );
+        // One model: its entry in the target's list (llama-server and vLLM serve only that).
+        if let Some(id) = path.strip_prefix("/v1/models/") {
+            assert_eq!(json_of(&body)["id"], id, "{path}");
+        }
     }
+    let (status, _, body) = call(&state, get("/v1/models/no-such-model")).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (
+            StatusCode::NOT_FOUND,
+            (json!("model"), json!("model_not_found"))
+        )
+    );
     // Other routes of the target, with the operator's key, stay out of reach.
     for req in [
         get("/v1/files"),
         post("/v1/embeddings", &json!({})),
-        Request::delete("/v1/models/x").body(Body::empty()).unwrap(),
         get("/v1/models/"),
     ] {
         let what = format!("{} {}", req.method(), req.uri());
@@ -786,6 +817,19 @@ async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
         assert_eq!(
             (status, error_of(&body).1),
             (StatusCode::NOT_FOUND, json!("not_found")),
+            "{what}"
+        );
+    }
+    // A served route with another method: 405 in the OpenAI shape.
+    for req in [
+        Request::delete("/v1/models/x").body(Body::empty()).unwrap(),
+        Request::post("/health").body(Body::empty()).unwrap(),
+    ] {
+        let what = format!("{} {}", req.method(), req.uri());
+        let (status, _, body) = call(&state, req).await;
+        assert_eq!(
+            (status, error_of(&body).1),
+            (StatusCode::METHOD_NOT_ALLOWED, json!("method_not_allowed")),
             "{what}"
         );
     }
@@ -1235,4 +1279,54 @@ guard = "strict"
     let a = ask("budget").await;
     assert_eq!(a["cost_guard_reason"].as_str(), Some("over_budget"), "{a}");
     assert_eq!(a["draft_tokens"], 0);
+}
+
+/// A request body that stalls or trickles is the client's fault: 408 in the OpenAI shape
+/// after `body_idle_timeout`, and it never holds a request slot meanwhile; a body whose framing
+/// breaks is a 400, not a 413 or a target failure.
+#[tokio::test]
+async fn a_stalled_body_gets_408_without_holding_a_slot_and_a_broken_one_400() {
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.max_concurrent = 1;
+    s.body_idle = "300ms";
+    let state = s.state().await;
+    let stalled = || {
+        let head = Bytes::from_static(b"{\"model\": \"m\", ");
+        let body = futures::stream::once(async move { Ok::<_, std::io::Error>(head) })
+            .chain(futures::stream::pending());
+        Request::builder()
+            .method("POST")
+            .uri("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(body))
+            .unwrap()
+    };
+    let waiting = tokio::spawn(call_owned(state.clone(), stalled()));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The one slot is free while that body stalls.
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(
+        (status, error_of(&body).1),
+        (StatusCode::REQUEST_TIMEOUT, json!("request_timeout"))
+    );
+    let broken = Request::builder()
+        .method("POST")
+        .uri("/v1/chat/completions")
+        .body(Body::from_stream(futures::stream::iter([
+            Ok(Bytes::from_static(b"{")),
+            Err(std::io::Error::other("invalid chunk size line")),
+        ])))
+        .unwrap();
+    let (status, _, body) = call(&state, broken).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
+    assert_eq!(error_of(&body).0, json!("body"));
+}
+
+async fn call_owned(
+    state: AppState,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    call(&state, req).await
 }

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde_json::json;
 
 use approxy_verifier::target::trace::TraceContext;
@@ -87,6 +88,47 @@ fn engine_could_be_bypassed(e: &EngineError) -> bool {
     }
 }
 
+/// Largest model list read to answer `GET /v1/models/{id}`.
+const MODEL_LIST_LIMIT: usize = 4 << 20;
+
+/// `GET /v1/models/{id}`: the entry for `id` in the target's model list (`GET /v1/models`,
+/// passed through with the operator's key), or 404 `model_not_found`. llama-server and vLLM
+/// serve only the list, so the gateway answers from it for every target; an id may hold
+/// slashes (`Qwen/Qwen2.5-7B-Instruct`).
+pub async fn model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    // Refused as on every passthrough route, though only the list is ever asked for here.
+    if passthrough::has_dot_segments(req.uri().path()) {
+        return ApiError::bad("path", "the path has dot segments or encoded separators")
+            .into_response();
+    }
+    let (mut parts, _) = req.into_parts();
+    parts.uri = axum::http::Uri::from_static("/v1/models");
+    let listed = passthrough::forward(&state, parts, Bytes::new(), Reason::Route).await;
+    if !listed.status().is_success() {
+        return listed;
+    }
+    // The list's head (its passthrough headers, content type) goes with the one entry.
+    let (mut head, body) = listed.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MODEL_LIST_LIMIT).await else {
+        return ApiError::BadGateway.into_response();
+    };
+    let list: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let found = list["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"].as_str() == Some(id.as_str())));
+    match found {
+        Some(m) => {
+            head.headers.remove(axum::http::header::CONTENT_LENGTH);
+            Response::from_parts(head, axum::body::Body::from(m.to_string()))
+        }
+        None => ApiError::ModelNotFound(id).into_response(),
+    }
+}
+
 /// `GET /health`: the process is up.
 pub async fn health() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
@@ -98,7 +140,10 @@ pub async fn ready(State(state): State<AppState>) -> Response {
     // Bounded well below the target's call timeout: a probe must answer while the probe waits.
     let target =
         match tokio::time::timeout(Duration::from_secs(5), rt.engine.target().health()).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
+            Ok(r) => r.map_err(|e| {
+                tracing::warn!(error = %e, "readiness: the target is not healthy");
+                target_state(&e)
+            }),
             Err(_) => Err("no answer within 5 s".to_string()),
         };
     let tokenizer = match rt.tokenizer_check.get() {
@@ -129,6 +174,22 @@ pub async fn ready(State(state): State<AppState>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// What `/ready` says of a target that is not healthy: the kind of failure, never its URL,
+/// body or credentials (a probe's answer may be seen by anyone who can reach the port; the
+/// log has the details).
+fn target_state(e: &TargetError) -> String {
+    match e {
+        TargetError::Unreachable { .. } => "unreachable".into(),
+        TargetError::Timeout(t) => format!("timed out after {} s", t.as_secs()),
+        TargetError::Status { status, .. } => format!("answered HTTP {status}"),
+        // rustls's reason can name the host the certificate was for.
+        TargetError::Tls(_) => {
+            "TLS failed: its certificate is not trusted or not valid for its name".into()
+        }
+        TargetError::Protocol(_) => "answered in an unexpected shape".into(),
+    }
+}
+
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     // Levels rather than events: read at scrape time.
@@ -137,4 +198,36 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!("approxy_draft_workers_idle").set(state.shared.draft.idle() as f64);
     metrics::gauge!("approxy_draft_workers").set(state.shared.draft.workers() as f64);
     state.shared.prometheus.render().into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_names_the_failure_without_urls_bodies_or_hosts() {
+        let failures = [
+            TargetError::Unreachable {
+                url: "http://user:pw@10.1.2.3:8081/v1".into(),
+                reason: "connection refused (10.1.2.3:8081)".into(),
+            },
+            TargetError::Status {
+                status: 503,
+                body: "internal detail at 10.1.2.3".into(),
+            },
+            TargetError::Tls(
+                "invalid peer certificate: certificate not valid for name \"10.1.2.3\"".into(),
+            ),
+            TargetError::Protocol("unexpected body from http://10.1.2.3".into()),
+        ];
+        for e in &failures {
+            let said = target_state(e);
+            assert!(
+                !said.contains("10.1.2.3") && !said.contains("pw") && !said.contains("detail"),
+                "{said}"
+            );
+        }
+        assert_eq!(target_state(&failures[1]), "answered HTTP 503");
+        assert!(target_state(&failures[2]).contains("certificate"));
+    }
 }

@@ -13,6 +13,7 @@ use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftWorkers, LazyDraftPool, Tokenizer};
 
+use crate::connection::{Activity, Deadlines, Overdue, PerAddress, Tracked};
 use crate::policy::{Auth, GatewayPolicy, Policy};
 use crate::stack::router;
 use crate::state::{AppState, Runtime, Shared};
@@ -107,9 +108,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 }
 
 /// Serves connections until `shutdown`, then lets open ones finish. At most
-/// `max_connections` are open at once (more wait in the kernel's accept queue), and a
-/// connection that does not complete a request's headers within `header_timeout` (a slow
-/// or idle client) is closed. Both are start-up settings.
+/// `max_connections` are open at once (more wait in the kernel's accept queue), at most
+/// `max_connections_per_ip` from one client address (more are closed at once), and a
+/// connection without a request in flight is closed when it has been quiet too long: before
+/// its first request's headers (`header_timeout`, HTTP/1 and HTTP/2 alike, also one that sent
+/// nothing or only part of a protocol preface) and after a response (`idle_timeout`). These
+/// are start-up settings.
 pub async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -120,22 +124,33 @@ pub async fn accept_loop(
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     let slots = Arc::new(Semaphore::new(gw.max_connections));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let per_address = PerAddress::new(gw.max_connections_per_ip);
+    let deadlines = Deadlines {
+        first_request: gw.header_timeout,
+        idle: gw.idle_timeout,
+        write_idle: gw.write_idle_timeout,
+    };
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(gw.header_timeout);
-    builder.http2().timer(TokioTimer::new());
+    // Pings find a peer that went away while a stream was open (no idle deadline runs then).
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(H2_PING_INTERVAL))
+        .keep_alive_timeout(H2_PING_INTERVAL);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => match s { Ok(s) => s, Err(_) => break },
             () = &mut shutdown => break,
         };
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -145,28 +160,127 @@ pub async fn accept_loop(
             },
             () = &mut shutdown => break,
         };
+        let Some(address_slot) = per_address.try_take(peer.ip()) else {
+            metrics::counter!("approxy_connections_closed_total", "reason" => "per_ip_cap")
+                .increment(1);
+            tracing::debug!(peer = %peer.ip(), "connection closed: this address holds gateway.max_connections_per_ip");
+            continue;
+        };
         // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks)
         // waits on the client's delayed ACK: milliseconds per request, and per SSE token.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
+        let activity = Activity::new();
         let conn = builder
             .serve_connection_with_upgrades(
                 TokioIo::new(tcp),
-                TowerToHyperService::new(app.clone()),
+                TowerToHyperService::new(Tracked::new(app.clone(), activity.clone())),
             )
             .into_owned();
-        let conn = graceful.watch(conn);
+        let stopping = stopping.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
+            watch_connection(conn, &activity, deadlines, stopping).await;
+            drop(address_slot);
             drop(slot);
         });
     }
     drop(listener);
     tracing::info!("shutdown signal: finishing in-flight requests");
-    graceful.shutdown().await;
+    let _ = stop.send(true);
+    // Every connection holds a slot until it ends: all of them back means all are done.
+    let all = u32::try_from(gw.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
+}
+
+/// How often an HTTP/2 connection pings its client, and how long it waits for the answer.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// How long a connection told to close for being idle has to do so before it is dropped (an
+/// HTTP/2 client that never answers the GOAWAY, say). A request that starts meanwhile is
+/// served: the limit applies only while none is in flight.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Drives one connection to its end: closes it when it has been quiet past its deadline (see
+/// [`accept_loop`]), drops it when its client stopped taking a response for
+/// `write_idle_timeout`, and closes it gracefully at shutdown, letting the requests in flight
+/// finish.
+async fn watch_connection<C>(
+    conn: C,
+    activity: &Activity,
+    deadlines: Deadlines,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) where
+    C: hyper_util::server::graceful::GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    let mut conn = std::pin::pin!(conn);
+    // Set once the connection was told to close for being idle: when it must be gone by.
+    let mut closing_idle: Option<tokio::time::Instant> = None;
+    let mut shutting_down = *stopping.borrow();
+    if shutting_down {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let due = match (activity.deadline(deadlines), closing_idle) {
+            // Told to close: dropped at the grace's end unless a request is in flight.
+            (Some((_, Overdue::Idle)), Some(end)) => Some((end, Overdue::Idle)),
+            (due, _) => due,
+        };
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = activity.changed() => {
+                // A request that began after the close was asked for is served to its end.
+                if activity.deadline(deadlines).is_none_or(|d| d.1 != Overdue::Idle) {
+                    closing_idle = None;
+                }
+            }
+            () = sleep_until(due.map(|d| d.0)) => {
+                // Still overdue (a request beginning, or a frame taken, would have moved it).
+                let Some((at, why)) = activity.deadline(deadlines) else { continue };
+                if closing_idle.is_some() && why == Overdue::Idle {
+                    return;
+                }
+                if at > tokio::time::Instant::now() {
+                    continue;
+                }
+                match why {
+                    Overdue::Idle => {
+                        metrics::counter!("approxy_connections_closed_total", "reason" => "idle")
+                            .increment(1);
+                        conn.as_mut().graceful_shutdown();
+                        closing_idle = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+                    }
+                    Overdue::Unread => {
+                        metrics::counter!("approxy_connections_closed_total", "reason" => "unread")
+                            .increment(1);
+                        tracing::warn!(
+                            write_idle = ?deadlines.write_idle,
+                            "the client stopped reading its response; dropping the connection"
+                        );
+                        return;
+                    }
+                }
+            }
+            _ = stopping.changed(), if !shutting_down => {
+                shutting_down = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Sleeps until `t`, or for ever when there is none.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn shutdown_signal() {

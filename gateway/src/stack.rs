@@ -41,9 +41,14 @@ pub fn router(state: AppState) -> Router {
             post(routes::completions).fallback_service(Passthrough::new(state.clone())),
         )
         .route_service("/v1/models", Passthrough::new(state.clone()))
+        // llama-server and vLLM serve only the list; the gateway answers from it.
+        .route("/v1/models/{*id}", axum::routing::get(routes::model))
         .route_service("/v1/{*rest}", Passthrough::new(state.clone()))
         .layer(
             ServiceBuilder::new()
+                // Before the id is set: a client's id that could forge or bloat log lines is
+                // replaced by the gateway's own.
+                .layer(from_fn(middleware::request_id))
                 // First, so every response, refusals included, carries an id the client can quote.
                 .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
                 // Inside the id, so the request's span carries it.
@@ -51,8 +56,8 @@ pub fn router(state: AppState) -> Router {
                 .layer(PropagateRequestIdLayer::x_request_id())
                 // Before anything costs work: an unauthenticated request is refused at once.
                 .layer(from_fn_with_state(state.clone(), middleware::auth))
-                // Before a slot is taken: an oversize body never holds one.
-                .layer(from_fn_with_state(state.clone(), middleware::body_limit))
+                // Before a slot is taken: an oversize, slow or stalled body never holds one.
+                .layer(from_fn_with_state(state.clone(), middleware::read_body))
                 // Load shedding: 429 at once when full; the slot is held until the body ends.
                 .layer(from_fn_with_state(state.clone(), middleware::concurrency))
                 // Inside the slot, so a timed-out request frees it.
@@ -66,5 +71,6 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(routes::metrics))
         .merge(api)
         .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }

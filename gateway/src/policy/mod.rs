@@ -86,10 +86,19 @@ pub struct GatewayPolicy {
     pub max_concurrent_requests: usize,
     /// Time to produce a response head.
     pub request_timeout: Duration,
-    /// Time a connection has to send a request's headers.
+    /// Time a new connection has to send its first request's headers (HTTP/1 and HTTP/2), and
+    /// an HTTP/1 request its headers.
     pub header_timeout: Duration,
+    /// Time a request's whole body has to arrive.
+    pub body_timeout: Duration,
+    /// Longest pause while a request's body arrives.
+    pub body_idle_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// Time a connection may stay open with no request in flight after a response.
+    pub idle_timeout: Duration,
+    /// Connections open at once per client address; 0 for no cap.
+    pub max_connections_per_ip: usize,
     /// Time a stream waits for a client that stopped reading.
     pub write_idle_timeout: Duration,
     /// Largest `max_tokens`.

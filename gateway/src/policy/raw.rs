@@ -118,9 +118,22 @@ pub struct RawGateway {
     /// Time a connection has to send a request's headers, e.g. "10s" (start-up setting).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header_timeout: Option<String>,
+    /// Time a request's whole body has to arrive, e.g. "30s".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_timeout: Option<String>,
+    /// Longest pause while a request's body arrives, e.g. "10s".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_idle_timeout: Option<String>,
     /// Connections open at once (start-up setting).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    /// Time a connection may stay open without a request in flight after its last response,
+    /// e.g. "60s" (start-up setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    /// Connections one client address may hold open at once; 0 for no cap (start-up setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_ip: Option<usize>,
     /// Time a streamed answer waits for a client that stopped reading before giving up, e.g. "60s".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_idle_timeout: Option<String>,

@@ -228,7 +228,23 @@ impl Validator {
                 g.header_timeout,
                 Duration::from_secs(10),
             ),
+            body_timeout: self.duration(
+                "gateway.body_timeout",
+                g.body_timeout,
+                Duration::from_secs(30),
+            ),
+            body_idle_timeout: self.duration(
+                "gateway.body_idle_timeout",
+                g.body_idle_timeout,
+                Duration::from_secs(10),
+            ),
             max_connections: g.max_connections.unwrap_or(1024),
+            idle_timeout: self.duration(
+                "gateway.idle_timeout",
+                g.idle_timeout,
+                Duration::from_secs(60),
+            ),
+            max_connections_per_ip: g.max_connections_per_ip.unwrap_or(256),
             write_idle_timeout: self.duration(
                 "gateway.write_idle_timeout",
                 g.write_idle_timeout,
@@ -240,8 +256,8 @@ impl Validator {
         if gateway.max_body_bytes < 1024 {
             self.err("gateway.max_body_bytes: at least 1024");
         }
-        if gateway.max_connections == 0 {
-            self.err("gateway.max_connections: at least 1");
+        if gateway.max_connections == 0 || u32::try_from(gateway.max_connections).is_err() {
+            self.err("gateway.max_connections: at least 1, at most 4294967295");
         }
         if gateway.max_concurrent_requests == 0 {
             self.err("gateway.max_concurrent_requests: at least 1");
