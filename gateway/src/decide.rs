@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::{Draft, GenerateRequest, Verifier};
+use approxy_verifier::{Draft, GenerateRequest, TargetKind, Verifier};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy};
@@ -192,7 +192,7 @@ pub async fn decide(
     let shared = &state.shared;
     // Rendering and tokenizing a prompt of megabytes takes long enough to stall the async
     // runtime's other requests: it runs on a blocking thread.
-    let (valid, tokens, kind) = {
+    let (mut valid, tokens, kind) = {
         let shared = Arc::clone(shared);
         tokio::task::spawn_blocking(move || {
             let tokens = validate::prompt_tokens(
@@ -219,6 +219,25 @@ pub async fn decide(
         }
         Err(e) => return Err(e.into()),
     };
+    // The target's context, before any draft work: a prompt it cannot hold would keep a draft
+    // worker through its prefill only to fail at the first call. Passing it through would fail
+    // the same way, so it is the client's 400 on either path.
+    if let Some(context) = rt.target_context().await {
+        let asked = prompt.len() + valid.max_tokens as usize;
+        let writes_to_the_end = rt.policy.target.kind == TargetKind::LlamaCpp;
+        if prompt.len() >= context || (asked > context && !writes_to_the_end) {
+            return Err(ValidationError::TargetContextExceeded {
+                prompt: prompt.len(),
+                max_tokens: valid.max_tokens,
+                context,
+            }
+            .into());
+        }
+        if asked > context {
+            // As llama-server does: it writes until its context is full and stops ("length").
+            valid.max_tokens = u32::try_from(context - prompt.len()).unwrap_or(u32::MAX);
+        }
+    }
     // Checked before any work: the draft cannot hold more, and failing mid-answer would cost
     // the tokens already streamed.
     let context = shared.draft.meta().context_length;

@@ -1330,3 +1330,41 @@ async fn call_owned(
 ) -> (StatusCode, axum::http::HeaderMap, Bytes) {
     call(&state, req).await
 }
+
+/// The target's context is checked before any draft work: a prompt it cannot hold is the
+/// client's 400 at once (it used to hold a draft worker through its prefill), and an answer
+/// that would run past it stops where llama-server would stop, at the context's end.
+#[tokio::test]
+async fn the_targets_context_is_checked_before_the_draft_works() {
+    let with_context = |n: usize| {
+        let mut s = Setup::new("hello", 0.95, "hello");
+        s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).with_context_length(n);
+        s
+    };
+    let ask = chat("m", json!({"max_tokens": 32}));
+    let state = with_context(10_000).state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &ask)).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let prompt = json_of(&body)["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    // No room for the prompt: 400 naming the messages.
+    let state = with_context(prompt).state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &ask)).await;
+    assert_eq!(
+        (status, error_of(&body).0),
+        (StatusCode::BAD_REQUEST, json!("messages")),
+        "{body:?}"
+    );
+    // Room for three tokens: the answer stops there, as llama-server's would.
+    let state = with_context(prompt + 3).state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &ask)).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let v = json_of(&body);
+    assert_eq!(
+        (
+            v["usage"]["completion_tokens"].as_u64(),
+            v["choices"][0]["finish_reason"].as_str()
+        ),
+        (Some(3), Some("length")),
+        "{v}"
+    );
+}

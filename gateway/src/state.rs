@@ -68,6 +68,8 @@ pub struct Runtime {
     pub client_keys: Vec<String>,
     /// Lazily computed tokenizer comparison.
     pub tokenizer_check: OnceCell<TokenizerCheck>,
+    /// The target's context (positions per request), once known.
+    pub target_context: OnceCell<Option<usize>>,
 }
 
 impl Runtime {
@@ -188,7 +190,29 @@ impl Runtime {
             target_key,
             client_keys,
             tokenizer_check: OnceCell::new(),
+            target_context: OnceCell::new(),
         })
+    }
+
+    /// The target's context: the policy's `target.context_length`, else what the target says
+    /// (asked once; a failure is not kept, so a target that comes up later is asked again),
+    /// else `None`: not checked, the target judges.
+    pub async fn target_context(&self) -> Option<usize> {
+        if let Some(n) = self.policy.target.context_length {
+            return Some(n);
+        }
+        self.target_context
+            .get_or_try_init(|| async {
+                let n = self.engine.target().context_length().await;
+                if let Ok(Some(n)) = n {
+                    tracing::info!(context = n, "the target's context, as it says");
+                }
+                n
+            })
+            .await
+            .ok()
+            .copied()
+            .flatten()
     }
 
     /// Compares tokenizers once; target errors are not cached (the target may come up later).

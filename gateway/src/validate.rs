@@ -74,6 +74,18 @@ pub enum ValidationError {
         /// The draft's context.
         context: usize,
     },
+    /// The prompt does not fit the target's context, or with `max_tokens` more than it allows.
+    #[error(
+        "this model's context is {context} tokens; the prompt has {prompt} and max_tokens asks for {max_tokens} more"
+    )]
+    TargetContextExceeded {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested answer length.
+        max_tokens: u32,
+        /// The target's context.
+        context: usize,
+    },
     /// More prompt tokens than approxy tokenizes.
     #[error("the prompt has {tokens} tokens; at most {MAX_PROMPT_TOKENS}")]
     PromptTooLong {
@@ -116,6 +128,16 @@ impl ValidationError {
                 Some(e.prompt_field().into())
             }
             Self::ContextTooLong { .. } => Some("max_tokens".into()),
+            Self::TargetContextExceeded {
+                prompt, context, ..
+            } => Some(
+                if prompt >= context {
+                    "messages"
+                } else {
+                    "max_tokens"
+                }
+                .into(),
+            ),
             Self::TokenOutOfVocabulary(_) => Some("prompt".into()),
             Self::ThresholdNotANumber | Self::ThresholdOutOfRange { .. } => {
                 Some(THRESHOLD_HEADER.into())

@@ -38,6 +38,16 @@ def test_threshold_header_out_of_range(start_gateway):
     shape(raw_post(g.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG}, headers={"x-approxy-threshold": "lots"}), 400)
 
 
+def test_a_prompt_longer_than_the_targets_context_is_refused_at_once(gateway):
+    # The test llama-server holds 4,096 positions per slot (its /props says so); this prompt
+    # is about 5,000 tokens. The 400 comes before any draft work: no prefill of it first.
+    long = [{"role": "user", "content": "apple " * 5000}]
+    started = time.time()
+    err = shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL, "messages": long, "max_tokens": 8}), 400, "messages")
+    assert "context" in err["message"]
+    assert time.time() - started < 5
+
+
 def test_body_over_limit(gateway):
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
     shape(raw_post(gateway.url, "/v1/chat/completions", big), 413)

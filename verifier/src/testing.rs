@@ -301,6 +301,7 @@ pub struct ScriptedTarget {
     timings: bool,
     alternative: f32,
     eager: bool,
+    context_length: Option<usize>,
 }
 
 impl ScriptedTarget {
@@ -318,7 +319,15 @@ impl ScriptedTarget {
             timings: false,
             alternative: 0.0,
             eager: false,
+            context_length: None,
         }
+    }
+
+    /// The same target saying it holds `n` positions per request (as llama-server's `/props`
+    /// and vLLM's `max_model_len` do).
+    pub fn with_context_length(mut self, n: usize) -> Self {
+        self.context_length = Some(n);
+        self
     }
 
     /// The same target giving a window token other than its own this probability (its own
@@ -548,6 +557,10 @@ impl TargetClient for ScriptedTarget {
                 .map_err(|e| TargetError::Protocol(e.to_string())),
             None => Ok(None),
         }
+    }
+
+    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+        Ok(self.context_length)
     }
 
     async fn health(&self) -> Result<(), TargetError> {

@@ -57,6 +57,9 @@ pub struct TargetPolicy {
     pub use_env_proxy: bool,
     /// How the target's prompt cache serves re-sent prefixes.
     pub cache_rules: CacheRules,
+    /// The policy's word on the target's context (positions per request), over what the
+    /// target says.
+    pub context_length: Option<usize>,
 }
 
 impl TargetPolicy {

@@ -68,6 +68,10 @@ pub struct RawTarget {
     /// The provider's prompt cache: hints sent with engine calls, and its rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<RawCache>,
+    /// Positions (prompt and answer) one request may take at the target, when the target does
+    /// not say (llama-server's `/props` and vLLM's model list do).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<usize>,
 }
 
 /// `[target.cache]`.

@@ -181,7 +181,11 @@ impl Validator {
             cache_hints,
             use_env_proxy: t.use_env_proxy.unwrap_or(false),
             cache_rules,
+            context_length: t.context_length,
         };
+        if target.context_length == Some(0) {
+            self.err("target.context_length: at least 1");
+        }
         if let Some(ca) = &target.ca_file {
             if let Err(e) = approxy_verifier::target::load_ca_file(ca) {
                 self.err(format!("target.ca_file: {e}"));

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
-    TokenStream, get_ok, http_client, join, post_json, post_sse, token_ids,
+    TokenStream, get_json, get_ok, http_client, join, post_json, post_sse, token_ids,
 };
 use crate::error::TargetError;
 
@@ -182,6 +182,15 @@ impl TargetClient for LlamaCppTarget {
 
     async fn health(&self) -> Result<(), TargetError> {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "health")).await
+    }
+
+    /// A slot's context, from `/props` (`default_generation_settings.n_ctx`: the server's
+    /// context divided among its parallel slots).
+    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+        let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "props")).await?;
+        Ok(v["default_generation_settings"]["n_ctx"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok()))
     }
 }
 

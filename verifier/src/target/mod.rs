@@ -283,6 +283,11 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
+    /// The most positions (prompt and answer together) one request may take at the target,
+    /// when it says (`None` when it does not).
+    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+        Ok(None)
+    }
     /// Ok when the target answers its health check; the error says why not.
     async fn health(&self) -> Result<(), TargetError>;
 }
@@ -487,6 +492,28 @@ pub(crate) async fn get_ok(
             body: String::new(),
         })
     }
+}
+
+/// GETs a JSON answer (no retries: callers treat a failure as "not known yet").
+pub(crate) async fn get_json(
+    http: &reqwest::Client,
+    cfg: &TargetConfig,
+    url: &str,
+) -> Result<serde_json::Value, TargetError> {
+    let mut rb = http.get(url).timeout(cfg.timeout);
+    if let Some(k) = &cfg.api_key {
+        rb = rb.bearer_auth(k);
+    }
+    let resp = rb.send().await.map_err(|e| send_error(&e, cfg, url))?;
+    if !resp.status().is_success() {
+        return Err(TargetError::Status {
+            status: resp.status().as_u16(),
+            body: String::new(),
+        });
+    }
+    resp.json()
+        .await
+        .map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
 }
 
 /// POSTs JSON with bounded retries and exponential backoff on connect errors, timeouts and

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
-    TokenStream, WindowRequest, WindowScore, get_ok, http_client, join, post_json, post_sse,
-    reported_cached_tokens, token_ids,
+    TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join, post_json,
+    post_sse, reported_cached_tokens, token_ids,
 };
 use crate::error::TargetError;
 
@@ -305,11 +305,47 @@ impl TargetClient for OpenAiCompletionsTarget {
     async fn health(&self) -> Result<(), TargetError> {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await
     }
+
+    /// vLLM's `max_model_len` in its model list, for the configured model (or the only one).
+    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+        let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await?;
+        Ok(max_model_len(
+            &v,
+            Some(self.cfg.model.as_str()).filter(|m| !m.is_empty()),
+        ))
+    }
+}
+
+/// The `max_model_len` a model list gives `model`, or its only model (a server that serves one
+/// model under another name than the policy's).
+fn max_model_len(list: &Value, model: Option<&str>) -> Option<usize> {
+    let models = list["data"].as_array()?;
+    let m = model
+        .and_then(|id| models.iter().find(|m| m["id"].as_str() == Some(id)))
+        .or_else(|| models.first().filter(|_| models.len() == 1))?;
+    m["max_model_len"]
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_context_is_the_named_models_max_model_len() {
+        // vLLM's /v1/models answer (fields beyond these left out).
+        let list = json!({"object": "list", "data": [
+            {"id": "a", "object": "model", "max_model_len": 4096},
+            {"id": "b", "object": "model", "max_model_len": 32768}
+        ]});
+        assert_eq!(max_model_len(&list, Some("b")), Some(32768));
+        assert_eq!(max_model_len(&list, Some("c")), None, "which of two?");
+        let one = json!({"data": [{"id": "a", "max_model_len": 2048}]});
+        assert_eq!(max_model_len(&one, Some("alias")), Some(2048));
+        assert_eq!(max_model_len(&one, None), Some(2048));
+        assert_eq!(max_model_len(&json!({"data": [{"id": "a"}]}), None), None);
+    }
 
     #[test]
     fn the_rank_one_token_and_its_margin_over_the_prompt_token() {
