@@ -32,6 +32,8 @@ fn writing(header: Duration, idle: Duration, per_ip: usize, write_idle: Duration
         max_concurrent_requests: 64,
         request_timeout: Duration::from_secs(30),
         header_timeout: header,
+        max_n: 16,
+        max_response_bytes: 32 << 20,
         body_timeout: std::time::Duration::from_secs(30),
         body_idle_timeout: std::time::Duration::from_secs(10),
         max_connections: 1024,

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 use approxy_verifier::{Draft, GenerateRequest, TargetKind, Verifier};
 
 use crate::error::ApiError;
-use crate::policy::{Mode, ModelPolicy};
+use crate::limits;
+use crate::policy::{Mode, ModelPolicy, SpecialTokenText};
 use crate::prompt_kind::{self, PromptKind};
 use crate::request::{self, Endpoint};
 use crate::state::{AppState, Runtime, TokenizerCheck};
@@ -109,6 +110,9 @@ pub struct Approximate {
     pub draft: Box<dyn Draft>,
     /// Where its spend is recorded (budget guard).
     pub account: Option<crate::budget::Account>,
+    /// Whether it may be passed through as sent if the engine fails before its first token
+    /// (see [`passable`]).
+    pub passable: bool,
 }
 
 /// The decision.
@@ -120,7 +124,9 @@ pub enum Decision {
 }
 
 /// Decides for one request body sent to `endpoint`. `Err` is a 400 (or a target failure
-/// during the tokenizer check).
+/// during the tokenizer check). The limits that hold on every path (`limits`) are checked
+/// before the path is chosen, and a request that is to pass through is checked for
+/// special-token text in its messages, as the policy says.
 pub async fn decide(
     state: &AppState,
     rt: &Runtime,
@@ -133,6 +139,38 @@ pub async fn decide(
     let Value::Object(map) = &json else {
         return Err(ValidationError::NotObject.into());
     };
+    limits::check(endpoint, map, &rt.policy.gateway)?;
+    let decision = choose(state, rt, endpoint, headers, &json, map).await?;
+    if matches!(decision, Decision::Passthrough(_)) {
+        passable(rt, &state.shared, map)?;
+    }
+    Ok(decision)
+}
+
+/// Whether a request may be passed through as sent, beyond the limits every path has: its
+/// messages hold no special-token text, unless the policy forwards it.
+pub fn passable(
+    rt: &Runtime,
+    shared: &crate::state::Shared,
+    body: &Map<String, Value>,
+) -> Result<(), ValidationError> {
+    match rt.policy.passthrough.special_token_text {
+        SpecialTokenText::Forward => Ok(()),
+        SpecialTokenText::Refuse => {
+            limits::special_token_text(body, shared.tokenizer.special_texts())
+        }
+    }
+}
+
+/// The path for a request within the limits.
+async fn choose(
+    state: &AppState,
+    rt: &Runtime,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    json: &Value,
+    map: &Map<String, Value>,
+) -> Result<Decision, ApiError> {
     // The model picks the policy, so it is the one field read before deciding.
     let model = match map.get("model") {
         Some(Value::String(s)) => s.as_str(),
@@ -145,16 +183,6 @@ pub async fn decide(
         }
         None => return Err(ValidationError::Missing("model".into()).into()),
     };
-    // Checked for every path: a malformed `n` is the client's mistake, whoever would answer.
-    if let Some(n) = map.get("n").filter(|n| !n.is_null())
-        && !n.as_f64().is_some_and(|x| x >= 1.0 && x.fract() == 0.0)
-    {
-        return Err(ValidationError::Invalid {
-            param: "n".into(),
-            reason: "must be a positive integer".into(),
-        }
-        .into());
-    }
     let Some(mp) = rt.policy.model(model) else {
         return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy));
     };
@@ -169,8 +197,8 @@ pub async fn decide(
     if let Some(r) = unsupported_feature(endpoint, map) {
         return Ok(Decision::Passthrough(r));
     }
-    let typed = request::parse(&json)
-        .map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
+    let typed =
+        request::parse(json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     let requested = validate::requested_threshold(headers, mp)?;
     // From here on approxy could answer a valid request; what stops it is approxy's own
@@ -293,13 +321,16 @@ pub async fn decide(
         verifier,
         draft,
         account,
+        passable: passable(rt, &state.shared, map).is_ok(),
     })))
 }
 
-/// A field is "used" when present and not null or `false`.
+/// A field is "used" when present and not null, `false` or an empty object (`logit_bias: {}`
+/// biases nothing, so approximate mode can serve it).
 fn used(body: &Map<String, Value>, field: &str) -> bool {
-    body.get(field)
-        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+    body.get(field).is_some_and(|v| {
+        !v.is_null() && v != &Value::Bool(false) && !v.as_object().is_some_and(Map::is_empty)
+    })
 }
 
 /// The first feature of the request the draft loop does not implement.

@@ -79,6 +79,9 @@ pub enum ApiError {
     /// The target is rate-limiting the gateway; `retry-after` when it said.
     #[error("the target model server is rate-limiting requests; retry later")]
     TargetRateLimited(Option<HeaderValue>),
+    /// A passed-through answer grew past `gateway.max_response_bytes`: cut off there.
+    #[error("the answer exceeded the gateway's limit of {0} bytes and was cut off")]
+    ResponseTooLarge(usize),
     /// Anything else; details go to the log only.
     #[error("internal error")]
     Internal(String),
@@ -161,6 +164,11 @@ impl ApiError {
                 "rate_limit_error",
                 Some("target_rate_limited"),
             ),
+            ApiError::ResponseTooLarge(_) => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("response_too_large"),
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -172,6 +180,32 @@ impl ApiError {
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         self.parts().0
+    }
+
+    /// Whose fault the error is, for metrics and alerts: `client` (a request the gateway or
+    /// the target refused as the client's mistake, or a client too slow), `target` (the target
+    /// or the way to it failed), `gateway` (full, or its own failure). Alerts on target health
+    /// read `target` only, so client mistakes never page anyone about the target.
+    pub fn side(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. }
+            | ApiError::Unauthorized
+            | ApiError::NotFound
+            | ApiError::MethodNotAllowed
+            | ApiError::ModelNotFound(_)
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::BodyTimeout { .. }
+            | ApiError::UpstreamRejected(_)
+            | ApiError::UpstreamRejectedWith { .. } => "client",
+            ApiError::BadGateway
+            | ApiError::TargetTls
+            | ApiError::GatewayTimeout
+            | ApiError::TargetCredentials
+            | ApiError::TargetRateLimited(_) => "target",
+            ApiError::Overloaded | ApiError::ResponseTooLarge(_) | ApiError::Internal(_) => {
+                "gateway"
+            }
+        }
     }
 
     /// The OpenAI-shaped body, also used for SSE error events.
@@ -232,7 +266,7 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
-        metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string())
+        metrics::counter!("approxy_errors_total", "status" => status.as_str().to_string(), "side" => self.side())
             .increment(1);
         let mut resp = (status, axum::Json(self.body())).into_response();
         match self {
@@ -282,5 +316,29 @@ mod tests {
         assert!(!e.body().to_string().contains("pw"));
         let e: ApiError = EngineError::Draft("onnx internals".into()).into();
         assert!(!e.body().to_string().contains("onnx"));
+    }
+
+    #[test]
+    fn a_slow_body_and_a_target_rejection_are_the_clients_a_timeout_the_targets() {
+        let slow = ApiError::BodyTimeout {
+            total_secs: 30,
+            idle_secs: 10,
+        };
+        assert_eq!(
+            (slow.status(), slow.side()),
+            (StatusCode::REQUEST_TIMEOUT, "client")
+        );
+        let rejected: ApiError = TargetError::Status {
+            status: 400,
+            body: String::new(),
+        }
+        .into();
+        assert_eq!(rejected.side(), "client");
+        let timed_out: ApiError = TargetError::Timeout(std::time::Duration::from_secs(1)).into();
+        assert_eq!(
+            (timed_out.status(), timed_out.side()),
+            (StatusCode::GATEWAY_TIMEOUT, "target")
+        );
+        assert_eq!(ApiError::Overloaded.side(), "gateway");
     }
 }

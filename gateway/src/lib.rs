@@ -12,6 +12,7 @@
 //! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
 //! - `decide`: the approximate-or-passthrough decision, and every passthrough [`decide::Reason`].
 //! - `request`: the OpenAI request bodies as typed structs (unknown fields kept).
+//! - `limits`: the limits every chat and completions request is held to, whichever path.
 //! - `validate`: a typed request to a [`validate::ValidRequest`], or a [`validate::ValidationError`].
 //! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
 //! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
@@ -25,6 +26,7 @@ pub mod budget;
 pub mod connection;
 pub mod decide;
 pub mod error;
+pub mod limits;
 pub mod middleware;
 pub mod passthrough;
 pub mod policy;

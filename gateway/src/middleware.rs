@@ -124,14 +124,23 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
             }
         }
     };
-    match tokio::time::timeout(g.body_timeout, read).await {
+    let refused = match tokio::time::timeout(g.body_timeout, read).await {
         Ok(Ok(bytes)) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
         }
-        Ok(Err(e)) => e.into_response(),
-        Err(_) => too_slow().into_response(),
-    }
+        Ok(Err(e)) => e,
+        Err(_) => too_slow(),
+    };
+    // The rest of that body may never come: the connection closes after the answer instead of
+    // waiting to read past it.
+    let mut resp = refused.into_response();
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    resp
 }
 
 /// Load shedding: a request that finds every slot taken gets 429 at once. The slot is held

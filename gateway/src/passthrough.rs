@@ -239,28 +239,39 @@ async fn send(
     resp = resp
         .header("x-approxy-mode", "passthrough")
         .header("x-approxy-passthrough-reason", reason);
-    resp.body(Body::from_stream(relay(upstream, timeout, sse)))
+    let cap = rt.policy.gateway.max_response_bytes;
+    resp.body(Body::from_stream(relay(upstream, timeout, sse, cap)))
         .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-/// The target's body, chunk by chunk, each read bounded by `idle`. A body that stalls or
-/// breaks off ends with an error event when it is a stream of events (the client sees why,
-/// then the end), or is cut off otherwise, so that a truncated answer never reads as complete.
-/// An event stream that closes cleanly but without `data: [DONE]` (every OpenAI-style stream
-/// ends with it) was cut short too, and gets the same error event.
+/// The target's body, chunk by chunk, each read bounded by `idle` and all of it by `cap`
+/// bytes. A body that stalls, breaks off or grows past the cap ends with an error event when it
+/// is a stream of events (the client sees why, then the end), or is cut off otherwise, so that
+/// a truncated answer never reads as complete. An event stream that closes cleanly but without
+/// `data: [DONE]` (every OpenAI-style stream ends with it) was cut short too, and gets the same
+/// error event.
 fn relay(
     upstream: reqwest::Response,
     idle: std::time::Duration,
     sse: bool,
+    cap: usize,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let body = upstream.bytes_stream();
-    let state = Some((Box::pin(body), DoneWatch::default()));
+    let state = Some((Box::pin(body), DoneWatch::default(), 0usize));
     futures::stream::unfold(state, move |state| async move {
-        let (mut body, mut done) = state?;
+        let (mut body, mut done, sent) = state?;
         let failure = match tokio::time::timeout(idle, body.next()).await {
-            Ok(Some(Ok(chunk))) => {
+            Ok(Some(Ok(chunk))) if sent + chunk.len() <= cap => {
                 done.push(&chunk);
-                return Some((Ok(chunk), Some((body, done))));
+                let sent = sent + chunk.len();
+                return Some((Ok(chunk), Some((body, done, sent))));
+            }
+            Ok(Some(Ok(_))) => {
+                tracing::warn!(
+                    cap,
+                    "passthrough: the target's answer grew past gateway.max_response_bytes"
+                );
+                ApiError::ResponseTooLarge(cap)
             }
             Ok(None) if !sse || done.seen => return None,
             Ok(None) => {

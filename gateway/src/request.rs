@@ -210,7 +210,7 @@ mod properties {
         #[test]
         fn any_body_parses_or_names_a_field(
             fields in proptest::collection::btree_map(
-                proptest::sample::select(vec!["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "other"]),
+                proptest::sample::select(vec!["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "tools", "tool_choice", "functions", "top_logprobs", "logprobs", "other"]),
                 value(),
                 0..8,
             ),
@@ -220,6 +220,17 @@ mod properties {
             body.insert("model".into(), json!("m"));
             for (k, v) in fields {
                 body.insert(k.to_string(), v);
+            }
+            // The limits every path has: within them or refused naming a field; never a panic.
+            let gw = crate::policy::Policy::parse("[target]\nkind = \"llama_cpp\"\nbase_url = \"http://h:1\"\n[gateway]\nauth = \"none\"\n", std::path::Path::new("/p.toml"))
+                .map(|p| p.gateway);
+            prop_assert!(gw.is_ok());
+            if let Ok(gw) = &gw {
+                let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
+                if let Err(e) = crate::limits::check(endpoint, &body, gw) {
+                    prop_assert!(e.param().is_some(), "{e}");
+                }
+                let _ = crate::limits::special_token_text(&body, &["<|im_start|>".to_string()]);
             }
             let body = Value::Object(body);
             match parse(&body) {

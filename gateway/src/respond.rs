@@ -206,6 +206,8 @@ pub async fn approximate(
         verifier,
         draft: lease,
         account,
+        // Read by the caller, which decides on a fallback.
+        passable: _,
     } = a;
     let dial = Dial {
         threshold: request.threshold,

@@ -1,7 +1,7 @@
 //! Validation of a request the approximate path will serve: the typed request becomes a
 //! [`ValidRequest`] (limits, ranges, text-only messages) and then prompt token ids, or one
-//! [`ValidationError`] that names the offending field. Requests that pass through are never
-//! validated here; the target judges them.
+//! [`ValidationError`] that names the offending field. Requests that pass through are held to
+//! the limits in `limits` only; the target judges the rest.
 
 use approxy_verifier::SamplingParams;
 use approxy_verifier::template::{ChatMessage, ChatTemplate, Segment};
@@ -245,7 +245,7 @@ pub fn validate(
     let stop = match r.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) if v.len() <= 4 => v,
+        Some(Stop::Many(v)) if v.len() <= crate::limits::MAX_STOPS => v,
         Some(Stop::Many(_)) => return Err(ValidationError::TooManyStops),
     };
     // Each emitted token is matched against every stop string; bounded strings keep that
@@ -440,6 +440,8 @@ mod tests {
             max_concurrent_requests: 4,
             request_timeout: std::time::Duration::from_secs(5),
             header_timeout: std::time::Duration::from_secs(10),
+            max_n: 16,
+            max_response_bytes: 32 << 20,
             body_timeout: std::time::Duration::from_secs(30),
             body_idle_timeout: std::time::Duration::from_secs(10),
             max_connections: 16,

@@ -357,7 +357,8 @@ enum BenchCmd {
     /// descriptors and slots flat, nothing left running (passthrough over a stub upstream, or
     /// the approximate path over the real llama-server).
     Soak {
-        /// "passthrough" or "approximate".
+        /// "passthrough", "approximate" or "attack" (500 idle connections, 64 slow-body
+        /// clients and 20 normal streaming clients at once, over a stub upstream).
         #[arg(long, default_value = "passthrough")]
         phase: String,
         /// Passthrough: requests in all.
@@ -366,7 +367,7 @@ enum BenchCmd {
         /// Passthrough: offered requests per second.
         #[arg(long, default_value_t = 500)]
         rate: u32,
-        /// Approximate: minutes.
+        /// Approximate and attack: minutes.
         #[arg(long, default_value_t = 30.0)]
         minutes: f64,
         /// Approximate: concurrent clients (one draft worker each).
@@ -682,7 +683,15 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let phase = match phase.as_str() {
                 "passthrough" => bench::soak::SoakPhase::Passthrough,
                 "approximate" => bench::soak::SoakPhase::Approximate,
-                other => anyhow::bail!("--phase must be passthrough or approximate, not {other:?}"),
+                "attack" => {
+                    return block_on(bench::attack::run(&bench::attack::AttackOptions {
+                        minutes,
+                        out,
+                    }));
+                }
+                other => anyhow::bail!(
+                    "--phase must be passthrough, approximate or attack, not {other:?}"
+                ),
             };
             block_on(bench::soak::run(&bench::soak::SoakOptions {
                 phase,

@@ -96,6 +96,10 @@ pub struct GatewayPolicy {
     pub body_timeout: Duration,
     /// Longest pause while a request's body arrives.
     pub body_idle_timeout: Duration,
+    /// Most answers (`n`) one request may ask for.
+    pub max_n: u32,
+    /// Largest passed-through answer in bytes: a longer one is cut off with an error.
+    pub max_response_bytes: usize,
     /// Connections open at once.
     pub max_connections: usize,
     /// Time a connection may stay open with no request in flight after a response.
@@ -115,6 +119,20 @@ pub struct GatewayPolicy {
 pub struct PassthroughPolicy {
     /// `METHOD /v1/path` routes beyond the served ones.
     pub extra_routes: Vec<String>,
+    /// What a passed-through chat request with special-token text in its messages gets.
+    pub special_token_text: SpecialTokenText,
+}
+
+/// Special-token text (`<|im_start|>`) in the messages of a request that passes through: the
+/// target would read it as control tokens, where the approximate path keeps it as text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SpecialTokenText {
+    /// 400 naming the message (the default).
+    #[default]
+    Refuse,
+    /// Sent as it is: for a target that treats such text as text, or a deployment that wants
+    /// clients to write their own turns.
+    Forward,
 }
 
 /// Client authentication.

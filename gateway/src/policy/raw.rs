@@ -100,6 +100,10 @@ pub struct RawPassthrough {
     /// covers everything below).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_routes: Vec<String>,
+    /// `refuse` (the default) or `forward`: a passed-through chat request whose messages hold
+    /// special-token text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub special_token_text: Option<String>,
 }
 
 /// `[gateway]`.
@@ -128,6 +132,12 @@ pub struct RawGateway {
     /// Longest pause while a request's body arrives, e.g. "10s".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_idle_timeout: Option<String>,
+    /// Most answers (`n`) one request may ask for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_n: Option<u32>,
+    /// Largest passed-through answer in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<usize>,
     /// Connections open at once (start-up setting).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,

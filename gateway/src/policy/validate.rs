@@ -11,7 +11,7 @@ use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
 use super::{
     Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
-    PassthroughPolicy, Policy, Price, TargetPolicy, VerifierChoice,
+    PassthroughPolicy, Policy, Price, SpecialTokenText, TargetPolicy, VerifierChoice,
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
@@ -242,6 +242,8 @@ impl Validator {
                 g.body_idle_timeout,
                 Duration::from_secs(10),
             ),
+            max_n: g.max_n.unwrap_or(16),
+            max_response_bytes: g.max_response_bytes.unwrap_or(32 << 20),
             max_connections: g.max_connections.unwrap_or(1024),
             idle_timeout: self.duration(
                 "gateway.idle_timeout",
@@ -257,6 +259,12 @@ impl Validator {
             max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
             default_max_tokens: g.default_max_tokens.unwrap_or(512),
         };
+        if gateway.max_n == 0 {
+            self.err("gateway.max_n: at least 1");
+        }
+        if gateway.max_response_bytes < 1024 {
+            self.err("gateway.max_response_bytes: at least 1024");
+        }
         if gateway.max_body_bytes < 1024 {
             self.err("gateway.max_body_bytes: at least 1024");
         }
@@ -292,7 +300,20 @@ impl Validator {
                 (id, mp)
             })
             .collect();
-        let extra_routes = raw.passthrough.map(|p| p.extra_routes).unwrap_or_default();
+        let (extra_routes, special) = raw
+            .passthrough
+            .map(|p| (p.extra_routes, p.special_token_text))
+            .unwrap_or_default();
+        let special_token_text = match special.as_deref() {
+            None | Some("refuse") => SpecialTokenText::Refuse,
+            Some("forward") => SpecialTokenText::Forward,
+            Some(other) => {
+                self.err(format!(
+                    "passthrough.special_token_text: {other:?} is not one of \"refuse\", \"forward\""
+                ));
+                SpecialTokenText::Refuse
+            }
+        };
         for route in &extra_routes {
             let ok = route.split_once(' ').is_some_and(|(m, p)| {
                 matches!(m, "GET" | "POST" | "PUT" | "PATCH" | "DELETE")
@@ -303,7 +324,10 @@ impl Validator {
                 self.err(format!("passthrough.extra_routes: {route:?} is not \"METHOD /v1/path\" (a path ending in /* covers what is below it)"));
             }
         }
-        let passthrough = PassthroughPolicy { extra_routes };
+        let passthrough = PassthroughPolicy {
+            extra_routes,
+            special_token_text,
+        };
         Policy {
             path: path.to_path_buf(),
             target,

@@ -12,13 +12,15 @@
 //! - `oracle`: what each acceptance rule allows, the target's probabilities deciding at every
 //!   position (target share, pass@1, the target's likelihood of the answers).
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
-//! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs.
+//! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
+//!   `attack`: the gateway under idle, slow-body and normal clients at once.
 //! - `report`: the Markdown results and the README section, from the JSON the others wrote.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
 
+pub mod attack;
 pub mod calls;
 mod chart;
 mod chat_sample;

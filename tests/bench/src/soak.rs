@@ -5,6 +5,7 @@
 //!   random delay so that disconnects land mid-request), at a fixed offered rate.
 //! - `approximate`: `approxy serve` with the shipped default policy in front of the real
 //!   llama-server target, at a fixed number of concurrent clients.
+//! - `attack`: idle, slow-body and normal clients at once (see `attack`).
 //!
 //! In both, a share of the clients (10 % by default) leave at a random moment mid-request, half
 //! of the requests stream, and every few seconds the gateway's resident memory, open file
@@ -101,7 +102,7 @@ fn stub_stream() -> axum::response::Response {
         .unwrap_or_default()
 }
 
-async fn start_stub() -> anyhow::Result<String> {
+pub(crate) async fn start_stub() -> anyhow::Result<String> {
     let app = Router::new()
         .route(
             "/v1/chat/completions",
@@ -236,7 +237,7 @@ async fn sample(
 /// (max - min) / min. Window means, because single readings under load move with the number
 /// of requests in flight at that instant (each holds connections and a slot); a leak shows as
 /// a trend across windows.
-fn window_spread(values: &[f64]) -> f64 {
+pub(crate) fn window_spread(values: &[f64]) -> f64 {
     let n = values.len();
     if n < 8 {
         return spread(values);
@@ -265,7 +266,6 @@ fn spread(values: &[f64]) -> f64 {
 /// Runs the soak and writes its report; fails when a goal is missed.
 pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let exe = std::env::current_exe()?;
     let logs = home.log("soak").with_extension("d");
     std::fs::create_dir_all(&logs)?;
     let dir = tempfile_dir()?;
@@ -291,12 +291,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
             text
         }
     };
-    let policy_path = dir.join("soak-policy.toml");
-    std::fs::write(&policy_path, policy)?;
-    let gateway = servers::start_gateway(&exe, &policy_path, Layout::Shared, &logs).await?;
-    let pid = gateway
-        .pid()
-        .ok_or_else(|| anyhow::anyhow!("gateway has no pid"))?;
+    let (gateway, pid) = gateway_with(&policy, &dir.join("soak-policy.toml"), &logs).await?;
     let url = gateway.url.clone();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
@@ -496,7 +491,22 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
     }
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
+/// `approxy serve` (this binary) with the policy `text`, written to `path`; and its pid.
+pub(crate) async fn gateway_with(
+    text: &str,
+    path: &std::path::Path,
+    logs: &std::path::Path,
+) -> anyhow::Result<(servers::Server, u32)> {
+    std::fs::write(path, text)?;
+    let exe = std::env::current_exe()?;
+    let gateway = servers::start_gateway(&exe, path, Layout::Shared, logs).await?;
+    let pid = gateway
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("gateway has no pid"))?;
+    Ok((gateway, pid))
+}
+
+pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("approxy-soak-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     Ok(d)
@@ -512,7 +522,7 @@ fn home_repo_policy() -> anyhow::Result<PathBuf> {
     }
 }
 
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

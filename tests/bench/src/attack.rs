@@ -1,0 +1,342 @@
+//! `approxy bench soak --phase attack`: the gateway under connection attacks while normal
+//! clients use it. For `--minutes`, in parallel:
+//!
+//! - 500 idle connections (from 127.0.0.2 and 127.0.0.3, 250 each, below the per-address cap):
+//!   a third send nothing, a third one byte, a third the HTTP/2 preface; each reconnects as soon
+//!   as the gateway closes it, and the time to that close is recorded;
+//! - 64 slow-body clients (from 127.0.0.4): request headers, then half trickle the body a byte
+//!   every 2 s and half stall; each expects a 408 within the body deadlines and reconnects;
+//! - 20 normal streaming clients (from 127.0.0.1), one request after another.
+//!
+//! The upstream is the soak's stub (OpenAI's chat completions wire format), so what is measured
+//! is the gateway's own handling, not a 2-core target's speed. The gateway runs the shipped
+//! defaults for every connection and body limit. Pass: every normal request answered (none
+//! refused with 429), every attacker closed within its deadline (plus 3 s), and the gateway's
+//! resident memory flat after warm-up (window means within 10 %).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpSocket;
+
+use super::servers;
+use super::soak::{cpu_model, gateway_with, start_stub, tempfile_dir, window_spread};
+use approxy_setup::Home;
+
+/// Options for the attack soak.
+#[derive(Debug, Clone)]
+pub struct AttackOptions {
+    /// How long.
+    pub minutes: f64,
+    /// Where the JSON report goes.
+    pub out: PathBuf,
+}
+
+const IDLE: usize = 500;
+const SLOW: usize = 64;
+const NORMAL: usize = 20;
+/// The shipped defaults the deadlines are judged against (`gateway.header_timeout`,
+/// `body_idle_timeout`, `body_timeout`).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const BODY_IDLE: Duration = Duration::from_secs(10);
+const BODY_TOTAL: Duration = Duration::from_secs(30);
+/// How much later than its deadline a close may come (scheduling on a loaded 2-core machine).
+const SLACK: Duration = Duration::from_secs(3);
+
+#[derive(Default)]
+struct Tally {
+    normal_ok: AtomicU64,
+    normal_429: AtomicU64,
+    normal_failed: AtomicU64,
+    idle_closed: AtomicU64,
+    idle_late: AtomicU64,
+    idle_longest_ms: AtomicU64,
+    slow_408: AtomicU64,
+    slow_other: AtomicU64,
+    slow_late: AtomicU64,
+    slow_longest_ms: AtomicU64,
+}
+
+fn longest(slot: &AtomicU64, d: Duration) {
+    slot.fetch_max(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+async fn connect_from(from: [u8; 4], to: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    let s = TcpSocket::new_v4()?;
+    s.bind(SocketAddr::from((from, 0)))?;
+    s.connect(to).await
+}
+
+/// Reads until the peer closes (end of stream or reset), at most `limit`; what it sent, and
+/// whether it closed.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (got, closed)
+}
+
+async fn idle_attacker(i: usize, to: SocketAddr, stop: Arc<AtomicBool>, t: Arc<Tally>) {
+    let from = [127, 0, 0, 2 + (i % 2) as u8];
+    let opening: &[u8] = match i % 3 {
+        0 => b"",
+        1 => b"P",
+        _ => b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = connect_from(from, to).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let opened = Instant::now();
+        let _ = s.write_all(opening).await;
+        let (_, closed) = read_until_closed(&mut s, HEADER_TIMEOUT + SLACK * 4).await;
+        let took = opened.elapsed();
+        if closed {
+            t.idle_closed.fetch_add(1, Ordering::Relaxed);
+            longest(&t.idle_longest_ms, took);
+        }
+        if !closed || took > HEADER_TIMEOUT + SLACK {
+            t.idle_late.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn slow_body_client(i: usize, to: SocketAddr, stop: Arc<AtomicBool>, t: Arc<Tally>) {
+    let trickle = i.is_multiple_of(2);
+    let deadline = if trickle { BODY_TOTAL } else { BODY_IDLE } + SLACK;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = connect_from([127, 0, 0, 4], to).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n{";
+        if s.write_all(head).await.is_err() {
+            continue;
+        }
+        let sent = Instant::now();
+        let (got, closed) = if trickle {
+            // A byte every 2 s, until the gateway answers.
+            let (mut rd, mut wr) = s.into_split();
+            let drip = async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    if wr.write_all(b" ").await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let read = async {
+                loop {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            };
+            let closed = tokio::time::timeout(deadline + SLACK * 4, async {
+                tokio::select! {
+                    () = read => {},
+                    () = drip => {},
+                }
+            })
+            .await
+            .is_ok();
+            (got, closed)
+        } else {
+            read_until_closed(&mut s, deadline + SLACK * 4).await
+        };
+        let took = sent.elapsed();
+        if got.starts_with(b"HTTP/1.1 408") {
+            t.slow_408.fetch_add(1, Ordering::Relaxed);
+            longest(&t.slow_longest_ms, took);
+        } else {
+            t.slow_other.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(answer = %String::from_utf8_lossy(&got).chars().take(120).collect::<String>(), "slow-body client: not a 408");
+        }
+        if !closed || took > deadline {
+            t.slow_late.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn normal_client(url: String, stop: Arc<AtomicBool>, t: Arc<Tally>) {
+    let Ok(http) = reqwest::Client::builder()
+        .local_address(IpAddr::from([127, 0, 0, 1]))
+        .build()
+    else {
+        t.normal_failed.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let body = json!({"model": "stub", "messages": [{"role": "user", "content": "hello"}],
+                      "max_tokens": 16, "stream": true});
+    while !stop.load(Ordering::Relaxed) {
+        let answer = async {
+            let resp = http
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await?;
+            let status = resp.status();
+            let text = resp.text().await?;
+            Ok::<_, reqwest::Error>((status, text))
+        };
+        match tokio::time::timeout(Duration::from_secs(60), answer).await {
+            Ok(Ok((status, text)))
+                if status.is_success() && text.trim_end().ends_with("data: [DONE]") =>
+            {
+                t.normal_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Ok((status, _))) if status.as_u16() == 429 => {
+                t.normal_429.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                tracing::warn!(?other, "normal client: failed");
+                t.normal_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Runs the attack soak and writes its report; fails when a goal is missed.
+pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
+    let home = Home::from_env()?;
+    let logs = home.log("soak-attack").with_extension("d");
+    std::fs::create_dir_all(&logs)?;
+    let stub = start_stub().await?;
+    // The shipped defaults for every connection and body limit: only what the stub needs.
+    let policy = format!(
+        "# Written by `approxy bench soak --phase attack`.\n[target]\nkind = \"openai\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\n\n\
+         [gateway]\nauth = \"none\"\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+    );
+    let (gateway, pid) =
+        gateway_with(&policy, &tempfile_dir()?.join("attack-policy.toml"), &logs).await?;
+    let url = gateway.url.clone();
+    let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..IDLE {
+        tasks.spawn(idle_attacker(i, addr, stop.clone(), tally.clone()));
+    }
+    for i in 0..SLOW {
+        tasks.spawn(slow_body_client(i, addr, stop.clone(), tally.clone()));
+    }
+    for _ in 0..NORMAL {
+        tasks.spawn(normal_client(url.clone(), stop.clone(), tally.clone()));
+    }
+    let started = Instant::now();
+    let until = Duration::from_secs_f64(opts.minutes * 60.0);
+    let mut rss = Vec::new();
+    while started.elapsed() < until {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mib = servers::rss_bytes(pid).unwrap_or(0) as f64 / (1024.0 * 1024.0);
+        rss.push((started.elapsed().as_secs_f64(), mib));
+    }
+    stop.store(true, Ordering::Relaxed);
+    // Attackers in the middle of a wait finish it within their deadline; normal clients
+    // within their request.
+    let drained = tokio::time::timeout(BODY_TOTAL + SLACK * 5, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
+    tasks.abort_all();
+    let elapsed = started.elapsed().as_secs_f64();
+    let warm = (elapsed / 4.0).min(150.0);
+    let steady: Vec<f64> = rss
+        .iter()
+        .filter(|(s, _)| *s >= warm)
+        .map(|(_, m)| *m)
+        .collect();
+    let rss_spread = window_spread(&steady);
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let t = &tally;
+    let pass = c(&t.normal_ok) > 0
+        && c(&t.normal_failed) == 0
+        && c(&t.normal_429) == 0
+        && c(&t.idle_late) == 0
+        && c(&t.idle_closed) > 0
+        && c(&t.slow_late) == 0
+        && c(&t.slow_other) == 0
+        && c(&t.slow_408) > 0
+        && rss_spread <= 0.10;
+    let report = json!({
+        "benchmark": "soak",
+        "phase": "attack",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "cpu": cpu_model(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "seconds": elapsed,
+        "idle_connections": IDLE,
+        "slow_body_clients": SLOW,
+        "normal_streaming_clients": NORMAL,
+        "normal_answered": c(&t.normal_ok),
+        "normal_refused_429": c(&t.normal_429),
+        "normal_failed": c(&t.normal_failed),
+        "idle_closed": c(&t.idle_closed),
+        "idle_closed_late_or_never": c(&t.idle_late),
+        "idle_longest_seconds": c(&t.idle_longest_ms) as f64 / 1e3,
+        "idle_deadline_seconds": HEADER_TIMEOUT.as_secs(),
+        "slow_body_408": c(&t.slow_408),
+        "slow_body_other_answers": c(&t.slow_other),
+        "slow_body_late_or_never": c(&t.slow_late),
+        "slow_body_longest_seconds": c(&t.slow_longest_ms) as f64 / 1e3,
+        "slow_body_deadlines_seconds": [BODY_IDLE.as_secs(), BODY_TOTAL.as_secs()],
+        "all_clients_done_after_stop": drained,
+        "warm_up_seconds": warm,
+        "rss_mib_first_after_warm_up": steady.first(),
+        "rss_mib_last": steady.last(),
+        "rss_spread_after_warm_up": rss_spread,
+        "pass": pass,
+        "rss_mib": rss,
+    });
+    std::fs::create_dir_all(&opts.out)?;
+    let file = opts.out.join("soak-attack.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&report)? + "\n")?;
+    println!(
+        "attack: {:.0} s; normal streaming requests answered {}, refused 429 {}, failed {}; idle connections closed {} (longest {:.1} s, late or never {}); slow bodies 408 {} (longest {:.1} s, other answers {}, late or never {}); RSS spread {:.1} % after {:.0} s ({:.0} to {:.0} MiB): {}",
+        elapsed,
+        c(&t.normal_ok),
+        c(&t.normal_429),
+        c(&t.normal_failed),
+        c(&t.idle_closed),
+        c(&t.idle_longest_ms) as f64 / 1e3,
+        c(&t.idle_late),
+        c(&t.slow_408),
+        c(&t.slow_longest_ms) as f64 / 1e3,
+        c(&t.slow_other),
+        c(&t.slow_late),
+        rss_spread * 100.0,
+        warm,
+        steady.first().copied().unwrap_or(0.0),
+        steady.last().copied().unwrap_or(0.0),
+        if pass { "PASS" } else { "FAIL" }
+    );
+    println!("report: {}", file.display());
+    drop(gateway);
+    if pass {
+        Ok(())
+    } else {
+        anyhow::bail!("the attack soak missed a goal (see {})", file.display())
+    }
+}
