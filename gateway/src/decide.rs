@@ -140,6 +140,18 @@ pub async fn decide(
         return Err(ValidationError::NotObject.into());
     };
     limits::check(endpoint, map, &rt.policy.gateway)?;
+    // An image to a target that says it takes none is the client's mistake on either path
+    // (llama-server answers it with a 500, which would read as the target failing).
+    if endpoint == Endpoint::Chat
+        && limits::has_image(map)
+        && rt.target_facts().await.images == Some(false)
+    {
+        return Err(ValidationError::Invalid {
+            param: "messages".into(),
+            reason: "holds an image, and the target model takes no images".into(),
+        }
+        .into());
+    }
     let decision = choose(state, rt, endpoint, headers, &json, map).await?;
     if matches!(decision, Decision::Passthrough(_)) {
         passable(rt, &state.shared, map)?;
@@ -250,7 +262,7 @@ async fn choose(
     // The target's context, before any draft work: a prompt it cannot hold would keep a draft
     // worker through its prefill only to fail at the first call. Passing it through would fail
     // the same way, so it is the client's 400 on either path.
-    if let Some(context) = rt.target_context().await {
+    if let Some(context) = rt.target_facts().await.context_length {
         let asked = prompt.len() + valid.max_tokens as usize;
         let writes_to_the_end = rt.policy.target.kind == TargetKind::LlamaCpp;
         if prompt.len() >= context || (asked > context && !writes_to_the_end) {

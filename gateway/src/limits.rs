@@ -130,6 +130,21 @@ pub fn check(
     Ok(())
 }
 
+/// Whether a chat message holds an image part (`image_url`, `input_image`).
+pub fn has_image(body: &Map<String, Value>) -> bool {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|ms| {
+            ms.iter().any(|m| {
+                m["content"].as_array().is_some_and(|parts| {
+                    parts
+                        .iter()
+                        .any(|p| matches!(p["type"].as_str(), Some("image_url" | "input_image")))
+                })
+            })
+        })
+}
+
 /// The first chat message whose text holds one of `specials` (the tokenizer's special-token
 /// texts, such as `<|im_start|>`), as an error naming it.
 pub fn special_token_text(

@@ -351,8 +351,7 @@ async fn upstream_error(upstream: reqwest::Response) -> ApiError {
         429 => ApiError::TargetRateLimited(retry_after),
         400..=499 => {
             let e = &body["error"];
-            let text =
-                |v: &serde_json::Value| v.as_str().map(|s| s.chars().take(500).collect::<String>());
+            let text = |v: &serde_json::Value| v.as_str().map(|s| scrubbed(s, 500));
             ApiError::UpstreamRejectedWith {
                 status,
                 message: text(&e["message"]).or_else(|| text(e)),
@@ -361,6 +360,24 @@ async fn upstream_error(upstream: reqwest::Response) -> ApiError {
         }
         _ => ApiError::BadGateway,
     }
+}
+
+/// The target's own words for the client, at most `limit` characters, with what would tell
+/// about the target's insides left out: URLs (its address, an upstream's) and absolute file
+/// paths become `[…]`.
+fn scrubbed(message: &str, limit: usize) -> String {
+    let inside = |w: &str| {
+        let w = w.trim_matches(|c: char| matches!(c, '(' | ')' | '"' | '\'' | ',' | ';' | ':'));
+        w.contains("://") || (w.starts_with('/') && w[1..].contains('/'))
+    };
+    message
+        .split(' ')
+        .map(|w| if inside(w) { "[…]" } else { w })
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(limit)
+        .collect()
 }
 
 /// Property tests (a fixed budget in every test run): whatever path a client sends, one that
@@ -418,7 +435,22 @@ mod properties {
 
 #[cfg(test)]
 mod tests {
-    use super::DoneWatch;
+    use super::{DoneWatch, scrubbed};
+
+    #[test]
+    fn a_target_rejection_reaches_the_client_without_addresses_or_paths() {
+        let said = scrubbed(
+            "model not found at http://10.1.2.3:8081/v1 (see /srv/app/config.yaml); use \"qwen\"",
+            500,
+        );
+        assert_eq!(said, "model not found at […] (see […] use \"qwen\"");
+        assert_eq!(
+            scrubbed("the prompt has 5000 tokens, at most 4096", 500),
+            "the prompt has 5000 tokens, at most 4096"
+        );
+        assert_eq!(scrubbed("a/b and /x stay", 500), "a/b and /x stay");
+        assert_eq!(scrubbed(&"x".repeat(900), 500).len(), 500);
+    }
 
     #[test]
     fn the_done_marker_is_found_across_chunk_boundaries() {

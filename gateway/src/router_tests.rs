@@ -1464,3 +1464,42 @@ async fn limits_hold_on_every_path() {
         (StatusCode::OK, &"passthrough".parse().unwrap())
     );
 }
+
+/// An image to a target that says it takes none is the client's 400 on either path (the
+/// target would answer a 500, read as its own failure); where the target says nothing, or takes
+/// images, the request passes through as before.
+#[tokio::test]
+async fn an_image_to_a_target_that_takes_none_is_the_clients_mistake() {
+    let image = |model: &str| {
+        chat(
+            model,
+            json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+        )
+    };
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).taking_images(false);
+    let state = s.state().await;
+    for model in ["m", "pt"] {
+        let (status, _, body) = call(&state, post("/v1/chat/completions", &image(model))).await;
+        assert_eq!(
+            (status, error_of(&body).0),
+            (StatusCode::BAD_REQUEST, json!("messages")),
+            "{model}"
+        );
+    }
+    for taking in [Some(true), None] {
+        let mut s = Setup::new("hello", 0.95, "hello");
+        if let Some(t) = taking {
+            s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).taking_images(t);
+        }
+        let state = s.state().await;
+        let (status, headers, _) = call(&state, post("/v1/chat/completions", &image("m"))).await;
+        assert_eq!(
+            (status, &headers["x-approxy-passthrough-reason"]),
+            (StatusCode::OK, &"non_text_messages".parse().unwrap()),
+            "{taking:?}"
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use approxy_verifier::target::TextSettings;
+use approxy_verifier::target::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
     ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient,
@@ -68,8 +68,8 @@ pub struct Runtime {
     pub client_keys: Vec<String>,
     /// Lazily computed tokenizer comparison.
     pub tokenizer_check: OnceCell<TokenizerCheck>,
-    /// The target's context (positions per request), once known.
-    pub target_context: OnceCell<Option<usize>>,
+    /// What the target says of itself, once known.
+    pub target_facts: OnceCell<TargetFacts>,
 }
 
 impl Runtime {
@@ -190,29 +190,31 @@ impl Runtime {
             target_key,
             client_keys,
             tokenizer_check: OnceCell::new(),
-            target_context: OnceCell::new(),
+            target_facts: OnceCell::new(),
         })
     }
 
-    /// The target's context: the policy's `target.context_length`, else what the target says
-    /// (asked once; a failure is not kept, so a target that comes up later is asked again),
-    /// else `None`: not checked, the target judges.
-    pub async fn target_context(&self) -> Option<usize> {
-        if let Some(n) = self.policy.target.context_length {
-            return Some(n);
-        }
-        self.target_context
+    /// What the target says of itself (asked once; a failure is not kept, so a target that
+    /// comes up later is asked again; while it fails, nothing is known), with the policy's
+    /// `target.context_length` over its own word.
+    pub async fn target_facts(&self) -> TargetFacts {
+        let said = self
+            .target_facts
             .get_or_try_init(|| async {
-                let n = self.engine.target().context_length().await;
-                if let Ok(Some(n)) = n {
-                    tracing::info!(context = n, "the target's context, as it says");
+                let facts = self.engine.target().facts().await;
+                if let Ok(f) = &facts {
+                    tracing::info!(context = ?f.context_length, images = ?f.images, "what the target says of itself");
                 }
-                n
+                facts
             })
             .await
             .ok()
             .copied()
-            .flatten()
+            .unwrap_or_default();
+        TargetFacts {
+            context_length: self.policy.target.context_length.or(said.context_length),
+            ..said
+        }
     }
 
     /// Compares tokenizers once; target errors are not cached (the target may come up later).

@@ -48,6 +48,18 @@ def test_a_prompt_longer_than_the_targets_context_is_refused_at_once(gateway):
     assert time.time() - started < 5
 
 
+def test_an_image_to_a_text_model_is_the_clients_400(gateway):
+    # llama-server says in /props that it takes no images (it would answer one with a 500).
+    msg = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    err = shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL, "messages": msg, "max_tokens": 8}), 400, "messages")
+    assert "image" in err["message"]
+
+
+def test_tools_of_the_wrong_shape_are_the_clients_400(gateway):
+    shape(raw_post(gateway.url, "/v1/chat/completions", {"model": MODEL, "messages": MSG, "tools": "x"}), 400, "tools")
+
+
 def test_body_over_limit(gateway):
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
     shape(raw_post(gateway.url, "/v1/chat/completions", big), 413)

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
 use crate::target::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetTimings, TokenStream,
-    WindowRequest, WindowScore,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetFacts, TargetTimings,
+    TokenStream, WindowRequest, WindowScore,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -301,7 +301,7 @@ pub struct ScriptedTarget {
     timings: bool,
     alternative: f32,
     eager: bool,
-    context_length: Option<usize>,
+    facts: TargetFacts,
 }
 
 impl ScriptedTarget {
@@ -319,14 +319,20 @@ impl ScriptedTarget {
             timings: false,
             alternative: 0.0,
             eager: false,
-            context_length: None,
+            facts: TargetFacts::default(),
         }
     }
 
     /// The same target saying it holds `n` positions per request (as llama-server's `/props`
     /// and vLLM's `max_model_len` do).
     pub fn with_context_length(mut self, n: usize) -> Self {
-        self.context_length = Some(n);
+        self.facts.context_length = Some(n);
+        self
+    }
+
+    /// The same target saying whether it takes images (as llama-server's `/props` does).
+    pub fn taking_images(mut self, images: bool) -> Self {
+        self.facts.images = Some(images);
         self
     }
 
@@ -559,8 +565,8 @@ impl TargetClient for ScriptedTarget {
         }
     }
 
-    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
-        Ok(self.context_length)
+    async fn facts(&self) -> Result<TargetFacts, TargetError> {
+        Ok(self.facts)
     }
 
     async fn health(&self) -> Result<(), TargetError> {

@@ -6,8 +6,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
-    TokenStream, get_json, get_ok, http_client, join, post_json, post_sse, token_ids,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
+    TargetTimings, TokenStream, get_json, get_ok, http_client, join, post_json, post_sse,
+    token_ids,
 };
 use crate::error::TargetError;
 
@@ -184,19 +185,43 @@ impl TargetClient for LlamaCppTarget {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "health")).await
     }
 
-    /// A slot's context, from `/props` (`default_generation_settings.n_ctx`: the server's
-    /// context divided among its parallel slots).
-    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+    /// From `/props`: a slot's context (`default_generation_settings.n_ctx`, the server's
+    /// context divided among its parallel slots) and whether it takes images
+    /// (`modalities.vision`: a model without a projector answers an image with a 500).
+    async fn facts(&self) -> Result<TargetFacts, TargetError> {
         let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "props")).await?;
-        Ok(v["default_generation_settings"]["n_ctx"]
+        Ok(props_facts(&v))
+    }
+}
+
+/// The facts in a `/props` answer.
+fn props_facts(v: &Value) -> TargetFacts {
+    TargetFacts {
+        context_length: v["default_generation_settings"]["n_ctx"]
             .as_u64()
-            .and_then(|n| usize::try_from(n).ok()))
+            .and_then(|n| usize::try_from(n).ok()),
+        images: v["modalities"]["vision"].as_bool(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The parts of a real `/props` answer of the test target that are read.
+    #[test]
+    fn props_say_the_slots_context_and_whether_images_are_taken() {
+        let v = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2,
+                       "modalities": {"vision": false, "video": false, "audio": false}});
+        assert_eq!(
+            props_facts(&v),
+            TargetFacts {
+                context_length: Some(4096),
+                images: Some(false)
+            }
+        );
+        assert_eq!(props_facts(&json!({})), TargetFacts::default());
+    }
 
     /// The shape llama-server answers `"n_probs": 2` with (copied from a real answer of the
     /// test target, `bytes` fields left out): one entry per generated token, end of sequence

@@ -283,13 +283,21 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
-    /// The most positions (prompt and answer together) one request may take at the target,
-    /// when it says (`None` when it does not).
-    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
-        Ok(None)
+    /// What the target says of itself (nothing, by default).
+    async fn facts(&self) -> Result<TargetFacts, TargetError> {
+        Ok(TargetFacts::default())
     }
     /// Ok when the target answers its health check; the error says why not.
     async fn health(&self) -> Result<(), TargetError>;
+}
+
+/// What a target says of itself, each `None` where it does not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetFacts {
+    /// The most positions (prompt and answer together) one request may take.
+    pub context_length: Option<usize>,
+    /// Whether it takes images in messages.
+    pub images: Option<bool>,
 }
 
 /// The kinds a policy can name.

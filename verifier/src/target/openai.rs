@@ -9,9 +9,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{
-    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetTimings,
-    TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join, post_json,
-    post_sse, reported_cached_tokens, token_ids,
+    Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
+    TargetTimings, TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join,
+    post_json, post_sse, reported_cached_tokens, token_ids,
 };
 use crate::error::TargetError;
 
@@ -307,12 +307,15 @@ impl TargetClient for OpenAiCompletionsTarget {
     }
 
     /// vLLM's `max_model_len` in its model list, for the configured model (or the only one).
-    async fn context_length(&self) -> Result<Option<usize>, TargetError> {
+    async fn facts(&self) -> Result<TargetFacts, TargetError> {
         let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "models")).await?;
-        Ok(max_model_len(
-            &v,
-            Some(self.cfg.model.as_str()).filter(|m| !m.is_empty()),
-        ))
+        Ok(TargetFacts {
+            context_length: max_model_len(
+                &v,
+                Some(self.cfg.model.as_str()).filter(|m| !m.is_empty()),
+            ),
+            images: None,
+        })
     }
 }
 
