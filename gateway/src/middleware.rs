@@ -83,7 +83,8 @@ fn keys_match(key: &str, given: &str) -> bool {
 /// broken. A client that trickles or stalls its body so never holds a request slot (they are
 /// taken after this) and is not blamed on the target.
 pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let g = state.runtime().policy.gateway.clone();
+    let rt = state.runtime();
+    let g = &rt.policy.gateway;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

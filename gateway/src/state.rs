@@ -72,6 +72,9 @@ pub struct Runtime {
     pub target_facts: OnceCell<TargetFacts>,
 }
 
+/// Longest wait for the target to say what it is (`Runtime::target_facts`).
+const FACTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Runtime {
     /// Builds a runtime with the target client the policy names; fails when a verifier
     /// artifact cannot be used.
@@ -201,11 +204,14 @@ impl Runtime {
         let said = self
             .target_facts
             .get_or_try_init(|| async {
-                let facts = self.engine.target().facts().await;
-                if let Ok(f) = &facts {
-                    tracing::info!(context = ?f.context_length, images = ?f.images, "what the target says of itself");
-                }
-                facts
+                // Bounded like a readiness probe: a request waits on it at most this long, and
+                // a target that does not answer in time is asked again by the next one.
+                let facts = tokio::time::timeout(FACTS_WAIT, self.engine.target().facts())
+                    .await
+                    .map_err(|_| ())?
+                    .map_err(|e| tracing::warn!(error = %e, "the target did not say what it is"))?;
+                tracing::info!(context = ?facts.context_length, images = ?facts.images, "what the target says of itself");
+                Ok::<_, ()>(facts)
             })
             .await
             .ok()
