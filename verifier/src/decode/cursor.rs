@@ -104,8 +104,8 @@ impl<'d> Cursor<'d> {
 
     /// Feeds `tokens` ahead of the committed sequence, after those of them already ahead in the
     /// same order, in one draft call with an output at every position: committing them one by
-    /// one afterwards costs nothing. A batched extend of k tokens costs about one step, where
-    /// k single extends cost k (target tokens that arrived together, a span's backlog).
+    /// one afterwards costs nothing. One extend of k tokens reads the weights once where k
+    /// single extends read them k times (target tokens that arrived together, a span's backlog).
     pub(super) async fn feed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         let have = self
             .ahead

@@ -717,8 +717,8 @@ impl<'a> Run<'a> {
                 }
                 if cursor.ahead_output(0, token).is_none() {
                     // This token and those after it that have arrived, up to the fewest that
-                    // could end the span (all confident), go to the draft in one call: a
-                    // batch costs about one step, and none is fed that the span may not need.
+                    // could end the span (all confident), go to the draft in one call: cheaper
+                    // than one call each, and none is fed that the span may not need.
                     let n = (resync.saturating_sub(agreeing) as usize + 1).min(batch.len() - i);
                     cursor.feed(&batch[i..i + n]).await?;
                 }
