@@ -50,12 +50,8 @@ impl tower::Service<Request<Body>> for Passthrough {
         Box::pin(async move {
             let rt = state.runtime();
             let path = req.uri().path();
-            if has_dot_segments(path) {
-                return Ok(ApiError::bad(
-                    "path",
-                    "the path has dot segments or encoded separators",
-                )
-                .into_response());
+            if let Some(e) = unsafe_path(path) {
+                return Ok(e.into_response());
             }
             if !route_allowed(req.method(), path, &rt.policy.passthrough.extra_routes) {
                 return Ok(ApiError::NotFound.into_response());
@@ -103,6 +99,12 @@ pub fn route_allowed(method: &Method, path: &str, extra: &[String]) -> bool {
                 None => path == pattern,
             }
         })
+}
+
+/// The 400 for a path that could resolve somewhere else upstream (see [`has_dot_segments`]).
+pub fn unsafe_path(path: &str) -> Option<ApiError> {
+    has_dot_segments(path)
+        .then(|| ApiError::bad("path", "the path has dot segments or encoded separators"))
 }
 
 /// A path that could resolve somewhere else upstream: `.` or `..` segments, their

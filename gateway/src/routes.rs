@@ -101,9 +101,8 @@ pub async fn model(
     req: Request,
 ) -> Response {
     // Refused as on every passthrough route, though only the list is ever asked for here.
-    if passthrough::has_dot_segments(req.uri().path()) {
-        return ApiError::bad("path", "the path has dot segments or encoded separators")
-            .into_response();
+    if let Some(e) = passthrough::unsafe_path(req.uri().path()) {
+        return e.into_response();
     }
     let (mut parts, _) = req.into_parts();
     parts.uri = axum::http::Uri::from_static("/v1/models");

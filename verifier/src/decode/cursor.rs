@@ -47,11 +47,6 @@ fn output(mut outs: Vec<PositionOutput>) -> Result<PositionOutput, EngineError> 
         .ok_or_else(|| EngineError::Draft("no output after extend".into()))
 }
 
-/// The draft's most likely token: its guess of what comes next.
-pub(super) fn top1(out: &PositionOutput) -> u32 {
-    out.top1()
-}
-
 impl<'d> Cursor<'d> {
     pub(super) fn new(draft: &'d dyn Draft) -> Self {
         Self {
@@ -238,7 +233,7 @@ impl<'d> Cursor<'d> {
             }
             let guess = match first.take() {
                 Some(g) => g,
-                None => top1(self.ahead.back().map_or(from, |a| &a.out)),
+                None => self.ahead.back().map_or(from, |a| &a.out).top1(),
             };
             let guesses = self.ahead.iter().filter(|a| a.guess).count();
             if guesses >= max_guesses || stop_at.contains(&guess) {
@@ -290,21 +285,21 @@ mod tests {
         let lease = workers.try_lease().ok_or(EngineError::WorkerGone)?;
         let mut c = Cursor::new(lease.as_ref());
         let start = c.prefill(vec![IM_START]).await?;
-        assert_eq!(top1(&start), u32::from(b'a'));
+        assert_eq!(start.top1(), u32::from(b'a'));
         for (i, t) in bytes("abc").into_iter().enumerate() {
             c.ahead_at(i, t).await?;
         }
         let steps = workers.steps();
         let out = c.commit(&bytes("ab")).await?;
         assert_eq!(workers.steps(), steps, "reused, not recomputed");
-        assert_eq!(top1(&out), u32::from(b'c'));
+        assert_eq!(out.top1(), u32::from(b'c'));
         assert_eq!(c.ahead(), 1);
         // A different token rolls back what is ahead and is fed in one step.
         let out = c.commit(&bytes("xy")).await?;
         assert_eq!(workers.steps(), steps + 1);
         assert_eq!(c.ahead(), 0);
         // The scripted draft's answer position counts from the prompt: "abxy" then 'e'.
-        assert_eq!(top1(&out), u32::from(b'e'));
+        assert_eq!(out.top1(), u32::from(b'e'));
         Ok(())
     }
 
@@ -339,7 +334,7 @@ mod tests {
         assert_eq!(c.overlap(slow, &start, None, 2, &[]).await?, 8);
         assert_eq!(c.ahead(), 2, "guesses stop at the cap");
         let out = c.commit(&bytes("ab")).await?;
-        assert_eq!(top1(&out), u32::from(b'c'));
+        assert_eq!(out.top1(), u32::from(b'c'));
         // Four guesses drafted before the timeout, rolled back; then two, both used.
         assert_eq!((c.guessed, c.guesses_used), (6, 2));
         Ok(())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
-use super::cursor::{Cursor, top1};
+use super::cursor::Cursor;
 use super::{
     Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
     TokenEvent, decide,
@@ -697,7 +697,7 @@ impl<'a> Run<'a> {
                 received += 1;
                 self.last_prefix_len += 1;
                 let unused = (batch.len() - i - 1) as u64;
-                let (confident, entropy) = if top1(&out) == token {
+                let (confident, entropy) = if out.top1() == token {
                     self.judge(verifier, &out, token)
                 } else {
                     (false, None)
