@@ -174,15 +174,25 @@ async fn quiet_connections_are_closed_within_the_first_request_deadline_whatever
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         held.push((what, s, Instant::now()));
     }
-    for (what, mut s, opened) in held {
+    // Watched together, so that each close is timed on its own and an early one shows.
+    let closes = futures::future::join_all(held.into_iter().map(|(what, mut s, opened)| async move {
         let closed = until_closed(&mut s, Duration::from_secs(5)).await;
-        let Some((_, at)) = closed else {
+        (what, opened, closed.map(|(_, at)| at))
+    }))
+    .await;
+    for (what, opened, at) in closes {
+        let Some(at) = at else {
             panic!("{what}: still open 5 s after it was opened");
         };
         let after = at - opened;
         assert!(
             after >= deadline - Duration::from_millis(50),
             "{what}: closed after {after:?}, before its deadline"
+        );
+        // The watcher looks at least every deadline: later than twice it is a missed deadline.
+        assert!(
+            after <= 2 * deadline + Duration::from_secs(1),
+            "{what}: closed only after {after:?}"
         );
     }
     // A client that sends its request in time is served.

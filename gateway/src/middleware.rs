@@ -93,6 +93,23 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
     if declared.is_some_and(|n| n > g.max_body_bytes) {
         return ApiError::PayloadTooLarge(g.max_body_bytes).into_response();
     }
+    // Every byte read holds a permit of the body budget until the request goes on (a slot then
+    // bounds it): a declared length is reserved whole, a chunked body as it arrives. When the
+    // budget is spent the gateway is full, as when every slot is taken.
+    let budget = &state.shared.body_budget;
+    let take = |n: usize| {
+        u32::try_from(n)
+            .ok()
+            .and_then(|n| budget.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| {
+                metrics::counter!("approxy_requests_shed_total").increment(1);
+                ApiError::Overloaded
+            })
+    };
+    let mut held = match take(declared.unwrap_or(0)) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     let (parts, body) = req.into_parts();
     let too_slow = || {
         metrics::counter!("approxy_client_errors_total", "reason" => "body_timeout").increment(1);
@@ -102,7 +119,7 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
         }
     };
     let mut chunks = body.into_data_stream();
-    let mut whole = bytes::BytesMut::new();
+    let mut whole = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
     let read = async {
         loop {
             match tokio::time::timeout(g.body_idle_timeout, chunks.next()).await {
@@ -111,6 +128,10 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
                 Ok(Some(Ok(chunk))) => {
                     if whole.len() + chunk.len() > g.max_body_bytes {
                         return Err(ApiError::PayloadTooLarge(g.max_body_bytes));
+                    }
+                    let beyond = (whole.len() + chunk.len()).saturating_sub(held.num_permits());
+                    if beyond > 0 {
+                        held.merge(take(beyond)?);
                     }
                     whole.extend_from_slice(&chunk);
                 }

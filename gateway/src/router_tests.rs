@@ -667,6 +667,36 @@ async fn auth_and_load_shedding() {
     assert_eq!(call(&state, authed()).await.0, StatusCode::OK);
 }
 
+/// Bodies are read before a request takes a slot, so they have a budget of their own: when
+/// other bodies being read hold it, a request is shed as when the slots are full, instead of
+/// buffering without bound; once they are done it is served.
+#[tokio::test]
+async fn bodies_being_read_share_a_bounded_budget() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let budget = &state.shared.body_budget;
+    let all = u32::try_from(budget.available_permits()).unwrap_or(u32::MAX);
+    let held = budget
+        .clone()
+        .try_acquire_many_owned(all - 10)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (status, headers, body) =
+        call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!(
+        (status, error_of(&body).1),
+        (StatusCode::TOO_MANY_REQUESTS, json!("overloaded"))
+    );
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    drop(held);
+    assert_eq!(
+        call(&state, post("/v1/chat/completions", &chat("m", json!({}))))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    // Every permit a read took is back once its request is done.
+    assert_eq!(budget.available_permits(), all as usize);
+}
+
 /// Shared parts around scripted draft `workers`, claiming the identity `draft_sha256`, with
 /// `max_concurrent` request slots.
 fn shared_parts(
@@ -685,6 +715,7 @@ fn shared_parts(
             .build_recorder()
             .handle(),
         inflight: Arc::new(Semaphore::new(max_concurrent)),
+        body_budget: Arc::new(Semaphore::new(max_concurrent * (4 << 20))),
         policy_path: "/tests/policy.toml".into(),
         ledgers: Default::default(),
     })

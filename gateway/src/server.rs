@@ -81,6 +81,7 @@ pub fn build_state(
             .unwrap_or_else(|| DRAFT_GGUF_SHA256.to_string()),
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
+        body_budget: crate::state::body_budget(&policy.gateway),
         policy_path: policy_path.to_path_buf(),
         ledgers: Default::default(),
     });
@@ -141,7 +142,8 @@ pub async fn accept_loop(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(H2_PING_INTERVAL))
-        .keep_alive_timeout(H2_PING_INTERVAL);
+        .keep_alive_timeout(H2_PING_INTERVAL)
+        .max_concurrent_streams(H2_MAX_STREAMS);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -195,6 +197,11 @@ pub async fn accept_loop(
 
 /// How often an HTTP/2 connection pings its client, and how long it waits for the answer.
 const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// Streams one HTTP/2 connection may have open at once (hyper's default is 200): enough for a
+/// client's parallel requests against a gateway of 64 request slots, and a bound on how many
+/// bodies and answers one connection can hold.
+const H2_MAX_STREAMS: u32 = 32;
 
 /// How long a connection told to close for being idle has to do so before it is dropped (an
 /// HTTP/2 client that never answers the GOAWAY, say). A request that starts meanwhile is

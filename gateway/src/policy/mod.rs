@@ -870,6 +870,34 @@ max_cost_ratio = -1
     }
 
     #[test]
+    fn deadlines_are_more_than_zero_and_at_most_a_week_but_a_backoff_may_be_zero() {
+        let with = |gateway: &str, backoff: &str| {
+            let text = GOOD
+                .replace("timeout = \"30s\"", &format!("timeout = \"30s\"\nbackoff = \"{backoff}\""))
+                .replace("auth = \"none\"", &format!("auth = \"none\"\n{gateway}"));
+            Policy::parse(&text, Path::new("p.toml"))
+                .err()
+                .map(|e| e.problems)
+                .unwrap_or_default()
+        };
+        assert_eq!(with("", "0ms"), Vec::<String>::new());
+        for (key, value, says) in [
+            ("write_idle_timeout", "0s", "more than zero"),
+            ("body_timeout", "0ms", "more than zero"),
+            ("idle_timeout", "100000h", "longer than 7 days"),
+            ("request_timeout", "2562047788015215h", "longer than 7 days"),
+        ] {
+            let problems = with(&format!("{key} = \"{value}\""), "200ms");
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.contains(&format!("gateway.{key}")) && p.contains(says)),
+                "{key} = {value}: {problems:?}"
+            );
+        }
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));

@@ -51,6 +51,9 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok()
 }
 
+/// The longest duration a policy may set.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 struct Validator {
     problems: Vec<String>,
     base: PathBuf,
@@ -61,15 +64,32 @@ impl Validator {
         self.problems.push(m.into());
     }
 
+    /// A deadline or timeout: more than zero (a zero one refuses every body or drops every
+    /// stream at once) and at most [`MAX_DURATION`] (past that an instant plus it overflows).
     fn duration(&mut self, field: &str, v: Option<String>, default: Duration) -> Duration {
-        match v {
-            None => default,
-            Some(s) => parse_duration(&s).unwrap_or_else(|| {
+        let d = self.duration_or_zero(field, v, default);
+        if d.is_zero() {
+            self.err(format!("{field}: must be more than zero"));
+            return default;
+        }
+        d
+    }
+
+    /// As [`Self::duration`], where zero means "at once" (a retry's backoff).
+    fn duration_or_zero(&mut self, field: &str, v: Option<String>, default: Duration) -> Duration {
+        let Some(s) = v else { return default };
+        match parse_duration(&s) {
+            Some(d) if d <= MAX_DURATION => d,
+            Some(_) => {
+                self.err(format!("{field}: {s:?} is longer than 7 days"));
+                default
+            }
+            None => {
                 self.err(format!(
                     "{field}: {s:?} is not a duration like \"250ms\", \"30s\" or \"5m\""
                 ));
                 default
-            }),
+            }
         }
     }
 
@@ -173,7 +193,11 @@ impl Validator {
             api_key_env: t.api_key_env,
             timeout: self.duration("target.timeout", t.timeout, Duration::from_secs(120)),
             retries: t.retries.unwrap_or(2),
-            backoff: self.duration("target.backoff", t.backoff, Duration::from_millis(200)),
+            backoff: self.duration_or_zero(
+                "target.backoff",
+                t.backoff,
+                Duration::from_millis(200),
+            ),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
             model: t.model,
             chat_template,
@@ -501,7 +525,8 @@ impl Validator {
                 f("hard_cost_cap")
             ));
         }
-        let window = self.duration(
+        // Its own lower bound (1 s) below says more than "more than zero".
+        let window = self.duration_or_zero(
             &f("budget_window"),
             m.budget_window.clone(),
             DEFAULT_BUDGET_WINDOW,

@@ -32,6 +32,7 @@ use super::delay;
 use super::humaneval::{self, Sandbox, Verdict};
 use super::prices::{CLASSES, PriceClass, cost};
 use super::servers::{self, Layout, Server};
+use super::target_account::{self, TargetAccount, Tokens, difference_pct};
 
 /// Which prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +200,10 @@ pub struct CallsRun {
     pub finished_at: String,
     /// Per prompt.
     pub prompts: Vec<PromptRun>,
+    /// What the target counted while the prompts ran (llama-server's `/metrics`; none for vLLM
+    /// and for runs saved before the bench read it).
+    #[serde(default)]
+    pub target_account: Option<TargetAccount>,
 }
 
 struct Task {
@@ -380,9 +385,14 @@ struct Ctx<'a> {
     scratch: PathBuf,
 }
 
+/// How long the target may take to release a cancelled stream's slot before its counters are
+/// read all the same.
+const SETTLE: Duration = Duration::from_secs(10);
+
 async fn run_config(
     ctx: &Ctx<'_>,
     url: &str,
+    account_url: Option<&str>,
     layout: Layout,
     delay: u64,
     c: CallConfig,
@@ -391,6 +401,10 @@ async fn run_config(
     let stop: &[&str] = match ctx.opts.sample {
         Sample::HumanEval => &humaneval::STOP,
         Sample::Chat => &[],
+    };
+    let before = match account_url {
+        Some(u) => Some(target_account::read(&ctx.http, u, SETTLE).await?),
+        None => None,
     };
     let mut prompts = Vec::with_capacity(ctx.tasks.len());
     for (i, t) in ctx.tasks.iter().enumerate() {
@@ -423,6 +437,10 @@ async fn run_config(
             generation: g,
         });
     }
+    let target_account = match (account_url, before) {
+        (Some(u), Some(b)) => Some(target_account::read(&ctx.http, u, SETTLE).await?.since(&b)),
+        _ => None,
+    };
     // Tests run after the timed part, so they never compete with it.
     for (r, t) in prompts.iter_mut().zip(ctx.tasks) {
         if let Some(p) = &t.problem {
@@ -448,6 +466,7 @@ async fn run_config(
         config: c,
         finished_at: super::report::utc_now(),
         prompts,
+        target_account,
     })
 }
 
@@ -569,7 +588,10 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                         if vllm {
                             servers::reset_vllm_prefix_cache(&ctx.http, &target.url).await?;
                         }
-                        let run = run_config(&ctx, &gateway.url, layout, d, c).await?;
+                        // llama-server counts what it computed; vLLM's counters are not read yet.
+                        let account_url = (!vllm).then_some(target.url.as_str());
+                        let run =
+                            run_config(&ctx, &gateway.url, account_url, layout, d, c).await?;
                         std::fs::write(
                             raw_path(&opts.out, opts.sample, layout, d, c),
                             serde_json::to_vec_pretty(&run)?,
@@ -655,6 +677,13 @@ pub struct Aggregates {
     pub policy_ratio: Option<(f64, f64)>,
     /// Requests the guard handed to the target, by reason ("not_worth_it: 3").
     pub guard_reasons: Vec<String>,
+    /// What approxy billed the target for (passthrough: the client's usage), in the target's
+    /// terms: input it had to compute, input its cache served, output.
+    pub billed: Tokens,
+    /// approxy's estimate of the run's cost at the policy's prices (approximate runs only).
+    pub estimated_usd: Option<f64>,
+    /// What the target itself counted, when the run read it.
+    pub account: Option<TargetAccount>,
 }
 
 /// Sums a run's prompts.
@@ -675,6 +704,7 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         tokens,
         tok_s: tokens as f64 / seconds.max(1e-9),
         ttft_p50: super::stats::quantile(&ttfts, 0.5).unwrap_or(0.0),
+        account: run.target_account,
         ..Aggregates::default()
     };
     if run.config.passthrough() {
@@ -682,6 +712,11 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         a.target_per_100 = 100.0;
         a.input = gens.iter().map(|g| g.prompt_tokens).sum();
         a.output = tokens;
+        a.billed = Tokens {
+            uncached_input: a.input,
+            cached_input: 0,
+            output: a.output,
+        };
     } else {
         let us: Vec<_> = gens.iter().filter_map(|g| g.approxy.as_ref()).collect();
         a.calls_per_100 = per100(us.iter().map(|u| u.target_calls).sum());
@@ -699,7 +734,23 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         a.input = us.iter().map(|u| u.target_input_tokens).sum();
         a.cacheable = us.iter().map(|u| u.target_cacheable_input_tokens).sum();
         a.output = generated + us.iter().map(|u| u.target_discarded_tokens).sum::<u64>();
+        // What the estimate priced as cached: the target's own figure where every call gave
+        // one, else the cache rules' (as the engine does).
+        let cached: u64 = us
+            .iter()
+            .map(|u| {
+                u.target_reported_cached_tokens
+                    .unwrap_or(u.target_cacheable_input_tokens)
+                    .min(u.target_input_tokens)
+            })
+            .sum();
+        a.billed = Tokens {
+            uncached_input: a.input - cached,
+            cached_input: cached,
+            output: a.output,
+        };
         let spent: f64 = us.iter().map(|u| u.estimated_cost_usd).sum();
+        a.estimated_usd = Some(spent);
         let passthrough: f64 = us.iter().map(|u| u.estimated_passthrough_cost_usd).sum();
         if passthrough > 0.0 {
             let worst = us
@@ -720,8 +771,19 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
     a
 }
 
+/// The run's bill under a price class: from the target's own counts where the run read them
+/// (what it really computed, cancelled streams included), else from approxy's.
 fn class_cost(a: &Aggregates, p: &PriceClass, cache: bool) -> f64 {
-    cost(p, a.input, if cache { a.cacheable } else { 0 }, a.output)
+    let t = a.account.map_or(
+        Tokens {
+            uncached_input: a.input - a.cacheable.min(a.input),
+            cached_input: a.cacheable.min(a.input),
+            output: a.output,
+        },
+        |x| x.tokens(),
+    );
+    let input = t.uncached_input + t.cached_input;
+    cost(p, input, if cache { t.cached_input } else { 0 }, t.output)
 }
 
 /// Chat agreement with the target-only run: exact-match share and mean ROUGE-L.
@@ -844,6 +906,7 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
             }
             s.push('\n');
         }
+        s.push_str(&account_table(&here, base));
     }
     s.push_str(&goals(runs, base));
     s.push_str("\nPrice classes (USD per million tokens: input / cached input / output):\n\n");
@@ -851,6 +914,65 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
         s.push_str(&format!(
             "- {}: {} / {} / {} ({}; {}; source: {})\n",
             p.name, p.input, p.cached_input, p.output, p.what, p.date, p.source
+        ));
+    }
+    s
+}
+
+/// The target's own account beside approxy's bill, for the runs that read it: how long the
+/// target computed against target-only, and each of approxy's token counts and its cost
+/// estimate against what the target counted.
+fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
+    let rows: Vec<(&CallsRun, Aggregates, TargetAccount)> = here
+        .iter()
+        .filter_map(|r| {
+            let a = aggregate(r);
+            a.account.map(|t| (*r, a, t))
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let baseline = rows
+        .iter()
+        .find(|(r, ..)| r.config.passthrough())
+        .map(|(_, _, t)| t.busy_seconds());
+    let price = (base.price.input, base.price.cached_input, base.price.output);
+    let mut s = String::from(
+        "\nThe target's own account (llama-server's `/metrics` counters, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough):\n\n\
+         | configuration | target busy (prompt + generation) | busy vs target only | output tokens billed / counted | uncached input billed / counted | cached input billed / counted | cost at the policy's prices, estimate / from the target's counts |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for (r, a, t) in rows {
+        let counted = t.tokens();
+        let pair = |b: u64, c: u64| {
+            format!(
+                "{b} / {c} ({:+.1} %)",
+                difference_pct(b as f64, c as f64)
+            )
+        };
+        let estimate = a.estimated_usd.map_or("–".into(), |e| {
+            let from_counts = counted.cost(price);
+            format!(
+                "{:.5} / {:.5} USD ({:+.1} %)",
+                e,
+                from_counts,
+                difference_pct(e, from_counts)
+            )
+        });
+        s.push_str(&format!(
+            "| {} | {:.1} s ({:.1} + {:.1}) | {} | {} | {} | {} | {estimate} |\n",
+            r.config.label(),
+            t.busy_seconds(),
+            t.prompt_seconds,
+            t.predicted_seconds,
+            baseline.map_or("–".into(), |b| format!(
+                "{:.2}x",
+                t.busy_seconds() / b.max(1e-9)
+            )),
+            pair(a.billed.output, counted.output),
+            pair(a.billed.uncached_input, counted.uncached_input),
+            pair(a.billed.cached_input, counted.cached_input),
         ));
     }
     s
@@ -885,9 +1007,9 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
             continue;
         };
         let b = aggregate(target);
-        let (name, bound) = match sample {
-            Sample::HumanEval => ("HumanEval", 0.6),
-            Sample::Chat => ("held-out chat", 0.75),
+        let (name, bound, busy_bound) = match sample {
+            Sample::HumanEval => ("HumanEval", 0.6, 0.5),
+            Sample::Chat => ("held-out chat", 0.75, 0.6),
         };
         let mut lines = String::new();
         for c in [
@@ -906,6 +1028,22 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
                 100.0 * bound,
                 mark(ratio <= bound)
             );
+            if let (Some(t), Some(bt)) = (a.account, b.account) {
+                let busy = t.busy_seconds() / bt.busy_seconds().max(1e-9);
+                line.push_str(&format!(
+                    "; target busy time {:.2}x target-only's (≤ {busy_bound}x: {})",
+                    busy,
+                    mark(busy <= busy_bound)
+                ));
+                if let Some(e) = a.estimated_usd {
+                    let price = (base.price.input, base.price.cached_input, base.price.output);
+                    let d = difference_pct(e, t.tokens().cost(price));
+                    line.push_str(&format!(
+                        "; approxy's estimate {d:+.1} % from the target's counts (within 3 %: {})",
+                        mark(d.abs() <= 3.0)
+                    ));
+                }
+            }
             if sample == Sample::HumanEval {
                 line.push_str(&format!(
                     "; pass@1 {}/{} against {}/{} ({})",

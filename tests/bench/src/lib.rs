@@ -40,5 +40,6 @@ pub mod servers;
 pub mod soak;
 mod stats;
 pub mod summary;
+mod target_account;
 
 pub use draft::{DraftBenchOptions, draft};

@@ -138,6 +138,8 @@ pub async fn start_llama(
         // successive calls, as a provider's prompt cache would.
         "--cache-ram",
         "0",
+        // Its own counters (`/metrics`): what it computed, read around each run.
+        "--metrics",
     ]);
     if layout == Layout::Pinned {
         // llama.cpp pins its own threads: hex masks, core 0 = 0x1, core 1 = 0x2.

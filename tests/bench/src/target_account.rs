@@ -1,0 +1,214 @@
+//! The target's own account of a benchmark run, to check approxy's bill against and to measure
+//! what a self-hosted target really spent: llama-server's Prometheus counters (`--metrics`),
+//! read before and after a configuration's prompts. They count what the server computed,
+//! whoever stopped reading: a stream approxy cancels is released by the server, and the
+//! release flushes the tokens it generated into `tokens_predicted_total` (llama.cpp
+//! `tools/server/server-context.cpp`, `callback_on_reset`), so tokens in flight at a cancel are
+//! in the count even though no event carried them to approxy.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// What the target computed, from its counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetAccount {
+    /// Prompt tokens it computed (`llamacpp:prompt_tokens_total`: cached tokens excluded).
+    pub prompt_processed: u64,
+    /// Prompt tokens it reused from its cache (`llamacpp:prompt_tokens_cached_total`).
+    pub prompt_cached: u64,
+    /// Tokens it generated, used or not (`llamacpp:tokens_predicted_total`).
+    pub predicted: u64,
+    /// Seconds spent on prompts (`llamacpp:prompt_seconds_total`).
+    pub prompt_seconds: f64,
+    /// Seconds spent generating (`llamacpp:tokens_predicted_seconds_total`).
+    pub predicted_seconds: f64,
+}
+
+impl TargetAccount {
+    /// Reads llama-server's `/metrics` text. Every counter must be there: a server without one
+    /// is not the server this account was written for, and a silent zero would read as a saving.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let get = |name: &str| -> anyhow::Result<f64> {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == name).then(|| v.trim().parse::<f64>().ok())?
+                })
+                .ok_or_else(|| anyhow::anyhow!("the target's /metrics has no {name}"))
+        };
+        Ok(Self {
+            prompt_processed: get("llamacpp:prompt_tokens_total")? as u64,
+            prompt_cached: get("llamacpp:prompt_tokens_cached_total")? as u64,
+            predicted: get("llamacpp:tokens_predicted_total")? as u64,
+            prompt_seconds: get("llamacpp:prompt_seconds_total")?,
+            predicted_seconds: get("llamacpp:tokens_predicted_seconds_total")?,
+        })
+    }
+
+    /// What was counted after `before`.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            prompt_processed: self.prompt_processed.saturating_sub(before.prompt_processed),
+            prompt_cached: self.prompt_cached.saturating_sub(before.prompt_cached),
+            predicted: self.predicted.saturating_sub(before.predicted),
+            prompt_seconds: (self.prompt_seconds - before.prompt_seconds).max(0.0),
+            predicted_seconds: (self.predicted_seconds - before.predicted_seconds).max(0.0),
+        }
+    }
+
+    /// The target's compute time: prompts and generation.
+    pub fn busy_seconds(&self) -> f64 {
+        self.prompt_seconds + self.predicted_seconds
+    }
+
+    /// The same tokens in the terms of a bill.
+    pub fn tokens(&self) -> Tokens {
+        Tokens {
+            uncached_input: self.prompt_processed,
+            cached_input: self.prompt_cached,
+            output: self.predicted,
+        }
+    }
+}
+
+/// Tokens a target is paid for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Input computed from scratch.
+    pub uncached_input: u64,
+    /// Input served from a prompt cache.
+    pub cached_input: u64,
+    /// Output, used or not.
+    pub output: u64,
+}
+
+impl Tokens {
+    /// USD at `price` (USD per million: input, cached input, output).
+    pub fn cost(&self, price: (f64, f64, f64)) -> f64 {
+        (self.uncached_input as f64 * price.0
+            + self.cached_input as f64 * price.1
+            + self.output as f64 * price.2)
+            / 1e6
+    }
+}
+
+/// Signed relative difference of `estimate` from `reported`, in percent.
+pub fn difference_pct(estimate: f64, reported: f64) -> f64 {
+    if reported == 0.0 {
+        return if estimate == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    100.0 * (estimate - reported) / reported
+}
+
+/// The target's counters once it has finished what it was asked: a cancelled stream's slot is
+/// released only when the server notices the closed connection, so the counters are read when
+/// no request is processing (at most `settle`).
+pub async fn read(
+    http: &reqwest::Client,
+    target_url: &str,
+    settle: Duration,
+) -> anyhow::Result<TargetAccount> {
+    let url = format!("{target_url}/metrics");
+    let start = Instant::now();
+    loop {
+        let text = http
+            .get(&url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        if processing(&text) == Some(0.0) || start.elapsed() >= settle {
+            return TargetAccount::parse(&text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn processing(text: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix("llamacpp:requests_processing ")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama-server's `/metrics` as the vendored llama.cpp renders it (server-task.cpp,
+    /// `to_metrics`), trimmed to the lines read and one that is not.
+    const SAMPLE: &str = "\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 1234
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 5678
+llamacpp:prompt_seconds_total 1.5
+llamacpp:tokens_predicted_total 910
+llamacpp:tokens_predicted_seconds_total 12.25
+llamacpp:n_decode_total 77
+llamacpp:requests_processing 1
+";
+
+    #[test]
+    fn the_counters_are_read_by_name() -> anyhow::Result<()> {
+        let a = TargetAccount::parse(SAMPLE)?;
+        assert_eq!(
+            a,
+            TargetAccount {
+                prompt_processed: 1234,
+                prompt_cached: 5678,
+                predicted: 910,
+                prompt_seconds: 1.5,
+                predicted_seconds: 12.25,
+            }
+        );
+        assert_eq!(a.busy_seconds(), 13.75);
+        assert_eq!(processing(SAMPLE), Some(1.0));
+        Ok(())
+    }
+
+    #[test]
+    fn a_missing_counter_is_an_error_not_a_zero() {
+        let text = SAMPLE.replace("llamacpp:tokens_predicted_total 910\n", "");
+        let e = TargetAccount::parse(&text).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("tokens_predicted_total"), "{e}");
+    }
+
+    #[test]
+    fn a_run_is_the_difference_of_two_readings() -> anyhow::Result<()> {
+        let before = TargetAccount::parse(SAMPLE)?;
+        let after = TargetAccount {
+            prompt_processed: 1300,
+            prompt_cached: 6000,
+            predicted: 1000,
+            prompt_seconds: 2.0,
+            predicted_seconds: 14.25,
+        };
+        let d = after.since(&before);
+        assert_eq!(
+            d.tokens(),
+            Tokens {
+                uncached_input: 66,
+                cached_input: 322,
+                output: 90
+            }
+        );
+        assert!((d.busy_seconds() - 2.5).abs() < 1e-12);
+        // Priced per million: 66 * 1 + 322 * 0.1 + 90 * 3 = 368.2.
+        assert!((d.tokens().cost((1.0, 0.1, 3.0)) * 1e6 - 368.2).abs() < 1e-9);
+        Ok(())
+    }
+
+    #[test]
+    fn differences_are_signed_and_relative_to_the_report() {
+        assert_eq!(difference_pct(97.0, 100.0), -3.0);
+        assert_eq!(difference_pct(0.0, 0.0), 0.0);
+        assert!(difference_pct(1.0, 0.0).is_infinite());
+    }
+}
