@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,8 +50,12 @@ pub enum Overdue {
 pub struct Activity {
     in_flight: AtomicUsize,
     /// Response bodies that handed a frame to the connection and have not been asked for the
-    /// next one yet: the connection is writing (or cannot write) what they gave.
-    handed: AtomicUsize,
+    /// next one yet (the connection is writing, or cannot write, what they gave), each with
+    /// when it handed it. Kept per body: on HTTP/2 one stream that its client stopped taking
+    /// must not be hidden by another stream of the same connection that is still read.
+    handed: Mutex<HashMap<u64, Instant>>,
+    /// Ids for the response bodies of this connection.
+    next_body: AtomicU64,
     state: Mutex<Quiet>,
     changed: Notify,
 }
@@ -61,8 +65,6 @@ struct Quiet {
     since: Instant,
     /// Whether any request came: before the first, the first-request deadline applies.
     served: bool,
-    /// When a response body was last asked for a frame.
-    last_pull: Instant,
 }
 
 impl Activity {
@@ -71,11 +73,11 @@ impl Activity {
         let now = Instant::now();
         Arc::new(Self {
             in_flight: AtomicUsize::new(0),
-            handed: AtomicUsize::new(0),
+            handed: Mutex::new(HashMap::new()),
+            next_body: AtomicU64::new(0),
             state: Mutex::new(Quiet {
                 since: now,
                 served: false,
-                last_pull: now,
             }),
             changed: Notify::new(),
         })
@@ -102,24 +104,34 @@ impl Activity {
     pub fn deadline(&self, d: Deadlines) -> Option<(Instant, Overdue)> {
         let q = *self.quiet();
         if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return (self.handed.load(Ordering::SeqCst) > 0)
-                .then(|| (q.last_pull + d.write_idle, Overdue::Unread));
+            // The body whose frame has waited longest decides.
+            return self
+                .handed_bodies()
+                .values()
+                .min()
+                .map(|&at| (at + d.write_idle, Overdue::Unread));
         }
         let wait = if q.served { d.idle } else { d.first_request };
         Some((q.since + wait, Overdue::Idle))
     }
 
-    /// A response body was asked for its next frame: the connection took the last one.
-    fn pulled(&self, handed_before: bool) {
-        self.quiet().last_pull = Instant::now();
-        if handed_before {
-            self.handed.fetch_sub(1, Ordering::SeqCst);
-        }
+    fn handed_bodies(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        self.handed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A response body gave the connection a frame to write.
-    fn handed(&self) {
-        self.handed.fetch_add(1, Ordering::SeqCst);
+    /// Response body `id` was asked for its next frame (the connection took the last one), or
+    /// is gone.
+    fn pulled(&self, id: u64) {
+        // No wake-up: this only moves the deadline later, and the watch rechecks a deadline
+        // when it comes.
+        self.handed_bodies().remove(&id);
+    }
+
+    /// Response body `id` gave the connection a frame to write.
+    fn handed(&self, id: u64) {
+        self.handed_bodies().insert(id, Instant::now());
         self.changed.notify_one();
     }
 
@@ -148,6 +160,8 @@ impl Drop for Busy {
 /// frame handed over and no next one asked for means the client is not taking what it was sent.
 pub struct BusyBody {
     inner: Body,
+    /// Its id among its connection's bodies.
+    id: u64,
     /// Whether the last frame asked for was given and the next not asked for yet.
     handed: bool,
     busy: Busy,
@@ -156,8 +170,10 @@ pub struct BusyBody {
 impl BusyBody {
     /// `body`, holding `busy` for as long as it lives.
     pub fn wrap(inner: Body, busy: Busy) -> Body {
+        let id = busy.0.next_body.fetch_add(1, Ordering::Relaxed);
         Body::new(Self {
             inner,
+            id,
             handed: false,
             busy,
         })
@@ -167,7 +183,7 @@ impl BusyBody {
 impl Drop for BusyBody {
     fn drop(&mut self) {
         if self.handed {
-            self.busy.0.handed.fetch_sub(1, Ordering::SeqCst);
+            self.busy.0.pulled(self.id);
         }
     }
 }
@@ -180,12 +196,13 @@ impl HttpBody for BusyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let handed_before = std::mem::take(&mut self.handed);
-        self.busy.0.pulled(handed_before);
+        if std::mem::take(&mut self.handed) {
+            self.busy.0.pulled(self.id);
+        }
         let frame = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(_))) = frame {
             self.handed = true;
-            self.busy.0.handed();
+            self.busy.0.handed(self.id);
         }
         frame
     }

@@ -47,26 +47,45 @@ fn writing(header: Duration, idle: Duration, per_ip: usize, write_idle: Duration
 
 /// Set when the endless answer is dropped (its connection gone).
 static ENDLESS_DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The same for the HTTP/2 test's own endless answer (tests run side by side).
+static ENDLESS_H2_DROPPED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
-struct SetOnDrop;
+struct SetOnDrop(&'static std::sync::atomic::AtomicBool);
 
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
-        ENDLESS_DROPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
+/// 64 KiB chunks for ever, as fast as they are taken; `dropped` is set when the answer is.
+fn endless(dropped: &'static std::sync::atomic::AtomicBool) -> Body {
+    let guard = SetOnDrop(dropped);
+    let chunks = futures::stream::repeat_with(move || {
+        let _held = &guard;
+        Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 64 << 10]))
+    });
+    Body::from_stream(chunks)
+}
+
 /// `/health` answers at once; `/slow` streams a few chunks with pauses longer than the idle
-/// deadlines the tests set; `/endless` streams 64 KiB chunks for ever, as fast as it may.
+/// deadlines the tests set; `/endless` and `/endless-h2` stream 64 KiB chunks for ever, as fast
+/// as they may; `/trickle` a small chunk every 100 ms for 6 s.
 fn app() -> Router {
     Router::new()
+        .route("/endless", get(|| async { endless(&ENDLESS_DROPPED) }))
         .route(
-            "/endless",
+            "/endless-h2",
+            get(|| async { endless(&ENDLESS_H2_DROPPED) }),
+        )
+        .route(
+            "/trickle",
             get(|| async {
-                let guard = SetOnDrop;
-                let chunks = futures::stream::repeat_with(move || {
-                    let _held = &guard;
-                    Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 64 << 10]))
+                let chunks = futures::stream::unfold(0usize, |i| async move {
+                    (i < 60).then_some(())?;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Some((Ok::<_, std::io::Error>(Bytes::from_static(b"t")), i + 1))
                 });
                 Body::from_stream(chunks)
             }),
@@ -175,11 +194,12 @@ async fn quiet_connections_are_closed_within_the_first_request_deadline_whatever
         held.push((what, s, Instant::now()));
     }
     // Watched together, so that each close is timed on its own and an early one shows.
-    let closes = futures::future::join_all(held.into_iter().map(|(what, mut s, opened)| async move {
-        let closed = until_closed(&mut s, Duration::from_secs(5)).await;
-        (what, opened, closed.map(|(_, at)| at))
-    }))
-    .await;
+    let closes =
+        futures::future::join_all(held.into_iter().map(|(what, mut s, opened)| async move {
+            let closed = until_closed(&mut s, Duration::from_secs(5)).await;
+            (what, opened, closed.map(|(_, at)| at))
+        }))
+        .await;
     for (what, opened, at) in closes {
         let Some(at) = at else {
             panic!("{what}: still open 5 s after it was opened");
@@ -331,4 +351,90 @@ async fn a_client_that_stops_reading_is_dropped_with_its_answer_after_the_write_
             .await
             .is_some()
     );
+}
+
+/// hyper starts its HTTP/1 header timer when a kept-alive connection goes idle: with the
+/// header deadline shorter than the idle one, keep-alive used to end at the header deadline.
+#[tokio::test]
+async fn a_kept_alive_http1_connection_lasts_its_idle_deadline_not_the_header_one() {
+    let (header, idle) = (Duration::from_millis(300), Duration::from_millis(2000));
+    let (addr, _stop, _task) = serve(gateway(header, idle, 0)).await;
+    let mut s = connect_from([127, 0, 0, 1], addr).await;
+    assert!(get_health(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Past the header deadline, well before the idle one: the connection still serves.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(get_health(&mut s).await.starts_with("HTTP/1.1 200"));
+    // And it is closed once idle for its deadline.
+    let answered = Instant::now();
+    let Some((_, at)) = until_closed(&mut s, Duration::from_secs(10)).await else {
+        panic!("an idle kept-alive connection stayed open");
+    };
+    let after = at - answered;
+    assert!(
+        after >= idle - Duration::from_millis(50) && after <= idle + Duration::from_secs(2),
+        "closed {after:?} after its answer"
+    );
+}
+
+/// On HTTP/2 one stream whose client stopped taking it is dropped after the write-idle
+/// deadline even while another stream of the same connection is read all along (a deadline
+/// kept per connection was moved by the live stream, and the stalled one held its slot).
+#[tokio::test]
+async fn an_http2_stream_its_client_stopped_reading_is_not_hidden_by_a_live_one() {
+    let write_idle = Duration::from_millis(500);
+    let (addr, _stop, _task) = serve(writing(
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+        0,
+        write_idle,
+    ))
+    .await;
+    let tcp = connect_from([127, 0, 0, 1], addr).await;
+    // A connection window large enough that the stalled stream cannot starve the live one.
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(64 << 10)
+        .initial_connection_window_size(64 << 20)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap_or_else(|e| panic!("handshake: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("ready: {e}"));
+    let ask = |path: &str| {
+        http::Request::get(format!("http://{addr}{path}"))
+            .body(())
+            .unwrap_or_else(|e| panic!("request: {e}"))
+    };
+    let (stalled, _) = client
+        .send_request(ask("/endless-h2"), true)
+        .unwrap_or_else(|e| panic!("send: {e}"));
+    let (live, _) = client
+        .send_request(ask("/trickle"), true)
+        .unwrap_or_else(|e| panic!("send: {e}"));
+    // The stalled stream's body is never read, so its window is never given back.
+    let _stalled = stalled.await.unwrap_or_else(|e| panic!("head: {e}"));
+    let mut live = live
+        .await
+        .unwrap_or_else(|e| panic!("head: {e}"))
+        .into_body();
+    let started = Instant::now();
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(chunk)) = live.data().await {
+            let _ = live.flow_control().release_capacity(chunk.len());
+        }
+    });
+    while !ENDLESS_H2_DROPPED.load(std::sync::atomic::Ordering::SeqCst) {
+        // The live stream lasts 6 s: the stalled one must go well before it ends.
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "a stalled stream was kept while another stream of its connection was read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() >= write_idle - Duration::from_millis(50));
+    reader.abort();
 }

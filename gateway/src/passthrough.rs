@@ -365,21 +365,35 @@ async fn upstream_error(upstream: reqwest::Response) -> ApiError {
 }
 
 /// The target's own words for the client, at most `limit` characters, with what would tell
-/// about the target's insides left out: URLs (its address, an upstream's) and absolute file
-/// paths become `[…]`.
+/// about the target's insides left out: URLs (its address, an upstream's), IP addresses with
+/// or without a port, and absolute file paths become `[…]`. Words end at any white space and
+/// at `=` (`path=/srv/x`).
 fn scrubbed(message: &str, limit: usize) -> String {
     let inside = |w: &str| {
-        let w = w.trim_matches(|c: char| matches!(c, '(' | ')' | '"' | '\'' | ',' | ';' | ':'));
-        w.contains("://") || (w.starts_with('/') && w[1..].contains('/'))
+        let w = w.trim_matches(|c: char| {
+            matches!(
+                c,
+                '(' | ')' | '"' | '\'' | ',' | ';' | ':' | '.' | '<' | '>'
+            )
+        });
+        w.contains("://")
+            || (w.starts_with('/') && w[1..].contains('/'))
+            || w.parse::<std::net::SocketAddr>().is_ok()
+            || w.parse::<std::net::IpAddr>().is_ok()
     };
-    message
-        .split(' ')
-        .map(|w| if inside(w) { "[…]" } else { w })
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(limit)
-        .collect()
+    let mut out = String::with_capacity(message.len().min(limit * 4));
+    let mut rest = message;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| c.is_whitespace() || c == '=')
+            .unwrap_or(rest.len());
+        let (word, after) = rest.split_at(end);
+        out.push_str(if inside(word) { "[…]" } else { word });
+        let sep = after.chars().next().map_or(0, char::len_utf8);
+        out.push_str(&after[..sep]);
+        rest = &after[sep..];
+    }
+    out.chars().take(limit).collect()
 }
 
 /// Property tests (a fixed budget in every test run): whatever path a client sends, one that
@@ -452,6 +466,22 @@ mod tests {
         );
         assert_eq!(scrubbed("a/b and /x stay", 500), "a/b and /x stay");
         assert_eq!(scrubbed(&"x".repeat(900), 500).len(), 500);
+        // Addresses without a scheme, and words that end at other white space or at `=`.
+        for (said, kept) in [
+            ("failed:\n/srv/app/main.py line 3", "failed:\n[…] line 3"),
+            ("bad key=/srv/a/b\tand more", "bad key=[…]\tand more"),
+            ("upstream 10.1.2.3:8081 refused", "upstream […] refused"),
+            (
+                "peer [::1]:8081 gone; host 192.168.0.7.",
+                "peer […] gone; host […]",
+            ),
+            (
+                "max_tokens must be at most 4096, got 1.5",
+                "max_tokens must be at most 4096, got 1.5",
+            ),
+        ] {
+            assert_eq!(scrubbed(said, 500), kept, "{said}");
+        }
     }
 
     #[test]

@@ -81,6 +81,8 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             "overlap_guesses": s.overlap_guesses,
             "overlap_guesses_used": s.overlap_guesses_used,
             "target_discarded_tokens": s.target_discarded_tokens,
+            // Billed for streams closed before their end: generated after the close, unseen.
+            "target_inflight_tokens": s.target_inflight_tokens,
             "target_input_tokens": s.target_input_tokens,
             "target_cacheable_input_tokens": s.target_cacheable_input_tokens,
             // What the target said it served from its cache, when every call said (the cost

@@ -1395,6 +1395,27 @@ async fn the_targets_context_is_checked_before_the_draft_works() {
     );
 }
 
+/// A target that cannot say what it is is not asked again by every request (each would wait
+/// for the answer, and log its failure): the failure is kept for a while, and requests are
+/// served meanwhile without the facts.
+#[tokio::test]
+async fn a_target_that_cannot_describe_itself_is_not_asked_by_every_request() {
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer()))
+        .failing_to_describe_itself(asked.clone());
+    let state = s.state().await;
+    for _ in 0..3 {
+        let (status, _, body) = call(
+            &state,
+            post("/v1/chat/completions", &chat("m", json!({"max_tokens": 8}))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body:?}");
+    }
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// The gateway's limits hold whatever path a request takes: a parameter approximate mode does
 /// not serve (here `logit_bias`) sends the request to the target, and it is still refused
 /// beyond them; special-token text is refused on the way to the target unless the policy

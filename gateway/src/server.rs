@@ -133,10 +133,14 @@ pub async fn accept_loop(
     };
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut builder = Builder::new(TokioExecutor::new());
+    // hyper starts its HTTP/1 header timer as soon as a kept-alive connection goes idle, so
+    // the next request's head must be complete within this of the previous answer: set to the
+    // longer deadline, or keep-alive would end at `header_timeout` instead of `idle_timeout`.
+    // The first request's deadline (`header_timeout`) is the watcher's below.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(gw.header_timeout);
+        .header_read_timeout(gw.header_timeout.max(gw.idle_timeout));
     // Pings find a peer that went away while a stream was open (no idle deadline runs then).
     builder
         .http2()

@@ -73,10 +73,15 @@ pub struct Runtime {
     pub tokenizer_check: OnceCell<TokenizerCheck>,
     /// What the target says of itself, once known.
     pub target_facts: OnceCell<TargetFacts>,
+    /// When the target last failed to say it.
+    facts_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Longest wait for the target to say what it is (`Runtime::target_facts`).
 const FACTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a target that failed to say what it is goes unasked.
+const FACTS_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Runtime {
     /// Builds a runtime with the target client the policy names; fails when a verifier
@@ -197,29 +202,58 @@ impl Runtime {
             client_keys,
             tokenizer_check: OnceCell::new(),
             target_facts: OnceCell::new(),
+            facts_failed_at: std::sync::Mutex::new(None),
         })
     }
 
-    /// What the target says of itself (asked once; a failure is not kept, so a target that
-    /// comes up later is asked again; while it fails, nothing is known), with the policy's
-    /// `target.context_length` over its own word.
+    /// What the target says of itself (asked once; a failure is kept for [`FACTS_RETRY`] and
+    /// then the target is asked again, so one that comes up later is heard; meanwhile nothing
+    /// is known), with the policy's `target.context_length` over its own word.
     pub async fn target_facts(&self) -> TargetFacts {
-        let said = self
-            .target_facts
-            .get_or_try_init(|| async {
-                // Bounded like a readiness probe: a request waits on it at most this long, and
-                // a target that does not answer in time is asked again by the next one.
-                let facts = tokio::time::timeout(FACTS_WAIT, self.engine.target().facts())
-                    .await
-                    .map_err(|_| ())?
-                    .map_err(|e| tracing::warn!(error = %e, "the target did not say what it is"))?;
-                tracing::info!(context = ?facts.context_length, images = ?facts.images, "what the target says of itself");
-                Ok::<_, ()>(facts)
-            })
-            .await
-            .ok()
-            .copied()
-            .unwrap_or_default();
+        // Requests queue on the first ask: without the memo, each would wait for its own ask
+        // (up to FACTS_WAIT) behind a target that hangs, and a target that always fails would
+        // be asked, and logged, once per request.
+        let failed_lately = || {
+            self.facts_failed_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some_and(|t| t.elapsed() < FACTS_RETRY)
+        };
+        let said = match self.target_facts.get() {
+            Some(f) => *f,
+            None if failed_lately() => TargetFacts::default(),
+            None => self
+                .target_facts
+                .get_or_try_init(|| async {
+                    if failed_lately() {
+                        return Err(());
+                    }
+                    // Bounded like a readiness probe: a request waits on it at most this long.
+                    let asked = tokio::time::timeout(FACTS_WAIT, self.engine.target().facts())
+                        .await
+                        .map_err(|_| "no answer in time".to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string()));
+                    match asked {
+                        Ok(facts) => {
+                            tracing::info!(context = ?facts.context_length, images = ?facts.images, "what the target says of itself");
+                            Ok(facts)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, retry_in = ?FACTS_RETRY, "the target did not say what it is");
+                            *self
+                                .facts_failed_at
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(std::time::Instant::now());
+                            Err(())
+                        }
+                    }
+                })
+                .await
+                .ok()
+                .copied()
+                .unwrap_or_default(),
+        };
         TargetFacts {
             context_length: self.policy.target.context_length.or(said.context_length),
             ..said

@@ -302,6 +302,8 @@ pub struct ScriptedTarget {
     alternative: f32,
     eager: bool,
     facts: TargetFacts,
+    /// `None`: it says `facts`; otherwise it fails to say anything, counting the asks here.
+    facts_fail: Option<std::sync::Arc<AtomicUsize>>,
 }
 
 impl ScriptedTarget {
@@ -320,7 +322,15 @@ impl ScriptedTarget {
             alternative: 0.0,
             eager: false,
             facts: TargetFacts::default(),
+            facts_fail: None,
         }
+    }
+
+    /// The same target unable to say what it is (a `/props` that answers 404 behind a proxy,
+    /// say); `asked` counts how often it was asked.
+    pub fn failing_to_describe_itself(mut self, asked: std::sync::Arc<AtomicUsize>) -> Self {
+        self.facts_fail = Some(asked);
+        self
     }
 
     /// The same target saying it holds `n` positions per request (as llama-server's `/props`
@@ -566,7 +576,16 @@ impl TargetClient for ScriptedTarget {
     }
 
     async fn facts(&self) -> Result<TargetFacts, TargetError> {
-        Ok(self.facts)
+        match &self.facts_fail {
+            None => Ok(self.facts),
+            Some(asked) => {
+                asked.fetch_add(1, Ordering::SeqCst);
+                Err(TargetError::Status {
+                    status: 404,
+                    body: "scripted: no /props here".into(),
+                })
+            }
+        }
     }
 
     async fn health(&self) -> Result<(), TargetError> {

@@ -873,7 +873,10 @@ max_cost_ratio = -1
     fn deadlines_are_more_than_zero_and_at_most_a_week_but_a_backoff_may_be_zero() {
         let with = |gateway: &str, backoff: &str| {
             let text = GOOD
-                .replace("timeout = \"30s\"", &format!("timeout = \"30s\"\nbackoff = \"{backoff}\""))
+                .replace(
+                    "timeout = \"30s\"",
+                    &format!("timeout = \"30s\"\nbackoff = \"{backoff}\""),
+                )
                 .replace("auth = \"none\"", &format!("auth = \"none\"\n{gateway}"));
             Policy::parse(&text, Path::new("p.toml"))
                 .err()

@@ -193,11 +193,7 @@ impl Validator {
             api_key_env: t.api_key_env,
             timeout: self.duration("target.timeout", t.timeout, Duration::from_secs(120)),
             retries: t.retries.unwrap_or(2),
-            backoff: self.duration_or_zero(
-                "target.backoff",
-                t.backoff,
-                Duration::from_millis(200),
-            ),
+            backoff: self.duration_or_zero("target.backoff", t.backoff, Duration::from_millis(200)),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
             model: t.model,
             chat_template,

@@ -590,8 +590,7 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                         }
                         // llama-server counts what it computed; vLLM's counters are not read yet.
                         let account_url = (!vllm).then_some(target.url.as_str());
-                        let run =
-                            run_config(&ctx, &gateway.url, account_url, layout, d, c).await?;
+                        let run = run_config(&ctx, &gateway.url, account_url, layout, d, c).await?;
                         std::fs::write(
                             raw_path(&opts.out, opts.sample, layout, d, c),
                             serde_json::to_vec_pretty(&run)?,
@@ -733,7 +732,10 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         );
         a.input = us.iter().map(|u| u.target_input_tokens).sum();
         a.cacheable = us.iter().map(|u| u.target_cacheable_input_tokens).sum();
-        a.output = generated + us.iter().map(|u| u.target_discarded_tokens).sum::<u64>();
+        a.output = generated
+            + us.iter()
+                .map(|u| u.target_discarded_tokens + u.target_inflight_tokens)
+                .sum::<u64>();
         // What the estimate priced as cached: the target's own figure where every call gave
         // one, else the cache rules' (as the engine does).
         let cached: u64 = us
@@ -945,12 +947,8 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
     );
     for (r, a, t) in rows {
         let counted = t.tokens();
-        let pair = |b: u64, c: u64| {
-            format!(
-                "{b} / {c} ({:+.1} %)",
-                difference_pct(b as f64, c as f64)
-            )
-        };
+        let pair =
+            |b: u64, c: u64| format!("{b} / {c} ({:+.1} %)", difference_pct(b as f64, c as f64));
         let estimate = a.estimated_usd.map_or("–".into(), |e| {
             let from_counts = counted.cost(price);
             format!(

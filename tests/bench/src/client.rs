@@ -53,6 +53,9 @@ pub struct ApproxyUsage {
     /// The target's own account of its compute, seconds (llama.cpp).
     #[serde(default)]
     pub target_busy_seconds: f64,
+    /// Tokens billed for streams closed before their end (generated after the close).
+    #[serde(default)]
+    pub target_inflight_tokens: u64,
     /// What the target said it served from its cache, when every call said.
     #[serde(default)]
     pub target_reported_cached_tokens: Option<u64>,

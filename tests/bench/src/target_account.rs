@@ -50,7 +50,9 @@ impl TargetAccount {
     /// What was counted after `before`.
     pub fn since(&self, before: &Self) -> Self {
         Self {
-            prompt_processed: self.prompt_processed.saturating_sub(before.prompt_processed),
+            prompt_processed: self
+                .prompt_processed
+                .saturating_sub(before.prompt_processed),
             prompt_cached: self.prompt_cached.saturating_sub(before.prompt_cached),
             predicted: self.predicted.saturating_sub(before.predicted),
             prompt_seconds: (self.prompt_seconds - before.prompt_seconds).max(0.0),

@@ -759,13 +759,15 @@ impl<'a> Run<'a> {
 
     /// Counts what a stream about to be closed has already delivered and nobody read: the
     /// target generated those tokens, so they are billed (the stream is read a token per
-    /// draft step, so a backlog builds while the draft works). Only what has arrived: tokens
-    /// still on the wire when the stream closes are not seen.
+    /// draft step, so a backlog builds while the draft works). Tokens still on the wire, and
+    /// those the target writes before it notices the close, are not seen: they are billed as
+    /// [`super::TOKENS_IN_FLIGHT_AT_CLOSE`], measured.
     fn count_unread(&mut self, stream: &mut TokenStream) {
         while let Some(Some(Ok(chunk))) = stream.next().now_or_never() {
             self.stats.target_discarded_tokens += chunk.tokens.len() as u64;
             self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
         }
+        self.stats.target_inflight_tokens += super::TOKENS_IN_FLIGHT_AT_CLOSE;
     }
 
     /// Reads the rest of a stream that has nothing left to generate (see

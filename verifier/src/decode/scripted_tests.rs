@@ -315,6 +315,15 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
         6,
         "the cancelled stream generated nothing more"
     );
+    // A real server would have: the stream closed before its end is billed its allowance.
+    assert_eq!(
+        o.stats.target_inflight_tokens,
+        crate::decode::TOKENS_IN_FLIGHT_AT_CLOSE
+    );
+    assert_eq!(
+        o.stats.spend().target_output_tokens,
+        6 + crate::decode::TOKENS_IN_FLIGHT_AT_CLOSE
+    );
     Ok(())
 }
 
@@ -334,6 +343,8 @@ async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineEr
     assert_eq!(o.target.calls().len(), 1);
     assert_eq!(o.target.calls()[0].max_tokens, 2);
     assert_eq!((o.stats.resyncs, o.stats.target_tokens), (0, 2));
+    // A span that ran to its length closed nothing early: no allowance.
+    assert_eq!(o.stats.target_inflight_tokens, 0);
     Ok(())
 }
 
