@@ -17,6 +17,13 @@ pub use budget::{BudgetGuard, Rates};
 pub use guard::Guard;
 pub use ledger::{Ledger, LedgerView, Segment};
 
+/// Tokens a target generates, on average, after approxy closes its stream before the end (a
+/// span that resynced, an answer that hit a stop string): it notices only at its next write.
+/// Measured on llama-server (`approxy bench calls`, HumanEval, cores pinned, 2026-11-25): its
+/// own counters (`llamacpp:tokens_predicted_total`) exceeded the tokens that reached approxy by
+/// 1.93 to 1.96 per closed stream in every configuration (58, 24 and 104 streams).
+pub const TOKENS_IN_FLIGHT_AT_CLOSE: u64 = 2;
+
 /// What a generation has spent so far, in tokens: all the cost model reads (the decode loop
 /// fills it from its own counters, so this module depends on nothing of the loop's).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -140,6 +147,10 @@ pub struct CallPlan {
     pub cacheable: u64,
     /// Most tokens the call can bring back.
     pub max_output: u64,
+    /// Whether the answer may end at a stop string: a hand-off is then closed at once, with
+    /// [`TOKENS_IN_FLIGHT_AT_CLOSE`] generated after it that passthrough, stopped by the
+    /// target itself, never generates. Without one a hand-off runs to the target's own end.
+    pub stops: bool,
 }
 
 impl CostGuard {
@@ -163,7 +174,13 @@ impl CostGuard {
         let so_far = estimate(s, p).approxy;
         let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
         let next = call.prefix + call.max_output;
-        let reserve = p.input_cost(next, self.cache.cacheable(call.prefix));
+        let in_flight = if call.stops {
+            TOKENS_IN_FLIGHT_AT_CLOSE
+        } else {
+            0
+        };
+        let reserve =
+            p.input_cost(next, self.cache.cacheable(call.prefix)) + p.output_cost(in_flight);
         let passthrough =
             p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
@@ -225,7 +242,10 @@ mod tests {
         // 100-token prompt, nothing spent yet. After 3 draft tokens a one-token call costs
         // 103 input + 2 output + a reserve re-sending 104 tokens, the call's own 103 cached
         // (10.3 + 1) = 116.3 against passthrough 100 + 4 tokens * 2 = 108: refused. After 20:
-        // 120 + 2 + 13 = 135 vs 142: allowed.
+        // 120 + 2 + 13 = 135 vs 142: allowed. With stop strings the hand-off may be closed
+        // with 2 tokens in flight (4 more): after 16 drafted tokens 116 + 2 + 12.6 + 4 = 134.6
+        // against 134 is refused (130.6 without stop strings: allowed), after 17 135.7 against
+        // 136 allowed.
         let mut s = Spend {
             prompt_tokens: 100,
             completion_tokens: 3,
@@ -236,7 +256,8 @@ mod tests {
             CallPlan {
                 prefix: 103,
                 cacheable: 0,
-                max_output: 1
+                max_output: 1,
+                stops: false
             }
         ));
         s.completion_tokens = 20;
@@ -245,9 +266,24 @@ mod tests {
             CallPlan {
                 prefix: 120,
                 cacheable: 0,
-                max_output: 1
+                max_output: 1,
+                stops: false
             }
         ));
+        for (k, stops, refused) in [(16, true, true), (16, false, false), (17, true, false)] {
+            s.completion_tokens = k;
+            let call = CallPlan {
+                prefix: 100 + k,
+                cacheable: 0,
+                max_output: 1,
+                stops,
+            };
+            assert_eq!(
+                g.trips(&s, call),
+                refused,
+                "{k} drafted, stop strings {stops}"
+            );
+        }
         // A target that costs nothing is never guarded.
         let free = CostGuard {
             price: Price::default(),
@@ -259,7 +295,8 @@ mod tests {
             CallPlan {
                 prefix: 100_000,
                 cacheable: 0,
-                max_output: 100
+                max_output: 100,
+                stops: false
             }
         ));
     }

@@ -162,12 +162,7 @@ pub struct GenerateRequest {
     pub overlap: bool,
 }
 
-/// Tokens a target generates, on average, after approxy closes its stream before the end (a
-/// span that resynced, an answer that hit a stop string): it notices only at its next write.
-/// Measured on llama-server (`approxy bench calls`, HumanEval, cores pinned, 2026-11-25): its
-/// own counters (`llamacpp:tokens_predicted_total`) exceeded the tokens that reached approxy by
-/// 1.93 to 1.96 per closed stream in every configuration (58, 24 and 104 streams).
-pub const TOKENS_IN_FLIGHT_AT_CLOSE: u64 = 2;
+pub use crate::cost::TOKENS_IN_FLIGHT_AT_CLOSE;
 
 /// What one generation cost.
 #[derive(Debug, Clone, Default, Serialize)]

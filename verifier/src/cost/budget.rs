@@ -191,6 +191,7 @@ mod tests {
             prefix: 150 + completion,
             cacheable: 150,
             max_output: 32,
+            stops: false,
         };
         (s, plan)
     }
@@ -270,6 +271,7 @@ mod tests {
             prefix: 250,
             cacheable: 0,
             max_output: 32,
+            stops: false,
         };
         assert_eq!(g.judge(&s, plan, 200), Some(GuardReason::HardCap));
         // Below the cap but above 1.0x: allowed while the traffic is within budget, refused

@@ -292,6 +292,7 @@ impl<'a> Run<'a> {
             prefix: prefix + window as u64,
             cacheable,
             max_output: u64::from(n),
+            stops: !self.req.stop.is_empty(),
         };
         guard.judge(&self.stats.spend(), plan, u64::from(self.remaining()))
     }
