@@ -204,6 +204,9 @@ pub struct CallsRun {
     /// and for runs saved before the bench read it).
     #[serde(default)]
     pub target_account: Option<TargetAccount>,
+    /// The machine it ran on (runs saved before the bench recorded it have none).
+    #[serde(default)]
+    pub machine: Option<String>,
 }
 
 struct Task {
@@ -467,6 +470,7 @@ async fn run_config(
         finished_at: super::report::utc_now(),
         prompts,
         target_account,
+        machine: Some(super::report::Machine::read().line()),
     })
 }
 
@@ -836,6 +840,19 @@ pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::
                 Sample::Chat => "Held-out chat",
             }
         ));
+        // Runs of one table can come from different days and machines: each says its own.
+        let mut provenance: Vec<String> = here
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} on {}",
+                    r.finished_at.get(..10).unwrap_or(&r.finished_at),
+                    r.machine.as_deref().unwrap_or("a machine not recorded")
+                )
+            })
+            .collect();
+        provenance.dedup();
+        s.push_str(&format!("Run {}.\n\n", provenance.join("; ")));
         let quality = match sample {
             Sample::HumanEval => "pass@1",
             Sample::Chat => "same as target / ROUGE-L",
