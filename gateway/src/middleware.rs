@@ -148,6 +148,8 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
     };
     let refused = match tokio::time::timeout(g.body_timeout, read).await {
         Ok(Ok(bytes)) => {
+            // Read: from here the request's slot bounds what it holds.
+            drop(held);
             return next
                 .run(Request::from_parts(parts, Body::from(bytes)))
                 .await;
