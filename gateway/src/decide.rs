@@ -264,7 +264,11 @@ async fn choose(
     // the same way, so it is the client's 400 on either path.
     if let Some(context) = rt.target_facts().await.context_length {
         let asked = prompt.len() + valid.max_tokens as usize;
-        let writes_to_the_end = rt.policy.target.kind == TargetKind::LlamaCpp;
+        // llama-server writes until its context is full; so does any target when the limit
+        // is only the gateway's default, which the client never asked for (vLLM's own
+        // default is what the context leaves).
+        let writes_to_the_end =
+            rt.policy.target.kind == TargetKind::LlamaCpp || !valid.max_tokens_given;
         if prompt.len() >= context || (asked > context && !writes_to_the_end) {
             return Err(ValidationError::TargetContextExceeded {
                 prompt: prompt.len(),

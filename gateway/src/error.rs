@@ -61,6 +61,11 @@ pub enum ApiError {
     /// The target rejected the request (4xx): its status is passed on.
     #[error("the target model server rejected the request (HTTP {0})")]
     UpstreamRejected(u16),
+    /// The target rejected a call approxy composed for an approximate answer (4xx): its status
+    /// is passed on as for a rejected request, but the fault is not plainly the client's (the
+    /// gateway checked the request first and wrote the call itself).
+    #[error("the target model server rejected a call made for this answer (HTTP {0})")]
+    EngineCallRejected(u16),
     /// The target rejected a passed-through request (4xx) and said why: its status and the
     /// message fields of its error, nothing else.
     #[error("the target model server rejected the request: {}", message.as_deref().unwrap_or("no reason given"))]
@@ -149,7 +154,9 @@ impl ApiError {
                 "upstream_error",
                 Some("target_timeout"),
             ),
-            ApiError::UpstreamRejected(s) | ApiError::UpstreamRejectedWith { status: s, .. } => (
+            ApiError::UpstreamRejected(s)
+            | ApiError::EngineCallRejected(s)
+            | ApiError::UpstreamRejectedWith { status: s, .. } => (
                 StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
                 "invalid_request_error",
                 Some("target_rejected"),
@@ -184,7 +191,8 @@ impl ApiError {
 
     /// Whose fault the error is, for metrics and alerts: `client` (a request the gateway or
     /// the target refused as the client's mistake, or a client too slow), `target` (the target
-    /// or the way to it failed), `gateway` (full, or its own failure). Alerts on target health
+    /// or the way to it failed), `gateway` (full, its own failure, or a call it composed that
+    /// the target refused). Alerts on target health
     /// read `target` only, so client mistakes never page anyone about the target.
     pub fn side(&self) -> &'static str {
         match self {
@@ -202,9 +210,10 @@ impl ApiError {
             | ApiError::GatewayTimeout
             | ApiError::TargetCredentials
             | ApiError::TargetRateLimited(_) => "target",
-            ApiError::Overloaded | ApiError::ResponseTooLarge(_) | ApiError::Internal(_) => {
-                "gateway"
-            }
+            ApiError::Overloaded
+            | ApiError::ResponseTooLarge(_)
+            | ApiError::Internal(_)
+            | ApiError::EngineCallRejected(_) => "gateway",
         }
     }
 
@@ -253,7 +262,10 @@ impl From<TargetError> for ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::Target(t) => t.into(),
+            EngineError::Target(t) => match ApiError::from(t) {
+                ApiError::UpstreamRejected(status) => ApiError::EngineCallRejected(status),
+                other => other,
+            },
             EngineError::Saturated => ApiError::Overloaded,
             other => ApiError::Internal(other.to_string()),
         }
@@ -334,6 +346,21 @@ mod tests {
         }
         .into();
         assert_eq!(rejected.side(), "client");
+        // The same refusal of a call approxy composed: the client sees the same status and
+        // code, but it is not counted as the client's fault.
+        let engine: ApiError = EngineError::Target(TargetError::Status {
+            status: 400,
+            body: String::new(),
+        })
+        .into();
+        assert_eq!(
+            (
+                engine.status(),
+                engine.side(),
+                engine.body()["error"]["code"].clone()
+            ),
+            (StatusCode::BAD_REQUEST, "gateway", json!("target_rejected"))
+        );
         let timed_out: ApiError = TargetError::Timeout(std::time::Duration::from_secs(1)).into();
         assert_eq!(
             (timed_out.status(), timed_out.side()),

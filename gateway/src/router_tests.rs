@@ -101,6 +101,8 @@ struct Setup {
     body_idle: &'static str,
     /// Policy text appended (more tables).
     extra_policy: &'static str,
+    /// The policy's `target.kind` (the scripted target answers whatever it says).
+    kind: &'static str,
 }
 
 impl Setup {
@@ -115,6 +117,7 @@ impl Setup {
             write_idle: "60s",
             body_idle: "10s",
             extra_policy: "",
+            kind: "llama_cpp",
         }
     }
 
@@ -123,7 +126,7 @@ impl Setup {
         let text = format!(
             r#"
 [target]
-kind = "llama_cpp"
+kind = "{}"
 base_url = "{upstream}"
 timeout = "{}"
 retries = 0
@@ -160,6 +163,7 @@ threshold = 0.5
 fallback = "error"
 {}
 "#,
+            self.kind,
             self.target_timeout,
             self.write_idle,
             self.body_idle,
@@ -1392,6 +1396,31 @@ async fn the_targets_context_is_checked_before_the_draft_works() {
         ),
         (Some(3), Some("length")),
         "{v}"
+    );
+    // A target that refuses a limit past its context (vLLM) gets the client's limit refused,
+    // but the gateway's own default is cut to what the context leaves, as vLLM's would be.
+    let vllm = |n: usize| {
+        let mut s = with_context(n);
+        s.kind = "vllm";
+        s
+    };
+    let state = vllm(prompt + 3).state().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &ask)).await;
+    assert_eq!(
+        (status, error_of(&body).0),
+        (StatusCode::BAD_REQUEST, json!("max_tokens")),
+        "{body:?}"
+    );
+    let mut unlimited = chat("m", json!({}));
+    if let Value::Object(b) = &mut unlimited {
+        b.remove("max_tokens");
+    }
+    let (status, _, body) = call(&state, post("/v1/chat/completions", &unlimited)).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert_eq!(
+        json_of(&body)["usage"]["completion_tokens"].as_u64(),
+        Some(3),
+        "{body:?}"
     );
 }
 

@@ -183,6 +183,8 @@ pub struct ValidRequest {
     pub prompt: Prompt,
     /// Generation limit.
     pub max_tokens: u32,
+    /// Whether the client set the limit (otherwise it is the gateway's default).
+    pub max_tokens_given: bool,
     /// Sampling.
     pub sampling: SamplingParams,
     /// Stop strings.
@@ -268,6 +270,7 @@ pub fn validate(
         model: r.model,
         prompt,
         max_tokens,
+        max_tokens_given: max.is_some(),
         sampling: SamplingParams {
             temperature,
             top_p,
