@@ -45,6 +45,16 @@ fn writing(header: Duration, idle: Duration, per_ip: usize, write_idle: Duration
     }
 }
 
+/// Only the write-idle deadline short: the others far off, no per-address cap.
+fn only_writing(write_idle: Duration) -> GatewayPolicy {
+    writing(
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+        0,
+        write_idle,
+    )
+}
+
 /// Set when the endless answer is dropped (its connection gone).
 static ENDLESS_DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// The same for the HTTP/2 test's own endless answer (tests run side by side).
@@ -57,6 +67,21 @@ impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// How long until `dropped` is set (an endless answer was dropped); fails the test if that
+/// takes `within` or more, naming `what` was kept.
+async fn until_dropped(
+    dropped: &std::sync::atomic::AtomicBool,
+    within: Duration,
+    what: &str,
+) -> Duration {
+    let started = Instant::now();
+    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(started.elapsed() < within, "{what} was kept for {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
 }
 
 /// 64 KiB chunks for ever, as fast as they are taken; `dropped` is set when the answer is.
@@ -324,27 +349,19 @@ async fn shutdown_lets_a_stream_in_flight_finish_and_closes_idle_connections() {
 #[tokio::test]
 async fn a_client_that_stops_reading_is_dropped_with_its_answer_after_the_write_idle() {
     let write_idle = Duration::from_millis(500);
-    let (addr, _stop, _task) = serve(writing(
-        Duration::from_secs(30),
-        Duration::from_secs(30),
-        0,
-        write_idle,
-    ))
-    .await;
+    let (addr, _stop, _task) = serve(only_writing(write_idle)).await;
     let mut s = connect_from([127, 0, 0, 1], addr).await;
     s.write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap_or_else(|e| panic!("write: {e}"));
     // Nothing is read: the socket's buffers fill, and then the answer waits on the client.
-    let started = Instant::now();
-    while !ENDLESS_DROPPED.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "an answer its client does not read was kept for 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(started.elapsed() >= write_idle);
+    let took = until_dropped(
+        &ENDLESS_DROPPED,
+        Duration::from_secs(10),
+        "an answer its client does not read",
+    )
+    .await;
+    assert!(took >= write_idle);
     // The connection is gone too: what was in the buffers, then the end.
     assert!(
         until_closed(&mut s, Duration::from_secs(10))
@@ -382,13 +399,7 @@ async fn a_kept_alive_http1_connection_lasts_its_idle_deadline_not_the_header_on
 #[tokio::test]
 async fn an_http2_stream_its_client_stopped_reading_is_not_hidden_by_a_live_one() {
     let write_idle = Duration::from_millis(500);
-    let (addr, _stop, _task) = serve(writing(
-        Duration::from_secs(30),
-        Duration::from_secs(30),
-        0,
-        write_idle,
-    ))
-    .await;
+    let (addr, _stop, _task) = serve(only_writing(write_idle)).await;
     let tcp = connect_from([127, 0, 0, 1], addr).await;
     // A connection window large enough that the stalled stream cannot starve the live one.
     let (client, conn) = h2::client::Builder::new()
@@ -421,20 +432,18 @@ async fn an_http2_stream_its_client_stopped_reading_is_not_hidden_by_a_live_one(
         .await
         .unwrap_or_else(|e| panic!("head: {e}"))
         .into_body();
-    let started = Instant::now();
     let reader = tokio::spawn(async move {
         while let Some(Ok(chunk)) = live.data().await {
             let _ = live.flow_control().release_capacity(chunk.len());
         }
     });
-    while !ENDLESS_H2_DROPPED.load(std::sync::atomic::Ordering::SeqCst) {
-        // The live stream lasts 6 s: the stalled one must go well before it ends.
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "a stalled stream was kept while another stream of its connection was read"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(started.elapsed() >= write_idle - Duration::from_millis(50));
+    // The live stream lasts 6 s: the stalled one must go well before it ends.
+    let took = until_dropped(
+        &ENDLESS_H2_DROPPED,
+        Duration::from_secs(4),
+        "a stalled stream, while another stream of its connection was read,",
+    )
+    .await;
+    assert!(took >= write_idle - Duration::from_millis(50));
     reader.abort();
 }

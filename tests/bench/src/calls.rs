@@ -956,7 +956,6 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
         .iter()
         .find(|(r, ..)| r.config.passthrough())
         .map(|(_, _, t)| t.busy_seconds());
-    let price = (base.price.input, base.price.cached_input, base.price.output);
     let mut s = String::from(
         "\nThe target's own account (llama-server's `/metrics` counters, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough):\n\n\
          | configuration | target busy (prompt + generation) | busy vs target only | output tokens billed / counted | uncached input billed / counted | cached input billed / counted | cost at the policy's prices, estimate / from the target's counts |\n\
@@ -967,7 +966,7 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
         let pair =
             |b: u64, c: u64| format!("{b} / {c} ({:+.1} %)", difference_pct(b as f64, c as f64));
         let estimate = a.estimated_usd.map_or("–".into(), |e| {
-            let from_counts = counted.cost(price);
+            let from_counts = counted.cost(&base.price);
             format!(
                 "{:.5} / {:.5} USD ({:+.1} %)",
                 e,
@@ -1051,8 +1050,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
                     mark(busy <= busy_bound)
                 ));
                 if let Some(e) = a.estimated_usd {
-                    let price = (base.price.input, base.price.cached_input, base.price.output);
-                    let d = difference_pct(e, t.tokens().cost(price));
+                    let d = difference_pct(e, t.tokens().cost(&base.price));
                     line.push_str(&format!(
                         "; approxy's estimate {d:+.1} % from the target's counts (within 3 %: {})",
                         mark(d.abs() <= 3.0)

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use approxy_verifier::cost::Price;
 use serde::{Deserialize, Serialize};
 
 /// What the target computed, from its counters.
@@ -87,12 +88,10 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    /// USD at `price` (USD per million: input, cached input, output).
-    pub fn cost(&self, price: (f64, f64, f64)) -> f64 {
-        (self.uncached_input as f64 * price.0
-            + self.cached_input as f64 * price.1
-            + self.output as f64 * price.2)
-            / 1e6
+    /// USD at `price`.
+    pub fn cost(&self, price: &Price) -> f64 {
+        price.input_cost(self.uncached_input + self.cached_input, self.cached_input)
+            + price.output_cost(self.output)
     }
 }
 
@@ -203,7 +202,12 @@ llamacpp:requests_processing 1
         );
         assert!((d.busy_seconds() - 2.5).abs() < 1e-12);
         // Priced per million: 66 * 1 + 322 * 0.1 + 90 * 3 = 368.2.
-        assert!((d.tokens().cost((1.0, 0.1, 3.0)) * 1e6 - 368.2).abs() < 1e-9);
+        let price = Price {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 3.0,
+        };
+        assert!((d.tokens().cost(&price) * 1e6 - 368.2).abs() < 1e-9);
         Ok(())
     }
 
