@@ -9,11 +9,13 @@
 # HumanEval, held-out chat and the instruction-following set (the sizes measured in the README;
 # a fresh configuration costs about 0.15 s per token on 2 cores). Target answers are kept under
 # $APPROXY_HOME/work/bench-oracle-asked, so a rerun asks the target only where it was not asked.
-# Usage: [PROBLEMS=24] [CHAT=10] [INSTRUCTIONS=8] ./deploy/study-rules.sh
+# ORACLE_ONLY=1 skips the collection and the fits and runs the oracle with the committed
+# calibrations (deploy/results/acceptance-rules/by-rule/).
+# Usage: [PROBLEMS=24] [CHAT=40] [INSTRUCTIONS=40] [ORACLE_ONLY=1] ./deploy/study-rules.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 PROBLEMS="${PROBLEMS:-24}"
-CHAT="${CHAT:-10}"
-INSTRUCTIONS="${INSTRUCTIONS:-8}"
+CHAT="${CHAT:-40}"
+INSTRUCTIONS="${INSTRUCTIONS:-40}"
 PROMPTS=300
 MAX_ANSWER=48
 LIVE_PROMPTS=100
@@ -22,6 +24,8 @@ mkdir -p "$APPROXY_HOME/logs"
 BUILD="$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print("-".join([m.get("precision", "int4")] + m.get("extra_options", [])).replace("=", ""))' "$APPROXY_HOME/models/draft-onnx/approxy_draft.json")"
 DATA="$APPROXY_HOME/training/rows-v2-${BUILD}-s-p${PROMPTS}-m${MAX_ANSWER}-l${LIVE_PROMPTS}"
 START=$(date +%s)
+OUT="$REPO/deploy/results/acceptance-rules/by-rule"
+if [ "${ORACLE_ONLY:-0}" != 1 ]; then
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/study-target-server.log"
@@ -31,12 +35,12 @@ kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true
 echo "==> rows ready at $(( $(date +%s) - START ))s"
 # Identity (with the table of what every rule accepts), then each other rule.
 "$APPROXY" train fit --data "$DATA" --out-dir "$REPO/deploy/results/acceptance-rules" --seed 7
-OUT="$REPO/deploy/results/acceptance-rules/by-rule"
 for rule in "${RULES[@]}"; do
   name="$(echo "$rule" | tr ':,' '__')"
   "$APPROXY" train fit --data "$DATA" --rule "$rule" --out-dir "$OUT/$name" --seed 7
 done
 echo "==> calibrated every rule at $(( $(date +%s) - START ))s"
+fi
 # One run per kind (code, chat, instructions), each with its own results directory; target answers
 # are shared through the cache, so the order does not matter.
 V50="$OUT/ratio_0.5/calibration.json@0.05"

@@ -77,6 +77,7 @@ fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPo
             "window_relaxed_accepts": s.window_relaxed_accepts,
             "near_ties": s.near_ties,
             "span_resyncs": s.resyncs,
+            "spans_kept": s.spans_kept,
             "overlap": mp.overlap,
             "overlap_guesses": s.overlap_guesses,
             "overlap_guesses_used": s.overlap_guesses_used,

@@ -81,14 +81,30 @@ pub enum Correction {
         tokens: u32,
     },
     /// A streamed span of at most `max_span` tokens, each fed to the draft as it arrives. It
-    /// is cancelled once the draft has predicted the target's last `resync` tokens itself, each
-    /// with the verifier's confidence; drafting resumes there.
+    /// may end once the draft has predicted the target's last `resync` tokens itself, each
+    /// with the verifier's confidence (`end` says whether it then does); drafting resumes
+    /// there.
     Span {
         /// Longest span.
         max_span: u32,
-        /// Agreeing tokens that end a span.
+        /// Agreeing tokens that let a span end.
         resync: u32,
+        /// What decides, once the draft agrees, whether the span ends.
+        end: SpanClose,
     },
+}
+
+/// Whether a span the draft has caught up with ends there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpanClose {
+    /// Always: the fixed rule.
+    #[default]
+    Resync,
+    /// When the cost guard would make the next call: drafting on is worth it only if the
+    /// draft's next rejection can be corrected. Where the guard would refuse that call (it
+    /// would hand the rest to the target), the span already streaming goes on instead, which
+    /// saves re-sending the prefix and the drafted tokens. Without a guard, as `Resync`.
+    Expected,
 }
 
 /// How draft tokens are checked.
@@ -192,6 +208,9 @@ pub struct Stats {
     pub call_cap: bool,
     /// Spans that ended because the draft caught up with the target.
     pub resyncs: u32,
+    /// Spans the draft caught up with that went on because the cost guard would not have made
+    /// the next call (`SpanClose::Expected`).
+    pub spans_kept: u32,
     /// Tokens the target generated that were not used (a span cancelled mid-chunk); paid for
     /// all the same.
     pub target_discarded_tokens: u64,
@@ -455,9 +474,9 @@ impl Engine {
                         }
                         run.last_target_tokens.clone()
                     }
-                    Correction::Span { resync, .. } => {
+                    Correction::Span { resync, end, .. } => {
                         match run
-                            .span(&mut cursor, verifier, out, asked, resync.max(1))
+                            .span(&mut cursor, verifier, out, asked, resync.max(1), end)
                             .await?
                         {
                             // The draft already followed the span: its output is current.

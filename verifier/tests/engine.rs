@@ -12,7 +12,7 @@ use std::time::Duration;
 use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
 use approxy_verifier::{
     BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams,
-    Source, TargetError, TokenEvent,
+    Source, SpanClose, TargetError, TokenEvent,
 };
 use common::Counting;
 
@@ -154,6 +154,7 @@ async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls
         req.correction = Correction::Span {
             max_span: 16,
             resync: 3,
+            end: SpanClose::Resync,
         };
         let (ids, _, stats) = common::run(&engine, &pool, req)
             .await
@@ -201,6 +202,7 @@ async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections
         req.correction = Correction::Span {
             max_span: 32,
             resync: 3,
+            end: SpanClose::Resync,
         };
         let (_, _, span) = common::run(&engine, &pool, req)
             .await
@@ -239,6 +241,7 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
             req.correction = Correction::Span {
                 max_span: 32,
                 resync: 3,
+                end: SpanClose::Resync,
             };
             req.overlap = overlap;
             let (ids, _, stats) = common::run(&engine, &pool, req)

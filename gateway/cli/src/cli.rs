@@ -288,6 +288,10 @@ enum BenchCmd {
         /// Results directory.
         #[arg(long, default_value = "deploy/results/oracle")]
         out: PathBuf,
+        /// An `approxy bench calls` result whose pinned target-only runs give the target's
+        /// milliseconds per prompt and per generated token, for the cheapest plans' busy time.
+        #[arg(long, default_value = "deploy/results/calls/calls.json")]
+        busy_from: PathBuf,
     },
     /// One variant's measurement, in a process of its own (started by draft-fidelity).
     #[command(hide = true)]
@@ -542,6 +546,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     fresh,
                     corpus,
                     out,
+                    busy_from,
                 },
         } => {
             let rules = rules
@@ -566,6 +571,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 fresh,
                 corpus,
                 out,
+                busy_from: Some(busy_from),
             }))
         }
         Cmd::Bench {

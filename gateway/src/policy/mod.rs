@@ -735,7 +735,8 @@ max_cost_ratio = -1
             c(with("correction = { mode = \"span\" }")?),
             Some(Correction::Span {
                 max_span: 32,
-                resync: 3
+                resync: 3,
+                end: validate::DEFAULT_SPAN_CLOSE,
             })
         );
         assert_eq!(
@@ -744,12 +745,30 @@ max_cost_ratio = -1
             )?),
             Some(Correction::Span {
                 max_span: 16,
-                resync: 2
+                resync: 2,
+                end: validate::DEFAULT_SPAN_CLOSE,
             })
         );
+        for (word, end) in [
+            ("expected", approxy_verifier::SpanClose::Expected),
+            ("resync", approxy_verifier::SpanClose::Resync),
+        ] {
+            assert_eq!(
+                c(with(&format!(
+                    "correction = {{ mode = \"span\", end = \"{word}\" }}"
+                ))?),
+                Some(Correction::Span {
+                    max_span: 32,
+                    resync: 3,
+                    end
+                })
+            );
+        }
         for bad in [
             "correction = { mode = \"span\", tokens = 3 }",
             "correction = { mode = \"fixed\", resync = 3 }",
+            "correction = { mode = \"fixed\", end = \"expected\" }",
+            "correction = { mode = \"span\", end = \"never\" }",
             "correction = { mode = \"sometimes\" }",
             "correction = { mode = \"span\", max_span = 0 }",
             "correction_tokens = 2\ncorrection = { mode = \"fixed\" }",

@@ -248,7 +248,8 @@ pub struct RawModel {
     pub budget_window: Option<String>,
 }
 
-/// `correction = { mode = "fixed", tokens = N }` or `{ mode = "span", max_span = N, resync = K }`.
+/// `correction = { mode = "fixed", tokens = N }` or
+/// `{ mode = "span", max_span = N, resync = K, end = "expected" | "resync" }`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCorrection {
@@ -263,6 +264,10 @@ pub struct RawCorrection {
     /// Span: tokens the draft must predict confidently in a row to end it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resync: Option<u32>,
+    /// Span: `expected` (the span ends there only when the cost guard would make the next
+    /// call) or `resync` (always).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
 }
 
 /// Bail-out budget.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::target::{CacheHints, PrefixStyle};
-use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
+use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
 use super::{
@@ -18,6 +18,10 @@ use super::{
 /// target on the same cores the guesses take the cores the target needs (README, "Drafting
 /// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
+
+/// What ends a span the draft has caught up with unless the policy says. The fixed rule until
+/// `approxy bench calls` shows the expected one better (README, "What the budget guard saves").
+pub const DEFAULT_SPAN_CLOSE: SpanClose = SpanClose::Resync;
 
 /// The budget guard's per-request bound unless the policy says: a request may cost up to half
 /// again passthrough when its calls were expected to pay and did not.
@@ -634,9 +638,9 @@ impl Validator {
     fn correction(&mut self, field: &str, c: RawCorrection) -> Correction {
         match c.mode.as_str() {
             "fixed" => {
-                if c.max_span.is_some() || c.resync.is_some() {
+                if c.max_span.is_some() || c.resync.is_some() || c.end.is_some() {
                     self.err(format!(
-                        "{field}: max_span and resync belong to mode = \"span\""
+                        "{field}: max_span, resync and end belong to mode = \"span\""
                     ));
                 }
                 self.fixed(field, c.tokens.unwrap_or(1))
@@ -652,7 +656,22 @@ impl Validator {
                 if !(1..=64).contains(&resync) {
                     self.err(format!("{field}: resync must be in 1..=64"));
                 }
-                Correction::Span { max_span, resync }
+                let end = match c.end.as_deref() {
+                    None => DEFAULT_SPAN_CLOSE,
+                    Some("expected") => SpanClose::Expected,
+                    Some("resync") => SpanClose::Resync,
+                    Some(other) => {
+                        self.err(format!(
+                            "{field}: end {other:?} is not one of \"expected\", \"resync\""
+                        ));
+                        DEFAULT_SPAN_CLOSE
+                    }
+                };
+                Correction::Span {
+                    max_span,
+                    resync,
+                    end,
+                }
             }
             other => {
                 self.err(format!(

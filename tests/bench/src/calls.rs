@@ -109,10 +109,12 @@ pub enum CallConfig {
     VllmExact,
     /// Exact windows on vLLM, overlap on.
     VllmExactOverlap,
+    /// Spans, no cost guard, on vLLM (what its counters say of streams closed early).
+    VllmSpan,
 }
 
 /// Every configuration, in report order.
-pub const ALL: [CallConfig; 8] = [
+pub const ALL: [CallConfig; 9] = [
     CallConfig::TargetOnly,
     CallConfig::Default,
     CallConfig::Strict,
@@ -121,6 +123,7 @@ pub const ALL: [CallConfig; 8] = [
     CallConfig::VllmTargetOnly,
     CallConfig::VllmExact,
     CallConfig::VllmExactOverlap,
+    CallConfig::VllmSpan,
 ];
 
 impl CallConfig {
@@ -135,13 +138,14 @@ impl CallConfig {
             Self::VllmTargetOnly => "vllm-target-only",
             Self::VllmExact => "vllm-exact",
             Self::VllmExactOverlap => "vllm-exact-overlap",
+            Self::VllmSpan => "vllm-span",
         }
     }
 
     fn vllm(self) -> bool {
         matches!(
             self,
-            Self::VllmTargetOnly | Self::VllmExact | Self::VllmExactOverlap
+            Self::VllmTargetOnly | Self::VllmExact | Self::VllmExactOverlap | Self::VllmSpan
         )
     }
 
@@ -168,6 +172,7 @@ impl CallConfig {
             Self::VllmTargetOnly => "vLLM target only (passthrough)",
             Self::VllmExact => "vLLM exact windows",
             Self::VllmExactOverlap => "vLLM exact windows, overlap",
+            Self::VllmSpan => "vLLM spans, no cost guard",
         }
     }
 }
@@ -200,8 +205,8 @@ pub struct CallsRun {
     pub finished_at: String,
     /// Per prompt.
     pub prompts: Vec<PromptRun>,
-    /// What the target counted while the prompts ran (llama-server's `/metrics`; none for vLLM
-    /// and for runs saved before the bench read it).
+    /// What the target counted while the prompts ran (its `/metrics`; none for runs saved
+    /// before the bench read it).
     #[serde(default)]
     pub target_account: Option<TargetAccount>,
     /// The machine it ran on (runs saved before the bench recorded it have none).
@@ -592,8 +597,8 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
                         if vllm {
                             servers::reset_vllm_prefix_cache(&ctx.http, &target.url).await?;
                         }
-                        // llama-server counts what it computed; vLLM's counters are not read yet.
-                        let account_url = (!vllm).then_some(target.url.as_str());
+                        // Both servers count what they computed.
+                        let account_url = Some(target.url.as_str());
                         let run = run_config(&ctx, &gateway.url, account_url, layout, d, c).await?;
                         std::fs::write(
                             raw_path(&opts.out, opts.sample, layout, d, c),
@@ -687,6 +692,9 @@ pub struct Aggregates {
     pub estimated_usd: Option<f64>,
     /// What the target itself counted, when the run read it.
     pub account: Option<TargetAccount>,
+    /// Tokens approxy billed as generated after it closed a stream early (its allowance per
+    /// closed stream), included in `output`.
+    pub inflight_billed: u64,
 }
 
 /// Sums a run's prompts.
@@ -736,10 +744,10 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         );
         a.input = us.iter().map(|u| u.target_input_tokens).sum();
         a.cacheable = us.iter().map(|u| u.target_cacheable_input_tokens).sum();
+        a.inflight_billed = us.iter().map(|u| u.target_inflight_tokens).sum();
         a.output = generated
-            + us.iter()
-                .map(|u| u.target_discarded_tokens + u.target_inflight_tokens)
-                .sum::<u64>();
+            + a.inflight_billed
+            + us.iter().map(|u| u.target_discarded_tokens).sum::<u64>();
         // What the estimate priced as cached: the target's own figure where every call gave
         // one, else the cache rules' (as the engine does).
         let cached: u64 = us
@@ -957,9 +965,9 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
         .find(|(r, ..)| r.config.passthrough())
         .map(|(_, _, t)| t.busy_seconds());
     let mut s = String::from(
-        "\nThe target's own account (llama-server's `/metrics` counters, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough):\n\n\
-         | configuration | target busy (prompt + generation) | busy vs target only | output tokens billed / counted | uncached input billed / counted | cached input billed / counted | cost at the policy's prices, estimate / from the target's counts |\n\
-         |---|---|---|---|---|---|---|\n",
+        "\nThe target's own account (its `/metrics` counters: llama-server's, or vLLM's, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough):\n\n\
+         | configuration | target busy (prompt + generation) | busy vs target only | output tokens billed / counted | tokens in flight per stream closed early, measured | uncached input billed / counted | cached input billed / counted | cost at the policy's prices, estimate / from the target's counts |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for (r, a, t) in rows {
         let counted = t.tokens();
@@ -975,7 +983,7 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
             )
         });
         s.push_str(&format!(
-            "| {} | {:.1} s ({:.1} + {:.1}) | {} | {} | {} | {} | {estimate} |\n",
+            "| {} | {:.1} s ({:.1} + {:.1}) | {} | {} | {} | {} | {} | {estimate} |\n",
             r.config.label(),
             t.busy_seconds(),
             t.prompt_seconds,
@@ -985,11 +993,26 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
                 t.busy_seconds() / b.max(1e-9)
             )),
             pair(a.billed.output, counted.output),
+            inflight_per_close(&a, &counted),
             pair(a.billed.uncached_input, counted.uncached_input),
             pair(a.billed.cached_input, counted.cached_input),
         ));
     }
     s
+}
+
+/// What the target generated beyond what approxy received, per stream approxy closed early
+/// (those it billed the allowance for): the measurement the allowance stands for.
+fn inflight_per_close(a: &Aggregates, counted: &Tokens) -> String {
+    let closed = a.inflight_billed / approxy_verifier::decode::TOKENS_IN_FLIGHT_AT_CLOSE;
+    if closed == 0 {
+        return "–".into();
+    }
+    let received = a.billed.output - a.inflight_billed;
+    format!(
+        "{:.2} over {closed}",
+        (counted.output as f64 - received as f64) / closed as f64
+    )
 }
 
 /// The cost issue's goals (issue 30), per llama.cpp configuration and sample, on the runs with

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use approxy_verifier::decode::{Correction, Engine, GenerateRequest, Verification};
+use approxy_verifier::decode::{Correction, Engine, GenerateRequest, SpanClose, Verification};
 use approxy_verifier::sampling::argmax;
 use approxy_verifier::target::{Continuation, ContinuationRequest};
 use approxy_verifier::verify::Features;
@@ -175,6 +175,7 @@ async fn engine_speed(
             correction: Correction::Span {
                 max_span: 32,
                 resync: 3,
+                end: SpanClose::Resync,
             },
             bailout: None,
             cost_guard: None,

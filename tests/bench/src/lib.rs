@@ -10,7 +10,8 @@
 //!   target-only, on HumanEval or held-out chat, per core layout and per-call delay (`delay`:
 //!   the proxy that injects it), with costs under each provider class in `prices`.
 //! - `oracle`: what each acceptance rule allows, the target's probabilities deciding at every
-//!   position (target share, pass@1, the target's likelihood of the answers).
+//!   position (target share, pass@1, the target's likelihood of the answers), and what the
+//!   cheapest call plan for those answers would cost (`call_floor`).
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once.
@@ -21,6 +22,7 @@
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
 
 pub mod attack;
+mod call_floor;
 pub mod calls;
 mod chart;
 mod chat_sample;

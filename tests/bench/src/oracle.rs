@@ -28,6 +28,7 @@ use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
 use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 
+use super::call_floor::{Rates, cheapest};
 use super::chat_sample::{held_out_chat, rouge_l};
 use super::humaneval::{self, Sandbox, Verdict};
 use super::report::{Machine, utc_now};
@@ -64,6 +65,10 @@ pub struct OracleOptions {
     pub corpus: PathBuf,
     /// Results directory.
     pub out: PathBuf,
+    /// An `approxy bench calls` result (`calls.json`) whose pinned target-only runs give the
+    /// target's milliseconds per prompt and per generated token, for the cheapest plans' busy
+    /// time (none: no busy time).
+    pub busy_from: Option<PathBuf>,
 }
 
 /// A local verifier the oracle runs beside the rules: the draft's confidence against a
@@ -244,6 +249,13 @@ pub struct OracleAnswer {
     pub outside_top_k: usize,
     /// HumanEval verdict (code only).
     pub verdict: Option<Verdict>,
+    /// Prompt tokens (as the target sees them).
+    #[serde(default)]
+    pub prompt_tokens: usize,
+    /// The positions the target wrote, ascending (runs saved before they were kept have none,
+    /// and no cheapest plan).
+    #[serde(default)]
+    pub target_at: Vec<usize>,
 }
 
 /// One configuration on one kind.
@@ -276,7 +288,23 @@ pub struct OracleSummary {
     /// Wall time of the configuration's decoding. Not a speed: a target call one configuration
     /// made at a prefix is not repeated by the next, so later configurations take less.
     pub seconds: f64,
+    /// Per cost class, the cheapest call plan for these answers' target positions
+    /// (`call_floor`) against what target-only's answers cost through passthrough.
+    #[serde(default)]
+    pub cheapest: Vec<ClassRatio>,
 }
+
+/// A cost against passthrough's, in one cost class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassRatio {
+    /// The class (a price class's name, or `target busy`).
+    pub class: String,
+    /// Cost relative to passthrough's.
+    pub ratio: f64,
+}
+
+/// The name of the cost class that counts the target's own time.
+pub const BUSY: &str = "target busy";
 
 /// IFEval's accuracies on the instruction-following set (`tests/bench/instructions/`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -304,6 +332,9 @@ pub struct OracleReport {
     pub summaries: Vec<OracleSummary>,
     /// Every answer, by kind and configuration.
     pub answers: Vec<(String, String, Vec<OracleAnswer>)>,
+    /// The cost classes the cheapest plans are priced in.
+    #[serde(default)]
+    pub classes: Vec<(String, Rates)>,
 }
 
 /// A prompt to answer.
@@ -329,6 +360,7 @@ async fn decode(
     let mut out = draft.prefill(prompt.ids.clone()).await?;
     let mut answer: Vec<u32> = Vec::new();
     let (mut target_tokens, mut nll_sum, mut outside) = (0usize, 0f64, 0usize);
+    let mut target_at = Vec::new();
     let mut text = String::new();
     while answer.len() < max_tokens as usize {
         // The draft's token and its probability exactly as the verifier and the rows see them.
@@ -357,6 +389,7 @@ async fn decode(
             x
         } else {
             target_tokens += 1;
+            target_at.push(answer.len());
             y
         };
         let lp = match probs.logprob(emitted) {
@@ -393,6 +426,8 @@ async fn decode(
         nll_sum,
         outside_top_k: outside,
         verdict: None,
+        prompt_tokens: prompt.ids.len(),
+        target_at,
     })
 }
 
@@ -438,7 +473,95 @@ fn summarize(
         }),
         outside_top_k: answers.iter().map(|a| a.outside_top_k).sum(),
         seconds,
+        cheapest: Vec::new(),
     }
+}
+
+/// Fills each summary's cheapest plan per cost class, against target-only's answers of its
+/// kind through passthrough, where every answer kept its target positions.
+fn fill_cheapest(
+    summaries: &mut [OracleSummary],
+    all: &[(String, String, Vec<OracleAnswer>)],
+    classes: &[(String, Rates)],
+) {
+    for s in summaries.iter_mut() {
+        let find = |config: &str| {
+            all.iter()
+                .find(|r| r.0 == s.kind && r.1 == config)
+                .map(|r| &r.2)
+        };
+        let (Some(answers), Some(reference)) = (find(&s.config), find("target-only")) else {
+            continue;
+        };
+        // Target-only's own positions say whether the run kept them.
+        if reference.iter().any(|a| a.target_at.len() != a.tokens) {
+            continue;
+        }
+        s.cheapest = classes
+            .iter()
+            .map(|(class, r)| {
+                let (mut plan, mut passthrough) = (0.0, 0.0);
+                for a in answers {
+                    let Some(t) = reference.iter().find(|t| t.id == a.id) else {
+                        continue;
+                    };
+                    plan += cheapest(a.prompt_tokens, a.tokens, &a.target_at, r);
+                    passthrough += r.passthrough(t.prompt_tokens, t.tokens);
+                }
+                ClassRatio {
+                    class: class.clone(),
+                    ratio: plan / passthrough.max(f64::MIN_POSITIVE),
+                }
+            })
+            .collect();
+    }
+}
+
+/// The cost classes the cheapest plans are priced in: every price class, and the target's
+/// busy time from the milliseconds per prompt and per generated token that llama-server
+/// counted over a target-only run of `approxy bench calls` (`calls.json`), where there is one.
+pub fn cost_classes(calls_json: Option<&std::path::Path>) -> Vec<(String, Rates)> {
+    let mut out: Vec<(String, Rates)> = super::prices::CLASSES
+        .iter()
+        .map(|p| {
+            (
+                p.name.to_string(),
+                Rates {
+                    input: p.input,
+                    cached_input: p.cached_input,
+                    output: p.output,
+                },
+            )
+        })
+        .collect();
+    if let Some(r) = calls_json.and_then(busy_rates) {
+        out.push((BUSY.to_string(), r));
+    }
+    out
+}
+
+/// Milliseconds per computed prompt token and per generated token over the target-only runs
+/// with the target's counters in a `calls.json` (a cached prompt token costs no compute).
+fn busy_rates(path: &std::path::Path) -> Option<Rates> {
+    let runs: Vec<super::calls::CallsRun> =
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let (mut pn, mut ps, mut gn, mut gs) = (0u64, 0f64, 0u64, 0f64);
+    for r in runs
+        .iter()
+        .filter(|r| r.config == super::calls::CallConfig::TargetOnly && r.layout == "pinned")
+    {
+        if let Some(a) = &r.target_account {
+            pn += a.prompt_processed;
+            ps += a.prompt_seconds;
+            gn += a.predicted;
+            gs += a.predicted_seconds;
+        }
+    }
+    (pn > 0 && gn > 0).then(|| Rates {
+        input: 1e3 * ps / pn as f64,
+        cached_input: 0.0,
+        output: 1e3 * gs / gn as f64,
+    })
 }
 
 /// Fills each summary's share of the NLL gap closed, from its kind's draft-only and
@@ -475,8 +598,18 @@ pub fn markdown(r: &OracleReport) -> String {
         .iter()
         .map(|(k, n)| format!("{n} ({k})"))
         .collect();
+    let busy = r
+        .classes
+        .iter()
+        .find(|c| c.0 == BUSY)
+        .map_or("not measured".to_string(), |(_, b)| {
+            format!(
+                "{:.1} ms per computed prompt token and {:.1} ms per generated token, llama-server's counters over `approxy bench calls` target-only runs with cores pinned",
+                b.input, b.output
+            )
+        });
     let mut s = format!(
-        "Oracle study, {} on {} ({} cores): at every position the target's top-20 probabilities decide (a rule) or the draft's confidence does (a verifier), and a rejected position gets the target's own token; answers of at most {} tokens, greedy. Instructions: IFEval's checkers on `tests/bench/instructions/` (prompt level / instruction level, strict).\n\n| kind | configuration | answers | target share | calls / 100 tokens | pass@1 | instructions followed | NLL / token | NLL gap closed | ROUGE-L vs target | identical to target |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "Oracle study, {} on {} ({} cores): at every position the target's top-20 probabilities decide (a rule) or the draft's confidence does (a verifier), and a rejected position gets the target's own token; answers of at most {} tokens, greedy. Instructions: IFEval's checkers on `tests/bench/instructions/` (prompt level / instruction level, strict). Cheapest plan: the least any call plan pays for the positions the target wrote (every call re-sends the prefix, all of it read from the cache but what is new, spans stopped exactly, `call_floor.rs`), against target-only's answers through passthrough; at DeepSeek's prices, and in the target's busy time ({busy}).\n\n| kind | configuration | answers | target share | calls / 100 tokens | pass@1 | instructions followed | NLL / token | NLL gap closed | ROUGE-L vs target | identical to target | cheapest plan, DeepSeek | cheapest plan, target busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         r.date,
         r.machine.cpu,
         r.machine.cores,
@@ -492,8 +625,14 @@ pub fn markdown(r: &OracleReport) -> String {
                 }
             })
         };
+        let class = |name: &str| {
+            opt(
+                x.cheapest.iter().find(|c| c.class == name).map(|c| c.ratio),
+                true,
+            )
+        };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1} % | {:.1} | {} | {} | {:.3} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.1} % | {:.1} | {} | {} | {:.3} | {} | {} | {} | {} | {} |\n",
             x.kind,
             x.config,
             x.answers,
@@ -509,7 +648,9 @@ pub fn markdown(r: &OracleReport) -> String {
             x.nll_per_token,
             opt(x.nll_gap_closed, true),
             opt(x.rouge_l, false),
-            x.identical
+            x.identical,
+            class("DeepSeek"),
+            class(BUSY),
         ));
     }
     s
@@ -779,6 +920,8 @@ fn write_report(
 ) -> anyhow::Result<String> {
     let mut summaries = summaries.to_vec();
     gap_closed(&mut summaries);
+    let classes = cost_classes(opts.busy_from.as_deref());
+    fill_cheapest(&mut summaries, all, &classes);
     let done: Vec<&str> = summaries.iter().map(|s| s.kind.as_str()).collect();
     let report = OracleReport {
         date: utc_now(),
@@ -794,6 +937,7 @@ fn write_report(
         .collect(),
         summaries,
         answers: all.to_vec(),
+        classes,
     };
     std::fs::write(
         opts.out.join("oracle.json"),
@@ -817,6 +961,8 @@ mod tests {
             nll_sum: nll,
             outside_top_k: 0,
             verdict: None,
+            prompt_tokens: 0,
+            target_at: Vec::new(),
         }
     }
 
@@ -845,10 +991,71 @@ mod tests {
                 max_tokens: vec![("chat".into(), 2)],
                 summaries: s,
                 answers: Vec::new(),
+                classes: Vec::new(),
             })
             .contains(
-                "| chat | ratio:0.2 | 1 | 30.0 % | 30.0 | - | - | 0.450 | 75 % | 0.667 | 0 |"
+                "| chat | ratio:0.2 | 1 | 30.0 % | 30.0 | - | - | 0.450 | 75 % | 0.667 | 0 | - | - |"
             )
+        );
+    }
+
+    /// The cheapest plans are priced per class against target-only's answers through
+    /// passthrough, matched by prompt; a run whose answers kept no positions gets none.
+    #[test]
+    fn cheapest_plans_are_priced_against_target_only_through_passthrough() {
+        let with = |id: &str, tokens: usize, at: Vec<usize>| OracleAnswer {
+            id: id.into(),
+            prompt_tokens: 10,
+            target_at: at,
+            ..answer(tokens, 0, 0.0, "")
+        };
+        let all = vec![
+            (
+                "chat".to_string(),
+                "target-only".to_string(),
+                vec![with("p", 4, vec![0, 1, 2, 3]), with("q", 2, vec![0, 1])],
+            ),
+            (
+                "chat".to_string(),
+                "ratio:0.5".to_string(),
+                // q first: matched by id, not by order.
+                vec![with("q", 3, vec![]), with("p", 5, vec![3])],
+            ),
+        ];
+        let r = Rates {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 3.0,
+        };
+        let mut s = vec![
+            summarize("target-only", "chat", &all[0].2, None, 1.0),
+            summarize("ratio:0.5", "chat", &all[1].2, None, 1.0),
+        ];
+        fill_cheapest(&mut s, &all, &[("c".into(), r)]);
+        // Passthrough: 10 + 12 and 10 + 6; ratio:0.5 pays only p's call at 3: 13 + 3.
+        assert_eq!(s[0].cheapest[0].ratio, 1.0);
+        assert!((s[1].cheapest[0].ratio - 16.0 / 38.0).abs() < 1e-12);
+        let mut old = all.clone();
+        old[0].2[1].target_at.clear();
+        let mut s = vec![summarize("ratio:0.5", "chat", &old[1].2, None, 1.0)];
+        fill_cheapest(&mut s, &old, &[("c".into(), r)]);
+        assert!(s[0].cheapest.is_empty());
+    }
+
+    /// The busy-time class reads llama-server's own counters from the committed calls
+    /// results: a computed prompt token is cheaper than a generated one, a cached one free.
+    #[test]
+    fn busy_time_is_priced_from_the_target_counters_of_a_calls_run() {
+        let committed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/results/calls/calls.json");
+        let classes = cost_classes(Some(&committed));
+        let (_, busy) = classes.iter().find(|c| c.0 == BUSY).expect("a busy class");
+        assert_eq!(busy.cached_input, 0.0);
+        assert!(0.0 < busy.input && busy.input < busy.output, "{busy:?}");
+        assert_eq!(classes.len(), super::super::prices::CLASSES.len() + 1);
+        assert_eq!(
+            cost_classes(Some(std::path::Path::new("/nonexistent"))).len(),
+            super::super::prices::CLASSES.len()
         );
     }
 
@@ -1020,6 +1227,18 @@ mod tests {
             assert_eq!(
                 (got.text.as_str(), got.target_tokens, got.tokens),
                 (text, target_tokens, 4),
+                "{}",
+                decide.name()
+            );
+            // Where the target wrote: all four, none, or the second (`x`).
+            let at: Vec<usize> = match target_tokens {
+                4 => vec![0, 1, 2, 3],
+                1 => vec![1],
+                _ => vec![],
+            };
+            assert_eq!(
+                (got.target_at, got.prompt_tokens),
+                (at, 1),
                 "{}",
                 decide.name()
             );

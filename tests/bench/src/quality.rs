@@ -32,7 +32,7 @@ use approxy_gateway::policy::raw::{
 };
 use approxy_gateway::policy::{ModelPolicy, Policy, Price};
 use approxy_setup::Home;
-use approxy_verifier::Correction;
+use approxy_verifier::{Correction, SpanClose};
 
 pub use super::configs::{Config, Route, configs};
 pub use super::summary::{ConfigRun, ProblemRun, Summary, summarize};
@@ -146,10 +146,21 @@ pub(crate) fn raw_correction(c: Correction) -> RawCorrection {
             tokens: Some(tokens),
             ..RawCorrection::default()
         },
-        Correction::Span { max_span, resync } => RawCorrection {
+        Correction::Span {
+            max_span,
+            resync,
+            end,
+        } => RawCorrection {
             mode: "span".into(),
             max_span: Some(max_span),
             resync: Some(resync),
+            end: Some(
+                match end {
+                    SpanClose::Expected => "expected",
+                    SpanClose::Resync => "resync",
+                }
+                .into(),
+            ),
             ..RawCorrection::default()
         },
     }
@@ -160,9 +171,22 @@ pub fn correction_words(c: Correction) -> String {
     match c {
         Correction::Fixed { tokens: 1 } => "1 target token per rejection".into(),
         Correction::Fixed { tokens } => format!("{tokens} target tokens per rejection"),
-        Correction::Span { max_span, resync } => {
+        Correction::Span {
+            max_span,
+            resync,
+            end: SpanClose::Resync,
+        } => {
             format!(
                 "a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row"
+            )
+        }
+        Correction::Span {
+            max_span,
+            resync,
+            end: SpanClose::Expected,
+        } => {
+            format!(
+                "a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row if the cost guard would make the next call"
             )
         }
     }

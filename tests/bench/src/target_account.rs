@@ -1,10 +1,12 @@
 //! The target's own account of a benchmark run, to check approxy's bill against and to measure
-//! what a self-hosted target really spent: llama-server's Prometheus counters (`--metrics`),
-//! read before and after a configuration's prompts. They count what the server computed,
-//! whoever stopped reading: a stream approxy cancels is released by the server, and the
-//! release flushes the tokens it generated into `tokens_predicted_total` (llama.cpp
-//! `tools/server/server-context.cpp`, `callback_on_reset`), so tokens in flight at a cancel are
-//! in the count even though no event carried them to approxy.
+//! what a self-hosted target really spent: llama-server's or vLLM's Prometheus counters
+//! (`/metrics`), read before and after a configuration's prompts. They count what the server
+//! computed, whoever stopped reading: a stream approxy cancels is released by llama-server, and
+//! the release flushes the tokens it generated into `tokens_predicted_total` (llama.cpp
+//! `tools/server/server-context.cpp`, `callback_on_reset`); vLLM counts generated tokens per
+//! engine step (`vllm:generation_tokens`, vllm/v1/metrics/loggers.py), aborted requests'
+//! included. So tokens in flight at a cancel are in the count even though no event carried
+//! them to approxy.
 
 use std::time::{Duration, Instant};
 
@@ -27,18 +29,28 @@ pub struct TargetAccount {
 }
 
 impl TargetAccount {
-    /// Reads llama-server's `/metrics` text. Every counter must be there: a server without one
-    /// is not the server this account was written for, and a silent zero would read as a saving.
+    /// Reads llama-server's or vLLM's `/metrics` text. Every counter must be there: a server
+    /// without one is not the server this account was written for, and a silent zero would
+    /// read as a saving.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let get = |name: &str| -> anyhow::Result<f64> {
-            text.lines()
-                .filter(|l| !l.starts_with('#'))
-                .find_map(|l| {
-                    let (k, v) = l.split_once(' ')?;
-                    (k == name).then(|| v.trim().parse::<f64>().ok())?
-                })
+            sample_sum(text, name)
                 .ok_or_else(|| anyhow::anyhow!("the target's /metrics has no {name}"))
         };
+        if text.lines().any(|l| l.starts_with("vllm:")) {
+            // vLLM counts every prompt token and, apart, those its prefix cache served; its
+            // compute time is the prefill and decode time of the requests it finished
+            // (aborted ones too), which on one request at a time is its busy time.
+            let total = get("vllm:prompt_tokens_total")?;
+            let cached = get("vllm:prompt_tokens_cached_total")?;
+            return Ok(Self {
+                prompt_processed: (total - cached).max(0.0) as u64,
+                prompt_cached: cached as u64,
+                predicted: get("vllm:generation_tokens_total")? as u64,
+                prompt_seconds: get("vllm:request_prefill_time_seconds_sum")?,
+                predicted_seconds: get("vllm:request_decode_time_seconds_sum")?,
+            });
+        }
         Ok(Self {
             prompt_processed: get("llamacpp:prompt_tokens_total")? as u64,
             prompt_cached: get("llamacpp:prompt_tokens_cached_total")? as u64,
@@ -130,10 +142,33 @@ pub async fn read(
 }
 
 fn processing(text: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix("llamacpp:requests_processing ")
-            .and_then(|v| v.trim().parse().ok())
-    })
+    sample_sum(text, "llamacpp:requests_processing")
+        .or_else(|| sample_sum(text, "vllm:num_requests_running"))
+}
+
+/// The sum of a metric's samples over all their label sets (vLLM labels each by engine and
+/// model; llama-server's have none), or `None` when it has no sample.
+fn sample_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let end = l.find(['{', ' ']).unwrap_or(l.len());
+        if &l[..end] != name {
+            continue;
+        }
+        // The value is the field after the labels (which may hold spaces inside quotes).
+        let rest = match l[end..].strip_prefix('{') {
+            Some(r) => r.rsplit_once('}').map_or("", |(_, v)| v),
+            None => &l[end..],
+        };
+        if let Some(v) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -171,6 +206,41 @@ llamacpp:requests_processing 1
         );
         assert_eq!(a.busy_seconds(), 13.75);
         assert_eq!(processing(SAMPLE), Some(1.0));
+        Ok(())
+    }
+
+    /// vLLM's `/metrics` as its v1 Prometheus logger renders it (vllm/v1/metrics/loggers.py),
+    /// trimmed: labelled samples, summed over engines.
+    const VLLM_SAMPLE: &str = "\
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine=\"0\",model_name=\"qwen coder\"} 1000.0
+vllm:prompt_tokens_total{engine=\"1\",model_name=\"qwen coder\"} 500.0
+vllm:prompt_tokens_cached_total{engine=\"0\",model_name=\"qwen coder\"} 600.0
+vllm:prompt_tokens_cached_by_source_total{engine=\"0\",model_name=\"qwen coder\",source=\"device\"} 600.0
+vllm:generation_tokens_total{engine=\"0\",model_name=\"qwen coder\"} 321.0
+vllm:request_prefill_time_seconds_sum{engine=\"0\",model_name=\"qwen coder\"} 4.5
+vllm:request_prefill_time_seconds_count{engine=\"0\",model_name=\"qwen coder\"} 9.0
+vllm:request_decode_time_seconds_sum{engine=\"0\",model_name=\"qwen coder\"} 20.25
+vllm:num_requests_running{engine=\"0\",model_name=\"qwen coder\"} 0.0
+";
+
+    #[test]
+    fn vllm_counters_are_read_over_their_labels() -> anyhow::Result<()> {
+        let a = TargetAccount::parse(VLLM_SAMPLE)?;
+        assert_eq!(
+            a,
+            TargetAccount {
+                prompt_processed: 900,
+                prompt_cached: 600,
+                predicted: 321,
+                prompt_seconds: 4.5,
+                predicted_seconds: 20.25,
+            }
+        );
+        assert_eq!(processing(VLLM_SAMPLE), Some(0.0));
+        let text = VLLM_SAMPLE.replace("vllm:generation_tokens_total", "vllm:other");
+        assert!(TargetAccount::parse(&text).is_err());
         Ok(())
     }
 

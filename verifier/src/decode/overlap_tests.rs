@@ -68,6 +68,7 @@ async fn guesses_drafted_during_a_span_are_kept_where_the_target_agrees() -> Res
     req.correction = Correction::Span {
         max_span: 32,
         resync: 3,
+        end: SpanClose::Resync,
     };
     let (off, on) = both(
         unsure_draft("abcdefghij"),
@@ -97,6 +98,7 @@ async fn guesses_that_the_target_overrules_are_rolled_back() -> Result<(), Engin
     req.correction = Correction::Span {
         max_span: 32,
         resync: 3,
+        end: SpanClose::Resync,
     };
     let mut draft = DraftScript::says("abcxyzghij", 0.95);
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
@@ -136,6 +138,7 @@ async fn without_overlap_the_draft_waits() -> Result<(), EngineError> {
     req.correction = Correction::Span {
         max_span: 32,
         resync: 3,
+        end: SpanClose::Resync,
     };
     let o = run(
         unsure_draft("abcdefghij"),
@@ -178,7 +181,7 @@ proptest! {
         let windows = mode >= 2;
         match mode {
             0 => req.correction = Correction::Fixed { tokens: 2 },
-            1 => req.correction = Correction::Span { max_span: 8, resync: 2 },
+            1 => req.correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync },
             2 => req.verification = Verification::ApproximateWindows,
             _ => req.verification = Verification::Exact,
         }

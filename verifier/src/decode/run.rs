@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::cursor::Cursor;
 use super::{
-    Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, Stats, TIE_MARGIN,
+    Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats, TIE_MARGIN,
     TokenEvent, decide,
 };
 use crate::cost::{CallPlan, GuardReason};
@@ -625,8 +625,8 @@ impl<'a> Run<'a> {
     /// Streams a correction of at most `max_span` tokens. Each target token is emitted as it
     /// arrives and fed to the draft (tokens that arrived together in one call); the draft's
     /// output before it says whether the draft would have written it, confidently. After
-    /// `resync` such tokens in a row the stream is dropped, which closes the connection and
-    /// stops the target, and drafting resumes.
+    /// `resync` such tokens in a row the stream may be dropped (`end` decides), which closes
+    /// the connection and stops the target, and drafting resumes.
     pub(super) async fn span(
         &mut self,
         cursor: &mut Cursor<'_>,
@@ -634,6 +634,7 @@ impl<'a> Run<'a> {
         mut out: PositionOutput,
         max_span: u32,
         resync: u32,
+        end: SpanClose,
     ) -> Result<SpanEnd, EngineError> {
         let creq = self.next_call(max_span);
         let engine = self.engine;
@@ -656,6 +657,7 @@ impl<'a> Run<'a> {
         let mut stream = stream?;
         let mut received = 0u64;
         let mut agreeing = 0u32;
+        let mut kept = false;
         // The stream ended while what had arrived was taken: it is not read again.
         let mut ended = false;
         while !ended {
@@ -724,7 +726,7 @@ impl<'a> Run<'a> {
                     cursor.feed(&batch[i..i + n]).await?;
                 }
                 out = cursor.commit(&[token]).await?;
-                if agreeing >= resync {
+                if agreeing >= resync && !self.keeps_span(end, max_span, &mut kept) {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;
                     if !ended {
@@ -744,6 +746,24 @@ impl<'a> Run<'a> {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
         Ok(SpanEnd::Resume(out))
+    }
+
+    /// Whether a span the draft has caught up with goes on: under `SpanClose::Expected`, when
+    /// the cost guard would refuse the correction a next rejection needs (it would hand the
+    /// rest to the target, re-sending the prefix and what the draft wrote meanwhile; the
+    /// stream already open costs neither). The guard is asked again at each agreeing token,
+    /// so a span goes on only while that holds; `kept` counts a span once.
+    fn keeps_span(&mut self, end: SpanClose, max_span: u32, kept: &mut bool) -> bool {
+        if end == SpanClose::Resync {
+            return false;
+        }
+        let next = max_span.max(1).min(self.remaining());
+        let keep = self.remaining() > 0 && self.guard_judges(0, next).is_some();
+        if keep && !*kept {
+            *kept = true;
+            self.stats.spans_kept += 1;
+        }
+        keep
     }
 
     /// True when a streamed call that ended the answer for `reason` after `received` of the

@@ -286,7 +286,11 @@ async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(),
 }
 
 fn span(max_span: u32, resync: u32) -> Correction {
-    Correction::Span { max_span, resync }
+    Correction::Span {
+        max_span,
+        resync,
+        end: SpanClose::Resync,
+    }
 }
 
 /// The draft says "abcxyzghij": confident except at the fourth token, wrong at the 4th to 6th.
@@ -508,6 +512,101 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     assert_eq!(o.stats.target_calls, 1);
     let c = estimate(&o.stats.spend(), &price);
     assert!(c.approxy <= c.passthrough, "{c:?}");
+    Ok(())
+}
+
+/// Under `SpanClose::Expected` a span the draft has caught up with goes on while the cost
+/// guard would refuse the next correction, and ends as under the fixed rule where the guard
+/// would make it (or where there is no guard). The strict guard at 1.14 times passthrough,
+/// with input 1, cached 0.1 and output 2 per token and a 10-token prompt, allows the first
+/// call after 20 drafted tokens (its worst case is 129 against 114 of passthrough: 1.13) but
+/// not the next after the span's 6 tokens (145.2 against 126: 1.15).
+#[tokio::test]
+async fn an_expected_span_end_goes_on_where_the_guard_would_refuse_the_next_call()
+-> Result<(), EngineError> {
+    let head = "abcdefghijklmnopqrst";
+    let target = || ScriptedTarget::says(&format!("{head}UVW0123456789"), None);
+    let mut draft = DraftScript::says(&format!("{head}xyz0123456789"), 0.95);
+    draft.confidence = vec![0.95; 20];
+    draft.confidence.push(0.1);
+    let guard = Guard::Strict(CostGuard {
+        price: Price {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 2.0,
+        },
+        max_cost_ratio: 1.14,
+        cache: Default::default(),
+    });
+    let with = |end, guard| {
+        let mut req = request(0.5, 64);
+        req.correction = Correction::Span {
+            max_span: 32,
+            resync: 3,
+            end,
+        };
+        req.cost_guard = guard;
+        req
+    };
+    // The fixed rule: the span ends after U V W and 0 1 2, and the draft writes the rest.
+    let fixed = run(
+        draft.clone(),
+        target(),
+        with(SpanClose::Resync, Some(guard)),
+    )
+    .await?;
+    assert_eq!(fixed.text, format!("{head}UVW0123456789"));
+    assert_eq!(
+        (
+            fixed.stats.target_tokens,
+            fixed.stats.resyncs,
+            fixed.stats.spans_kept
+        ),
+        (6, 1, 0)
+    );
+    assert_eq!(
+        fixed.stats.target_inflight_tokens,
+        TOKENS_IN_FLIGHT_AT_CLOSE
+    );
+    assert!(!fixed.stats.cost_guard);
+    // Expected: the guard would refuse the next call, so the span runs to the answer's end.
+    let kept = run(
+        draft.clone(),
+        target(),
+        with(SpanClose::Expected, Some(guard)),
+    )
+    .await?;
+    assert_eq!(kept.text, fixed.text);
+    assert_eq!(
+        (
+            kept.stats.target_tokens,
+            kept.stats.resyncs,
+            kept.stats.spans_kept
+        ),
+        (13, 0, 1)
+    );
+    assert_eq!(
+        (kept.stats.target_calls, kept.stats.target_inflight_tokens),
+        (1, 0)
+    );
+    assert_eq!(kept.stats.finish_reason, Some(FinishReason::Stop));
+    // Without a guard, or one that would make the call, Expected is the fixed rule.
+    let loose = Guard::Strict(CostGuard {
+        max_cost_ratio: 1.5,
+        ..match guard {
+            Guard::Strict(g) => g,
+            Guard::Budget(_) => unreachable!(),
+        }
+    });
+    for guard in [None, Some(loose)] {
+        let o = run(draft.clone(), target(), with(SpanClose::Expected, guard)).await?;
+        assert_eq!(o.text, fixed.text);
+        assert_eq!(
+            (o.stats.target_tokens, o.stats.resyncs, o.stats.spans_kept),
+            (6, 1, 0),
+            "{guard:?}"
+        );
+    }
     Ok(())
 }
 
