@@ -298,6 +298,7 @@ pub struct ScriptedTarget {
     token_delay: Duration,
     generated: std::sync::Arc<AtomicUsize>,
     windows: Option<Mutex<Vec<WindowRequest>>>,
+    windows_cached: bool,
     timings: bool,
     alternative: f32,
     eager: bool,
@@ -318,6 +319,7 @@ impl ScriptedTarget {
             token_delay: Duration::ZERO,
             generated: Default::default(),
             windows: None,
+            windows_cached: true,
             timings: false,
             alternative: 0.0,
             eager: false,
@@ -366,6 +368,13 @@ impl ScriptedTarget {
     /// log-probabilities is).
     pub fn with_windows(mut self) -> Self {
         self.windows = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The same target, its window calls not served from its prompt cache (as vLLM's are
+    /// not: a request for prompt log-probabilities skips reading it).
+    pub fn with_uncached_windows(mut self) -> Self {
+        self.windows_cached = false;
         self
     }
 
@@ -511,6 +520,10 @@ impl TargetClient for ScriptedTarget {
             timings,
             ..Continuation::default()
         })
+    }
+
+    fn windows_read_cache(&self) -> bool {
+        self.windows_cached
     }
 
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {

@@ -58,10 +58,11 @@ pub fn cheapest(prompt: usize, len: usize, target_at: &[usize], r: &Rates) -> f6
         } else {
             (prompt + at) as f64 * r.cached_input + (t - at) as f64 * r.input
         };
-        for end in t + 1..=len {
-            let c = paid + sent + (end - t) as f64 * r.output;
-            if c < best[end] {
-                best[end] = c;
+        for (n, slot) in best[t + 1..=len].iter_mut().enumerate() {
+            // A span of n + 1 tokens, ending at t + n + 1.
+            let c = paid + sent + (n + 1) as f64 * r.output;
+            if c < *slot {
+                *slot = c;
             }
         }
     }

@@ -109,12 +109,15 @@ pub enum CallConfig {
     VllmExact,
     /// Exact windows on vLLM, overlap on.
     VllmExactOverlap,
-    /// Spans, no cost guard, on vLLM (what its counters say of streams closed early).
-    VllmSpan,
+    /// The default verification on vLLM (windows scored where the verifier rejects), no cost
+    /// guard.
+    VllmApproximate,
+    /// The shipped policy on vLLM (windows where the verifier rejects, the budget guard).
+    VllmDefault,
 }
 
 /// Every configuration, in report order.
-pub const ALL: [CallConfig; 9] = [
+pub const ALL: [CallConfig; 10] = [
     CallConfig::TargetOnly,
     CallConfig::Default,
     CallConfig::Strict,
@@ -123,7 +126,8 @@ pub const ALL: [CallConfig; 9] = [
     CallConfig::VllmTargetOnly,
     CallConfig::VllmExact,
     CallConfig::VllmExactOverlap,
-    CallConfig::VllmSpan,
+    CallConfig::VllmApproximate,
+    CallConfig::VllmDefault,
 ];
 
 impl CallConfig {
@@ -138,14 +142,19 @@ impl CallConfig {
             Self::VllmTargetOnly => "vllm-target-only",
             Self::VllmExact => "vllm-exact",
             Self::VllmExactOverlap => "vllm-exact-overlap",
-            Self::VllmSpan => "vllm-span",
+            Self::VllmApproximate => "vllm-approximate",
+            Self::VllmDefault => "vllm-default",
         }
     }
 
     fn vllm(self) -> bool {
         matches!(
             self,
-            Self::VllmTargetOnly | Self::VllmExact | Self::VllmExactOverlap | Self::VllmSpan
+            Self::VllmTargetOnly
+                | Self::VllmExact
+                | Self::VllmExactOverlap
+                | Self::VllmApproximate
+                | Self::VllmDefault
         )
     }
 
@@ -172,7 +181,12 @@ impl CallConfig {
             Self::VllmTargetOnly => "vLLM target only (passthrough)",
             Self::VllmExact => "vLLM exact windows",
             Self::VllmExactOverlap => "vLLM exact windows, overlap",
-            Self::VllmSpan => "vLLM spans, no cost guard",
+            Self::VllmApproximate => {
+                "vLLM approximate (windows where the verifier rejects), no cost guard"
+            }
+            Self::VllmDefault => {
+                "vLLM, default policy (windows where the verifier rejects, budget guard)"
+            }
         }
     }
 }
@@ -275,18 +289,21 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         max_cost_ratio: Some(base.max_cost_ratio),
         guard: Some(
             match c {
-                CallConfig::Default => base.guard.name(),
+                CallConfig::Default | CallConfig::VllmDefault => base.guard.name(),
                 CallConfig::Strict => "strict",
                 _ => "off",
             }
             .into(),
         ),
         hard_cost_cap: match (c, base.guard) {
-            (CallConfig::Default, GuardPolicy::Budget { hard_cap, .. }) => Some(hard_cap),
+            (
+                CallConfig::Default | CallConfig::VllmDefault,
+                GuardPolicy::Budget { hard_cap, .. },
+            ) => Some(hard_cap),
             _ => None,
         },
         budget_window: match (c, base.guard) {
-            (CallConfig::Default, GuardPolicy::Budget { window, .. }) => {
+            (CallConfig::Default | CallConfig::VllmDefault, GuardPolicy::Budget { window, .. }) => {
                 Some(format!("{}ms", window.as_millis()))
             }
             _ => None,
@@ -965,7 +982,7 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
         .find(|(r, ..)| r.config.passthrough())
         .map(|(_, _, t)| t.busy_seconds());
     let mut s = String::from(
-        "\nThe target's own account (its `/metrics` counters: llama-server's, or vLLM's, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough):\n\n\
+        "\nThe target's own account (its `/metrics` counters: llama-server's, or vLLM's, read before and after each run; billed = approxy's `usage.approxy`, or the client's usage in passthrough; vLLM's busy time is the prefill and decode time of the requests it finished, so a request whose stream the client closed, which vLLM aborts, is missing from it, while its token counts include it):\n\n\
          | configuration | target busy (prompt + generation) | busy vs target only | output tokens billed / counted | tokens in flight per stream closed early, measured | uncached input billed / counted | cached input billed / counted | cost at the policy's prices, estimate / from the target's counts |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
@@ -1176,7 +1193,7 @@ mod tests {
                 assert_eq!(got.overlap, c.id().ends_with("overlap"), "{}", c.id());
                 assert_eq!(got.correction, m.correction);
                 let guard = match c {
-                    CallConfig::Default => m.guard,
+                    CallConfig::Default | CallConfig::VllmDefault => m.guard,
                     CallConfig::Strict => GuardPolicy::Strict,
                     _ => GuardPolicy::Off,
                 };

@@ -282,12 +282,22 @@ impl<'a> Run<'a> {
         d
     }
 
+    /// Of a call's `prefix` tokens, those the target's prompt cache can serve: what the
+    /// previous call sent or received, as the cache rules serve it; none for a window call
+    /// (`window`) to a target whose window calls do not read its cache.
+    fn cacheable_prefix(&self, prefix: u64, window: bool) -> u64 {
+        if window && !self.engine.target.windows_read_cache() {
+            return 0;
+        }
+        self.req.cache.cacheable(self.last_prefix_len.min(prefix))
+    }
+
     /// Why the cost guard forbids a call that sends the prefix and `window` more tokens (a
     /// correction sends none) and may bring back `n` tokens, if it does.
     pub(super) fn guard_judges(&self, window: usize, n: u32) -> Option<GuardReason> {
         let guard = self.req.cost_guard?;
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
-        let cacheable = self.req.cache.cacheable(self.last_prefix_len.min(prefix));
+        let cacheable = self.cacheable_prefix(prefix, window > 0);
         let plan = CallPlan {
             prefix: prefix + window as u64,
             cacheable,
@@ -401,10 +411,7 @@ impl<'a> Run<'a> {
         // The cursor now has every window token but the last ahead.
         let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
-        let cacheable = self
-            .req
-            .cache
-            .cacheable(self.last_prefix_len.min(prefix.len() as u64));
+        let cacheable = self.cacheable_prefix(prefix.len() as u64, true);
         if let Some(reason) = self.guard_judges(window.len(), 1) {
             self.stats.cost_guard = true;
             self.stats.cost_guard_reason = Some(reason);

@@ -659,6 +659,47 @@ async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agr
     Ok(())
 }
 
+/// A window call to a target whose window calls skip its prompt cache (vLLM's do) is billed
+/// its whole prefix as new input, and the guard judges it so; corrections still read the
+/// cache.
+#[tokio::test]
+async fn window_calls_that_skip_the_targets_cache_are_billed_uncached() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.verification = Verification::Exact;
+    let cached = run(
+        DraftScript::says("abcxyzghij", 0.95),
+        ScriptedTarget::says("abcdefghij", None).with_windows(),
+        req.clone(),
+    )
+    .await?;
+    let uncached = run(
+        DraftScript::says("abcxyzghij", 0.95),
+        ScriptedTarget::says("abcdefghij", None)
+            .with_windows()
+            .with_uncached_windows(),
+        req,
+    )
+    .await?;
+    assert_eq!(uncached.text, cached.text);
+    assert_eq!(uncached.stats.windows, cached.stats.windows);
+    assert_eq!(
+        uncached.stats.target_input_tokens,
+        cached.stats.target_input_tokens
+    );
+    assert!(cached.stats.target_cacheable_input_tokens > 0);
+    assert_eq!(uncached.stats.target_cacheable_input_tokens, 0);
+    let price = Price {
+        input: 1.0,
+        cached_input: 0.1,
+        output: 2.0,
+    };
+    assert!(
+        estimate(&uncached.stats.spend(), &price).approxy
+            > estimate(&cached.stats.spend(), &price).approxy
+    );
+    Ok(())
+}
+
 /// Relaxed windows keep a draft token the target would not have chosen when the rule accepts
 /// it from the target's probabilities: here the target gives each differing draft token 0.4
 /// against its own 0.6 (reported with the draft's token first, so the order is the engine's

@@ -281,6 +281,13 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     async fn score_window(&self, _req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
         Ok(None)
     }
+    /// Whether a window call's prefix can be served from the target's prompt cache. vLLM's
+    /// cannot: a request that asks for prompt log-probabilities skips reading the prefix cache
+    /// (vllm/sampling_params.py, `skip_reading_prefix_cache`), so the whole prefix is computed
+    /// and billed as new input every time.
+    fn windows_read_cache(&self) -> bool {
+        true
+    }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;
     /// What the target says of itself (nothing, by default).

@@ -193,6 +193,10 @@ impl TargetClient for OpenAiCompletionsTarget {
         })))
     }
 
+    fn windows_read_cache(&self) -> bool {
+        false
+    }
+
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
         let mut prompt = req.prefix.clone();
         prompt.extend_from_slice(&req.window);
