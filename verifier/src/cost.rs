@@ -147,6 +147,9 @@ pub struct CallPlan {
     pub cacheable: u64,
     /// Most tokens the call can bring back.
     pub max_output: u64,
+    /// Whether calls like this one read the target's prompt cache (a window call to vLLM does
+    /// not): the budget guard prices the prefixes later such calls re-send by it.
+    pub reads_cache: bool,
     /// Whether the answer may end at a stop string: a hand-off is then closed at once, with
     /// [`TOKENS_IN_FLIGHT_AT_CLOSE`] generated after it that passthrough, stopped by the
     /// target itself, never generates. Without one a hand-off runs to the target's own end.
@@ -254,6 +257,7 @@ mod tests {
         assert!(g.trips(
             &s,
             CallPlan {
+                reads_cache: true,
                 prefix: 103,
                 cacheable: 0,
                 max_output: 1,
@@ -264,6 +268,7 @@ mod tests {
         assert!(!g.trips(
             &s,
             CallPlan {
+                reads_cache: true,
                 prefix: 120,
                 cacheable: 0,
                 max_output: 1,
@@ -273,6 +278,7 @@ mod tests {
         for (k, stops, refused) in [(16, true, true), (16, false, false), (17, true, false)] {
             s.completion_tokens = k;
             let call = CallPlan {
+                reads_cache: true,
                 prefix: 100 + k,
                 cacheable: 0,
                 max_output: 1,
@@ -293,6 +299,7 @@ mod tests {
         assert!(!free.trips(
             &s,
             CallPlan {
+                reads_cache: true,
                 prefix: 100_000,
                 cacheable: 0,
                 max_output: 100,

@@ -493,8 +493,10 @@ fn fill_cheapest(
         let (Some(answers), Some(reference)) = (find(&s.config), find("target-only")) else {
             continue;
         };
-        // Target-only's own positions say whether the run kept them.
-        if reference.iter().any(|a| a.target_at.len() != a.tokens) {
+        // Positions that do not add up: a run saved before they were kept.
+        if reference.iter().any(|a| a.target_at.len() != a.tokens)
+            || answers.iter().any(|a| a.target_at.len() != a.target_tokens)
+        {
             continue;
         }
         s.cheapest = classes
@@ -543,8 +545,16 @@ pub fn cost_classes(calls_json: Option<&std::path::Path>) -> Vec<(String, Rates)
 /// Milliseconds per computed prompt token and per generated token over the target-only runs
 /// with the target's counters in a `calls.json` (a cached prompt token costs no compute).
 fn busy_rates(path: &std::path::Path) -> Option<Rates> {
-    let runs: Vec<super::calls::CallsRun> =
-        serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let runs: Vec<super::calls::CallsRun> = match std::fs::read(path)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| Ok(serde_json::from_slice(&b)?))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "no busy-time rates: the cheapest plans are priced without them");
+            return None;
+        }
+    };
     let (mut pn, mut ps, mut gn, mut gs) = (0u64, 0f64, 0u64, 0f64);
     for r in runs
         .iter()
@@ -1006,6 +1016,7 @@ mod tests {
         let with = |id: &str, tokens: usize, at: Vec<usize>| OracleAnswer {
             id: id.into(),
             prompt_tokens: 10,
+            target_tokens: at.len(),
             target_at: at,
             ..answer(tokens, 0, 0.0, "")
         };
@@ -1035,11 +1046,14 @@ mod tests {
         // Passthrough: 10 + 12 and 10 + 6; ratio:0.5 pays only p's call at 3: 13 + 3.
         assert_eq!(s[0].cheapest[0].ratio, 1.0);
         assert!((s[1].cheapest[0].ratio - 16.0 / 38.0).abs() < 1e-12);
-        let mut old = all.clone();
-        old[0].2[1].target_at.clear();
-        let mut s = vec![summarize("ratio:0.5", "chat", &old[1].2, None, 1.0)];
-        fill_cheapest(&mut s, &old, &[("c".into(), r)]);
-        assert!(s[0].cheapest.is_empty());
+        // Positions missing on either side: no plan priced (as 0, it would read as a saving).
+        for (run, answer) in [(0, 1), (1, 1)] {
+            let mut old = all.clone();
+            old[run].2[answer].target_at.clear();
+            let mut s = vec![summarize("ratio:0.5", "chat", &old[1].2, None, 1.0)];
+            fill_cheapest(&mut s, &old, &[("c".into(), r)]);
+            assert!(s[0].cheapest.is_empty(), "{run} {answer}");
+        }
     }
 
     /// The busy-time class reads llama-server's own counters from the committed calls

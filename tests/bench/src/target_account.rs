@@ -39,8 +39,10 @@ impl TargetAccount {
         };
         if text.lines().any(|l| l.starts_with("vllm:")) {
             // vLLM counts every prompt token and, apart, those its prefix cache served; its
-            // compute time is the prefill and decode time of the requests it finished
-            // (aborted ones too), which on one request at a time is its busy time.
+            // compute time is the prefill and decode time of the requests it finished, which on
+            // one request at a time is its busy time, except for requests a client closed:
+            // vLLM aborts them and leaves them out of those histograms (not out of its token
+            // counts).
             let total = get("vllm:prompt_tokens_total")?;
             let cached = get("vllm:prompt_tokens_cached_total")?;
             return Ok(Self {

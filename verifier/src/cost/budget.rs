@@ -134,7 +134,12 @@ impl BudgetGuard {
         .min(remaining as f64)
         .max(1.0);
         let resent = call.prefix + (left / 2.0) as u64;
-        let resend = self.price.input_cost(resent, self.cache.cacheable(resent));
+        let cached = if call.reads_cache {
+            self.cache.cacheable(resent)
+        } else {
+            0
+        };
+        let resend = self.price.input_cost(resent, cached);
         // A draft token is sent as new input only when a later call follows it: the run after
         // the last call is not. Between calls the draft writes (1 − f)/c tokens on average.
         let run = if c > 0.0 { (1.0 - f) / c } else { left };
@@ -188,6 +193,7 @@ mod tests {
             target_calls: calls,
         };
         let plan = CallPlan {
+            reads_cache: true,
             prefix: 150 + completion,
             cacheable: 150,
             max_output: 32,
@@ -211,6 +217,16 @@ mod tests {
         assert!((e.continuing * 1e6 - 1.22).abs() < 0.01, "{e:?}");
         assert!((e.handing_off * 1e6 - 1.68).abs() < 1e-9);
         assert_eq!(g.judge(&s, plan, 300), None);
+        // The same calls to a target whose calls of this kind skip its cache (vLLM's windows):
+        // each re-send is 260 tokens at the input price, 145.6e-6 USD, so continuing costs
+        // 0.187 + 0.424 + 0.0334 * 145.6 = 5.47 and the call does not pay.
+        let uncached = CallPlan {
+            reads_cache: false,
+            ..plan
+        };
+        let e = g.expect(&s, uncached, 300);
+        assert!((e.continuing * 1e6 - 5.47).abs() < 0.02, "{e:?}");
+        assert_eq!(g.judge(&s, uncached, 300), Some(GuardReason::NotWorthIt));
         // A model whose spans leave the target 87 % of the tokens (chat at the shipped
         // threshold) never pays for a call.
         let g = guard(DEEPSEEK, rates(5.8, 0.87));
@@ -268,6 +284,7 @@ mod tests {
             target_calls: 30,
         };
         let plan = CallPlan {
+            reads_cache: true,
             prefix: 250,
             cacheable: 0,
             max_output: 32,

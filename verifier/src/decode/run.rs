@@ -299,6 +299,7 @@ impl<'a> Run<'a> {
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
         let cacheable = self.cacheable_prefix(prefix, window > 0);
         let plan = CallPlan {
+            reads_cache: window == 0 || self.engine.target.windows_read_cache(),
             prefix: prefix + window as u64,
             cacheable,
             max_output: u64::from(n),
