@@ -190,7 +190,8 @@ enum BenchCmd {
         #[arg(long = "target-delay", default_value = "0", value_delimiter = ',')]
         target_delay: Vec<u64>,
         /// Only these configurations (default: the llama.cpp ones): target-only, default,
-        /// span, span-overlap, vllm-target-only, vllm-exact, vllm-exact-overlap.
+        /// strict, span, span-overlap, vllm-target-only, vllm-exact, vllm-exact-overlap,
+        /// vllm-approximate, vllm-default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// Results directory.
