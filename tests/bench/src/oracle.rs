@@ -359,7 +359,8 @@ async fn decode(
     let eos = tok.end_of_sequence_ids();
     let mut out = draft.prefill(prompt.ids.clone()).await?;
     let mut answer: Vec<u32> = Vec::new();
-    let (mut target_tokens, mut nll_sum, mut outside) = (0usize, 0f64, 0usize);
+    let (mut nll_sum, mut outside) = (0f64, 0usize);
+    // The positions the target wrote (their count is its share).
     let mut target_at = Vec::new();
     let mut text = String::new();
     while answer.len() < max_tokens as usize {
@@ -388,7 +389,6 @@ async fn decode(
         let emitted = if decide.accepts(kind, x, q, &probs) {
             x
         } else {
-            target_tokens += 1;
             target_at.push(answer.len());
             y
         };
@@ -422,7 +422,7 @@ async fn decode(
         id: prompt.id.clone(),
         text,
         tokens: answer.len(),
-        target_tokens,
+        target_tokens: target_at.len(),
         nll_sum,
         outside_top_k: outside,
         verdict: None,

@@ -282,11 +282,17 @@ impl<'a> Run<'a> {
         d
     }
 
+    /// Whether a call reads the target's prompt cache: a window call (`window`) to a target
+    /// whose window calls do not, does not.
+    fn reads_cache(&self, window: bool) -> bool {
+        !window || self.engine.target.windows_read_cache()
+    }
+
     /// Of a call's `prefix` tokens, those the target's prompt cache can serve: what the
-    /// previous call sent or received, as the cache rules serve it; none for a window call
-    /// (`window`) to a target whose window calls do not read its cache.
+    /// previous call sent or received, as the cache rules serve it, where the call reads the
+    /// cache at all.
     fn cacheable_prefix(&self, prefix: u64, window: bool) -> u64 {
-        if window && !self.engine.target.windows_read_cache() {
+        if !self.reads_cache(window) {
             return 0;
         }
         self.req.cache.cacheable(self.last_prefix_len.min(prefix))
@@ -299,7 +305,7 @@ impl<'a> Run<'a> {
         let prefix = (self.req.prompt.len() + self.emitted.len()) as u64;
         let cacheable = self.cacheable_prefix(prefix, window > 0);
         let plan = CallPlan {
-            reads_cache: window == 0 || self.engine.target.windows_read_cache(),
+            reads_cache: self.reads_cache(window > 0),
             prefix: prefix + window as u64,
             cacheable,
             max_output: u64::from(n),
