@@ -14,12 +14,14 @@
 //! - `manifest`: what is present, its hashes and the CPU each native part was built for.
 //! - `smoke`: every native part run once before it is accepted.
 //! - `local_server`: a server process (llama-server, vLLM, approxy) started, awaited, killed on drop.
+//! - `lock`: one set-up at a time per cache (a kernel file lock).
 //! - `process`: running a command with its output in a step log.
 
 pub mod assets;
 pub mod cpu;
 pub mod fingerprint;
 pub mod local_server;
+mod lock;
 pub mod manifest;
 mod process;
 mod smoke;
@@ -59,7 +61,7 @@ enum Outcome {
 /// earlier steps finished stays cached.
 pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&home.root)?;
-    let _lock = steps::SetupLock::acquire(&home.root)?;
+    let _lock = lock::SetupLock::acquire(&home.root)?;
     let started = Instant::now();
     let mp = MultiProgress::new();
     let mut manifest = Manifest::load(&home.root);

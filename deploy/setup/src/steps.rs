@@ -7,7 +7,6 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use indicatif::ProgressBar;
@@ -836,58 +835,6 @@ pub(super) fn converted_draft_built_for(cpu: CpuFeatures) -> BuiltFor {
         isa: "x86-64 baseline, kernels dispatched at run time".into(),
         requires: vec![],
         verified_on: cpu.model,
-    }
-}
-
-/// An exclusive lock on the cache: two setups at once (run and test commands side by side)
-/// would otherwise write the same files.
-pub struct SetupLock {
-    path: PathBuf,
-}
-
-impl SetupLock {
-    /// Waits until no live process holds the lock, then takes it.
-    pub fn acquire(root: &Path) -> anyhow::Result<Self> {
-        let path = root.join("setup.lock");
-        let mut warned = false;
-        loop {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    write!(f, "{}", std::process::id())?;
-                    return Ok(Self { path });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                    let alive = holder
-                        .trim()
-                        .parse::<u32>()
-                        .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-                    if !alive {
-                        let _ = std::fs::remove_file(&path);
-                        continue;
-                    }
-                    if !warned {
-                        eprintln!(
-                            "approxy setup: waiting for setup process {} to finish",
-                            holder.trim()
-                        );
-                        warned = true;
-                    }
-                    std::thread::sleep(Duration::from_secs(2));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-impl Drop for SetupLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
