@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, Snapshot};
 
 /// Longest client `x-request-id` kept.
 const REQUEST_ID_MAX: usize = 128;
@@ -38,10 +38,17 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Takes the request's runtime once, for every layer and handler after this one (see
+/// [`Snapshot`]).
+pub async fn snapshot(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(Snapshot(state.runtime()));
+    next.run(req).await
+}
+
 /// Rejects requests without a valid `Authorization: Bearer <key>` when keys are configured.
 /// Keys are compared in constant time so response timing does not reveal a prefix.
 pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let rt = state.runtime();
+    let rt = state.runtime_of(req.extensions());
     if rt.client_keys.is_empty() {
         return next.run(req).await;
     }
@@ -83,7 +90,7 @@ fn keys_match(key: &str, given: &str) -> bool {
 /// broken. A client that trickles or stalls its body so never holds a request slot (they are
 /// taken after this) and is not blamed on the target.
 pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let rt = state.runtime();
+    let rt = state.runtime_of(req.extensions());
     let g = &rt.policy.gateway;
     let declared = req
         .headers()
@@ -187,7 +194,11 @@ pub async fn concurrency(State(state): State<AppState>, req: Request, next: Next
 /// Bounds the time to produce a response head (a stream's body is bounded by the target's
 /// own per-call timeout instead).
 pub async fn timeout(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let limit = state.runtime().policy.gateway.request_timeout;
+    let limit = state
+        .runtime_of(req.extensions())
+        .policy
+        .gateway
+        .request_timeout;
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(r) => r,
         Err(_) => ApiError::GatewayTimeout.into_response(),

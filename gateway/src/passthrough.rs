@@ -48,7 +48,7 @@ impl tower::Service<Request<Body>> for Passthrough {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move {
-            let rt = state.runtime();
+            let rt = state.runtime_of(req.extensions());
             let path = req.uri().path();
             if let Some(e) = unsafe_path(path) {
                 return Ok(e.into_response());
@@ -163,7 +163,7 @@ async fn send(
     bytes: Bytes,
     reason: &'static str,
 ) -> Result<Response, ApiError> {
-    let rt = state.runtime();
+    let rt = state.runtime_of(&parts.extensions);
     let path = parts
         .uri
         .path()

@@ -1046,6 +1046,71 @@ fn auth_fails_closed_and_a_reload_cannot_turn_it_off() {
     assert!(!state.runtime().client_keys.is_empty());
 }
 
+/// Policies A and B differ in their client key and their body limit, and a reload swaps them
+/// without pause while requests run. A body between the two limits shows which policy each
+/// layer read: under A the key of A passes and the body is too large (413), under B the key
+/// of A is refused (401); the key of B is refused under A and served under B. A 413 for the
+/// key of B, or anything but 401 and 413 for the key of A, is one request under both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_never_gives_one_request_two_policies() {
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.client_keys = vec!["key-a".into()];
+    let state = s.state().await;
+    let a = state.runtime();
+    let mut policy_b = (*a.policy).clone();
+    policy_b.gateway.max_body_bytes = 1 << 20;
+    let mut b = Runtime::with_target(
+        policy_b,
+        &state.shared,
+        Arc::new(ScriptedTarget::says("hello", Some(tiny_tokenizer()))),
+    )
+    .unwrap();
+    b.client_keys = vec!["key-b".into()];
+    let b = Arc::new(b);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (state, a, b, stop) = (state.clone(), a.clone(), b.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                state.replace(if n % 2 == 0 { b.clone() } else { a.clone() });
+                n += 1;
+                std::thread::yield_now();
+            }
+            n
+        })
+    };
+    let body = chat("m", json!({"max_tokens": 1, "user": "x".repeat(4500)}));
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..60 {
+        let calls: Vec<_> = (0..16)
+            .map(|i| {
+                let key = if (round + i) % 2 == 0 { "key-a" } else { "key-b" };
+                let mut req = post("/v1/chat/completions", &body);
+                req.headers_mut().insert(
+                    header::AUTHORIZATION,
+                    format!("Bearer {key}").parse().unwrap(),
+                );
+                let state = state.clone();
+                tokio::spawn(async move { (key, call(&state, req).await.0) })
+            })
+            .collect();
+        for c in calls {
+            let (key, status) = c.await.unwrap();
+            seen.insert((key, status.as_u16()));
+            let whole = match key {
+                "key-a" => matches!(status.as_u16(), 401 | 413),
+                _ => status.as_u16() != 413,
+            };
+            assert!(whole, "{key}: {status} is one request under two policies");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(swapper.join().unwrap() > 100, "the policies were hardly swapped");
+    // Both policies served: the check above saw each of them.
+    assert!(seen.contains(&("key-a", 413)) && seen.contains(&("key-b", 200)), "{seen:?}");
+}
+
 #[test]
 fn special_token_text_in_a_message_is_plain_text() {
     use approxy_verifier::testing::IM_START;

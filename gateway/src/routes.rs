@@ -31,8 +31,8 @@ pub async fn completions(State(state): State<AppState>, req: Request) -> Respons
 }
 
 async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response {
-    // The runtime is taken once: a policy reload mid-request does not change its rules.
-    let rt = state.runtime();
+    // The request's own runtime: a policy reload mid-request does not change its rules.
+    let rt = state.runtime_of(req.extensions());
     let limit = rt.policy.gateway.max_body_bytes;
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use approxy_verifier::target::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
@@ -296,33 +298,41 @@ fn target_key(policy: &Policy) -> Option<String> {
 pub struct AppState {
     /// Fixed parts.
     pub shared: Arc<Shared>,
-    runtime: Arc<RwLock<Arc<Runtime>>>,
+    runtime: Arc<ArcSwap<Runtime>>,
 }
+
+/// The runtime one request runs under, taken once by the first layer of the stack and kept in
+/// the request's extensions: every layer and handler after it reads this one, so a reload
+/// between them cannot give one request the auth of one policy and the limits of another.
+#[derive(Clone)]
+pub struct Snapshot(pub Arc<Runtime>);
 
 impl AppState {
     /// State with an initial runtime.
     pub fn new(shared: Arc<Shared>, runtime: Runtime) -> Self {
         Self {
             shared,
-            runtime: Arc::new(RwLock::new(Arc::new(runtime))),
+            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
         }
     }
 
-    /// The current runtime; the caller keeps it for the whole request.
+    /// The current runtime. Inside the API stack, read the request's [`Snapshot`] instead
+    /// ([`AppState::runtime_of`]).
     pub fn runtime(&self) -> Arc<Runtime> {
-        match self.runtime.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.runtime.load_full()
+    }
+
+    /// The runtime the request with these extensions runs under: its [`Snapshot`], or the
+    /// current one for a request outside the API stack (the probes).
+    pub fn runtime_of(&self, extensions: &axum::http::Extensions) -> Arc<Runtime> {
+        extensions
+            .get::<Snapshot>()
+            .map_or_else(|| self.runtime(), |s| Arc::clone(&s.0))
     }
 
     /// Swaps in a new runtime; requests in flight keep the old one.
-    pub fn replace(&self, rt: Runtime) {
-        let new = Arc::new(rt);
-        match self.runtime.write() {
-            Ok(mut g) => *g = new,
-            Err(poisoned) => *poisoned.into_inner() = new,
-        }
+    pub fn replace(&self, rt: impl Into<Arc<Runtime>>) {
+        self.runtime.store(rt.into());
     }
 }
 
