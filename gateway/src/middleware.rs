@@ -199,7 +199,10 @@ pub async fn timeout(State(state): State<AppState>, req: Request, next: Next) ->
         .policy
         .gateway
         .request_timeout;
-    match tokio::time::timeout(limit, next.run(req)).await {
+    // The deadline is the retries' too: none waits for a target past it.
+    let deadline = tokio::time::Instant::now() + limit;
+    let run = approxy_verifier::target::retry::with_deadline(deadline, next.run(req));
+    match tokio::time::timeout_at(deadline, run).await {
         Ok(r) => r,
         Err(_) => ApiError::GatewayTimeout.into_response(),
     }

@@ -3,15 +3,17 @@
 //! `decide` says so; [`Passthrough`] serves the other routes approxy allows (and refuses the
 //! rest). Headers cross in both directions through allow-lists; the target's errors are
 //! mapped to the gateway's. Connect failures are retried (nothing reached the target, so a
-//! retry cannot duplicate work); once the target has answered, its body is relayed with a
-//! bound on each read rather than on the whole stream.
+//! retry cannot duplicate work), and so is a 429 or 503 that says when to come back, by the
+//! engine's retry policy (`approxy_verifier::target::retry`); once the target has answered,
+//! its body is relayed with a bound on each read rather than on the whole stream.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use approxy_verifier::target::retry::{self, RetryPolicy, Verdict};
 use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
@@ -149,6 +151,58 @@ fn returned_response_header(name: &HeaderName, status: u16) -> bool {
     }
 }
 
+/// A passthrough attempt that did not give the client's answer.
+enum Refused {
+    /// The target answered 429 or 503 and said when to come back: kept, as the client's
+    /// answer when no retry is left or the wait does not fit.
+    Wait(reqwest::Response, Duration),
+    /// Nothing reached the target (why, without the URL).
+    Unreachable(String),
+    /// Final.
+    Error(ApiError),
+}
+
+impl Refused {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Self::Wait(_, after) => Verdict::RetryAfter(*after),
+            Self::Unreachable(_) => Verdict::Retry,
+            Self::Error(_) => Verdict::Final,
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Wait(r, after) => write!(f, "HTTP {}, retry after {after:?}", r.status()),
+            Self::Unreachable(e) => f.write_str(e),
+            Self::Error(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The wait a 429 or 503 answer names in its `Retry-After`, if any.
+fn named_wait(r: &reqwest::Response) -> Option<Duration> {
+    let header = r
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok());
+    match retry::status_verdict(r.status().as_u16(), header) {
+        Verdict::RetryAfter(after) => Some(after),
+        Verdict::Retry | Verdict::Final => None,
+    }
+}
+
+/// The engine's retry policy, for passthrough: the same attempts, schedule and deadline.
+fn retry_policy(t: &crate::policy::TargetPolicy) -> RetryPolicy {
+    RetryPolicy {
+        retries: t.retries,
+        backoff: t.backoff,
+        call_timeout: t.timeout,
+    }
+}
+
 /// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
 /// marked with `reason`.
 pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reason) -> Response {
@@ -187,8 +241,7 @@ async fn send(
     }
     let started = Instant::now();
     let timeout = rt.policy.target.timeout;
-    let mut attempt = 0;
-    let upstream = loop {
+    let attempt = || async {
         // The timeout covers the answer's head only; the body is bounded per read below, so a
         // long stream is not cut while it flows.
         let sent = tokio::time::timeout(
@@ -201,22 +254,36 @@ async fn send(
         )
         .await;
         match sent {
-            Err(_) => return Err(ApiError::GatewayTimeout),
-            Ok(Ok(r)) => break r,
-            Ok(Err(e)) if e.is_connect() && attempt < rt.policy.target.retries => {
-                tokio::time::sleep(rt.policy.target.backoff * 2u32.pow(attempt)).await;
-                attempt += 1;
-            }
-            Ok(Err(e)) if e.is_timeout() => return Err(ApiError::GatewayTimeout),
+            Err(_) => Err(Refused::Error(ApiError::GatewayTimeout)),
+            // A target that says when to come back is asked again then; any other answer, an
+            // error included, is the client's to see.
+            Ok(Ok(r)) => match named_wait(&r) {
+                Some(after) => Err(Refused::Wait(r, after)),
+                None => Ok(r),
+            },
+            // Nothing reached the target: a retry cannot duplicate work.
+            Ok(Err(e)) if e.is_connect() => Err(Refused::Unreachable(e.without_url().to_string())),
+            Ok(Err(e)) if e.is_timeout() => Err(Refused::Error(ApiError::GatewayTimeout)),
             Ok(Err(e)) => {
                 if let Some(why) = approxy_verifier::target::tls_failure(&e) {
                     tracing::error!(tls = %why, "passthrough: TLS with the target failed");
-                    return Err(ApiError::TargetTls);
+                    return Err(Refused::Error(ApiError::TargetTls));
                 }
                 tracing::warn!(error = %e.without_url(), "passthrough to target failed");
-                return Err(ApiError::BadGateway);
+                Err(Refused::Error(ApiError::BadGateway))
             }
         }
+    };
+    let upstream = match retry_policy(&rt.policy.target)
+        .run(attempt, Refused::verdict)
+        .await
+    {
+        Ok(r) | Err(Refused::Wait(r, _)) => r,
+        Err(Refused::Unreachable(e)) => {
+            tracing::warn!(error = %e, "passthrough to target failed");
+            return Err(ApiError::BadGateway);
+        }
+        Err(Refused::Error(e)) => return Err(e),
     };
     let status = upstream.status();
     metrics::counter!("approxy_passthrough_total", "reason" => reason).increment(1);

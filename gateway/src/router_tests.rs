@@ -36,9 +36,14 @@ const TEMPLATE: &str =
 /// A stub upstream (OpenAI chat-completions wire format) that echoes what it received, with
 /// headers a gateway must not pass back. For fault injection, a request whose `model` is
 /// `status-N` gets HTTP N with a body holding a secret and a `retry-after`; `cut` gets one
-/// streamed event and then a broken connection; `stall` one event and then silence.
+/// streamed event and then a broken connection; `stall` one event and then silence. A request
+/// whose `user` is `limited-N` gets 429 with `Retry-After: N` (as a rate-limited OpenAI-style
+/// API answers, RFC 9110 10.2.3) the first time that `user` comes, and the echo after.
 async fn stub_upstream() -> String {
-    let app = axum::Router::new().fallback(|req: Request<Body>| async move {
+    let limited = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    let app = axum::Router::new().fallback(move |req: Request<Body>| { let limited = limited.clone(); async move {
         let (parts, body) = req.into_parts();
         if parts.uri.path() == "/v1/models" {
             // OpenAI's list-models shape.
@@ -54,6 +59,13 @@ async fn stub_upstream() -> String {
         let received: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let leaky = [("x-upstream", "stub"), ("set-cookie", "session=upstream-secret"), ("openai-organization", "org-operator"), ("x-request-id", "req-upstream")];
         let model = received["model"].as_str().unwrap_or_default().to_string();
+        let user = received["user"].as_str().unwrap_or_default().to_string();
+        if let Some(after) = user.strip_prefix("limited-")
+            && limited.lock().unwrap().insert(user.clone())
+        {
+                let body = json!({"error": {"message": "rate limited", "type": "requests", "code": "rate_limit_exceeded"}});
+                return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", after.to_string())], axum::Json(body)).into_response();
+        }
         if let Some(code) = model.strip_prefix("status-").and_then(|c| c.parse::<u16>().ok()) {
             let status = StatusCode::from_u16(code).unwrap();
             let body = json!({"error": {"message": "bad thing", "type": "invalid_request_error", "param": "messages", "internal": "upstream-secret at /srv/x"}});
@@ -83,7 +95,7 @@ async fn stub_upstream() -> String {
                             "received": received, "raw": String::from_utf8_lossy(&body), "authorization_forwarded": auth.is_some(),
                             "authorization": auth, "headers_seen": seen});
         (leaky, axum::Json(answer)).into_response()
-    });
+    }});
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.ok() });
@@ -97,6 +109,8 @@ struct Setup {
     max_concurrent: usize,
     client_keys: Vec<String>,
     target_timeout: &'static str,
+    /// The policy's `target.retries`.
+    retries: u32,
     write_idle: &'static str,
     body_idle: &'static str,
     /// Policy text appended (more tables).
@@ -114,6 +128,7 @@ impl Setup {
             max_concurrent: 4,
             client_keys: Vec::new(),
             target_timeout: "5s",
+            retries: 0,
             write_idle: "60s",
             body_idle: "10s",
             extra_policy: "",
@@ -129,7 +144,7 @@ impl Setup {
 kind = "{}"
 base_url = "{upstream}"
 timeout = "{}"
-retries = 0
+retries = {}
 
 [gateway]
 auth = "none"
@@ -165,6 +180,7 @@ fallback = "error"
 "#,
             self.kind,
             self.target_timeout,
+            self.retries,
             self.write_idle,
             self.body_idle,
             self.max_concurrent,
@@ -1073,7 +1089,11 @@ async fn a_reload_never_gives_one_request_two_policies() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                state.replace(if n % 2 == 0 { b.clone() } else { a.clone() });
+                state.replace(if n.is_multiple_of(2) {
+                    b.clone()
+                } else {
+                    a.clone()
+                });
                 n += 1;
                 std::thread::yield_now();
             }
@@ -1085,7 +1105,11 @@ async fn a_reload_never_gives_one_request_two_policies() {
     for round in 0..60 {
         let calls: Vec<_> = (0..16)
             .map(|i| {
-                let key = if (round + i) % 2 == 0 { "key-a" } else { "key-b" };
+                let key = if (round + i) % 2 == 0 {
+                    "key-a"
+                } else {
+                    "key-b"
+                };
                 let mut req = post("/v1/chat/completions", &body);
                 req.headers_mut().insert(
                     header::AUTHORIZATION,
@@ -1106,9 +1130,52 @@ async fn a_reload_never_gives_one_request_two_policies() {
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(swapper.join().unwrap() > 100, "the policies were hardly swapped");
+    assert!(
+        swapper.join().unwrap() > 100,
+        "the policies were hardly swapped"
+    );
     // Both policies served: the check above saw each of them.
-    assert!(seen.contains(&("key-a", 413)) && seen.contains(&("key-b", 200)), "{seen:?}");
+    assert!(
+        seen.contains(&("key-a", 413)) && seen.contains(&("key-b", 200)),
+        "{seen:?}"
+    );
+}
+
+/// Passthrough asks a rate-limited target again after the wait it names, when that fits the
+/// call's deadline (`target.timeout`, 5 s here); a longer wait gives the client the target's
+/// 429 and its `Retry-After` at once.
+#[tokio::test]
+async fn passthrough_waits_as_a_rate_limited_target_asks_within_the_deadline() {
+    let mut s = Setup::new("hello", 0.95, "hello");
+    s.retries = 2;
+    let state = s.state().await;
+    let started = std::time::Instant::now();
+    let (status, _, body) = call(
+        &state,
+        post(
+            "/v1/chat/completions",
+            &chat("pt", json!({"user": "limited-1"})),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json_of(&body)["received"]["user"], "limited-1");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let (status, headers, body) = call(
+        &state,
+        post(
+            "/v1/chat/completions",
+            &chat("pt", json!({"user": "limited-30"})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&body).1),
+        (StatusCode::TOO_MANY_REQUESTS, json!("target_rate_limited"))
+    );
+    assert_eq!(headers[header::RETRY_AFTER], "30");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
 }
 
 #[test]

@@ -145,6 +145,75 @@ async fn server_errors_are_retried_then_typed() {
     }
 }
 
+/// A stub of a rate-limited API: the first `limited` calls get HTTP 429 with `Retry-After:
+/// after` (as OpenAI and other hosted APIs send, RFC 9110 10.2.3), later ones 400 (so that the
+/// call ends there); returns its URL and its call count.
+async fn rate_limited_stub(limited: u32, after: Option<&'static str>) -> (String, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let app = axum::Router::new().fallback(move || {
+        let c = c.clone();
+        async move {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let mut resp =
+                axum::response::Response::new(axum::body::Body::from("{\"error\":\"stub\"}"));
+            if n < limited {
+                *resp.status_mut() = axum::http::StatusCode::TOO_MANY_REQUESTS;
+                if let Some(a) = after {
+                    resp.headers_mut()
+                        .insert("retry-after", axum::http::HeaderValue::from_static(a));
+                }
+            } else {
+                *resp.status_mut() = axum::http::StatusCode::BAD_REQUEST;
+            }
+            resp
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), calls)
+}
+
+#[tokio::test]
+async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
+    for i in 0..2 {
+        // Retry-After 1 s within a 5 s call: asked again after the wait.
+        let (url, calls) = rate_limited_stub(1, Some("1")).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let t = Instant::now();
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 400, .. })),
+            "{r:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+        // Retry-After 30 s does not fit a 5 s call: the 429 at once.
+        let (url, calls) = rate_limited_stub(1, Some("30")).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let t = Instant::now();
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 429, .. })),
+            "{r:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // A 429 that does not say when is not retried, as any 4xx.
+        let (url, calls) = rate_limited_stub(1, None).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 429, .. })),
+            "{r:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
+
 #[tokio::test]
 async fn client_errors_are_not_retried() {
     for i in 0..2 {

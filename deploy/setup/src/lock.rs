@@ -114,7 +114,11 @@ mod tests {
                 assert!(t.join().is_ok());
             }
         }
-        assert_eq!(most.load(Ordering::SeqCst), 1, "two contenders held the lock at once");
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "two contenders held the lock at once"
+        );
     }
 
     #[test]
@@ -171,14 +175,15 @@ mod tests {
             matches!(SetupLock::try_at(&path), Ok(None)),
             "taken while the holder lives"
         );
-        assert!(
-            std::fs::read_to_string(&path).is_ok_and(|s| s.trim() == child.id().to_string())
-        );
+        assert!(std::fs::read_to_string(&path).is_ok_and(|s| s.trim() == child.id().to_string()));
         assert!(child.kill().is_ok()); // SIGKILL: no destructor runs
         assert!(child.wait().is_ok());
         let started = Instant::now();
         let freed = SetupLock::try_at(&path);
-        assert!(matches!(freed, Ok(Some(_))), "not freed by the holder's death");
+        assert!(
+            matches!(freed, Ok(Some(_))),
+            "not freed by the holder's death"
+        );
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

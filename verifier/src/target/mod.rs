@@ -9,6 +9,7 @@ pub mod chat_prefix;
 pub mod llamacpp;
 pub mod openai;
 pub mod openai_text;
+pub mod retry;
 pub mod text;
 pub mod trace;
 
@@ -211,11 +212,11 @@ pub struct TargetConfig {
     pub api_key: Option<String>,
     /// Model name sent in OpenAI-style requests.
     pub model: String,
-    /// Per-attempt timeout.
+    /// Per-attempt timeout, and the longest a call's retries may wait to ([`retry`]).
     pub timeout: Duration,
-    /// Attempts after the first on connect errors and 5xx.
+    /// Attempts after the first on connect errors, timeouts, 5xx and a 429 that says when.
     pub retries: u32,
-    /// First backoff; doubled for each further retry.
+    /// First backoff; doubled for each further retry, capped, jittered ([`retry`]).
     pub backoff: Duration,
     /// PEM file of extra CA certificates trusted for the target (a private CA), beside the
     /// webpki roots compiled in.
@@ -531,9 +532,30 @@ pub(crate) async fn get_json(
         .map_err(|e| TargetError::Protocol(format!("bad JSON from target: {e}")))
 }
 
-/// POSTs JSON with bounded retries and exponential backoff on connect errors, timeouts and
-/// 5xx, and returns the first successful answer's head. 4xx answers are not retried: the same
-/// request would fail the same way. Nothing is retried once a body has started to arrive.
+impl TargetConfig {
+    /// How calls with these settings are retried.
+    pub fn retry_policy(&self) -> retry::RetryPolicy {
+        retry::RetryPolicy {
+            retries: self.retries,
+            backoff: self.backoff,
+            call_timeout: self.timeout,
+        }
+    }
+}
+
+/// A failed attempt and what it allows.
+struct Failed(TargetError, retry::Verdict);
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// POSTs JSON, retried by [`retry::RetryPolicy`] on connect errors, timeouts, 5xx and a 429
+/// that says when to come back, and returns the first successful answer's head. Other 4xx
+/// answers are not retried: the same request would fail the same way. Nothing is retried once
+/// a body has started to arrive.
 pub(crate) async fn send_with_retries(
     http: &reqwest::Client,
     cfg: &TargetConfig,
@@ -542,8 +564,7 @@ pub(crate) async fn send_with_retries(
     header: Option<&(String, String)>,
     whole: bool,
 ) -> Result<reqwest::Response, TargetError> {
-    let mut attempt = 0u32;
-    loop {
+    let attempt = || async {
         let mut rb = http.post(url).json(body);
         if whole {
             // An answer read whole is bounded in total, not just per read.
@@ -560,10 +581,16 @@ pub(crate) async fn send_with_retries(
                 rb = rb.header(name, value);
             }
         }
-        let err = match rb.send().await {
-            Ok(resp) if resp.status().is_success() => return Ok(resp),
+        match rb.send().await {
+            Ok(resp) if resp.status().is_success() => Ok(resp),
             Ok(resp) => {
                 let status = resp.status().as_u16();
+                let verdict = retry::status_verdict(
+                    status,
+                    resp.headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()),
+                );
                 let text: String = resp
                     .text()
                     .await
@@ -571,25 +598,19 @@ pub(crate) async fn send_with_retries(
                     .chars()
                     .take(500)
                     .collect();
-                let e = TargetError::Status { status, body: text };
-                if status < 500 {
-                    return Err(e);
-                }
-                e
+                Err(Failed(TargetError::Status { status, body: text }, verdict))
             }
             Err(e) => match send_error(&e, cfg, url) {
                 // A certificate that is not trusted now will not be trusted on a retry.
-                tls @ TargetError::Tls(_) => return Err(tls),
-                other => other,
+                tls @ TargetError::Tls(_) => Err(Failed(tls, retry::Verdict::Final)),
+                other => Err(Failed(other, retry::Verdict::Retry)),
             },
-        };
-        if attempt >= cfg.retries {
-            return Err(err);
         }
-        tracing::warn!(attempt, error = %err, "target call failed; retrying");
-        tokio::time::sleep(cfg.backoff * 2u32.saturating_pow(attempt)).await;
-        attempt += 1;
-    }
+    };
+    cfg.retry_policy()
+        .run(attempt, |f: &Failed| f.1)
+        .await
+        .map_err(|f| f.0)
 }
 
 /// POSTs JSON (with [`send_with_retries`]) and reads a JSON answer.
