@@ -5,5 +5,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 mkdir -p "$APPROXY_HOME/logs"
 PORT="$(free_port)"
 start_target "$PORT" "$APPROXY_HOME/logs/bench-target-server.log"
-trap 'kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true' EXIT
+trap 'stop_processes "$TARGET_PID"' EXIT
 "$APPROXY" bench draft --tokens 128 --runs 3 --target-url "http://127.0.0.1:$PORT" "$@"

@@ -61,6 +61,66 @@ start_vllm() {
   wait_healthy vLLM "$VLLM_PID" "http://127.0.0.1:$port/health" "$log" 600
 }
 
+# stop_process PID [GRACE_SECONDS]: stops a server as process supervisors do: SIGTERM, up to
+# GRACE_SECONDS (whole seconds; default $APPROXY_STOP_GRACE, else 10) for it to exit, then
+# SIGKILL. A bare `kill; wait` waited forever on a llama-server hung in its shutdown after a
+# long run. An empty PID or a process already gone is no error, and nothing here fails under
+# errexit (this runs in EXIT traps). STOP_NOW set (stop_processes's trap: a second Ctrl-C)
+# ends the grace early.
+stop_process() {
+  local pid="${1:-}" grace="${2:-${APPROXY_STOP_GRACE:-10}}" tenths
+  [ -n "$pid" ] || return 0
+  case "$grace" in '' | *[!0-9]*) grace=10 ;; esac
+  kill -TERM "$pid" 2>/dev/null || return 0
+  tenths=$((grace * 10))
+  while [ "$tenths" -gt 0 ] && [ -z "${STOP_NOW:-}" ] && process_runs "$pid"; do
+    # A Ctrl-C reaches this sleep too.
+    sleep 0.1 || true
+    tenths=$((tenths - 1))
+  done
+  if process_runs "$pid"; then
+    echo "process $pid still runs ${grace}s after SIGTERM; sending SIGKILL" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    # Dead before the caller goes on (and so a zombie below if nothing reaped it yet).
+    tenths=50
+    while [ "$tenths" -gt 0 ] && process_runs "$pid"; do sleep 0.1 || true; tenths=$((tenths - 1)); done
+  fi
+  # bash reaps its children as they exit, so only one still a zombie is waited for: a `wait` on
+  # one bash has reaped can block until another child exits, never if that is the hung target.
+  # It did in run-local.sh, about one Ctrl-C in five: the Ctrl-C reached approxy and the
+  # script's `wait` on it at once, and the clean-up's `wait` on approxy, gone, never returned.
+  if [ "$(process_state "$pid")" = Z ]; then wait "$pid" 2>/dev/null || true; fi
+}
+
+# stop_processes PID...: stop_process for each in turn, for EXIT traps. From then on INT and
+# TERM end the grace early: left as they were, a second Ctrl-C (or a TERM after it) ended the
+# shell in the middle of its clean-up with the server still running.
+stop_processes() {
+  trap 'STOP_NOW=1' INT TERM
+  local pid
+  for pid in "$@"; do stop_process "$pid"; done
+}
+
+# process_state PID: the process's state letter from /proc (Z: exited, not yet reaped); "?"
+# without /proc; nothing once it is gone.
+process_state() {
+  local stat
+  kill -0 "$1" 2>/dev/null || return 0
+  if read -r stat 2>/dev/null </proc/"$1"/stat; then
+    stat="${stat##*) }"
+    echo "${stat%% *}"
+  else
+    echo "?"
+  fi
+}
+
+# process_runs PID: whether PID exists and has not exited (kill -0 alone counts a zombie).
+process_runs() {
+  local state
+  state="$(process_state "$1")"
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
 # free_port: an unused loopback TCP port.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'

@@ -68,8 +68,13 @@ def measure(approxy, target, workers):
                     "rss_peak_mib": round(status(proc.pid, "VmHWM")), "requests": len(answers),
                     "completion_tokens": tokens, "seconds": round(took, 1)}
         finally:
+            # A gateway that does not drain in time is killed (and reaped) rather than left running.
             proc.terminate()
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def main():

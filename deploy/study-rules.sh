@@ -29,9 +29,10 @@ if [ "${ORACLE_ONLY:-0}" != 1 ]; then
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/study-target-server.log"
-trap 'kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true' EXIT
+trap 'stop_processes "$TARGET_PID"' EXIT
 "$APPROXY" train collect --target-url "http://127.0.0.1:$PORT" --data "$DATA" --prompts "$PROMPTS" --max-answer-tokens "$MAX_ANSWER"
-kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true
+# Cleared once stopped: the exit trap must not signal a pid that may have been reused.
+stop_process "$TARGET_PID"; TARGET_PID=""
 echo "==> rows ready at $(( $(date +%s) - START ))s"
 # Identity (with the table of what every rule accepts), then each other rule.
 "$APPROXY" train fit --data "$DATA" --out-dir "$REPO/deploy/results/acceptance-rules" --seed 7

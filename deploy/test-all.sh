@@ -9,14 +9,16 @@ PORT="$(free_port)"
 echo "==> starting llama-server (target) for the tests on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/test-target-server.log"
 VLLM_PID="" OTHER_PID=""
+# A server stopped on the way has its pid cleared (a reused pid must not be signalled), so each
+# of these is one word or none.
+# shellcheck disable=SC2086
 stop_servers() {
   # errexit holds in traps too: a server that is already gone must not fail the run.
   # Children first (vLLM's multiprocessing helpers outlive their parent otherwise).
-  for pid in "$TARGET_PID" $VLLM_PID $OTHER_PID; do
+  for pid in $TARGET_PID $VLLM_PID $OTHER_PID; do
     pkill -TERM -P "$pid" 2>/dev/null || true
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
   done
+  stop_processes $TARGET_PID $VLLM_PID $OTHER_PID
 }
 trap stop_servers EXIT
 OTHER_PORT="$(free_port)"
@@ -47,10 +49,10 @@ for kind in openai_text chat_prefix; do
   echo "==> end-to-end tests (openai Python client) through approxy with llama-server as an $kind target"
   APPROXY_E2E_TARGET_KIND=$kind "$VENV/bin/python" -m pytest -q "$REPO/tests/e2e/test_openai_client.py" -p no:cacheprovider
 done
-kill -TERM "$OTHER_PID" 2>/dev/null || true; wait "$OTHER_PID" 2>/dev/null || true
+stop_process "$OTHER_PID"; OTHER_PID=""
 
 # vLLM runs only now: with llama-server and the draft busy too, two cores would starve it.
-kill -TERM "$TARGET_PID" 2>/dev/null || true; wait "$TARGET_PID" 2>/dev/null || true
+stop_process "$TARGET_PID"; TARGET_PID=""
 VLLM_PORT="$(free_port)"
 echo "==> starting vLLM (target, $VLLM_ALIAS) for the tests on 127.0.0.1:$VLLM_PORT"
 start_vllm "$VLLM_PORT" "$APPROXY_HOME/logs/test-vllm-server.log"

@@ -19,7 +19,7 @@ DATA="$APPROXY_HOME/training/rows-v2-${BUILD}-s-p${PROMPTS}-m${MAX_ANSWER}-l${LI
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/train-target-server.log"
-trap 'kill -TERM "$TARGET_PID" 2>/dev/null; wait "$TARGET_PID" 2>/dev/null || true' EXIT
+trap 'stop_processes "$TARGET_PID"' EXIT
 START=$(date +%s)
 "$APPROXY" train collect --target-url "http://127.0.0.1:$PORT" --data "$DATA" --prompts "$PROMPTS" --max-answer-tokens "$MAX_ANSWER"
 echo "==> teacher-forced rows in $(( $(date +%s) - START ))s"

@@ -15,8 +15,9 @@ TARGET_PORT="$(free_port)"
 start_target "$TARGET_PORT" "$WORK/target.log"
 CID=""
 cleanup() {
-  [ -n "$CID" ] && podman rm -f "$CID" >/dev/null 2>&1
-  kill -TERM "$TARGET_PID" 2>/dev/null || true; wait "$TARGET_PID" 2>/dev/null || true
+  # errexit holds in traps: a failed `podman rm` must not skip stopping the target.
+  if [ -n "$CID" ]; then podman rm -f "$CID" >/dev/null 2>&1 || true; fi
+  stop_processes "$TARGET_PID"
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -50,6 +49,19 @@ def policy_text(base_url=TARGET, **over):
     return text
 
 
+def stop_process(proc, grace=30):
+    """Stops a server as process supervisors do: SIGTERM, up to `grace` seconds, then SIGKILL;
+    always reaped. Returns its exit status (negative: the signal that ended it)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class Gateway:
     def __init__(self, tmp: pathlib.Path, text: str, env=None, policy_path=None):
         # policy_path: a policy file the test laid out itself (text is then unused).
@@ -89,14 +101,7 @@ class Gateway:
         return self.log.read()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @pytest.fixture

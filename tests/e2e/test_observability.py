@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL, REPO, policy_text
+from conftest import MODEL, REPO, policy_text, stop_process
 
 PROMETHEUS = os.environ.get("APPROXY_PROMETHEUS_BIN")
 PROMTOOL = os.environ.get("APPROXY_PROMTOOL_BIN")
@@ -66,8 +66,7 @@ def prometheus(tmp_path):
     procs = []
     yield start
     for p in procs:
-        p.terminate()
-        p.wait(timeout=30)
+        stop_process(p)
 
 
 def query(url, expr):
