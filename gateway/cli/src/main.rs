@@ -2,10 +2,14 @@
 //! the library crates.
 //!
 //! Layout:
-//! - `cli`: the argument definitions and the dispatch to `approxy-gateway` (serve, check),
-//!   `approxy-setup`, `approxy-training` and `approxy-bench`.
+//! - `cli`: the argument definitions and the dispatch of the serving commands to
+//!   `approxy-gateway` (serve, check, health).
+//! - `tools` (feature `tools`, on by default): set-up, training and benchmarks
+//!   (`approxy-setup`, `approxy-training`, `approxy-bench`); a server build leaves them out.
 
 mod cli;
+#[cfg(feature = "tools")]
+mod tools;
 
 use clap::Parser;
 
