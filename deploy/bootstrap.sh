@@ -2,7 +2,9 @@
 # (`approxy setup`: models, llama-server, ONNX Runtime, ONNX draft) under $APPROXY_HOME.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export APPROXY_HOME="${APPROXY_HOME:-$HOME/.cache/approxy}"
+# As the binary does: XDG_CACHE_HOME when it is an absolute path, else ~/.cache.
+case "${XDG_CACHE_HOME:-}" in /*) _cache="$XDG_CACHE_HOME" ;; *) _cache="$HOME/.cache" ;; esac
+export APPROXY_HOME="${APPROXY_HOME:-$_cache/approxy}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 cd "$REPO"
 echo "==> building approxy (cargo build --release)"

@@ -5,7 +5,9 @@
 # scraped approxy_tokens_total, then takes it all down.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export APPROXY_HOME="${APPROXY_HOME:-$HOME/.cache/approxy}"
+# As the binary does: XDG_CACHE_HOME when it is an absolute path, else ~/.cache.
+case "${XDG_CACHE_HOME:-}" in /*) _cache="$XDG_CACHE_HOME" ;; *) _cache="$HOME/.cache" ;; esac
+export APPROXY_HOME="${APPROXY_HOME:-$_cache/approxy}"
 # shellcheck source=deploy/image/podman-args.sh
 source "$REPO/deploy/image/podman-args.sh"
 podman_args_for localhost/approxy-slim:0.1.0

@@ -103,6 +103,57 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         Unit::Seconds,
         "Time to the response head by path"
     );
+    describe_counter!(
+        "approxy_cost_guard_total",
+        Unit::Count,
+        "Answers the cost guard handed to the target"
+    );
+    describe_counter!(
+        "approxy_span_resyncs_total",
+        Unit::Count,
+        "Target spans ended where the draft caught up with the target"
+    );
+    describe_counter!(
+        "approxy_client_errors_total",
+        Unit::Count,
+        "Requests refused for the client's own fault, by reason (body_timeout, body_framing)"
+    );
+    describe_counter!(
+        "approxy_connections_closed_total",
+        Unit::Count,
+        "Connections the gateway closed, by reason (per_ip_cap, idle, unread)"
+    );
+    describe_counter!(
+        "approxy_stream_write_timeouts_total",
+        Unit::Count,
+        "Streams ended because the client stopped reading (gateway.write_idle_timeout)"
+    );
+    describe_counter!(
+        "approxy_passthrough_broken_bodies_total",
+        Unit::Count,
+        "Passthrough answers whose body broke off or stalled after the head was sent"
+    );
+    describe_counter!(
+        "approxy_draft_worker_panics_total",
+        Unit::Count,
+        "Draft worker panics (the worker's session is reset and it carries on)"
+    );
+    describe_gauge!(
+        "approxy_budget_cost_usd",
+        "The budget guard's ledger: cost so far by model, prompt kind and side (approxy, passthrough), USD"
+    );
+    describe_gauge!(
+        "approxy_budget_cost_ratio",
+        "The budget guard's ledger: approxy's cost over passthrough's, by model and prompt kind"
+    );
+    describe_gauge!(
+        "approxy_budget_calls_per_token",
+        "The budget guard's estimate of target calls per output token, by model and prompt kind"
+    );
+    describe_gauge!(
+        "approxy_budget_target_share",
+        "The budget guard's estimate of the target's share of output tokens, by model and prompt kind"
+    );
     Ok(handle)
 }
 
@@ -114,4 +165,61 @@ pub fn install_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every metric the gateway and the engine emit is described in [`super::install_metrics`]
+    /// (Prometheus shows the description as its `# HELP`), and nothing described is gone.
+    #[test]
+    fn every_emitted_metric_is_described() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut sources = Vec::new();
+        for dir in [root.join("src"), root.join("../verifier/src")] {
+            let mut stack = vec![dir];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        sources.push(std::fs::read_to_string(&p).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        assert!(
+            sources.len() > 20,
+            "sources not found under {}",
+            root.display()
+        );
+        let names = |text: &str, described: bool| -> std::collections::BTreeSet<String> {
+            let mut found = std::collections::BTreeSet::new();
+            for kind in ["counter!(", "gauge!(", "histogram!("] {
+                for (i, _) in text.match_indices(kind) {
+                    let is_describe = text[..i].ends_with("describe_");
+                    let is_emit = text[..i].ends_with("metrics::");
+                    if (described && !is_describe) || (!described && !is_emit) {
+                        continue;
+                    }
+                    let rest = text[i + kind.len()..].trim_start();
+                    if let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                        found.insert(name.to_string());
+                    }
+                }
+            }
+            found
+        };
+        let emitted: std::collections::BTreeSet<String> =
+            sources.iter().flat_map(|s| names(s, false)).collect();
+        let described = names(include_str!("telemetry.rs"), true);
+        assert!(emitted.len() > 20, "{emitted:?}");
+        let undescribed: Vec<_> = emitted.difference(&described).collect();
+        let stale: Vec<_> = described.difference(&emitted).collect();
+        assert!(
+            undescribed.is_empty(),
+            "emitted without a description: {undescribed:?}"
+        );
+        assert!(stale.is_empty(), "described but never emitted: {stale:?}");
+    }
 }

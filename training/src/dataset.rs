@@ -353,9 +353,13 @@ impl Rows {
         meta.insert("format".to_string(), FORMAT.to_string());
         meta.insert("draft_build".to_string(), self.draft_build.clone());
         let bytes = safetensors::tensor::serialize(views, Some(meta))?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, path)?;
+        // A unique name beside the shard, synced before the rename: a crash leaves the old
+        // shard or the whole new one, and two collectors never share a temporary file.
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        std::io::Write::write_all(&mut tmp, &bytes)?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(path)?;
         Ok(())
     }
 

@@ -1,4 +1,5 @@
-//! Where approxy's cached assets live: `$APPROXY_HOME`, default `~/.cache/approxy`. Shared
+//! Where approxy's cached assets live: `$APPROXY_HOME`, default `$XDG_CACHE_HOME/approxy`
+//! (`~/.cache/approxy` when that is not set). Shared
 //! by `approxy setup` (which fills it), the gateway and the tests (which read it).
 
 use std::path::PathBuf;
@@ -22,18 +23,12 @@ pub struct Home {
 }
 
 impl Home {
-    /// `$APPROXY_HOME`, else `~/.cache/approxy`.
+    /// `$APPROXY_HOME`, else `$XDG_CACHE_HOME/approxy`, else `~/.cache/approxy`.
     pub fn from_env() -> anyhow::Result<Self> {
-        if let Some(p) = std::env::var_os("APPROXY_HOME").filter(|p| !p.is_empty()) {
-            return Ok(Self {
-                root: PathBuf::from(p),
-            });
-        }
-        let home = std::env::var_os("HOME")
-            .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))?;
-        Ok(Self {
-            root: PathBuf::from(home).join(".cache").join("approxy"),
-        })
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        root(var("APPROXY_HOME"), var("XDG_CACHE_HOME"), var("HOME"))
+            .map(|root| Self { root })
+            .ok_or_else(|| anyhow::anyhow!("neither APPROXY_HOME nor HOME is set"))
     }
 
     /// The target GGUF.
@@ -72,9 +67,9 @@ impl Home {
     pub fn llama_server(&self) -> PathBuf {
         self.root.join("bin").join("llama-server")
     }
-    /// The `hey` HTTP load generator (for `approxy bench overhead`).
-    pub fn hey(&self) -> PathBuf {
-        self.root.join("bin").join("hey")
+    /// The `oha` HTTP load generator (for `approxy bench overhead`).
+    pub fn oha(&self) -> PathBuf {
+        self.root.join("bin").join("oha")
     }
     /// The ONNX Runtime shared library.
     pub fn onnxruntime_lib(&self) -> PathBuf {
@@ -91,5 +86,47 @@ impl Home {
     /// Scratch space for downloads and builds, removed by each step when it succeeds.
     pub fn work(&self, step: &str) -> PathBuf {
         self.root.join("work").join(step)
+    }
+}
+
+/// The cache root from `APPROXY_HOME`, `XDG_CACHE_HOME` and `HOME`. A relative
+/// `XDG_CACHE_HOME` is ignored, as the XDG base directory specification says.
+fn root(
+    approxy_home: Option<std::ffi::OsString>,
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    if let Some(p) = approxy_home {
+        return Some(PathBuf::from(p));
+    }
+    let xdg = xdg_cache_home
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    xdg.or_else(|| home.map(|h| PathBuf::from(h).join(".cache")))
+        .map(|cache| cache.join("approxy"))
+}
+
+#[cfg(test)]
+mod root_tests {
+    use super::root;
+    use std::path::PathBuf;
+
+    #[test]
+    fn approxy_home_then_xdg_cache_home_then_home() {
+        let s = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(root(s("/a"), s("/x"), s("/h")), Some(PathBuf::from("/a")));
+        assert_eq!(
+            root(None, s("/x"), s("/h")),
+            Some(PathBuf::from("/x/approxy"))
+        );
+        assert_eq!(
+            root(None, s("rel"), s("/h")),
+            Some(PathBuf::from("/h/.cache/approxy"))
+        );
+        assert_eq!(
+            root(None, None, s("/h")),
+            Some(PathBuf::from("/h/.cache/approxy"))
+        );
+        assert_eq!(root(None, None, None), None);
     }
 }

@@ -97,7 +97,7 @@ async fn stub(ca: &TestCa) -> (String, Seen) {
 }
 
 /// `/health` answers `{"status":"ok"}`; `/completion` answers two tokens, gzip-encoded.
-fn answer(req: &Request<Incoming>, seen: &Seen) -> Response<http_body_util_full::Full> {
+fn answer(req: &Request<Incoming>, seen: &Seen) -> Response<http_body_util::Full<Bytes>> {
     seen.lock().unwrap().push(req.version());
     match req.uri().path() {
         "/completion" => {
@@ -108,42 +108,12 @@ fn answer(req: &Request<Incoming>, seen: &Seen) -> Response<http_body_util_full:
             Response::builder()
                 .header("content-type", "application/json")
                 .header("content-encoding", "gzip")
-                .body(http_body_util_full::Full::new(Bytes::from(
-                    gz.finish().unwrap(),
-                )))
+                .body(http_body_util::Full::new(Bytes::from(gz.finish().unwrap())))
                 .unwrap()
         }
-        _ => Response::new(http_body_util_full::Full::new(Bytes::from_static(
+        _ => Response::new(http_body_util::Full::new(Bytes::from_static(
             br#"{"status":"ok"}"#,
         ))),
-    }
-}
-
-/// A one-shot body (the stub's answers are small and whole).
-mod http_body_util_full {
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    use bytes::Bytes;
-    use hyper::body::{Body, Frame};
-
-    pub struct Full(Option<Bytes>);
-
-    impl Full {
-        pub fn new(b: Bytes) -> Self {
-            Self(Some(b))
-        }
-    }
-
-    impl Body for Full {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
-        }
     }
 }
 

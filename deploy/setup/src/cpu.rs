@@ -42,6 +42,12 @@ impl CpuFeatures {
         }
     }
 
+    /// The CPU this process runs on, from `/proc/cpuinfo` (never the file
+    /// `APPROXY_SETUP_CPUINFO` names): what measurements report.
+    pub fn this_machine() -> Self {
+        Self::parse(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+    }
+
     /// The CPU to build for: this machine's, or the one described by the cpuinfo file named in
     /// `APPROXY_SETUP_CPUINFO`. That builds a cache for another, smaller CPU (an AVX2-only fleet
     /// prepared on an AVX-512 machine); each part is still run here before it is accepted, so

@@ -117,10 +117,10 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
             steps::human_eval,
         ),
         (
-            "hey",
-            "HTTP load generator (hey, for benchmarks)",
+            "oha",
+            "HTTP load generator (oha, for benchmarks; compiled from crates.io)",
             false,
-            steps::hey,
+            steps::oha,
         ),
         (
             "prometheus",
@@ -246,16 +246,28 @@ pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<Stri
             pb.inc(n as u64);
         }
     }
-    Ok(hex(&h.finalize()))
+    Ok(format!("{:x}", h.finalize()))
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+/// A unique temporary path beside `dest`, for a file written whole and checked before
+/// [`publish`] renames it into place; dropped unpublished, it is deleted, so an interrupted or
+/// refused step leaves nothing behind. A path, not an open file: a binary written there must
+/// run before it is published, and Linux will not run a file open for writing.
+pub(crate) fn temp_beside(dest: &std::path::Path) -> anyhow::Result<tempfile::TempPath> {
+    let dir = dest
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no parent directory", dest.display()))?;
+    std::fs::create_dir_all(dir)?;
+    Ok(tempfile::Builder::new()
+        .prefix(".approxy-")
+        .tempfile_in(dir)?
+        .into_temp_path())
+}
+
+/// Syncs the file at `tmp` to disk, then renames it to `dest`: after a crash `dest` is the old
+/// file or the whole new one.
+pub(crate) fn publish(tmp: tempfile::TempPath, dest: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::File::open(&tmp)?.sync_all()?;
+    tmp.persist(dest)?;
+    Ok(())
 }

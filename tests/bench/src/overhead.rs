@@ -1,7 +1,8 @@
 //! `approxy bench overhead`: what the gateway adds in passthrough mode. A stub upstream that
-//! answers a chat completion at once is loaded by `hey` at fixed request rates, first
-//! directly and then through `approxy serve`; the difference in latency quantiles is the
-//! gateway's cost. Then an unthrottled run finds the rate it sustains, and the gateway's
+//! answers a chat completion at once is loaded by `oha` at fixed request rates, open loop with
+//! latency corrected for coordinated omission (each request timed from when it was due, so a
+//! stall counts against every request it delayed), first directly and then through
+//! `approxy serve`; the difference in latency quantiles is the gateway's cost. Then an unthrottled run finds the rate it sustains, and the gateway's
 //! resident memory is read from `/proc`. With two cores or more the gateway gets core 1 to
 //! itself and the load generator and stub share core 0, so the gateway's cost is not mixed
 //! up with theirs.
@@ -16,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use super::report::Machine;
 use super::servers::{self, Layout};
-use super::stats::{mean, quantile};
 use approxy_setup::Home;
 
 /// Options for `approxy bench overhead`.
@@ -26,7 +26,7 @@ pub struct OverheadOptions {
     pub rates: Vec<u32>,
     /// Seconds per rate.
     pub seconds: u32,
-    /// Concurrent connections (hey workers).
+    /// Concurrent connections (oha's; at a fixed rate, the most requests in flight).
     pub connections: u32,
     /// Results directory.
     pub out: PathBuf,
@@ -129,33 +129,29 @@ fn passthrough_policy(stub: &str) -> String {
     )
 }
 
-/// Parses hey's CSV (`response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset`).
-pub fn parse_hey_csv(csv: &str, seconds: f64) -> Load {
-    let mut lat = Vec::new();
-    let mut errors = 0;
-    for line in csv.lines().skip(1) {
-        let cols: Vec<&str> = line.split(',').collect();
-        let (Some(t), Some(status)) = (
-            cols.first().and_then(|s| s.parse::<f64>().ok()),
-            cols.get(6),
-        ) else {
-            continue;
-        };
-        if status.trim() == "200" {
-            lat.push(t * 1e3);
-        } else {
-            errors += 1;
-        }
-    }
-    let requests = lat.len() + errors;
-    Load {
+/// Reads oha's JSON report (`--output-format json`): latencies in seconds, status codes
+/// counted, transport errors (timeouts, resets) by message.
+pub fn parse_oha_json(json: &str, seconds: f64) -> anyhow::Result<Load> {
+    let v: serde_json::Value = serde_json::from_str(json).context("oha's report is not JSON")?;
+    let count = |m: &serde_json::Value| -> u64 {
+        m.as_object()
+            .map(|o| o.values().filter_map(serde_json::Value::as_u64).sum())
+            .unwrap_or(0)
+    };
+    let codes = &v["statusCodeDistribution"];
+    let ok = codes["200"].as_u64().unwrap_or(0);
+    let not_ok = count(codes) - ok;
+    let failed = count(&v["errorDistribution"]);
+    let ms = |q: &str| v["latencyPercentiles"][q].as_f64().unwrap_or(0.0) * 1e3;
+    let requests = usize::try_from(ok + not_ok + failed)?;
+    Ok(Load {
         requests,
-        errors,
+        errors: usize::try_from(not_ok + failed)?,
         achieved_rps: requests as f64 / seconds.max(1e-9),
-        p50_ms: quantile(&lat, 0.5).unwrap_or(0.0),
-        p99_ms: quantile(&lat, 0.99).unwrap_or(0.0),
-        mean_ms: mean(&lat).unwrap_or(0.0),
-    }
+        p50_ms: ms("p50"),
+        p99_ms: ms("p99"),
+        mean_ms: v["summary"]["average"].as_f64().unwrap_or(0.0) * 1e3,
+    })
 }
 
 /// Core the load generator and the stub run on when the gateway has one of its own.
@@ -171,7 +167,7 @@ async fn pin_self() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-async fn hey(
+async fn oha(
     bin: &Path,
     url: &str,
     rate: u32,
@@ -190,17 +186,19 @@ async fn hey(
         "POST",
         "-T",
         "application/json",
-        "-o",
-        "csv",
         "-t",
-        "10",
+        "10s",
+        "--no-tui",
+        "--output-format",
+        "json",
+        // Requests still out at the end are waited for, not counted as failures.
+        "--wait-ongoing-requests-after-deadline",
+        // One thread: the load core is shared with the stub.
+        "--worker-threads",
+        "1",
     ]);
     if rate > 0 {
-        // hey's rate is per worker.
-        cmd.args([
-            "-q",
-            &format!("{}", f64::from(rate) / f64::from(connections)),
-        ]);
+        cmd.args(["-q", &rate.to_string(), "--latency-correction"]);
     }
     cmd.arg("-D").arg(body).arg(url);
     let out = cmd
@@ -210,13 +208,10 @@ async fn hey(
         .with_context(|| format!("running {}", bin.display()))?;
     anyhow::ensure!(
         out.status.success(),
-        "hey failed: {}",
+        "oha failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(parse_hey_csv(
-        &String::from_utf8_lossy(&out.stdout),
-        f64::from(seconds),
-    ))
+    parse_oha_json(&String::from_utf8_lossy(&out.stdout), f64::from(seconds))
 }
 
 async fn both(
@@ -228,7 +223,7 @@ async fn both(
     body: &Path,
     pinned: bool,
 ) -> anyhow::Result<RateRun> {
-    let d = hey(
+    let d = oha(
         bin,
         direct,
         rate,
@@ -238,7 +233,7 @@ async fn both(
         pinned,
     )
     .await?;
-    let g = hey(
+    let g = oha(
         bin,
         gateway,
         rate,
@@ -268,7 +263,7 @@ async fn both(
 /// Runs the benchmark; writes `overhead.json` and `overhead.md` under `out`.
 pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let bin = home.hey();
+    let bin = home.oha();
     anyhow::ensure!(
         bin.exists(),
         "{} is missing: run `approxy setup`",
@@ -302,8 +297,8 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let direct_url = format!("{stub}/v1/chat/completions");
     let gateway_url = format!("{}/v1/chat/completions", gateway.url);
     // Warm both paths (connection pools, lazy initialisation) before anything is measured.
-    hey(&bin, &direct_url, 200, 2, opts.connections, &body, pinned).await?;
-    hey(&bin, &gateway_url, 200, 2, opts.connections, &body, pinned).await?;
+    oha(&bin, &direct_url, 200, 2, opts.connections, &body, pinned).await?;
+    oha(&bin, &gateway_url, 200, 2, opts.connections, &body, pinned).await?;
     let mut rates = Vec::new();
     for &rate in &opts.rates {
         rates.push(both(&bin, &direct_url, &gateway_url, rate, opts, &body, pinned).await?);
@@ -317,7 +312,10 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let report = OverheadReport {
         generated_at: super::report::utc_now(),
         machine,
-        load_generator: format!("hey {} (Debian)", approxy_setup::assets::HEY_DEB.1),
+        load_generator: format!(
+            "oha {} (crates.io), open loop with latency correction at fixed rates",
+            approxy_setup::assets::OHA_CRATE.1
+        ),
         seconds_per_rate: opts.seconds,
         connections: opts.connections,
         pinned,
@@ -344,19 +342,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hey_csv_counts_errors_and_quantiles() {
-        let mut csv = String::from(
-            "response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset\n",
-        );
-        for i in 1..=100 {
-            csv.push_str(&format!("{:.4},0,0,0,0,0,200,{i}\n", f64::from(i) / 1000.0));
-        }
-        csv.push_str("0.5000,0,0,0,0,0,502,101\n");
-        let l = parse_hey_csv(&csv, 2.0);
-        assert_eq!(l.requests, 101);
-        assert_eq!(l.errors, 1);
-        assert!((l.achieved_rps - 50.5).abs() < 1e-9);
-        assert!((l.p50_ms - 50.0).abs() < 1e-6);
-        assert!((l.p99_ms - 99.0).abs() < 1e-6);
+    fn oha_json_counts_errors_and_quantiles() {
+        // Shaped as oha 1.16 writes it (fields the parser does not read left out).
+        let json = r#"{"summary": {"successRate": 0.97, "average": 0.002},
+            "latencyPercentiles": {"p50": 0.0015, "p99": 0.0120},
+            "statusCodeDistribution": {"200": 97, "502": 1},
+            "errorDistribution": {"connection reset": 2}}"#;
+        let l = parse_oha_json(json, 2.0).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(l.requests, 100);
+        assert_eq!(l.errors, 3);
+        assert!((l.achieved_rps - 50.0).abs() < 1e-9);
+        assert!((l.p50_ms - 1.5).abs() < 1e-9);
+        assert!((l.p99_ms - 12.0).abs() < 1e-9);
+        assert!((l.mean_ms - 2.0).abs() < 1e-9);
+        assert!(parse_oha_json("not json", 1.0).is_err());
     }
 }

@@ -24,12 +24,7 @@ pub struct Machine {
 impl Machine {
     /// Reads `/proc`.
     pub fn read() -> Self {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu = cpuinfo
-            .lines()
-            .find(|l| l.starts_with("model name"))
-            .and_then(|l| l.split(':').nth(1))
-            .map_or_else(|| "unknown".to_string(), |s| s.trim().to_string());
+        let cpu = approxy_setup::cpu::CpuFeatures::this_machine().model;
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let kb: f64 = meminfo
             .lines()

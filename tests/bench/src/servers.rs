@@ -5,14 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Serialize;
 use tokio::process::Command;
 
 use approxy_setup::Home;
 
 /// How draft and target share this machine's cores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Layout {
     /// Every process may use both cores (2 threads each), as an unconfigured box would.
@@ -23,15 +22,6 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// Parses `shared` or `pinned`.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        match s {
-            "shared" => Ok(Self::Shared),
-            "pinned" => Ok(Self::Pinned),
-            other => bail!("unknown layout `{other}` (shared, pinned)"),
-        }
-    }
-
     /// Its name in reports and file names.
     pub fn name(self) -> &'static str {
         match self {

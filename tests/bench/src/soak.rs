@@ -523,15 +523,7 @@ fn home_repo_policy() -> anyhow::Result<PathBuf> {
 }
 
 pub(crate) fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default()
+    approxy_setup::cpu::CpuFeatures::this_machine().model
 }
 
 #[cfg(test)]

@@ -78,14 +78,10 @@ impl ContinuationRequest {
         for t in head {
             h.update(t.to_le_bytes());
         }
-        let d = h.finalize();
-        format!(
-            "approxy-{}",
-            d.iter()
-                .take(12)
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        )
+        let mut key = format!("approxy-{:x}", h.finalize());
+        // 12 bytes of the digest are unique enough for a conversation's cache key.
+        key.truncate("approxy-".len() + 24);
+        key
     }
 }
 
