@@ -1142,8 +1142,8 @@ async fn a_reload_never_gives_one_request_two_policies() {
 }
 
 /// Passthrough asks a rate-limited target again after the wait it names, when that fits the
-/// call's deadline (`target.timeout`, 5 s here); a longer wait gives the client the target's
-/// 429 and its `Retry-After` at once.
+/// call's deadline (`target.timeout` for each of its 3 attempts: 15 s here); a longer wait
+/// gives the client the target's 429 and its `Retry-After` at once.
 #[tokio::test]
 async fn passthrough_waits_as_a_rate_limited_target_asks_within_the_deadline() {
     let mut s = Setup::new("hello", 0.95, "hello");

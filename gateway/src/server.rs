@@ -115,6 +115,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 /// its first request's headers (`header_timeout`, HTTP/1 and HTTP/2 alike, also one that sent
 /// nothing or only part of a protocol preface) and after a response (`idle_timeout`). These
 /// are start-up settings.
+///
+/// Hand-written rather than `axum::serve`: that serves every connection it accepts, with no
+/// cap on open connections or per client address and no deadline on a connection that sends
+/// nothing, which is what a slow-loris client exploits.
 pub async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,

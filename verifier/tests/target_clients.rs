@@ -180,7 +180,7 @@ async fn rate_limited_stub(limited: u32, after: Option<&'static str>) -> (String
 #[tokio::test]
 async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
     for i in 0..2 {
-        // Retry-After 1 s within a 5 s call: asked again after the wait.
+        // Retry-After 1 s within a call of 3 attempts of 5 s: asked again after the wait.
         let (url, calls) = rate_limited_stub(1, Some("1")).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
         let t = Instant::now();
@@ -191,7 +191,7 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
         );
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
-        // Retry-After 30 s does not fit a 5 s call: the 429 at once.
+        // Retry-After 30 s does not fit its 15 s: the 429 at once.
         let (url, calls) = rate_limited_stub(1, Some("30")).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
         let t = Instant::now();

@@ -208,7 +208,7 @@ pub struct TargetConfig {
     pub api_key: Option<String>,
     /// Model name sent in OpenAI-style requests.
     pub model: String,
-    /// Per-attempt timeout, and the longest a call's retries may wait to ([`retry`]).
+    /// Per-attempt timeout; a call's retries wait only within its attempts' time ([`retry`]).
     pub timeout: Duration,
     /// Attempts after the first on connect errors, timeouts, 5xx and a 429 that says when.
     pub retries: u32,

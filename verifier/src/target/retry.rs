@@ -9,8 +9,8 @@
 //!   when they rate-limit) is waited for exactly that long instead, when the wait fits the
 //!   deadline; when it does not, its error is returned at once rather than after a wait that
 //!   could not end in an answer.
-//! - No wait runs past the deadline: the call's own (`target.timeout` from its first attempt)
-//!   or the request's, when the gateway runs one ([`with_deadline`]).
+//! - No wait runs past the deadline: the call's own (`target.timeout` for each attempt it may
+//!   make, from its first) or the request's, when the gateway runs one ([`with_deadline`]).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -48,7 +48,8 @@ pub struct RetryPolicy {
     pub retries: u32,
     /// First backoff.
     pub backoff: Duration,
-    /// Longest a call may take, retries and waits included, from its first attempt.
+    /// Longest one attempt may take: the call's own deadline is this for each attempt it may
+    /// make, so a wait never stretches a call past what its attempts alone could take.
     pub call_timeout: Duration,
 }
 
@@ -79,7 +80,7 @@ impl RetryPolicy {
 
     /// The call's deadline: its own, or the request's when that comes first.
     fn deadline(&self, started: Instant) -> Instant {
-        let own = started + self.call_timeout;
+        let own = started + self.call_timeout.saturating_mul(self.retries.saturating_add(1));
         DEADLINE.try_with(|d| own.min(*d)).unwrap_or(own)
     }
 }
