@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's "engine's call structure" tables (`approxy bench calls`): sets up
+# Reproduces the "engine's call structure" tables in tests/README.md (`approxy bench calls`): sets up
 # whatever is missing (vLLM included), then runs, most telling first, each resumable (saved runs
 # are reused; pass --fresh to start over):
 #   1. HumanEval, cores shared, with 0 and 200 ms injected before every target call:
@@ -10,7 +10,7 @@
 #   4. HumanEval, shared, 50 ms per call;
 #   5. vLLM (the draft's float32 checkpoint, about 6 tokens/s here): target-only and exact
 #      windows without and with overlap, on a smaller HumanEval sample;
-# and rewrites the README's results section (`approxy bench report`).
+# and rewrites the results section of tests/README.md (`approxy bench report`).
 # Usage: [PROBLEMS=24] [CHAT=40] [VLLM_PROBLEMS=6] ./deploy/bench-calls.sh [--fresh]
 export APPROXY_SETUP_ARGS="${APPROXY_SETUP_ARGS:---vllm}"
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The benchmarks behind the README's results section: sets up what is missing, measures the
+# The benchmarks behind the results in tests/README.md: sets up what is missing, measures the
 # gateway's passthrough overhead, runs HumanEval through every configuration on shared and
-# pinned cores, then rewrites the README section from the JSON they wrote (deploy/results/).
+# pinned cores, then rewrites that section from the JSON they wrote (deploy/results/).
 #
 #   PROBLEMS=164 ./deploy/bench.sh     # all of HumanEval (the default)
 #   PROBLEMS=41 ./deploy/bench.sh      # every 4th problem, for a quicker look
@@ -13,5 +13,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 OUT="${BENCH_OUT:-deploy/results}"
 "$APPROXY" bench overhead --out "$OUT"
 "$APPROXY" bench quality --problems "${PROBLEMS:-164}" --out "$OUT" "$@"
-"$APPROXY" bench report --out "$OUT" --readme README.md
-echo "==> results: $OUT/quality.md, $OUT/overhead.md, $OUT/quality.png; README section updated"
+"$APPROXY" bench report --out "$OUT" --readme tests/README.md
+echo "==> results: $OUT/quality.md, $OUT/overhead.md, $OUT/quality.png; tests/README.md results updated"

@@ -44,6 +44,8 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         timeout_secs: u64,
     },
+    /// Print the JSON Schema of policy files (committed as policies/policy.schema.json).
+    Schema,
     /// Validate a policy file; exits non-zero listing every problem.
     Check {
         /// Policy file.
@@ -59,6 +61,7 @@ enum Cmd {
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Check { policy } => policy::check(&policy),
+        Cmd::Schema => policy::print_schema(),
         Cmd::Health { url, timeout_secs } => block_on(approxy_gateway::probe::probe(
             &url.unwrap_or_else(|| {
                 approxy_gateway::probe::health_url(std::env::var("APPROXY_LISTEN").ok().as_deref())

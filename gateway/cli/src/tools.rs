@@ -356,13 +356,14 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value = "deploy/results")]
         out: PathBuf,
     },
-    /// Rewrite the README's results section from the JSON the benchmarks wrote.
+    /// Rewrite the results section of tests/README.md from the JSON the benchmarks wrote.
     Report {
         /// Results directory.
         #[arg(long, default_value = "deploy/results")]
         out: PathBuf,
-        /// README to update (between its bench-results markers).
-        #[arg(long, default_value = "README.md")]
+        /// Markdown file to update (between its bench-results markers): the tests' and
+        /// benchmarks' reference.
+        #[arg(long, default_value = "tests/README.md")]
         readme: PathBuf,
     },
 }

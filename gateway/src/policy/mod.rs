@@ -356,6 +356,25 @@ impl Policy {
     }
 }
 
+/// Where the committed JSON Schema of policy files lives, from the repository's root.
+pub const SCHEMA_PATH: &str = "policies/policy.schema.json";
+
+/// The JSON Schema of policy files, from the types the parser reads them into: editors that
+/// check TOML against a schema (taplo, VS Code's TOML extensions) complete and check keys with
+/// it. Value rules the validator applies (ranges, durations, one of a few names) are in the
+/// descriptions, not the schema.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(raw::RawPolicy).to_value();
+    schema["title"] = serde_json::json!("approxy policy file");
+    schema
+}
+
+/// `approxy schema`: prints [`json_schema`] (the committed copy is [`SCHEMA_PATH`]).
+pub fn print_schema() -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(&json_schema())?);
+    Ok(())
+}
+
 /// `approxy check`: validates a file, printing a summary or every problem.
 pub fn check(path: &Path) -> anyhow::Result<()> {
     match Policy::load(path) {
@@ -858,11 +877,12 @@ max_cost_ratio = -1
         Ok(())
     }
 
-    /// The README's provider snippets are these files' `[target]` tables, and every file loads.
+    /// The policy reference's provider snippets are these files' `[target]` tables, and every
+    /// file loads.
     #[test]
     fn provider_policies_validate_and_are_the_readme_snippets() -> Result<(), PolicyError> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let readme = std::fs::read_to_string(root.join("README.md")).unwrap_or_default();
+        let readme = std::fs::read_to_string(root.join("policies/README.md")).unwrap_or_default();
         let mut n = 0;
         for entry in std::fs::read_dir(root.join("policies/providers"))
             .into_iter()
@@ -879,7 +899,7 @@ max_cost_ratio = -1
                 .unwrap_or_default();
             assert!(
                 !target.is_empty() && readme.contains(target),
-                "README lacks the [target] of {}",
+                "policies/README.md lacks the [target] of {}",
                 path.display()
             );
             n += 1;

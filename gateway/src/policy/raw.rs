@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Top level.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     /// Where the target is.
@@ -27,7 +28,7 @@ pub struct RawPolicy {
 }
 
 /// `[target]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
     /// `llama_cpp`, `vllm` (or its earlier name `openai`), `openai_text`, `chat_prefix` or
@@ -75,7 +76,7 @@ pub struct RawTarget {
 }
 
 /// `[target.cache]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCache {
     /// Send `prompt_cache_key` and a stable `user` with engine calls.
@@ -93,7 +94,7 @@ pub struct RawCache {
 }
 
 /// `[passthrough]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPassthrough {
     /// Routes forwarded beyond the ones approxy serves, as `"METHOD /v1/path"` (`/*` at the end
@@ -107,7 +108,7 @@ pub struct RawPassthrough {
 }
 
 /// `[gateway]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawGateway {
     /// `keys` (the default: clients need a key from `api_keys_env`) or `none` (no auth, said
@@ -163,7 +164,7 @@ pub struct RawGateway {
 }
 
 /// `[draft]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawDraft {
     /// Directory of the ONNX draft; default `$APPROXY_HOME/models/draft-onnx`.
@@ -184,7 +185,7 @@ pub struct RawDraft {
 }
 
 /// `[models."<id>"]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
     /// `approximate` or `passthrough`.
@@ -250,7 +251,7 @@ pub struct RawModel {
 
 /// `correction = { mode = "fixed", tokens = N }` or
 /// `{ mode = "span", max_span = N, resync = K, end = "expected" | "resync" }`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCorrection {
     /// `fixed` or `span`.
@@ -271,7 +272,7 @@ pub struct RawCorrection {
 }
 
 /// Bail-out budget.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawBailout {
     /// Decisions looked at.
@@ -281,7 +282,7 @@ pub struct RawBailout {
 }
 
 /// Price table.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPrice {
     /// Input tokens.
@@ -293,7 +294,7 @@ pub struct RawPrice {
 }
 
 /// A dial setting: one value for every prompt, or one per prompt kind.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(
     untagged,
     expecting = "a number, or a table { code = NUMBER, chat = NUMBER }"
@@ -306,7 +307,7 @@ pub enum RawPerKind {
 }
 
 /// `{ code = ..., chat = ... }`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawByKind {
     /// Prompts about code.

@@ -306,7 +306,7 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             section.push_str(&quality_markdown(&q));
             section.push_str(&format!(
                 "\n![pass@1 against cost, Pareto front marked]({}/quality.png)\n\n",
-                rel(out)
+                relative(out, readme.parent().unwrap_or(Path::new("")))
             ));
         }
         Err(_) => section.push_str("No quality results yet: run `./deploy/bench.sh`.\n\n"),
@@ -342,17 +342,43 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
 }
 
 /// `out` as the README links it (relative to the repository root when it is inside it).
-fn rel(out: &Path) -> String {
-    let s = out.display().to_string();
-    std::env::current_dir()
-        .ok()
-        .and_then(|cwd| out.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
-        .unwrap_or(s)
+/// `path` as a link from a file in `from` (both taken from the working directory when
+/// relative), so that the Markdown file's links resolve wherever it lives.
+fn relative(path: &Path, from: &Path) -> String {
+    let absolute = |p: &Path| {
+        std::env::current_dir()
+            .map(|cwd| cwd.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let (to, from) = (absolute(path), absolute(from));
+    let (to, from): (Vec<_>, Vec<_>) = (to.components().collect(), from.components().collect());
+    let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
+    let mut out = std::path::PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for c in &to[common..] {
+        out.push(c);
+    }
+    out.display().to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn links_are_relative_to_the_file_they_are_written_into() {
+        assert_eq!(
+            relative(Path::new("deploy/results"), Path::new("tests")),
+            "../deploy/results"
+        );
+        assert_eq!(
+            relative(Path::new("deploy/results"), Path::new("")),
+            "deploy/results"
+        );
+        assert_eq!(relative(Path::new("/a/b/c"), Path::new("/a/d")), "../b/c");
+    }
 
     #[test]
     fn civil_dates() {

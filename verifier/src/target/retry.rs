@@ -80,7 +80,10 @@ impl RetryPolicy {
 
     /// The call's deadline: its own, or the request's when that comes first.
     fn deadline(&self, started: Instant) -> Instant {
-        let own = started + self.call_timeout.saturating_mul(self.retries.saturating_add(1));
+        let own = started
+            + self
+                .call_timeout
+                .saturating_mul(self.retries.saturating_add(1));
         DEADLINE.try_with(|d| own.min(*d)).unwrap_or(own)
     }
 }

@@ -1,0 +1,432 @@
+//! Docs that cannot drift, checked against the code on every test run: the committed JSON
+//! Schema of policy files is the one the policy types make; every policy key the parser
+//! accepts is in the policy reference and every key it names is accepted; every metric the
+//! gateway and the engine emit is described and in the gateway reference, and so is every
+//! error code; every relative link and anchor between the Markdown references resolves. Each
+//! checker is also tried on a text that breaks it, so none passes by finding nothing.
+
+// Tests fail by panicking.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The Markdown files whose links are checked.
+const DOCS: [&str; 6] = [
+    "README.md",
+    "policies/README.md",
+    "gateway/README.md",
+    "deploy/README.md",
+    "training/README.md",
+    "tests/README.md",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The text in backticks (inline code spans) of a Markdown text.
+fn code_spans(md: &str) -> BTreeSet<String> {
+    md.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every key path a schema allows: `target.timeout`, `models.<id>.correction.max_span` (a map's
+/// key is `<id>`). A value with alternative forms (a number or a per-kind table) is one key.
+fn key_paths(schema: &Value) -> BTreeSet<String> {
+    fn walk(root: &Value, node: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+        let node = match node["$ref"].as_str() {
+            Some(r) => &root["$defs"][r.trim_start_matches("#/$defs/")],
+            None => node,
+        };
+        for alternatives in ["anyOf", "oneOf"] {
+            if let Some(branches) = node[alternatives].as_array() {
+                let null = |b: &Value| b["type"] == "null";
+                // `Option<T>`: T's keys. Any other choice of forms is a value, not a table.
+                if branches.iter().any(null) {
+                    for b in branches.iter().filter(|b| !null(b)) {
+                        walk(root, b, prefix, out);
+                    }
+                }
+                return;
+            }
+        }
+        let join = |k: &str| {
+            if prefix.is_empty() {
+                k.to_string()
+            } else {
+                format!("{prefix}.{k}")
+            }
+        };
+        if let Some(props) = node["properties"].as_object() {
+            for (k, v) in props {
+                let path = join(k);
+                out.insert(path.clone());
+                walk(root, v, &path, out);
+            }
+        }
+        if node["additionalProperties"].is_object() {
+            let path = join("<id>");
+            out.insert(path.clone());
+            walk(root, &node["additionalProperties"], &path, out);
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(schema, schema, "", &mut out);
+    out
+}
+
+/// The keys that hold a value, not a table (the reference names tables by their keys).
+fn leaf_keys(keys: &BTreeSet<String>) -> BTreeSet<String> {
+    keys.iter()
+        .filter(|k| !keys.iter().any(|o| o.starts_with(&format!("{k}."))))
+        .cloned()
+        .collect()
+}
+
+/// Keys the reference does not name in backticks.
+fn undocumented<'a>(keys: &'a BTreeSet<String>, md: &str) -> Vec<&'a str> {
+    let spans = code_spans(md);
+    keys.iter()
+        .filter(|k| !spans.contains(*k))
+        .map(String::as_str)
+        .collect()
+}
+
+/// Dotted paths in backticks, under a policy table, that the parser does not accept.
+fn unknown_keys(keys: &BTreeSet<String>, md: &str) -> Vec<String> {
+    let tables = [
+        "target.",
+        "gateway.",
+        "draft.",
+        "passthrough.",
+        "models.<id>.",
+    ];
+    code_spans(md)
+        .into_iter()
+        .filter(|s| tables.iter().any(|t| s.starts_with(t)))
+        .filter(|s| {
+            s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._<>".contains(c))
+        })
+        .filter(|s| !keys.contains(s))
+        .collect()
+}
+
+/// Metric names in the sources: `(emitted, described)`. Emitted means a `metrics::` macro call
+/// with a literal name; described, a `describe_` one.
+fn metric_names(sources: &[String]) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut emitted, mut described) = (BTreeSet::new(), BTreeSet::new());
+    for text in sources {
+        for kind in ["counter!(", "gauge!(", "histogram!("] {
+            for (i, _) in text.match_indices(kind) {
+                let before = &text[..i];
+                let set = if before.ends_with("describe_") {
+                    &mut described
+                } else if before.ends_with("metrics::") {
+                    &mut emitted
+                } else {
+                    continue;
+                };
+                let rest = text[i + kind.len()..].trim_start();
+                if let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                    set.insert(name.to_string());
+                }
+            }
+        }
+    }
+    (emitted, described)
+}
+
+/// The Rust sources of the gateway and the engine.
+fn sources() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root().join("gateway/src"), root().join("verifier/src")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    assert!(out.len() > 20, "sources not found");
+    out
+}
+
+/// The error codes `ApiError` answers with (`Some("code")` in its `parts`).
+fn error_codes(error_rs: &str) -> BTreeSet<String> {
+    let parts = error_rs
+        .split_once("fn parts(")
+        .map(|(_, p)| p)
+        .and_then(|p| p.split_once("\n    }\n"))
+        .map(|(p, _)| p)
+        .unwrap_or_default();
+    parts
+        .split("Some(\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The lines of a Markdown text outside its fenced code blocks.
+fn prose_lines(md: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    md.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
+/// GitHub's anchor for each heading of a Markdown text, outside code blocks (lower case;
+/// letters, digits, `-` and `_` kept, spaces made `-`; a repeated one gets `-1`, `-2`, ...).
+fn anchors(md: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in prose_lines(md) {
+        let Some(text) = line.strip_prefix('#') else {
+            continue;
+        };
+        if !(text.starts_with('#') || text.starts_with(' ')) {
+            continue;
+        }
+        let slug: String = text
+            .trim_start_matches('#')
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut candidate = slug.clone();
+        let mut n = 0;
+        while out.contains(&candidate) {
+            n += 1;
+            candidate = format!("{slug}-{n}");
+        }
+        out.insert(candidate);
+    }
+    out
+}
+
+/// Relative link targets in a Markdown text, outside code blocks and code spans.
+fn links(md: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose_lines(md) {
+        // Code spans are the odd pieces between backticks.
+        for (i, piece) in line.split('`').enumerate() {
+            if i % 2 == 1 {
+                continue;
+            }
+            for (_, after) in piece
+                .match_indices("](")
+                .map(|(j, _)| piece.split_at(j + 2))
+            {
+                let target = after.split(')').next().unwrap_or_default().trim();
+                let target = target.split_whitespace().next().unwrap_or_default();
+                let external = ["http://", "https://", "mailto:"]
+                    .iter()
+                    .any(|s| target.starts_with(s));
+                if !target.is_empty() && !external {
+                    out.push(target.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// How the link checker sees files: their text, and whether they exist.
+struct Files<'a> {
+    read: &'a dyn Fn(&Path) -> Option<String>,
+    exists: &'a dyn Fn(&Path) -> bool,
+}
+
+/// The links of `doc` (a path from the root) that do not resolve, with why.
+fn broken_links(doc: &str, files: &Files<'_>) -> Vec<String> {
+    let read = files.read;
+    let Some(md) = read(&root().join(doc)) else {
+        return vec![format!("{doc} is missing")];
+    };
+    let dir = Path::new(doc).parent().unwrap_or(Path::new(""));
+    let mut broken = Vec::new();
+    for link in links(&md) {
+        let (path, anchor) = link.split_once('#').unwrap_or((link.as_str(), ""));
+        let file = if path.is_empty() {
+            root().join(doc)
+        } else {
+            root().join(dir).join(path)
+        };
+        if !(files.exists)(&file) {
+            broken.push(format!("{doc}: {link}: no such file"));
+            continue;
+        }
+        if !anchor.is_empty() && file.extension().is_some_and(|x| x == "md") {
+            let target = read(&file).unwrap_or_default();
+            if !anchors(&target).contains(anchor) {
+                broken.push(format!("{doc}: {link}: no such heading"));
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn the_committed_policy_schema_is_the_one_the_types_make() {
+    let committed: Value = serde_json::from_str(&read(crate::policy::SCHEMA_PATH))
+        .unwrap_or_else(|e| panic!("{}: {e}", crate::policy::SCHEMA_PATH));
+    assert!(
+        committed == crate::policy::json_schema(),
+        "{} is stale: run `approxy schema > {}`",
+        crate::policy::SCHEMA_PATH,
+        crate::policy::SCHEMA_PATH
+    );
+}
+
+#[test]
+fn every_policy_key_is_in_the_policy_reference_and_only_those() {
+    let keys = key_paths(&crate::policy::json_schema());
+    for k in [
+        "target.timeout",
+        "target.cache.min_tokens",
+        "gateway.max_body_bytes",
+        "models.<id>.correction.max_span",
+        "models.<id>.price.cached_input",
+    ] {
+        assert!(keys.contains(k), "{k} not among {keys:?}");
+    }
+    let md = read("policies/README.md");
+    let leaves = leaf_keys(&keys);
+    let missing = undocumented(&leaves, &md);
+    assert!(missing.is_empty(), "policies/README.md lacks {missing:?}");
+    let unknown = unknown_keys(&keys, &md);
+    assert!(
+        unknown.is_empty(),
+        "policies/README.md names keys the parser refuses: {unknown:?}"
+    );
+}
+
+#[test]
+fn every_metric_is_described_and_in_the_gateway_reference() {
+    let (emitted, described) = metric_names(&sources());
+    assert!(emitted.len() > 20, "{emitted:?}");
+    let undescribed: Vec<_> = emitted.difference(&described).collect();
+    let stale: Vec<_> = described.difference(&emitted).collect();
+    assert!(
+        undescribed.is_empty(),
+        "emitted without a description: {undescribed:?}"
+    );
+    assert!(stale.is_empty(), "described but never emitted: {stale:?}");
+    let md = read("gateway/README.md");
+    let missing = undocumented(&emitted, &md);
+    assert!(
+        missing.is_empty(),
+        "gateway/README.md lacks the metrics {missing:?}"
+    );
+    // Names in the reference that nothing emits (series suffixes aside).
+    let gone: Vec<String> = code_spans(&md)
+        .into_iter()
+        .filter(|s| {
+            s.starts_with("approxy_") && s.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .filter(|s| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|x| s.strip_suffix(x))
+                .unwrap_or(s);
+            !emitted.contains(s) && !emitted.contains(base)
+        })
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "gateway/README.md names metrics nothing emits: {gone:?}"
+    );
+}
+
+#[test]
+fn every_error_code_is_in_the_gateway_reference() {
+    let codes = error_codes(&read("gateway/src/error.rs"));
+    assert!(
+        codes.len() >= 10 && codes.contains("invalid_api_key"),
+        "{codes:?}"
+    );
+    let missing = undocumented(&codes, &read("gateway/README.md"));
+    assert!(
+        missing.is_empty(),
+        "gateway/README.md lacks the error codes {missing:?}"
+    );
+}
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let files = Files {
+        read: &|p| std::fs::read_to_string(p).ok(),
+        exists: &|p| p.exists(),
+    };
+    let broken: Vec<String> = DOCS.iter().flat_map(|d| broken_links(d, &files)).collect();
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// Each checker finds what it exists to find: an undocumented key, a key the parser refuses,
+/// an undescribed metric, an undocumented error code, a broken link or anchor.
+#[test]
+fn the_checkers_catch_a_deliberate_omission() {
+    let keys = leaf_keys(&key_paths(&crate::policy::json_schema()));
+    assert!(!keys.contains("target.cache") && keys.contains("target.cache.key"));
+    let all: String = keys.iter().map(|k| format!("| `{k}` |\n")).collect();
+    assert!(undocumented(&keys, &all).is_empty());
+    let without = all.replace("| `gateway.max_body_bytes` |\n", "");
+    assert_eq!(undocumented(&keys, &without), ["gateway.max_body_bytes"]);
+    assert_eq!(
+        unknown_keys(&keys, &format!("{all}| `gateway.max_body_byte` |")),
+        ["gateway.max_body_byte"]
+    );
+    let (emitted, described) = metric_names(&[
+        "metrics::counter!(\"approxy_a_total\"); describe_counter!(\"approxy_b_total\", \"x\");"
+            .to_string(),
+    ]);
+    assert_eq!(emitted.into_iter().collect::<Vec<_>>(), ["approxy_a_total"]);
+    assert_eq!(
+        described.into_iter().collect::<Vec<_>>(),
+        ["approxy_b_total"]
+    );
+    let codes = error_codes(&read("gateway/src/error.rs"));
+    let documented: String = codes.iter().map(|c| format!("`{c}` ")).collect();
+    assert!(undocumented(&codes, &documented).is_empty());
+    assert_eq!(
+        undocumented(&codes, &documented.replace("`target_tls_error`", "")),
+        ["target_tls_error"]
+    );
+    let md = "# A title\n## Two words\n[ok](#two-words) [bad](#three-words) `[code](#x)`\n\
+              [gone](nowhere.md) [up](gateway/README.md#no-such-heading)\n```\n[fenced](#y)\n```\n";
+    let is_readme = |p: &Path| p.file_name().is_some_and(|n| n == "README.md");
+    let files = Files {
+        read: &|p| is_readme(p).then(|| md.to_string()),
+        exists: &is_readme,
+    };
+    let broken = broken_links("README.md", &files);
+    assert_eq!(broken.len(), 3, "{broken:?}");
+    assert!(broken[0].contains("#three-words") && broken[1].contains("nowhere.md"));
+    assert!(broken[2].contains("no-such-heading"));
+    assert_eq!(
+        anchors("# Set-up, on any CPU\n## `approxy` set-up\n# Set-up, on any CPU\n"),
+        ["approxy-set-up", "set-up-on-any-cpu", "set-up-on-any-cpu-1"]
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    );
+}
