@@ -156,8 +156,8 @@ enum Refused {
     /// The target answered 429 or 503 and said when to come back: kept, as the client's
     /// answer when no retry is left or the wait does not fit.
     Wait(reqwest::Response, Duration),
-    /// Nothing reached the target (why, without the URL).
-    Unreachable(String),
+    /// Nothing reached the target: why (without the URL), and whether the connect timed out.
+    Unreachable { why: String, timed_out: bool },
     /// Final.
     Error(ApiError),
 }
@@ -166,7 +166,7 @@ impl Refused {
     fn verdict(&self) -> Verdict {
         match self {
             Self::Wait(_, after) => Verdict::RetryAfter(*after),
-            Self::Unreachable(_) => Verdict::Retry,
+            Self::Unreachable { .. } => Verdict::Retry,
             Self::Error(_) => Verdict::Final,
         }
     }
@@ -176,7 +176,7 @@ impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Wait(r, after) => write!(f, "HTTP {}, retry after {after:?}", r.status()),
-            Self::Unreachable(e) => f.write_str(e),
+            Self::Unreachable { why, .. } => f.write_str(why),
             Self::Error(e) => write!(f, "{e}"),
         }
     }
@@ -261,13 +261,23 @@ async fn send(
                 Some(after) => Err(Refused::Wait(r, after)),
                 None => Ok(r),
             },
-            // Nothing reached the target: a retry cannot duplicate work.
-            Ok(Err(e)) if e.is_connect() => Err(Refused::Unreachable(e.without_url().to_string())),
-            Ok(Err(e)) if e.is_timeout() => Err(Refused::Error(ApiError::GatewayTimeout)),
             Ok(Err(e)) => {
+                // First: reqwest counts a failed TLS handshake as a connect error, and a
+                // certificate not trusted now will not be trusted on a retry.
                 if let Some(why) = approxy_verifier::target::tls_failure(&e) {
                     tracing::error!(tls = %why, "passthrough: TLS with the target failed");
                     return Err(Refused::Error(ApiError::TargetTls));
+                }
+                if e.is_connect() {
+                    // Nothing reached the target: a retry cannot duplicate work.
+                    let timed_out = e.is_timeout();
+                    return Err(Refused::Unreachable {
+                        why: e.without_url().to_string(),
+                        timed_out,
+                    });
+                }
+                if e.is_timeout() {
+                    return Err(Refused::Error(ApiError::GatewayTimeout));
                 }
                 tracing::warn!(error = %e.without_url(), "passthrough to target failed");
                 Err(Refused::Error(ApiError::BadGateway))
@@ -279,9 +289,13 @@ async fn send(
         .await
     {
         Ok(r) | Err(Refused::Wait(r, _)) => r,
-        Err(Refused::Unreachable(e)) => {
-            tracing::warn!(error = %e, "passthrough to target failed");
-            return Err(ApiError::BadGateway);
+        Err(Refused::Unreachable { why, timed_out }) => {
+            tracing::warn!(error = %why, "passthrough to target failed");
+            return Err(if timed_out {
+                ApiError::GatewayTimeout
+            } else {
+                ApiError::BadGateway
+            });
         }
         Err(Refused::Error(e)) => return Err(e),
     };

@@ -223,7 +223,15 @@ pub async fn approximate(
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
     let watch = tx.clone();
-    let task = tokio::spawn(approxy_verifier::target::trace::scope(trace, async move {
+    // A non-streamed answer is the response head, which the request's deadline bounds, so its
+    // target calls wait for no retry past it. A stream's head goes out with its first token,
+    // after which that deadline no longer runs; its calls keep their own.
+    let deadline = if valid.stream {
+        None
+    } else {
+        approxy_verifier::target::retry::current_deadline()
+    };
+    let generation = async move {
         let r = tokio::select! {
             r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
             () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
@@ -233,7 +241,11 @@ pub async fn approximate(
             account.record(stats);
         }
         r
-    }));
+    };
+    let task = tokio::spawn(approxy_verifier::target::trace::scope(
+        trace,
+        approxy_verifier::target::retry::within(deadline, generation),
+    ));
     let prefix = if valid.endpoint == Endpoint::Chat {
         "chatcmpl"
     } else {

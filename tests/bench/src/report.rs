@@ -341,7 +341,6 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `out` as the README links it (relative to the repository root when it is inside it).
 /// `path` as a link from a file in `from` (both taken from the working directory when
 /// relative), so that the Markdown file's links resolve wherever it lives.
 fn relative(path: &Path, from: &Path) -> String {
@@ -359,6 +358,9 @@ fn relative(path: &Path, from: &Path) -> String {
     }
     for c in &to[common..] {
         out.push(c);
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
     }
     out.display().to_string()
 }
@@ -378,6 +380,7 @@ mod tests {
             "deploy/results"
         );
         assert_eq!(relative(Path::new("/a/b/c"), Path::new("/a/d")), "../b/c");
+        assert_eq!(relative(Path::new("/a/b"), Path::new("/a/b")), ".");
     }
 
     #[test]

@@ -110,6 +110,20 @@ pub async fn with_deadline<F: Future>(deadline: Instant, f: F) -> F::Output {
     DEADLINE.scope(deadline, f).await
 }
 
+/// The request's deadline in the running task, if one is set: a task spawned for the request
+/// takes it along with [`within`] (a task-local does not cross `tokio::spawn`).
+pub fn current_deadline() -> Option<Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
+/// Runs `f` under `deadline` when there is one, as [`with_deadline`].
+pub async fn within<F: Future>(deadline: Option<Instant>, f: F) -> F::Output {
+    match deadline {
+        Some(d) => with_deadline(d, f).await,
+        None => f.await,
+    }
+}
+
 /// The wait a `Retry-After` header asks for: delay-seconds or an HTTP date (RFC 9110, 10.2.3).
 pub fn retry_after(value: &str) -> Option<Duration> {
     let v = value.trim();
