@@ -73,7 +73,7 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
     type Step = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
     // The bool marks assets compiled for this CPU's instruction sets: one without a record of
     // what it was built for is rebuilt.
-    let all: [(&str, &str, bool, Step); 13] = [
+    let all: [(&str, &str, bool, Step); 12] = [
         (
             "draft-gguf",
             "draft model (Qwen2.5-Coder-0.5B)",
@@ -115,12 +115,6 @@ pub fn run(home: &Home, opts: &SetupOptions) -> anyhow::Result<()> {
             "HumanEval problems (evaluation set)",
             false,
             steps::human_eval,
-        ),
-        (
-            "oha",
-            "HTTP load generator (oha, for benchmarks; compiled from crates.io)",
-            false,
-            steps::oha,
         ),
         (
             "prometheus",
@@ -247,6 +241,29 @@ pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<Stri
         }
     }
     Ok(format!("{:x}", h.finalize()))
+}
+
+/// The overhead benchmark's load generator (`oha`), built from crates.io on first use: the
+/// benchmark's own set-up, which the run command never waits for (it takes minutes). Under
+/// the set-up lock and recorded in the manifest like every other asset.
+pub fn ensure_oha(home: &Home) -> anyhow::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(&home.root)?;
+    let _lock = lock::SetupLock::acquire(&home.root)?;
+    let mut manifest = Manifest::load(&home.root);
+    if !manifest.is_present(&home.root, "oha") {
+        eprintln!(
+            "approxy setup: building the load generator oha from crates.io (a few minutes; log: {})",
+            home.log("oha").display()
+        );
+        steps::oha(
+            home,
+            &mut manifest,
+            &SetupOptions::default(),
+            &ProgressBar::hidden(),
+        )?;
+        manifest.save(&home.root)?;
+    }
+    Ok(home.oha())
 }
 
 /// A unique temporary path beside `dest`, for a file written whole and checked before

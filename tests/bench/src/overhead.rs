@@ -264,12 +264,10 @@ async fn both(
 /// Runs the benchmark; writes `overhead.json` and `overhead.md` under `out`.
 pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
-    let bin = home.oha();
-    anyhow::ensure!(
-        bin.exists(),
-        "{} is missing: run `approxy setup`",
-        bin.display()
-    );
+    let bin = {
+        let home = home.clone();
+        tokio::task::spawn_blocking(move || approxy_setup::ensure_oha(&home)).await??
+    };
     let exe = std::env::current_exe()?;
     let work = home.work("bench-overhead");
     std::fs::create_dir_all(&work)?;
