@@ -14,11 +14,15 @@ VLLM_PID="" OTHER_PID=""
 # shellcheck disable=SC2086
 stop_servers() {
   # errexit holds in traps too: a server that is already gone must not fail the run.
-  # Children first (vLLM's multiprocessing helpers outlive their parent otherwise).
+  # Children first (vLLM's multiprocessing helpers outlive their parent otherwise), named
+  # while their parents live: once a parent is gone they are init's and no longer found.
+  local children="" pid
   for pid in $TARGET_PID $VLLM_PID $OTHER_PID; do
-    pkill -TERM -P "$pid" 2>/dev/null || true
+    children="$children $(pgrep -P "$pid" 2>/dev/null || true)"
   done
-  stop_processes $TARGET_PID $VLLM_PID $OTHER_PID
+  for pid in $children; do kill -TERM "$pid" 2>/dev/null || true; done
+  # The children too get the grace and then SIGKILL.
+  stop_processes $TARGET_PID $VLLM_PID $OTHER_PID $children
 }
 trap stop_servers EXIT
 OTHER_PORT="$(free_port)"
