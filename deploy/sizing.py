@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Memory per draft worker, for sizing containers (README, "Running in production").
+"""Memory per draft worker, for sizing containers (deploy/README.md, "Sizing").
 
 Starts `approxy serve` with 0 (a passthrough-only policy, which loads no draft), 1 and 2 draft
 workers in front of a running llama-server, has one client per worker send a short and a long

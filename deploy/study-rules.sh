@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Reproduces the README's acceptance-rule study ("Choosing the acceptance rule"): sets up whatever
+# Reproduces the acceptance-rule study in tests/README.md ("Choosing the acceptance rule"): sets up whatever
 # is missing, collects teacher-forced rows with the target's top-20 probabilities (the rows
 # train-default.sh starts with, in the same directory; resumable), fits and calibrates the
 # verifier for identity (deploy/results/acceptance-rules/) and each other rule (`approxy train fit
 # --rule`, into deploy/results/acceptance-rules/by-rule/<rule>/), then runs the oracle (`approxy bench oracle`):
 # each rule with the target's own probabilities as the verifier, and the draft's confidence at the
 # shipped threshold (0.7) and at the thresholds ratio:0.5's calibration gives at a 5 % budget, on
-# HumanEval, held-out chat and the instruction-following set (the sizes measured in the README;
+# HumanEval, held-out chat and the instruction-following set (the sizes measured in tests/README.md;
 # a fresh configuration costs about 0.15 s per token on 2 cores). Target answers are kept under
 # $APPROXY_HOME/work/bench-oracle-asked, so a rerun asks the target only where it was not asked.
 # ORACLE_ONLY=1 skips the collection and the fits and runs the oracle with the committed

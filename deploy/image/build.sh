@@ -65,7 +65,7 @@ build approxy-slim "localhost/approxy-slim:$VERSION"
 
 if [ "$COMPOSE" = 1 ]; then
   mkdir -p "$CTX/llama/bin" "$CTX/llama/models" "$CTX/prometheus"
-  # llama-server as `approxy setup` built it for this machine's CPU (see README, "Which CPUs"),
+  # llama-server as `approxy setup` built it for this machine's CPU (see deploy/README.md, "Which CPUs"),
   # with the libraries it links that a minimal Debian lacks (libgomp) beside it.
   cp "$LLAMA_SERVER" "$CTX/llama/bin/"
   ldd "$LLAMA_SERVER" | awk '/=> \// {print $3}' \

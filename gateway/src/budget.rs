@@ -18,7 +18,7 @@ use crate::prompt_kind::PromptKind;
 const PRIOR_TOKENS: f64 = 512.0;
 
 /// The rates a model starts from, before its traffic says otherwise: spans at the shipped
-/// threshold without a guard, as `approxy bench calls` measured them (README, 2026-11-23:
+/// threshold without a guard, as `approxy bench calls` measured them (tests/README.md, 2026-11-23:
 /// HumanEval 5.5 calls and 33 target tokens per 100, held-out chat 5.8 and 87).
 pub fn prior(kind: PromptKind) -> Rates {
     match kind {

@@ -1,5 +1,5 @@
 //! The routes and the tower stack around them, stated once. A request passes the layers top
-//! to bottom; each line says why its layer sits where it does. The README's diagram is this
+//! to bottom; each line says why its layer sits where it does. The diagram in gateway/README.md is this
 //! function.
 
 use axum::Router;

@@ -5,7 +5,7 @@ mount, every shipped deployment policy passes `approxy check`, and the compose f
 Prometheus configuration passes promtool. hadolint, kubectl and kubernetes-validate come from
 PyPI in the test venv (tests/e2e/requirements.txt): Debian 12's kubectl (kubernetes-client
 1.20) predates the kustomize this needs. Building and running the images is
-deploy/image/build.sh and deploy/image/smoke.sh (README, "Running in production")."""
+deploy/image/build.sh and deploy/image/smoke.sh (deploy/README.md, "Running in production")."""
 import os
 import pathlib
 import re

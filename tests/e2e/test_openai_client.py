@@ -134,7 +134,7 @@ def test_chat_template_matches_target(gateway):
 
 @pytest.mark.skipif(TARGET_KIND != "vllm", reason="exact verification needs prompt log-probabilities (the vllm kind)")
 def test_exact_mode_gives_the_targets_own_greedy_answer(start_gateway):
-    # A self-hosted vLLM: no prices, so no cost guard (see the README on the guard and windows).
+    # A self-hosted vLLM: no prices, so no cost guard (see policies/README.md on the guard and windows).
     text = policy_text(price="{ input = 0.0, cached_input = 0.0, output = 0.0 }")
     text = text.replace('mode = "approximate"', 'mode = "approximate"\nverification = "exact"', 1)
     g = start_gateway(text)

@@ -100,7 +100,7 @@ pub(crate) enum TrainCmd {
         corpus: PathBuf,
         /// The acceptance rule the head learns and is calibrated against: `identical` (the
         /// draft's token is the target's), `sprinter`, `sprinter-hard`, `ratio:R`,
-        /// `typical:EPS,DELTA` (see the README's "Acceptance rules"). Other than `identical`,
+        /// `typical:EPS,DELTA` (see "Acceptance rules" in training/README.md). Other than `identical`,
         /// it needs rows that carry the target's probabilities.
         #[arg(long, default_value = "identical", value_parser = parse_rule)]
         rule: approxy_verifier::verify::AcceptanceRule,

@@ -15,12 +15,12 @@ use super::{
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
-/// target on the same cores the guesses take the cores the target needs (README, "Drafting
+/// target on the same cores the guesses take the cores the target needs (tests/README.md, "Drafting
 /// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
 
 /// What ends a span the draft has caught up with unless the policy says. The fixed rule until
-/// `approxy bench calls` shows the expected one better (README, "What the budget guard saves").
+/// `approxy bench calls` shows the expected one better (tests/README.md, "What the budget guard saves").
 pub const DEFAULT_SPAN_CLOSE: SpanClose = SpanClose::Resync;
 
 /// The budget guard's per-request bound unless the policy says: a request may cost up to half

@@ -441,7 +441,7 @@ async fn agreement(
     Ok(agree)
 }
 
-/// The report's Markdown (also the README's block).
+/// The report's Markdown (also its block in tests/README.md).
 pub fn markdown(r: &FidelityReport, answers: &Answers) -> String {
     let threads: Vec<usize> = r
         .variants
@@ -528,7 +528,7 @@ pub fn markdown(r: &FidelityReport, answers: &Answers) -> String {
     s
 }
 
-/// Reads a saved report, for the README.
+/// Reads a saved report, for tests/README.md.
 pub fn load_markdown(out: &Path) -> Option<String> {
     std::fs::read_to_string(out.join("fidelity.md")).ok()
 }

@@ -15,7 +15,7 @@
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once.
-//! - `report`: the Markdown results and the README section, from the JSON the others wrote.
+//! - `report`: the Markdown results and their section in tests/README.md, from the JSON the others wrote.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.

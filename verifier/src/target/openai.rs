@@ -104,7 +104,7 @@ fn entries_of(position: &Value) -> Option<Vec<(u32, f32)>> {
 
 /// Log-probabilities per window position asked for when sampling: vLLM's default
 /// `max_logprobs`. The target's distribution is known on these (and the window token) only;
-/// its tail beyond them is left out of the acceptance rule (see the README).
+/// its tail beyond them is left out of the acceptance rule (see "Verification modes" in policies/README.md).
 const SAMPLED_TOP_LOGPROBS: u32 = 20;
 
 #[async_trait]
