@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use approxy_verifier::TargetError;
 use approxy_verifier::target::{
-    ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle,
-    TargetClient, TargetConfig,
+    ChatPrefixTarget, Continuation, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
+    PrefixStyle, TargetClient, TargetConfig,
 };
 
 /// Every kind llama-server can stand in for: its native API, `/v1/completions` with token ids
@@ -177,56 +177,61 @@ async fn rate_limited_stub(limited: u32, after: Option<&'static str>) -> (String
     (format!("http://{addr}"), calls)
 }
 
+/// One call through client `i` (of [`both`], 5 s an attempt, 2 retries) to a stub whose first
+/// answer is 429 with `Retry-After: after`, within the request `deadline` when one is given:
+/// the outcome, the stub's call count and the time taken.
+async fn call_rate_limited(
+    i: usize,
+    after: Option<&'static str>,
+    deadline: Option<Duration>,
+) -> (Result<Continuation, TargetError>, u32, Duration) {
+    let (url, calls) = rate_limited_stub(1, after).await;
+    let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+    let t = Instant::now();
+    let req = common::req(vec![1], 1);
+    let call = c.continue_tokens(&req);
+    let r = approxy_verifier::target::retry::within(
+        deadline.map(|d| tokio::time::Instant::now() + d),
+        call,
+    )
+    .await;
+    (r, calls.load(Ordering::SeqCst), t.elapsed())
+}
+
 #[tokio::test]
 async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
     for i in 0..2 {
         // Retry-After 1 s within a call of 3 attempts of 5 s: asked again after the wait.
-        let (url, calls) = rate_limited_stub(1, Some("1")).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
-        let t = Instant::now();
-        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        let (r, calls, took) = call_rate_limited(i, Some("1"), None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 400, .. })),
             "{r:?}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
-        assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(calls, 2);
+        assert!(took >= Duration::from_secs(1), "{took:?}");
         // Retry-After 30 s does not fit its 15 s: the 429 at once.
-        let (url, calls) = rate_limited_stub(1, Some("30")).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
-        let t = Instant::now();
-        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        let (r, calls, took) = call_rate_limited(i, Some("30"), None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(calls, 1);
+        assert!(took < Duration::from_secs(1), "{took:?}");
         // Retry-After 2 s fits the call but not the request's deadline, 1 s away: at once.
-        let (url, calls) = rate_limited_stub(1, Some("2")).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
-        let t = Instant::now();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let r = approxy_verifier::target::retry::with_deadline(
-            deadline,
-            c.continue_tokens(&common::req(vec![1], 1)),
-        )
-        .await;
+        let (r, calls, took) = call_rate_limited(i, Some("2"), Some(Duration::from_secs(1))).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(calls, 1);
+        assert!(took < Duration::from_secs(1), "{took:?}");
         // A 429 that does not say when is not retried, as any 4xx.
-        let (url, calls) = rate_limited_stub(1, None).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
-        let r = c.continue_tokens(&common::req(vec![1], 1)).await;
+        let (r, calls, _) = call_rate_limited(i, None, None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls, 1);
     }
 }
 

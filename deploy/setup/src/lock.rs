@@ -28,14 +28,7 @@ impl SetupLock {
     /// Takes the lock at `path`, telling `waiting` once (with what the holder wrote) when it
     /// must wait.
     fn acquire_at(path: &Path, waiting: impl FnOnce(&str)) -> anyhow::Result<Self> {
-        // Not truncated on open: the holder's PID must stay readable to a waiter.
-        let mut file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot open the set-up lock {}", path.display()))?;
+        let mut file = open(path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -57,18 +50,25 @@ impl SetupLock {
     /// Takes the lock at `path` if no one holds it.
     #[cfg(test)]
     fn try_at(path: &Path) -> anyhow::Result<Option<Self>> {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let file = open(path)?;
         match file.try_lock() {
             Ok(()) => Ok(Some(Self { _file: file })),
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(e.into()),
         }
     }
+}
+
+/// The lock file, created when missing. Not truncated on open: the holder's PID must stay
+/// readable to a waiter.
+fn open(path: &Path) -> anyhow::Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("cannot open the set-up lock {}", path.display()))
 }
 
 #[cfg(test)]
