@@ -82,6 +82,8 @@ order = np.concatenate([
     rng.permutation(sorted({int(p) for p, h, e in zip(pids, held, extra) if not h and e == side}))
     for side in (False, True)
 ]).astype(int)
+n_base = len({int(p) for p, h, e in zip(pids, held, extra) if not h and not e})
+print(f"training prompts: {n_base} in ROWS, {len(order) - n_base} more from --extra; held out: {len(set(pids[held].tolist()))}")
 common = np.argsort(-np.bincount(tokens, minlength=tokens.max() + 1))[:2000]
 tok_col = {t: i for i, t in enumerate(common)}
 
