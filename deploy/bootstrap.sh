@@ -22,7 +22,8 @@ TARGET_ALIAS="qwen2.5-coder-1.5b-instruct"
 wait_healthy() {
   local name="$1" pid="$2" url="$3" log="$4" seconds="$5"
   for _ in $(seq 1 "$seconds"); do
-    if curl -fsS "$url" >/dev/null 2>&1; then return 0; fi
+    # --max-time: a server that accepts and never answers must not hold the wait forever.
+    if curl -fsS --max-time 5 "$url" >/dev/null 2>&1; then return 0; fi
     if ! kill -0 "$pid" 2>/dev/null; then echo "$name exited; log:"; tail -30 "$log"; return 1; fi
     sleep 1
   done

@@ -92,8 +92,12 @@ impl LocalServer {
                     log_tail(&self.log)
                 );
             }
+            // Each probe is bounded too: a server that accepts and never answers must not hold
+            // the wait past its limit.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if http
                 .get(format!("{}{path}", self.url))
+                .timeout(left.min(Duration::from_secs(5)))
                 .send()
                 .await
                 .is_ok_and(|r| r.status().is_success())
@@ -173,6 +177,25 @@ mod tests {
         assert!(runs(child));
         server.stop().await;
         assert!(gone(child).await, "the server's child {child} outlived it");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_accepts_and_never_answers_fails_the_wait_at_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        // Accepts connections (the kernel's backlog does) but never reads or answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let mut cmd = Command::new("sleep");
+        cmd.arg("300");
+        let mut server = LocalServer::start(cmd, url, dir.path().join("server.log")).unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(3),
+            server.wait_healthy("/health", Duration::from_secs(1)),
+        )
+        .await;
+        server.stop().await;
+        let waited = waited.expect("the wait outlasted its 1 s limit by more than 2 s");
+        assert!(waited.is_err(), "a silent server counted as healthy");
     }
 
     #[tokio::test]
