@@ -18,7 +18,7 @@ negative). Heads, all standardised:
 Usage (numpy, safetensors and scikit-learn from PyPI):
   python3 -m venv /tmp/probe && /tmp/probe/bin/pip install numpy safetensors scikit-learn
   /tmp/probe/bin/python training/scripts/learning_curve.py ROWS_DIR [--rules identical,ratio:0.5] \
-      [--shares 0.25,0.5,1] [--eval all|live|teacher-forced]
+      [--shares 0.25,0.5,1] [--eval all|live|teacher-forced] [--extra MORE_ROWS_DIR]
 """
 import argparse, pathlib
 import numpy as np
