@@ -20,25 +20,15 @@ Usage (numpy, safetensors and scikit-learn from PyPI):
   /tmp/probe/bin/python training/scripts/learning_curve.py ROWS_DIR [--rules identical,ratio:0.5] \
       [--shares 0.25,0.5,1] [--eval all|live|teacher-forced] [--extra MORE_ROWS_DIR]
 """
-import argparse, pathlib
+import argparse
 import numpy as np
-from safetensors.numpy import load_file
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 from sklearn.metrics import roc_auc_score
 from scipy import sparse
 
-M = (1 << 64) - 1
-
-
-def held_out(pid, seed=7):
-    """`approxy_training::fit::is_held_out`."""
-    z = pid ^ ((seed * 0x9E3779B97F4A7C15) & M)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-    return (z ^ (z >> 31)) % 5 == 0
-
+from rows import held_out, load_shards
 
 ap = argparse.ArgumentParser()
 ap.add_argument("rows")
@@ -55,9 +45,7 @@ args = ap.parse_args()
 
 parts = []
 for d in [args.rows] + args.extra:
-    for p in sorted(pathlib.Path(d).glob("*.safetensors")):
-        t = load_file(str(p))
-        t["live"] = np.full(len(t["labels"]), p.name.startswith("live-"))
+    for t in load_shards(d):
         t["extra"] = np.full(len(t["labels"]), d != args.rows)
         parts.append(t)
 cat = lambda k: np.concatenate([t[k] for t in parts])
@@ -133,6 +121,7 @@ def fit_predict(head, tr, te, y):
 
 
 shares = [float(s) for s in args.shares.split(",")]
+source = {"all": np.ones_like(live), "live": live, "teacher-forced": ~live}[args.eval]
 heads = args.heads.split(",")
 for rule in args.rules.split(","):
     y = label(rule)
@@ -140,12 +129,11 @@ for rule in args.rules.split(","):
     print(f"\n## {rule}")
     print("| training prompts | train rows | kind | held-out rows | positives | confidence | " + " | ".join(heads) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(heads))
+    te = np.nonzero(usable & held & source)[0]
     for share in shares:
         count = int(share) if share > 1 else max(1, int(round(share * len(order))))
         chosen = set(order[:count].tolist())
         tr = np.nonzero(usable & ~held & np.isin(pids, list(chosen)))[0]
-        source = {"all": np.ones_like(live), "live": live, "teacher-forced": ~live}[args.eval]
-        te = np.nonzero(usable & held & source)[0]
         preds = {h: fit_predict(h, tr, te, y) for h in heads}
         for k, name in ((0, "code"), (1, "chat")):
             sel = kinds[te] == k

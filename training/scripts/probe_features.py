@@ -16,21 +16,11 @@ Usage (numpy, safetensors and scikit-learn from PyPI):
 """
 import json, pathlib, sys
 import numpy as np
-from safetensors.numpy import load_file
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-M = (1 << 64) - 1
-
-
-def held_out(pid, seed=7):
-    """`approxy_training::fit::is_held_out`."""
-    z = pid ^ ((seed * 0x9E3779B97F4A7C15) & M)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-    return (z ^ (z >> 31)) % 5 == 0
-
+from rows import held_out, load_shards
 
 data = pathlib.Path(sys.argv[1])
 tok = json.load(open(sys.argv[2]))
@@ -42,11 +32,7 @@ for l in open(sys.argv[3]):
     r = json.loads(l)
     corpus[r["id"]] = r["source"]
 
-parts = []
-for p in sorted(data.glob("*.safetensors")):
-    t = load_file(str(p))
-    t["live"] = np.full(len(t["labels"]), p.name.startswith("live-"))
-    parts.append(t)
+parts = load_shards(data)
 cat = lambda k: np.concatenate([t[k] for t in parts])
 stats, ctx, labels, pids, kinds, tokens, live = (cat(k) for k in ["stats", "context", "labels", "prompt_ids", "kinds", "tokens", "live"])
 
