@@ -6,12 +6,11 @@ training/README.md ("Would more rows help?").
 Usage (numpy and safetensors from PyPI):
   python3 training/scripts/corpus_rest.py ROWS_DIR training/data/prompts.jsonl > rest.jsonl
 """
-import json, pathlib, sys
-from safetensors.numpy import load_file
+import json, sys
 
-used = set()
-for p in pathlib.Path(sys.argv[1]).glob("*.safetensors"):
-    used.update(int(i) for i in load_file(str(p))["prompt_ids"])
+from rows import load_shards
+
+used = {int(i) for t in load_shards(sys.argv[1]) for i in t["prompt_ids"]}
 for line in open(sys.argv[2]):
     if json.loads(line)["id"] not in used:
         sys.stdout.write(line)
