@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::{Draft, GenerateRequest, TargetKind, Verifier};
+use approxy_verifier::{Draft, GenerateRequest, Verifier};
 
 use crate::error::ApiError;
 use crate::limits;
@@ -268,7 +268,7 @@ async fn choose(
         // is only the gateway's default, which the client never asked for (vLLM's own
         // default is what the context leaves).
         let writes_to_the_end =
-            rt.policy.target.kind == TargetKind::LlamaCpp || !valid.max_tokens_given;
+            rt.policy.target.kind.abilities().fills_context || !valid.max_tokens_given;
         if prompt.len() >= context || (asked > context && !writes_to_the_end) {
             return Err(ValidationError::TargetContextExceeded {
                 prompt: prompt.len(),

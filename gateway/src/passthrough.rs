@@ -4,7 +4,7 @@
 //! rest). Headers cross in both directions through allow-lists; the target's errors are
 //! mapped to the gateway's. Connect failures are retried (nothing reached the target, so a
 //! retry cannot duplicate work), and so is a 429 or 503 that says when to come back, by the
-//! engine's retry policy (`approxy_verifier::target::retry`); once the target has answered,
+//! engine's retry policy (`approxy_verifier::targets::retry`); once the target has answered,
 //! its body is relayed with a bound on each read rather than on the whole stream.
 
 use std::convert::Infallible;
@@ -13,7 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use approxy_verifier::target::retry::{self, RetryPolicy, Verdict};
+use approxy_verifier::targets::SendFailure;
+use approxy_verifier::targets::retry::{self, Verdict};
 use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
@@ -194,15 +195,6 @@ fn named_wait(r: &reqwest::Response) -> Option<Duration> {
     }
 }
 
-/// The engine's retry policy, for passthrough: the same attempts, schedule and deadline.
-fn retry_policy(t: &crate::policy::TargetPolicy) -> RetryPolicy {
-    RetryPolicy {
-        retries: t.retries,
-        backoff: t.backoff,
-        call_timeout: t.timeout,
-    }
-}
-
 /// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
 /// marked with `reason`.
 pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reason) -> Response {
@@ -261,30 +253,25 @@ async fn send(
                 Some(after) => Err(Refused::Wait(r, after)),
                 None => Ok(r),
             },
-            Ok(Err(e)) => {
-                // First: reqwest counts a failed TLS handshake as a connect error, and a
-                // certificate not trusted now will not be trusted on a retry.
-                if let Some(why) = approxy_verifier::target::tls_failure(&e) {
+            Ok(Err(e)) => match SendFailure::of(&e) {
+                SendFailure::Tls(why) => {
                     tracing::error!(tls = %why, "passthrough: TLS with the target failed");
-                    return Err(Refused::Error(ApiError::TargetTls));
+                    Err(Refused::Error(ApiError::TargetTls))
                 }
-                if e.is_connect() {
-                    // Nothing reached the target: a retry cannot duplicate work.
-                    let timed_out = e.is_timeout();
-                    return Err(Refused::Unreachable {
-                        why: e.without_url().to_string(),
-                        timed_out,
-                    });
+                SendFailure::Connect { why, timed_out } => {
+                    Err(Refused::Unreachable { why, timed_out })
                 }
-                if e.is_timeout() {
-                    return Err(Refused::Error(ApiError::GatewayTimeout));
+                SendFailure::Timeout => Err(Refused::Error(ApiError::GatewayTimeout)),
+                SendFailure::Other(why) => {
+                    tracing::warn!(error = %why, "passthrough to target failed");
+                    Err(Refused::Error(ApiError::BadGateway))
                 }
-                tracing::warn!(error = %e.without_url(), "passthrough to target failed");
-                Err(Refused::Error(ApiError::BadGateway))
-            }
+            },
         }
     };
-    let upstream = match retry_policy(&rt.policy.target)
+    let upstream = match rt
+        .target_config
+        .retry_policy()
         .run(attempt, Refused::verdict)
         .await
     {

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use approxy_verifier::target::trace::TraceContext;
+use approxy_verifier::targets::trace::TraceContext;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -229,7 +229,7 @@ pub async fn approximate(
     let deadline = if valid.stream {
         None
     } else {
-        approxy_verifier::target::retry::current_deadline()
+        approxy_verifier::targets::retry::current_deadline()
     };
     let generation = async move {
         let r = tokio::select! {
@@ -242,9 +242,9 @@ pub async fn approximate(
         }
         r
     };
-    let task = tokio::spawn(approxy_verifier::target::trace::scope(
+    let task = tokio::spawn(approxy_verifier::targets::trace::scope(
         trace,
-        approxy_verifier::target::retry::within(deadline, generation),
+        approxy_verifier::targets::retry::within(deadline, generation),
     ));
     let prefix = if valid.endpoint == Endpoint::Chat {
         "chatcmpl"

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
-use approxy_verifier::target::trace::TraceContext;
+use approxy_verifier::targets::trace::TraceContext;
 use approxy_verifier::{EngineError, TargetError};
 
 use crate::decide::{Decision, Reason, decide};

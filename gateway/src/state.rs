@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use approxy_verifier::target::{TargetFacts, TextSettings};
+use approxy_verifier::targets::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
     ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient,
@@ -67,6 +67,9 @@ pub struct Runtime {
     pub verifiers: HashMap<String, Arc<dyn Verifier>>,
     /// HTTP client for passthrough and readiness, with the policy's TLS settings.
     pub http: reqwest::Client,
+    /// The connection settings the policy gives the target: the engine's client and
+    /// passthrough share them, with their retry policy.
+    pub target_config: TargetConfig,
     /// The target's API key, from the environment. Never logged.
     pub target_key: Option<String>,
     /// Client keys; empty only when the policy says `auth = "none"`.
@@ -100,7 +103,7 @@ impl Runtime {
             prefix_style: t.prefix_style,
             chat_template,
         };
-        let target = approxy_verifier::target::build(
+        let target = approxy_verifier::targets::build(
             t.kind,
             Self::target_config(&policy),
             &shared.tokenizer,
@@ -159,8 +162,8 @@ impl Runtime {
                 "gateway.auth = \"none\": ANY CLIENT THAT CAN REACH THIS PORT USES THE TARGET ON YOUR KEY; keep it on a trusted network"
             ),
         }
-        let http = approxy_verifier::target::http_client_builder(&Self::target_config(&policy))?
-            .build()?;
+        let target_config = Self::target_config(&policy);
+        let http = approxy_verifier::targets::http_client_builder(&target_config)?.build()?;
         let kind = policy.target.kind;
         if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {
             tracing::warn!(
@@ -200,6 +203,7 @@ impl Runtime {
             engine,
             verifiers,
             http,
+            target_config,
             target_key,
             client_keys,
             tokenizer_check: OnceCell::new(),

@@ -13,7 +13,7 @@ use approxy_verifier::calibration::{
     KindGrids, OtherHead, PromptSourceReport, SourceAtBudget, SourceReport,
 };
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
-use approxy_verifier::target::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
+use approxy_verifier::targets::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::learned::{Artifact, DEFAULT_CALIBRATION_TARGET};
 use approxy_verifier::verify::{AcceptanceRule, LearnedVerifier, Verifier};
@@ -110,7 +110,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         chat_template: None,
     };
     let target: Arc<dyn TargetClient> =
-        approxy_verifier::target::build(a.target_kind, cfg, &tok, &text)?;
+        approxy_verifier::targets::build(a.target_kind, cfg, &tok, &text)?;
     let pb = ProgressBar::new(items.len() as u64);
     pb.set_style(
         ProgressStyle::with_template("collect [{bar:30}] {pos}/{len} prompts {elapsed} eta {eta}")

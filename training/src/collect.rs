@@ -19,7 +19,7 @@ use futures::StreamExt;
 use indicatif::ProgressBar;
 
 use approxy_verifier::draft::PositionOutput;
-use approxy_verifier::target::{ContinuationRequest, TargetClient};
+use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::ChatMessage;
 use approxy_verifier::verify::context::along_answer;
 use approxy_verifier::{

@@ -9,7 +9,7 @@ use std::time::Duration;
 use approxy_training::collect::{CollectItem, LiveOptions, collect_live};
 use approxy_training::dataset::{live_shard_path, load_dir};
 use approxy_verifier::home::Home;
-use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+use approxy_verifier::targets::{LlamaCppTarget, TargetConfig};
 use approxy_verifier::template::ChatMessage;
 use approxy_verifier::{
     ConfidenceVerifier, DraftConfig, DraftPool, Engine, TargetClient, Tokenizer,
@@ -174,7 +174,7 @@ async fn live_rows_follow_the_decode_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collection_through_the_text_level_kinds_matches_the_native_one() {
     use approxy_training::collect::{CollectOptions, collect};
-    use approxy_verifier::target::{ChatPrefixTarget, OpenAiTextTarget, PrefixStyle};
+    use approxy_verifier::targets::{ChatPrefixTarget, OpenAiTextTarget, PrefixStyle};
     let home = Home::from_env().unwrap();
     let url = std::env::var("APPROXY_TEST_TARGET_URL")
         .expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");

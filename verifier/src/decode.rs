@@ -16,7 +16,7 @@ use crate::cost::{CacheRules, Guard, GuardReason, Segment, Spend};
 use crate::draft::{Draft, PositionOutput};
 use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::target::TargetClient;
+use crate::targets::TargetClient;
 use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
 use crate::verify::{AcceptanceRule, Context, Features, Verifier, accepts};

@@ -6,7 +6,7 @@
 //! - `decode`: the decode loop ([`Engine::generate`]): draft, verify, call the target on rejection.
 //! - `draft`: the [`Draft`] trait and its ONNX Runtime implementation (worker threads, KV cache).
 //! - `verify`: verifiers that turn a draft position into `p_accept` (confidence, learned head).
-//! - `target`: target clients (llama.cpp, vLLM-style token ids, chat-only), TLS and retries.
+//! - `targets`: target clients (llama.cpp, vLLM-style token ids, chat-only), TLS and retries.
 //! - `cost`: what a generation costs at the target's prices, and the cost guard.
 //! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
 //! - `template`: chat messages to prompt text with the model's own chat template.
@@ -25,7 +25,7 @@ pub mod home;
 pub mod logits;
 pub mod sampling;
 pub mod stop;
-pub mod target;
+pub mod targets;
 pub mod template;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -41,6 +41,6 @@ pub use draft::pool::{DraftLease, DraftPool};
 pub use draft::{Draft, DraftConfig, DraftMeta, DraftWorkers};
 pub use error::{EngineError, TargetError};
 pub use sampling::SamplingParams;
-pub use target::{TargetClient, TargetConfig, TargetKind};
+pub use targets::{TargetClient, TargetConfig, TargetKind};
 pub use tokenizer::Tokenizer;
 pub use verify::{ConfidenceVerifier, LearnedVerifier, Verifier};

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::draft::{Draft, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::{EngineError, TargetError};
-use crate::target::{
+use crate::targets::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetFacts, TargetTimings,
     TokenStream, WindowRequest, WindowScore,
 };

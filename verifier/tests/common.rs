@@ -90,7 +90,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use approxy_verifier::target::{
+use approxy_verifier::targets::{
     Continuation, ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig, TokenStream,
 };
 use approxy_verifier::{

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient};
+use approxy_verifier::targets::{ContinuationRequest, LlamaCppTarget, TargetClient};
 use approxy_verifier::{
     BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams,
     Source, SpanClose, TargetError, TokenEvent,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use approxy_verifier::TargetError;
-use approxy_verifier::target::{
+use approxy_verifier::targets::{
     ChatPrefixTarget, Continuation, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
     PrefixStyle, TargetClient, TargetConfig,
 };
@@ -190,7 +190,7 @@ async fn call_rate_limited(
     let t = Instant::now();
     let req = common::req(vec![1], 1);
     let call = c.continue_tokens(&req);
-    let r = approxy_verifier::target::retry::within(
+    let r = approxy_verifier::targets::retry::within(
         deadline.map(|d| tokio::time::Instant::now() + d),
         call,
     )

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
-use approxy_verifier::target::{
+use approxy_verifier::targets::{
     CacheHints, ChatPrefixTarget, OpenAiTextTarget, PrefixStyle, TargetClient,
 };
 

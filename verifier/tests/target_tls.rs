@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use approxy_verifier::TargetError;
-use approxy_verifier::target::{ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
+use approxy_verifier::targets::{ContinuationRequest, LlamaCppTarget, TargetClient, TargetConfig};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use approxy_verifier::Verification;
 use approxy_verifier::draft::pool::DraftPool;
-use approxy_verifier::target::{
+use approxy_verifier::targets::{
     ChatPrefixTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient,
     WindowRequest,
 };

@@ -50,11 +50,11 @@ pub(crate) enum TrainCmd {
         #[arg(long, default_value = "http://127.0.0.1:8081")]
         target_url: String,
         /// Target kind, as in a policy: llama_cpp, vllm, openai_text or chat_prefix.
-        #[arg(long, default_value = "llama_cpp", value_parser = by_serde_name::<approxy_verifier::TargetKind>)]
+        #[arg(long, default_value = "llama_cpp", value_parser = approxy_verifier::TargetKind::parse)]
         target_kind: approxy_verifier::TargetKind,
         /// How a chat_prefix target continues an answer: prefix, continue_final_message or prefill.
-        #[arg(long, default_value = "prefix", value_parser = by_serde_name::<approxy_verifier::target::PrefixStyle>)]
-        prefix_style: approxy_verifier::target::PrefixStyle,
+        #[arg(long, default_value = "prefix", value_parser = approxy_verifier::targets::PrefixStyle::parse)]
+        prefix_style: approxy_verifier::targets::PrefixStyle,
         /// Model id named in calls to OpenAI-style targets.
         #[arg(long, default_value = "")]
         target_model: String,
@@ -366,11 +366,6 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value = "tests/README.md")]
         readme: PathBuf,
     },
-}
-
-/// Parses a value by the name its serde form uses (the names policies use).
-fn by_serde_name<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
 }
 
 /// What `bench soak --phase` runs: a soak of one path, or the attack mix (its own benchmark).

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
-use approxy_verifier::target::{CacheHints, PrefixStyle};
+use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use crate::prompt_kind::PromptKind;
@@ -66,13 +66,7 @@ impl TargetPolicy {
     /// Base URL of the target's OpenAI-compatible API (ends in `/v1`), for passthrough.
     pub fn openai_base(&self) -> String {
         let b = self.base_url.trim_end_matches('/');
-        match self.kind {
-            TargetKind::LlamaCpp => format!("{b}/v1"),
-            TargetKind::Vllm
-            | TargetKind::OpenaiText
-            | TargetKind::ChatPrefix
-            | TargetKind::OpenAiChat => b.to_string(),
-        }
+        format!("{b}{}", self.kind.abilities().openai_suffix)
     }
 }
 

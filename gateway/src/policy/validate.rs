@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
-use approxy_verifier::target::{CacheHints, PrefixStyle};
+use approxy_verifier::targets::kind::kinds_that;
+use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
 use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
@@ -114,42 +115,35 @@ impl Validator {
 
     fn policy(&mut self, raw: RawPolicy, path: &Path) -> Policy {
         let t = raw.target;
-        let kind = match t.kind.as_str() {
-            "llama_cpp" => TargetKind::LlamaCpp,
-            "vllm" | "openai" => TargetKind::Vllm,
-            "openai_text" => TargetKind::OpenaiText,
-            "chat_prefix" => TargetKind::ChatPrefix,
-            "openai_chat" => TargetKind::OpenAiChat,
-            k => {
+        let kind = TargetKind::parse(&t.kind).unwrap_or_else(|e| {
+            self.err(format!("target.kind: {e}"));
+            TargetKind::LlamaCpp
+        });
+        let can = kind.abilities();
+        let prefix_style = match t.prefix_style.as_deref() {
+            None => PrefixStyle::default(),
+            Some(_) if !can.chat_prefix => {
                 self.err(format!(
-                    "target.kind: {k:?} is not one of \"llama_cpp\", \"vllm\", \"openai_text\", \"chat_prefix\", \"openai_chat\""
+                    "target.prefix_style: only a {} target has one",
+                    kinds_that(|a| a.chat_prefix)
                 ));
-                TargetKind::LlamaCpp
-            }
-        };
-        let prefix_style = match (t.prefix_style.as_deref(), kind) {
-            (None, _) => PrefixStyle::default(),
-            (Some(_), k) if k != TargetKind::ChatPrefix => {
-                self.err("target.prefix_style: only a chat_prefix target has one");
                 PrefixStyle::default()
             }
-            (Some("prefix"), _) => PrefixStyle::Prefix,
-            (Some("continue_final_message"), _) => PrefixStyle::ContinueFinalMessage,
-            (Some("prefill"), _) => PrefixStyle::Prefill,
-            (Some(other), _) => {
-                self.err(format!("target.prefix_style: {other:?} is not one of \"prefix\", \"continue_final_message\", \"prefill\""));
+            Some(name) => PrefixStyle::parse(name).unwrap_or_else(|e| {
+                self.err(format!("target.prefix_style: {e}"));
                 PrefixStyle::default()
-            }
+            }),
         };
-        let chat_template = match (&t.chat_template, kind) {
-            (None, _) => None,
-            (Some(_), k) if k != TargetKind::OpenaiText => {
-                self.err(
-                    "target.chat_template: only an openai_text target is sent a rendered prompt",
-                );
+        let chat_template = match &t.chat_template {
+            None => None,
+            Some(_) if !can.chat_template => {
+                self.err(format!(
+                    "target.chat_template: only an {} target is sent a rendered prompt",
+                    kinds_that(|a| a.chat_template)
+                ));
                 None
             }
-            (Some(p), _) => {
+            Some(p) => {
                 let path = self.path(p);
                 if let Err(e) = approxy_verifier::template::ChatTemplate::from_file(&path) {
                     self.err(format!("target.chat_template: {e}"));
@@ -157,18 +151,16 @@ impl Validator {
                 Some(path)
             }
         };
-        // Per kind: the text-level kinds talk to hosted APIs, whose caches key on
-        // `prompt_cache_key`; vLLM caches whole 16-token blocks; llama.cpp any common prefix.
+        // Per kind, as its abilities say: the text-level kinds talk to hosted APIs, whose caches
+        // key on `prompt_cache_key`; each kind's cache serves prefixes in its own blocks.
         let cache = t.cache.unwrap_or_default();
         let cache_hints = CacheHints {
-            key: cache.key.unwrap_or(kind.is_text_level()),
+            key: cache.key.unwrap_or(can.text_level),
             affinity_header: cache.affinity_header,
         };
         let cache_rules = CacheRules {
             min_tokens: cache.min_tokens.unwrap_or(0),
-            block: cache
-                .block
-                .unwrap_or(if kind == TargetKind::Vllm { 16 } else { 1 }),
+            block: cache.block.unwrap_or(can.cache_block),
         };
         if cache_rules.block == 0 {
             self.err("target.cache.block: at least 1");
@@ -211,7 +203,7 @@ impl Validator {
             self.err("target.context_length: at least 1");
         }
         if let Some(ca) = &target.ca_file {
-            if let Err(e) = approxy_verifier::target::load_ca_file(ca) {
+            if let Err(e) = approxy_verifier::targets::load_ca_file(ca) {
                 self.err(format!("target.ca_file: {e}"));
             }
             if !target.base_url.starts_with("https://") {
@@ -478,8 +470,8 @@ impl Validator {
             (None, Some(c)) => self.correction(&f("correction"), c),
             (None, None) => Correction::Fixed { tokens: 1 },
         };
-        // Windows need prompt log-probabilities, which of the kinds only vLLM-style targets give.
-        let windows = kind == TargetKind::Vllm;
+        // Windows need prompt log-probabilities, which not every kind gives.
+        let windows = kind.abilities().scores_windows;
         let relaxed = m
             .verification
             .as_deref()
@@ -489,7 +481,7 @@ impl Validator {
             (None | Some("approximate"), false) => Verification::Approximate,
             (Some("exact"), true) => Verification::Exact,
             (Some(v), false) if v == "exact" || relaxed.is_some() => {
-                self.err(format!("{}: {v:?} needs a target that returns prompt log-probabilities (target.kind = \"vllm\")", f("verification")));
+                self.err(format!("{}: {v:?} needs a target that returns prompt log-probabilities (target.kind = \"{}\")", f("verification"), kinds_that(|a| a.scores_windows)));
                 Verification::Approximate
             }
             (Some(_), true) if relaxed.is_some() => {

@@ -519,7 +519,7 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
     let logs = home.log("bench-calls").with_extension("d");
     let ctx = Ctx {
         http: reqwest::Client::builder()
-            .pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
             .build()?,
         opts,
         tasks: &tasks,

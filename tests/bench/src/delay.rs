@@ -86,7 +86,7 @@ pub async fn start(upstream: &str, delay: Duration) -> anyhow::Result<DelayProxy
         upstream: upstream.trim_end_matches('/').to_string(),
         delay,
         http: reqwest::Client::builder()
-            .pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
             .build()?,
     };
     let app = Router::new().fallback(forward).with_state(state);

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use approxy_verifier::decode::{Correction, Engine, GenerateRequest, SpanClose, Verification};
 use approxy_verifier::sampling::argmax;
-use approxy_verifier::target::{Continuation, ContinuationRequest};
+use approxy_verifier::targets::{Continuation, ContinuationRequest};
 use approxy_verifier::verify::Features;
 use approxy_verifier::{
     ConfidenceVerifier, Draft, DraftConfig, DraftPool, DraftWorkers, LearnedVerifier,

@@ -19,7 +19,7 @@ use approxy_setup::Home;
 use approxy_setup::assets::{DRAFT_VARIANTS, SHIPPED_DRAFT_VARIANT};
 use approxy_training::corpus::CorpusPrompt;
 use approxy_verifier::sampling::argmax;
-use approxy_verifier::target::{ContinuationRequest, TargetClient};
+use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use approxy_setup::Home;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
 use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
-use approxy_verifier::target::{ContinuationRequest, TargetClient};
+use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
 use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
@@ -1157,10 +1157,11 @@ mod tests {
         async fn continue_tokens(
             &self,
             req: &ContinuationRequest,
-        ) -> Result<approxy_verifier::target::Continuation, approxy_verifier::TargetError> {
+        ) -> Result<approxy_verifier::targets::Continuation, approxy_verifier::TargetError>
+        {
             self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let top = self.table[req.prefix.len() - req.prompt_len].clone();
-            Ok(approxy_verifier::target::Continuation {
+            Ok(approxy_verifier::targets::Continuation {
                 tokens: vec![top[0].0],
                 top_logprobs: vec![top],
                 ..Default::default()

@@ -403,7 +403,7 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     // sent on a connection the server has just closed fails with nothing sent back (two such
     // failures in a llama.cpp speculative run called directly, 2026-11-22).
     let http = reqwest::Client::builder()
-        .pool_idle_timeout(approxy_verifier::target::POOL_IDLE_TIMEOUT)
+        .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
         .build()?;
     let ctx = Ctx {
         http,

@@ -157,8 +157,8 @@ pub async fn start_llama(
 pub fn llama_client(
     url: &str,
     model: &str,
-) -> anyhow::Result<approxy_verifier::target::LlamaCppTarget> {
-    use approxy_verifier::target::{LlamaCppTarget, TargetConfig};
+) -> anyhow::Result<approxy_verifier::targets::LlamaCppTarget> {
+    use approxy_verifier::targets::{LlamaCppTarget, TargetConfig};
     Ok(LlamaCppTarget::new(TargetConfig {
         base_url: url.to_string(),
         api_key: None,

@@ -17,7 +17,7 @@ use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
-use crate::target::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
+use crate::targets::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Context, Features, Record, TargetProbs, Verifier};
 

@@ -14,7 +14,7 @@ use super::scripted_tests::request;
 use super::*;
 use crate::draft::PositionOutput;
 use crate::error::TargetError;
-use crate::target::{Continuation, ContinuationRequest, WindowRequest, WindowScore};
+use crate::targets::{Continuation, ContinuationRequest, WindowRequest, WindowScore};
 use crate::testing::{
     DraftScript, HIDDEN, IM_START, ScriptedTarget, ScriptedWorkers, VOCAB, tiny_tokenizer,
 };

@@ -843,9 +843,9 @@ struct OutOfVocabulary;
 impl TargetClient for OutOfVocabulary {
     async fn continue_tokens(
         &self,
-        _: &crate::target::ContinuationRequest,
-    ) -> Result<crate::target::Continuation, TargetError> {
-        Ok(crate::target::Continuation {
+        _: &crate::targets::ContinuationRequest,
+    ) -> Result<crate::targets::Continuation, TargetError> {
+        Ok(crate::targets::Continuation {
             tokens: vec![9_999_999],
             ..Default::default()
         })
@@ -905,9 +905,9 @@ struct AlreadyDone;
 impl TargetClient for AlreadyDone {
     async fn continue_tokens(
         &self,
-        _: &crate::target::ContinuationRequest,
-    ) -> Result<crate::target::Continuation, TargetError> {
-        Ok(crate::target::Continuation {
+        _: &crate::targets::ContinuationRequest,
+    ) -> Result<crate::targets::Continuation, TargetError> {
+        Ok(crate::targets::Continuation {
             stopped_on_eos: true,
             ..Default::default()
         })

@@ -8,8 +8,8 @@
 //!   with `"add_generation_prompt": false`;
 //! - llama-server: a final assistant message is continued as it is (assistant prefill).
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use strum::{EnumString, IntoStaticStr, VariantNames};
 
 use super::reported_cached_tokens;
 use super::text::{TextChunk, TextPrefix, TextTarget, TextWire};
@@ -18,8 +18,8 @@ use crate::error::TargetError;
 use crate::tokenizer::Tokenizer;
 
 /// How a `chat_prefix` target is told that the last message is to be continued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, EnumString, IntoStaticStr, VariantNames)]
+#[strum(serialize_all = "snake_case")]
 pub enum PrefixStyle {
     /// `"prefix": true` on the assistant message (DeepSeek, Mistral).
     #[default]
@@ -28,6 +28,18 @@ pub enum PrefixStyle {
     ContinueFinalMessage,
     /// Nothing: the server continues a final assistant message by itself (llama-server).
     Prefill,
+}
+
+impl PrefixStyle {
+    /// The style a policy names (one of its snake_case names).
+    pub fn parse(name: &str) -> Result<Self, String> {
+        name.parse().map_err(|_| {
+            format!(
+                "{name:?} is not one of {}",
+                super::kind::quoted(Self::VARIANTS)
+            )
+        })
+    }
 }
 
 /// Chat completions with a partial assistant message, marked in one [`PrefixStyle`].
