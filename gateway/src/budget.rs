@@ -10,8 +10,8 @@ use approxy_verifier::cost::{
     BudgetGuard, CacheRules, CostGuard, Guard, Ledger, Price, Rates, estimate,
 };
 
+use crate::policy::PromptKind;
 use crate::policy::{GuardPolicy, ModelPolicy};
-use crate::prompt_kind::PromptKind;
 
 /// How many tokens of traffic the prior weighs as against a ledger's own record: once a
 /// model has answered a few answers' worth, its own rates decide.

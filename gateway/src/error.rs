@@ -231,8 +231,8 @@ impl ApiError {
     }
 }
 
-impl From<crate::validate::ValidationError> for ApiError {
-    fn from(e: crate::validate::ValidationError) -> Self {
+impl From<crate::request::error::ValidationError> for ApiError {
+    fn from(e: crate::request::error::ValidationError) -> Self {
         ApiError::BadRequest {
             param: e.param(),
             message: e.to_string(),

@@ -5,15 +5,17 @@
 //!
 //! Layout:
 //! - `probe`: `approxy health`, the container health check.
-//! - `prompt_kind`: whether a request is about code or chat (the dial can differ per kind).
 //! - `server`: `approxy serve`: loads the draft and policy, listens, drains on shutdown, reloads.
 //! - `connection`: below HTTP: deadlines for a quiet connection, the per-address cap.
 //! - `stack`: the routes and the tower stack around them, in order, each layer with its reason.
 //! - `routes`: one handler per endpoint (`/v1/chat/completions`, `/v1/completions`, health, ...).
-//! - `decide`: the approximate-or-passthrough decision, and every passthrough [`decide::Reason`].
-//! - `request`: the OpenAI request bodies as typed structs (unknown fields kept).
-//! - `limits`: the limits every chat and completions request is held to, whichever path.
-//! - `validate`: a typed request to a [`validate::ValidRequest`], or a [`validate::ValidationError`].
+//! - `decide`: the approximate-or-passthrough decision.
+//! - `reason`: every passthrough [`reason::Reason`].
+//! - `request`: request checking: the OpenAI request bodies as typed structs (unknown fields
+//!   kept), the limits every chat and completions request is held to whichever path serves it,
+//!   the features the draft loop lacks, validation to a [`request::validate::ValidRequest`] or
+//!   a [`request::error::ValidationError`], and the prompt's kind (code or chat).
+//! - `route`: which paths are served or forwarded, and which could resolve elsewhere upstream.
 //! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
 //! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
 //! - `middleware`: auth, body limit, load shedding, timeout, request metrics.
@@ -27,20 +29,19 @@ pub mod budget;
 pub mod connection;
 pub mod decide;
 pub mod error;
-pub mod limits;
 pub mod middleware;
 pub mod passthrough;
 pub mod policy;
 pub mod probe;
-pub mod prompt_kind;
+pub mod reason;
 pub mod request;
 pub mod respond;
+pub mod route;
 pub mod routes;
 pub mod server;
 pub mod stack;
 pub mod state;
 pub mod telemetry;
-pub mod validate;
 
 #[cfg(test)]
 mod connection_tests;

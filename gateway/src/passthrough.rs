@@ -17,13 +17,14 @@ use approxy_verifier::targets::SendFailure;
 use approxy_verifier::targets::retry::{self, Verdict};
 use axum::body::Body;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::decide::Reason;
 use crate::error::ApiError;
+use crate::reason::Reason;
+use crate::route::{has_dot_segments, route_allowed};
 use crate::state::AppState;
 
 /// Forwards requests on routes other than chat and completions to the target.
@@ -70,59 +71,10 @@ impl tower::Service<Request<Body>> for Passthrough {
     }
 }
 
-/// The routes passthrough forwards besides chat and completions (which their handlers forward
-/// when they decide to): `METHOD /path`, where a path ending in `/*` covers everything below
-/// it. Anything else is refused, so the target's other routes (llama.cpp's `/slots`, vLLM's
-/// admin routes, a provider's files and batches) are not reachable with the operator's key
-/// unless the policy adds them (`passthrough.extra_routes`).
-pub const SERVED_ROUTES: [&str; 4] = [
-    "POST /v1/chat/completions",
-    "POST /v1/completions",
-    "GET /v1/models",
-    "GET /v1/models/*",
-];
-
-/// Whether `method path` is served: one of [`SERVED_ROUTES`] or of the policy's `extra`.
-pub fn route_allowed(method: &Method, path: &str, extra: &[String]) -> bool {
-    SERVED_ROUTES
-        .iter()
-        .copied()
-        .chain(extra.iter().map(String::as_str))
-        .any(|route| {
-            let Some((m, pattern)) = route.split_once(' ') else {
-                return false;
-            };
-            if m != method.as_str() {
-                return false;
-            }
-            match pattern.strip_suffix("/*") {
-                Some(prefix) => path
-                    .strip_prefix(prefix)
-                    .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/')),
-                None => path == pattern,
-            }
-        })
-}
-
 /// The 400 for a path that could resolve somewhere else upstream (see [`has_dot_segments`]).
 pub fn unsafe_path(path: &str) -> Option<ApiError> {
     has_dot_segments(path)
         .then(|| ApiError::bad("path", "the path has dot segments or encoded separators"))
-}
-
-/// A path that could resolve somewhere else upstream: `.` or `..` segments, their
-/// percent-encoded forms, encoded slashes or backslashes, or empty segments.
-pub fn has_dot_segments(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    if lower.contains("%2e")
-        || lower.contains("%2f")
-        || lower.contains("%5c")
-        || lower.contains('\\')
-        || lower.contains("//")
-    {
-        return true;
-    }
-    path.split('/').any(|seg| seg == "." || seg == "..")
 }
 
 /// Client headers passed to the target: what describes the request, and trace context.
@@ -462,59 +414,6 @@ fn scrubbed(message: &str, limit: usize) -> String {
         rest = &after[sep..];
     }
     out.chars().take(limit).collect()
-}
-
-/// Property tests (a fixed budget in every test run): whatever path a client sends, one that
-/// passes the guards stays under `/v1/` once percent-decoded and resolved, so the URL built
-/// from it never leaves the target's API prefix.
-#[cfg(test)]
-mod properties {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn percent_decoded(p: &str) -> String {
-        let b = p.as_bytes();
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < b.len() {
-            let hex = |c: u8| (c as char).to_digit(16);
-            if b[i] == b'%'
-                && let (Some(h), Some(l)) = (
-                    b.get(i + 1).copied().and_then(hex),
-                    b.get(i + 2).copied().and_then(hex),
-                )
-            {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-            out.push(b[i]);
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(approxy_verifier::testing::property_cases(2048)))]
-        #[test]
-        fn an_allowed_path_never_leaves_the_api_prefix(
-            segments in proptest::collection::vec(
-                proptest::sample::select(vec!["v1", "models", "chat", "completions", "files", ".", "..", "%2e", "%2E%2e", "%2f", "%5C", "\\", "", "a", "x.y", ".hidden", "%252e"]),
-                0..7,
-            ),
-            post in any::<bool>(),
-        ) {
-            let path = format!("/{}", segments.join("/"));
-            let method = if post { Method::POST } else { Method::GET };
-            if route_allowed(&method, &path, &[]) && !has_dot_segments(&path) {
-                let decoded = percent_decoded(&path);
-                prop_assert!(decoded.starts_with("/v1/"), "{path} -> {decoded}");
-                prop_assert!(!decoded.contains("//") && !decoded.contains('\\'), "{path} -> {decoded}");
-                prop_assert!(decoded.split('/').all(|s| s != "." && s != ".."), "{path} -> {decoded}");
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification
 use crate::decide::Approximate;
 use crate::error::ApiError;
 use crate::policy::ModelPolicy;
-use crate::prompt_kind::PromptKind;
+use crate::policy::PromptKind;
 use crate::request::Endpoint;
 use crate::state::Runtime;
 

@@ -13,8 +13,9 @@ use serde_json::json;
 use approxy_verifier::targets::trace::TraceContext;
 use approxy_verifier::{EngineError, TargetError};
 
-use crate::decide::{Decision, Reason, decide};
+use crate::decide::{Decision, decide};
 use crate::error::ApiError;
+use crate::reason::Reason;
 use crate::request::Endpoint;
 use crate::respond::Failed;
 use crate::state::{AppState, TokenizerCheck};

@@ -13,7 +13,6 @@ use approxy_verifier::cost::CacheRules;
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
-use crate::prompt_kind::PromptKind;
 use raw::RawPolicy;
 pub use validate::{DEFAULT_BUDGET_WINDOW, DEFAULT_HARD_COST_CAP, parse_duration};
 
@@ -174,6 +173,26 @@ pub enum Mode {
 
 /// USD per million tokens (the engine's own type: its cost guard reads it).
 pub use approxy_verifier::cost::Price;
+
+/// A prompt's kind, code or chat: what a policy may set its dial per (detected by
+/// `crate::request::prompt_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PromptKind {
+    /// Asks for, about or around source code.
+    Code,
+    /// Everything else.
+    Chat,
+}
+
+impl PromptKind {
+    /// The name policies, calibration files and `usage.approxy.prompt_kind` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Code => "code",
+            Self::Chat => "chat",
+        }
+    }
+}
 
 /// A threshold per prompt kind.
 #[derive(Debug, Clone, Copy, PartialEq)]

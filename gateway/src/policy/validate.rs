@@ -334,7 +334,7 @@ impl Validator {
             let ok = route.split_once(' ').is_some_and(|(m, p)| {
                 matches!(m, "GET" | "POST" | "PUT" | "PATCH" | "DELETE")
                     && p.starts_with("/v1/")
-                    && !crate::passthrough::has_dot_segments(p)
+                    && !crate::route::has_dot_segments(p)
             });
             if !ok {
                 self.err(format!("passthrough.extra_routes: {route:?} is not \"METHOD /v1/path\" (a path ending in /* covers what is below it)"));

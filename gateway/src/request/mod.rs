@@ -3,8 +3,18 @@
 //! does not use are kept in `extra`, never dropped. Only the approximate path parses into
 //! these: a request that passes through reaches the target as the client wrote it.
 
+pub mod error;
+pub mod limits;
+pub mod prompt_kind;
+pub mod unsupported;
+pub mod validate;
+
+use approxy_verifier::template::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Map, Value};
+
+/// Header for a per-request threshold within the policy's allowed range.
+pub const THRESHOLD_HEADER: &str = "x-approxy-threshold";
 
 /// Which endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +33,17 @@ impl Endpoint {
             Endpoint::Completions => "prompt",
         }
     }
+}
+
+/// What the model is asked to continue.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Chat messages (rendered with the chat template).
+    Chat(Vec<ChatMessage>),
+    /// A completion prompt as text.
+    Text(String),
+    /// A completion prompt as token ids.
+    Tokens(Vec<u32>),
 }
 
 /// A chat or completion request.
@@ -227,10 +248,10 @@ mod properties {
             prop_assert!(gw.is_ok());
             if let Ok(gw) = &gw {
                 let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
-                if let Err(e) = crate::limits::check(endpoint, &body, gw) {
+                if let Err(e) = limits::check(endpoint, &body, gw) {
                     prop_assert!(e.param().is_some(), "{e}");
                 }
-                let _ = crate::limits::special_token_text(&body, &["<|im_start|>".to_string()]);
+                let _ = limits::special_token_text(&body, &["<|im_start|>".to_string()]);
             }
             let body = Value::Object(body);
             match parse(&body) {
@@ -242,7 +263,7 @@ mod properties {
                     prop_assert!(gw.is_ok());
                     if let Ok(gw) = gw {
                         // Either a valid request or an error; never a panic.
-                        let _ = crate::validate::validate(endpoint, typed, &gw);
+                        let _ = validate::validate(endpoint, typed, &gw);
                     }
                 }
             }

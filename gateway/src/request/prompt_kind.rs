@@ -4,26 +4,8 @@
 //! the request's text: cheap enough for every request, and checked against the training
 //! corpus's labels and everyday examples in the tests below.
 
-use crate::validate::Prompt;
-
-/// A prompt's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PromptKind {
-    /// Asks for, about or around source code.
-    Code,
-    /// Everything else.
-    Chat,
-}
-
-impl PromptKind {
-    /// The name policies, calibration files and `usage.approxy.prompt_kind` use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Code => "code",
-            Self::Chat => "chat",
-        }
-    }
-}
+use super::Prompt;
+pub use crate::policy::PromptKind;
 
 /// Words that make a request about code. Words as common in everyday chat are left out
 /// ("class", "method", "program", "library", "string", "shell", "swift", "bug": "the scientific

@@ -12,12 +12,19 @@
 
 use serde_json::{Map, Value};
 
+use super::Endpoint;
+use super::error::ValidationError;
 use crate::policy::GatewayPolicy;
-use crate::request::Endpoint;
-use crate::validate::{MAX_STOP_BYTES, ValidationError};
 
 /// Most stop strings (OpenAI's own bound).
 pub const MAX_STOPS: usize = 4;
+
+/// Longest stop string accepted.
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// Longest prompt (in tokens) the approximate path takes; the draft's context is 32k.
+pub const MAX_PROMPT_TOKENS: usize = 30_000;
+
 /// Most `top_logprobs` (OpenAI's own bound): each one multiplies the answer's size.
 pub const MAX_TOP_LOGPROBS: u64 = 20;
 /// Most `logprobs` on the completions endpoint (OpenAI's own bound).
