@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use approxy_verifier::Stats;
 use approxy_verifier::cost::{
-    BudgetGuard, CacheRules, CostGuard, Guard, Ledger, Price, Rates, estimate,
+    BudgetGuard, CacheRules, CostEstimate, CostGuard, Guard, Ledger, Rates,
 };
 
 use crate::policy::PromptKind;
@@ -39,7 +39,6 @@ pub fn prior(kind: PromptKind) -> Rates {
 #[derive(Clone)]
 pub struct Account {
     ledger: Arc<Ledger>,
-    price: Price,
     model: String,
     kind: PromptKind,
 }
@@ -101,7 +100,6 @@ impl Ledgers {
                 };
                 let account = Account {
                     ledger,
-                    price: mp.price,
                     model: model.to_string(),
                     kind,
                 };
@@ -112,9 +110,9 @@ impl Ledgers {
 }
 
 impl Account {
-    /// Records a finished request's spend at its model's prices and updates the ledger's gauges.
-    pub fn record(&self, s: &Stats) {
-        let cost = estimate(&s.spend(), &self.price);
+    /// Records a finished request's spend, `cost` at its model's prices, and updates the
+    /// ledger's gauges.
+    pub fn record(&self, s: &Stats, cost: CostEstimate) {
         let mut part = s.approximate_part();
         if s.handed_off_at.is_some() {
             // The rejection that led to the hand-off needed a call: counted as one that brings

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::{Draft, GenerateRequest, Verifier};
+use approxy_verifier::{Draft, GenerateRequest};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
@@ -19,7 +19,7 @@ use crate::request::error::ValidationError;
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
 use crate::request::{self, Endpoint, Prompt, limits, prompt_kind};
-use crate::state::{AppState, Runtime, TokenizerCheck};
+use crate::state::{AppState, ModelRuntime, Runtime, Shared, TokenizerCheck};
 
 /// Everything the approximate path needs, including the draft worker it will run on.
 pub struct Approximate {
@@ -27,12 +27,10 @@ pub struct Approximate {
     pub request: ValidRequest,
     /// Its prompt's kind (which of the policy's thresholds applies).
     pub prompt_kind: PromptKind,
-    /// Engine parameters (prompt token ids, threshold, correction, bail-out).
+    /// Engine parameters (prompt token ids, threshold, guard, the model's decode settings).
     pub generation: GenerateRequest,
-    /// The model's policy.
-    pub policy: ModelPolicy,
-    /// The model's verifier.
-    pub verifier: Arc<dyn Verifier>,
+    /// The model's policy entry: its policy, verifier and decode settings.
+    pub model: Arc<ModelRuntime>,
     /// The leased draft worker (free again when dropped).
     pub draft: Box<dyn Draft>,
     /// Where its spend is recorded (budget guard).
@@ -101,7 +99,7 @@ pub fn passable(
     }
 }
 
-/// The path for a request within the limits.
+/// The path for a request within the limits: admitted (valid, tokenized), then planned.
 async fn choose(
     state: &AppState,
     rt: &Runtime,
@@ -110,6 +108,53 @@ async fn choose(
     json: &Value,
     map: &Map<String, Value>,
 ) -> Result<Decision, ApiError> {
+    match admit(state, rt, endpoint, headers, json, map).await? {
+        Admission::Passthrough(reason) => Ok(Decision::Passthrough(reason)),
+        Admission::Admitted(a) => plan(state, rt, a, map).await,
+    }
+}
+
+/// A request approxy could answer: valid, its prompt tokenized.
+struct Admitted {
+    /// The model's policy entry.
+    model: Arc<ModelRuntime>,
+    /// The validated request.
+    valid: ValidRequest,
+    /// Its prompt's token ids.
+    prompt: Vec<u32>,
+    /// Its prompt's kind.
+    kind: PromptKind,
+    /// The threshold its header asks for, within the policy's range.
+    requested: Option<f32>,
+}
+
+/// Whether approxy takes the request on.
+enum Admission {
+    Admitted(Box<Admitted>),
+    Passthrough(Reason),
+}
+
+/// A limitation of approxy's own, not the client's mistake: the policy's fallback turns it
+/// into a passthrough for `reason`, or the error stands.
+fn fallback(mp: &ModelPolicy, reason: Reason, e: impl Into<ApiError>) -> Result<Reason, ApiError> {
+    if mp.fallback_to_passthrough {
+        Ok(reason)
+    } else {
+        Err(e.into())
+    }
+}
+
+/// Admits a request: its model's policy, the target's and the draft loop's abilities, the
+/// request's validity (only now: a request that passes through is the target's to judge),
+/// the tokenizer check, and its prompt's tokens.
+async fn admit(
+    state: &AppState,
+    rt: &Runtime,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    json: &Value,
+    map: &Map<String, Value>,
+) -> Result<Admission, ApiError> {
     // The model picks the policy, so it is the one field read before deciding.
     let model = match map.get("model") {
         Some(Value::String(s)) => s.as_str(),
@@ -122,76 +167,99 @@ async fn choose(
         }
         None => return Err(ValidationError::Missing("model".into()).into()),
     };
-    let Some(mp) = rt.policy.model(model) else {
-        return Ok(Decision::Passthrough(Reason::ModelWithoutPolicy));
+    let Some(m) = rt.model(model) else {
+        return Ok(Admission::Passthrough(Reason::ModelWithoutPolicy));
     };
+    let mp = &m.policy;
     if mp.mode == Mode::Passthrough {
-        return Ok(Decision::Passthrough(Reason::PolicyPassthrough));
+        return Ok(Admission::Passthrough(Reason::PolicyPassthrough));
     }
     let kind = rt.policy.target.kind;
     // A chat-level target continues chat answers only: a completions prompt has no messages.
     if !kind.can_continue() || (kind.needs_messages() && endpoint == Endpoint::Completions) {
-        return Ok(Decision::Passthrough(Reason::TargetCannotContinue));
+        return Ok(Admission::Passthrough(Reason::TargetCannotContinue));
     }
     if let Some(r) = unsupported_feature(endpoint, map) {
-        return Ok(Decision::Passthrough(r));
+        return Ok(Admission::Passthrough(r));
     }
     let typed =
         request::parse(json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     let requested = validate::requested_threshold(headers, mp)?;
-    // From here on approxy could answer a valid request; what stops it is approxy's own
-    // limitation, which the policy's fallback turns into a passthrough.
-    let fallback = |reason: Reason, e: ApiError| {
-        if mp.fallback_to_passthrough {
-            Ok(Decision::Passthrough(reason))
-        } else {
-            Err(e)
-        }
-    };
     match rt.tokenizer_check().await {
         Ok(TokenizerCheck::Different(_)) => {
-            return Ok(Decision::Passthrough(Reason::TokenizerMismatch));
+            return Ok(Admission::Passthrough(Reason::TokenizerMismatch));
         }
         Ok(_) => {}
-        Err(e) => return fallback(Reason::TokenizerCheckFailed, e.into()),
+        Err(e) => {
+            return fallback(mp, Reason::TokenizerCheckFailed, e).map(Admission::Passthrough);
+        }
     }
-    let shared = &state.shared;
-    // Rendering and tokenizing a prompt of megabytes takes long enough to stall the async
-    // runtime's other requests: it runs on a blocking thread.
-    let (mut valid, tokens, kind) = {
-        let shared = Arc::clone(shared);
-        tokio::task::spawn_blocking(move || {
-            let tokens = validate::prompt_tokens(
-                &valid,
-                &shared.template,
-                &shared.tokenizer,
-                shared.draft.meta().vocab_size,
-            );
-            // A prompt of token ids is classified on its text.
-            let decoded = match &valid.prompt {
-                Prompt::Tokens(ids) => shared.tokenizer.decode(ids).ok(),
-                _ => None,
-            };
-            let kind = prompt_kind::detect(&valid.prompt, decoded.as_deref());
-            (valid, tokens, kind)
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("prompt tokenization: {e}")))?
-    };
+    let (valid, tokens, kind) = tokenize(&state.shared, valid).await?;
     let prompt = match tokens {
         Ok(p) => p,
         Err(e @ ValidationError::PromptTooLong { .. }) => {
-            return fallback(Reason::PromptTooLong, e.into());
+            return fallback(mp, Reason::PromptTooLong, e).map(Admission::Passthrough);
         }
         Err(e) => return Err(e.into()),
     };
+    Ok(Admission::Admitted(Box::new(Admitted {
+        model: Arc::clone(m),
+        valid,
+        prompt,
+        kind,
+        requested,
+    })))
+}
+
+/// The prompt's token ids and its kind. Rendering and tokenizing a prompt of megabytes takes
+/// long enough to stall the async runtime's other requests: it runs on a blocking thread.
+async fn tokenize(
+    shared: &Arc<Shared>,
+    valid: ValidRequest,
+) -> Result<(ValidRequest, Result<Vec<u32>, ValidationError>, PromptKind), ApiError> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || {
+        let tokens = validate::prompt_tokens(
+            &valid,
+            &shared.template,
+            &shared.tokenizer,
+            shared.draft.meta().vocab_size,
+        );
+        // A prompt of token ids is classified on its text.
+        let decoded = match &valid.prompt {
+            Prompt::Tokens(ids) => shared.tokenizer.decode(ids).ok(),
+            _ => None,
+        };
+        let kind = prompt_kind::detect(&valid.prompt, decoded.as_deref());
+        (valid, tokens, kind)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("prompt tokenization: {e}")))
+}
+
+/// Plans an admitted request: the target's and the draft's context, a draft worker, the
+/// threshold and the cost guard.
+async fn plan(
+    state: &AppState,
+    rt: &Runtime,
+    a: Box<Admitted>,
+    map: &Map<String, Value>,
+) -> Result<Decision, ApiError> {
+    let Admitted {
+        model,
+        mut valid,
+        prompt,
+        kind,
+        requested,
+    } = *a;
+    let mp = &model.policy;
     // The target's context, before any draft work: a prompt it cannot hold would keep a draft
     // worker through its prefill only to fail at the first call. Passing it through would fail
     // the same way, so it is the client's 400 on either path.
     if let Some(context) = rt.target_facts().await.context_length {
         let asked = prompt.len() + valid.max_tokens as usize;
-        // llama-server writes until its context is full; so does any target when the limit
+        // Some targets write until their context is full; so does any target when the limit
         // is only the gateway's default, which the client never asked for (vLLM's own
         // default is what the context leaves).
         let writes_to_the_end =
@@ -209,6 +277,7 @@ async fn choose(
             valid.max_tokens = u32::try_from(context - prompt.len()).unwrap_or(u32::MAX);
         }
     }
+    let shared = &state.shared;
     // Checked before any work: the draft cannot hold more, and failing mid-answer would cost
     // the tokens already streamed.
     let context = shared.draft.meta().context_length;
@@ -218,50 +287,35 @@ async fn choose(
             max_tokens: valid.max_tokens,
             context,
         };
-        return fallback(Reason::PromptTooLong, e.into());
+        return fallback(mp, Reason::PromptTooLong, e).map(Decision::Passthrough);
     }
-    let verifier = rt
-        .verifiers
-        .get(&valid.model)
-        .or_else(|| rt.verifiers.get("*"))
-        .cloned()
-        .ok_or_else(|| ApiError::Internal("no verifier for model".into()))?;
     // Last, so a worker is held only by a request that will use it.
     let Some(draft) = shared.draft.try_lease() else {
         return Ok(Decision::Passthrough(Reason::DraftSaturated));
     };
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
-    let (guard, account) = shared.ledgers.guard(
-        mp,
-        rt.policy.model_key(&valid.model).unwrap_or("*"),
-        kind,
-        rt.policy.target.cache_rules,
-    );
+    let (guard, account) = shared
+        .ledgers
+        .guard(mp, &model.key, kind, model.decode.cache);
     let generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
         sampling: valid.sampling,
         stop: valid.stop.clone(),
         threshold,
-        verification: mp.verification,
-        correction: mp.correction,
-        bailout: mp.bailout,
         cost_guard: guard,
         model: Some(valid.model.clone()),
         messages: match &valid.prompt {
             Prompt::Chat(m) => Some(Arc::new(m.clone())),
             Prompt::Text(_) | Prompt::Tokens(_) => None,
         },
-        cache: rt.policy.target.cache_rules,
-        max_target_calls: mp.max_target_calls,
-        overlap: mp.overlap,
+        settings: Arc::clone(&model.decode),
     };
     Ok(Decision::Approximate(Box::new(Approximate {
         request: valid,
         prompt_kind: kind,
         generation,
-        policy: mp.clone(),
-        verifier,
+        model,
         draft,
         account,
         passable: passable(rt, &state.shared, map).is_ok(),

@@ -20,10 +20,9 @@ use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
-use crate::policy::ModelPolicy;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
-use crate::state::Runtime;
+use crate::state::{ModelRuntime, Runtime};
 
 fn correction_name(c: Correction) -> &'static str {
     match c {
@@ -48,14 +47,24 @@ struct Dial {
     kind: PromptKind,
 }
 
-fn usage(s: &Stats, cost: CostEstimate, dial: Dial, verifier: &str, mp: &ModelPolicy) -> Value {
+/// A finished generation and what it cost at its model's prices, computed once when it ends.
+struct Priced {
+    stats: Stats,
+    cost: CostEstimate,
+}
+
+/// The generation task's answer.
+type Generation = tokio::task::JoinHandle<Result<Priced, approxy_verifier::EngineError>>;
+
+fn usage(p: &Priced, dial: Dial, m: &ModelRuntime) -> Value {
+    let (s, cost, mp) = (&p.stats, p.cost, &m.policy);
     let mut u = json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "total_tokens": s.prompt_tokens + s.completion_tokens,
         "approxy": {
             "mode": "approximate",
-            "verifier": verifier,
+            "verifier": m.verifier.kind(),
             "threshold": dial.threshold,
             "prompt_kind": dial.kind.name(),
             "draft_tokens": s.draft_tokens,
@@ -205,8 +214,7 @@ pub async fn approximate(
         request: valid,
         prompt_kind,
         generation: request,
-        policy: mp,
-        verifier,
+        model,
         draft: lease,
         account,
         // Read by the caller, which decides on a fallback.
@@ -218,7 +226,7 @@ pub async fn approximate(
     };
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
     let engine = rt.engine.clone();
-    let v2 = Arc::clone(&verifier);
+    let m2 = Arc::clone(&model);
     // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
@@ -233,14 +241,18 @@ pub async fn approximate(
     };
     let generation = async move {
         let r = tokio::select! {
-            r = engine.generate(lease.as_ref(), v2.as_ref(), request, tx) => r,
+            r = engine.generate(lease.as_ref(), m2.verifier.as_ref(), request, tx) => r,
             () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
         };
+        let priced = r.map(|stats| Priced {
+            cost: estimate_cost(&stats.spend(), &m2.policy.price),
+            stats,
+        });
         // Recorded as soon as the generation ends, however the response then goes.
-        if let (Ok(stats), Some(account)) = (&r, &account) {
-            account.record(stats);
+        if let (Ok(p), Some(account)) = (&priced, &account) {
+            account.record(&p.stats, p.cost);
         }
-        r
+        priced
     };
     let task = tokio::spawn(approxy_verifier::targets::trace::scope(
         trace,
@@ -264,35 +276,27 @@ pub async fn approximate(
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;
     if first.is_none() {
-        let stats = match task.await {
-            Ok(Ok(stats)) => stats,
+        let priced = match task.await {
+            Ok(Ok(p)) => p,
             Ok(Err(e)) => return Err(Failed::BeforeFirstToken(e)),
             Err(e) => return Err(ApiError::Internal(e.to_string()).into()),
         };
         // An answer that ended at once (end of sequence first) is still answered in the form
         // asked for: a stream of events when streaming.
         if valid.stream {
-            let done = tokio::spawn(async move { Ok(stats) });
+            let done = tokio::spawn(async move { Ok(priced) });
             return Ok(stream(
                 ids,
                 None,
                 rx,
                 done,
-                mp,
+                model,
                 dial,
-                verifier.kind(),
                 valid.include_usage,
                 rt.policy.gateway.write_idle_timeout,
             ));
         }
-        return Ok(complete(
-            &ids,
-            String::new(),
-            &stats,
-            &mp,
-            dial,
-            verifier.kind(),
-        ));
+        return Ok(complete(&ids, String::new(), &priced, &model, dial));
     }
     if valid.stream {
         Ok(stream(
@@ -300,9 +304,8 @@ pub async fn approximate(
             first,
             rx,
             task,
-            mp,
+            model,
             dial,
-            verifier.kind(),
             valid.include_usage,
             rt.policy.gateway.write_idle_timeout,
         ))
@@ -318,30 +321,21 @@ pub async fn approximate(
             last = Instant::now();
             text.push_str(&ev.text);
         }
-        let stats = finished(task).await?;
-        Ok(complete(&ids, text, &stats, &mp, dial, verifier.kind()))
+        let priced = finished(task).await?;
+        Ok(complete(&ids, text, &priced, &model, dial))
     }
 }
 
 /// Waits for the generation task; a failure is counted here, where it ends the request.
-async fn finished(
-    task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>,
-) -> Result<Stats, ApiError> {
+async fn finished(task: Generation) -> Result<Priced, ApiError> {
     task.await.map_err(|e| ApiError::Internal(e.to_string()))?.map_err(|e| {
         metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
         ApiError::from(e)
     })
 }
 
-fn complete(
-    ids: &Ids,
-    text: String,
-    s: &Stats,
-    mp: &ModelPolicy,
-    dial: Dial,
-    verifier: &str,
-) -> Response {
-    let cost = estimate_cost(&s.spend(), &mp.price);
+fn complete(ids: &Ids, text: String, p: &Priced, m: &ModelRuntime, dial: Dial) -> Response {
+    let (s, cost) = (&p.stats, p.cost);
     record_metrics(s, cost, "ok");
     let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
@@ -358,7 +352,7 @@ fn complete(
         "text_completion"
     };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(s, cost, dial, verifier, mp)});
+                      "choices": [choice], "usage": usage(p, dial, m)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -411,15 +405,13 @@ async fn send_within(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn stream(
     ids: Ids,
     first: Option<TokenEvent>,
     mut rx: mpsc::Receiver<TokenEvent>,
-    task: tokio::task::JoinHandle<Result<Stats, approxy_verifier::EngineError>>,
-    mp: ModelPolicy,
+    task: Generation,
+    model: Arc<ModelRuntime>,
     dial: Dial,
-    verifier: &'static str,
     include_usage: bool,
     write_idle: Duration,
 ) -> Response {
@@ -452,18 +444,17 @@ fn stream(
             }
         }
         match task.await {
-            Ok(Ok(stats)) => {
-                let cost = estimate_cost(&stats.spend(), &mp.price);
-                record_metrics(&stats, cost, "ok");
+            Ok(Ok(priced)) => {
+                record_metrics(&priced.stats, priced.cost, "ok");
                 let mut out = vec![sse(&ids.chunk(
                     None,
-                    Some(finish_str(stats.finish_reason)),
+                    Some(finish_str(priced.stats.finish_reason)),
                     false,
                 ))];
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&stats, cost, dial, verifier, &mp);
+                    u["usage"] = usage(&priced, dial, &model);
                     out.push(sse(&u));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));

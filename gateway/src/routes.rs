@@ -41,7 +41,7 @@ async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response
     };
     match decide(&state, &rt, endpoint, &parts.headers, &bytes).await {
         Ok(Decision::Approximate(a)) => {
-            let fallback = a.policy.fallback_to_passthrough && a.passable;
+            let fallback = a.model.policy.fallback_to_passthrough && a.passable;
             let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
             let trace = TraceContext::from_headers(header("traceparent"), header("tracestate"));
             match respond::approximate(rt, *a, trace).await {

@@ -11,13 +11,13 @@ use arc_swap::ArcSwap;
 use approxy_verifier::targets::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
-    ConfidenceVerifier, DraftWorkers, Engine, EngineError, LearnedVerifier, TargetClient,
-    TargetConfig, Tokenizer, Verifier,
+    ConfidenceVerifier, DecodeSettings, DraftWorkers, Engine, EngineError, LearnedVerifier,
+    TargetClient, TargetConfig, Tokenizer, Verifier,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
-use crate::policy::{Auth, Mode, Policy, VerifierChoice};
+use crate::policy::{Auth, Mode, ModelPolicy, Policy, VerifierChoice};
 
 /// Process-wide parts.
 pub struct Shared {
@@ -57,14 +57,27 @@ pub enum TokenizerCheck {
     NotNeeded,
 }
 
+/// What one policy entry (a model id, or `"*"` for the rest) needs for every request to it,
+/// built once with the runtime.
+pub struct ModelRuntime {
+    /// The entry's key: a model id or `"*"` (its budget ledger's name).
+    pub key: String,
+    /// Its policy.
+    pub policy: ModelPolicy,
+    /// Its verifier.
+    pub verifier: Arc<dyn Verifier>,
+    /// Its decode settings, which its requests share.
+    pub decode: Arc<DecodeSettings>,
+}
+
 /// Everything derived from one policy.
 pub struct Runtime {
     /// The policy.
     pub policy: Arc<Policy>,
     /// Engine (draft tokenizer + target client).
     pub engine: Engine,
-    /// Verifier per model id.
-    pub verifiers: HashMap<String, Arc<dyn Verifier>>,
+    /// Per policy entry (model id or `"*"`).
+    pub models: HashMap<String, Arc<ModelRuntime>>,
     /// HTTP client for passthrough and readiness, with the policy's TLS settings.
     pub http: reqwest::Client,
     /// The connection settings the policy gives the target: the engine's client and
@@ -172,36 +185,27 @@ impl Runtime {
             );
         }
         let engine = Engine::new(shared.tokenizer.clone(), target, shared.eos.clone());
-        let mut verifiers: HashMap<String, Arc<dyn Verifier>> = HashMap::new();
-        for (id, m) in &policy.models {
-            let v: Arc<dyn Verifier> = match &m.verifier {
-                VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
-                VerifierChoice::Learned(p) => {
-                    let v = LearnedVerifier::load(p, &shared.draft_sha256, shared.draft.meta())?;
-                    // Its thresholds mean something only for the pair it was calibrated on.
-                    if policy.target.model.as_deref() != Some(v.target()) {
-                        anyhow::bail!(
-                            "models.{id:?}: the learned verifier {} was calibrated with target {:?}, but this policy's target.model is {}; \
-                             use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
-                            p.display(),
-                            v.target(),
-                            policy
-                                .target
-                                .model
-                                .as_deref()
-                                .map_or("not set".to_string(), |m| format!("{m:?}"))
-                        );
-                    }
-                    tracing::info!(model = %id, verifier = %p.display(), draft_sha256 = %shared.draft_sha256, target = v.target(), "learned verifier for this draft-target pair");
-                    Arc::new(v)
-                }
+        let mut models = HashMap::new();
+        for (key, m) in &policy.models {
+            let model = ModelRuntime {
+                key: key.clone(),
+                policy: m.clone(),
+                verifier: verifier(key, m, &policy, shared)?,
+                decode: Arc::new(DecodeSettings {
+                    verification: m.verification,
+                    correction: m.correction,
+                    bailout: m.bailout,
+                    max_target_calls: m.max_target_calls,
+                    cache: policy.target.cache_rules,
+                    overlap: m.overlap,
+                }),
             };
-            verifiers.insert(id.clone(), v);
+            models.insert(key.clone(), Arc::new(model));
         }
         Ok(Self {
             policy: Arc::new(policy),
             engine,
-            verifiers,
+            models,
             http,
             target_config,
             target_key,
@@ -210,6 +214,11 @@ impl Runtime {
             target_facts: OnceCell::new(),
             facts_failed_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The entry a model id is served by: its own, or `"*"`'s.
+    pub fn model(&self, id: &str) -> Option<&Arc<ModelRuntime>> {
+        self.models.get(id).or_else(|| self.models.get("*"))
     }
 
     /// What the target says of itself (asked once; a failure is kept for [`FACTS_RETRY`] and
@@ -285,6 +294,37 @@ impl Runtime {
             })
             .await
     }
+}
+
+/// The verifier a policy entry names; a learned one must fit the draft and the target.
+fn verifier(
+    id: &str,
+    m: &ModelPolicy,
+    policy: &Policy,
+    shared: &Shared,
+) -> anyhow::Result<Arc<dyn Verifier>> {
+    Ok(match &m.verifier {
+        VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
+        VerifierChoice::Learned(p) => {
+            let v = LearnedVerifier::load(p, &shared.draft_sha256, shared.draft.meta())?;
+            // Its thresholds mean something only for the pair it was calibrated on.
+            if policy.target.model.as_deref() != Some(v.target()) {
+                anyhow::bail!(
+                    "models.{id:?}: the learned verifier {} was calibrated with target {:?}, but this policy's target.model is {}; \
+                     use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
+                    p.display(),
+                    v.target(),
+                    policy
+                        .target
+                        .model
+                        .as_deref()
+                        .map_or("not set".to_string(), |m| format!("{m:?}"))
+                );
+            }
+            tracing::info!(model = %id, verifier = %p.display(), draft_sha256 = %shared.draft_sha256, target = v.target(), "learned verifier for this draft-target pair");
+            Arc::new(v)
+        }
+    })
 }
 
 /// The target's API key, from the environment variable the policy names.

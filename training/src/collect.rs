@@ -289,15 +289,10 @@ async fn live_decode(
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         threshold: opts.threshold,
-        verification: approxy_verifier::Verification::Approximate,
-        correction: approxy_verifier::Correction::Fixed { tokens: 1 },
         cost_guard: None,
-        bailout: None,
         model: None,
         messages: Some(Arc::clone(&item.messages)),
-        cache: Default::default(),
-        overlap: false,
-        max_target_calls: None,
+        settings: Default::default(),
     };
     let drain = async move {
         let mut v = Vec::new();

@@ -13,13 +13,13 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::cost::{CacheRules, Guard, GuardReason, Segment, Spend};
-use crate::draft::{Draft, PositionOutput};
+use crate::draft::Draft;
 use crate::error::EngineError;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::targets::TargetClient;
 use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
-use crate::verify::{AcceptanceRule, Context, Features, Verifier, accepts};
+use crate::verify::{AcceptanceRule, Verifier};
 
 mod cursor;
 mod pacing;
@@ -142,7 +142,42 @@ impl Verification {
     }
 }
 
-/// One generation's parameters.
+/// What a model's policy says of every generation for it: built once when the policy loads,
+/// shared by its requests (each [`GenerateRequest`] holds a handle).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeSettings {
+    /// How draft tokens are checked.
+    pub verification: Verification,
+    /// What a rejection asks the target for (when no window is scored).
+    pub correction: Correction,
+    /// Bail-out budget; `None` never bails out.
+    pub bailout: Option<BailoutBudget>,
+    /// Most target calls one request may make; the last one writes the rest of the answer.
+    pub max_target_calls: Option<u32>,
+    /// How the target's prompt cache serves re-sent prefixes (for the cost estimate).
+    pub cache: CacheRules,
+    /// Keep drafting along the draft's own guess while a target call is in flight (a window's
+    /// worth during a window call, a resync's worth during a span); the work is kept where the
+    /// target's answer agrees.
+    pub overlap: bool,
+}
+
+impl Default for DecodeSettings {
+    /// Approximate verification, one target token per rejection, no bail-out, no call cap, a
+    /// cache that serves any common prefix, no overlap.
+    fn default() -> Self {
+        Self {
+            verification: Verification::Approximate,
+            correction: Correction::Fixed { tokens: 1 },
+            bailout: None,
+            max_target_calls: None,
+            cache: CacheRules::default(),
+            overlap: false,
+        }
+    }
+}
+
+/// One generation's parameters: the request's own, and its model's [`DecodeSettings`].
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     /// Prompt token ids (chat template already applied).
@@ -155,27 +190,23 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Verifier threshold (see [`accepts`]).
     pub threshold: f32,
-    /// How draft tokens are checked.
-    pub verification: Verification,
-    /// What a rejection asks the target for (when no window is scored).
-    pub correction: Correction,
-    /// Bail-out budget; `None` never bails out.
-    pub bailout: Option<BailoutBudget>,
-    /// Cost guard; `None` never hands off for cost.
+    /// Cost guard; `None` never hands off for cost. Per request: a budget guard reads its
+    /// model's traffic as it stands when the request starts.
     pub cost_guard: Option<Guard>,
     /// Model id the client asked for, passed on to the target.
     pub model: Option<String>,
-    /// Most target calls one request may make; the last one writes the rest of the answer.
-    pub max_target_calls: Option<u32>,
     /// The chat messages the prompt was rendered from (chat requests), for targets that are
     /// sent messages rather than the rendered prompt.
     pub messages: Option<Arc<Vec<ChatMessage>>>,
-    /// How the target's prompt cache serves re-sent prefixes (for the cost estimate).
-    pub cache: CacheRules,
-    /// Keep drafting along the draft's own guess while a target call is in flight (a window's
-    /// worth during a window call, a resync's worth during a span); the work is kept where the
-    /// target's answer agrees.
-    pub overlap: bool,
+    /// The model's settings.
+    pub settings: Arc<DecodeSettings>,
+}
+
+impl GenerateRequest {
+    /// The settings of this request alone, copied from its model's on first change.
+    pub fn settings_mut(&mut self) -> &mut DecodeSettings {
+        Arc::make_mut(&mut self.settings)
+    }
 }
 
 pub use crate::cost::TOKENS_IN_FLIGHT_AT_CLOSE;
@@ -386,7 +417,7 @@ impl Engine {
         let mut cursor = Cursor::new(lease);
         let mut out = cursor.prefill(run.req.prompt.clone()).await?;
         let mut sampler = Sampler::new(run.req.sampling);
-        let mut window = run.req.bailout.map(RejectionWindow::new);
+        let mut window = run.req.settings.bailout.map(RejectionWindow::new);
         let mut accepted_run = 0u32;
         let mut sizes = WindowSize::new();
         let result = loop {
@@ -394,7 +425,7 @@ impl Engine {
                 break FinishReason::Length;
             }
             let proposal = sampler.pick_at(&out);
-            let exact = run.req.verification.target_scores_every_token();
+            let exact = run.req.settings.verification.target_scores_every_token();
             // The verifier judges the token that would be emitted: at temperature > 0 the
             // sampled one, which need not be the draft's top-1.
             let (accepted, entropy) = if exact {
@@ -407,6 +438,7 @@ impl Engine {
             let at_call_cap = !accepted
                 && run
                     .req
+                    .settings
                     .max_target_calls
                     .is_some_and(|cap| run.stats.target_calls + 1 >= cap);
             if at_call_cap {
@@ -429,7 +461,7 @@ impl Engine {
                         .accepted_runs
                         .push(std::mem::take(&mut accepted_run));
                 }
-                if run.req.verification != Verification::Approximate
+                if run.req.settings.verification != Verification::Approximate
                     && !run.windows_unsupported
                     && !over_budget
                 {
@@ -448,7 +480,7 @@ impl Engine {
                         WindowEnd::Unsupported(back) => out = back,
                     }
                 }
-                let correction = run.req.correction;
+                let correction = run.req.settings.correction;
                 let asked = match correction {
                     Correction::Fixed { tokens } => tokens.max(1),
                     Correction::Span { max_span, .. } => max_span.max(1),
@@ -499,27 +531,6 @@ impl Engine {
         run.stats.overlap_guesses_used = cursor.guesses_used;
         run.finish(result).await
     }
-}
-
-/// Whether the verifier accepts `token` at a position with the draft's output `out`, in the
-/// answer's context `ctx` (kept when the verifier reads it); and the draft's entropy there,
-/// when it was computed.
-pub(crate) fn decide(
-    verifier: &dyn Verifier,
-    out: &PositionOutput,
-    token: u32,
-    threshold: f32,
-    ctx: Option<&Context>,
-) -> (bool, Option<f32>) {
-    // The dial's ends do not need the verifier (nor the feature computation).
-    if threshold <= 0.0 || threshold >= 1.0 {
-        return (accepts(0.0, threshold), None);
-    }
-    let mut f = Features::of_token(out, Some(token));
-    if let Some(ctx) = ctx {
-        f = f.with_context(ctx);
-    }
-    (accepts(verifier.p_accept(&f), threshold), Some(f.entropy()))
 }
 
 #[cfg(test)]

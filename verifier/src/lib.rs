@@ -33,8 +33,8 @@ pub mod tokenizer;
 pub mod verify;
 
 pub use decode::{
-    BailoutBudget, Correction, Engine, FinishReason, GenerateRequest, Source, SpanClose, Stats,
-    TokenEvent, Verification,
+    BailoutBudget, Correction, DecodeSettings, Engine, FinishReason, GenerateRequest, Source,
+    SpanClose, Stats, TokenEvent, Verification,
 };
 pub use draft::lazy::LazyDraftPool;
 pub use draft::pool::{DraftLease, DraftPool};

@@ -187,15 +187,10 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         sampling: SamplingParams::default(),
         stop: vec![],
         threshold,
-        verification: approxy_verifier::Verification::Approximate,
-        correction: approxy_verifier::Correction::Fixed { tokens: 1 },
         cost_guard: None,
-        bailout: None,
         model: None,
         messages: None,
-        cache: Default::default(),
-        overlap: false,
-        max_target_calls: None,
+        settings: Default::default(),
     }
 }
 

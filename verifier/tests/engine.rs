@@ -129,7 +129,7 @@ async fn middle_threshold_mixes_sources_and_bails_out() {
     assert!(text.contains("def"), "{text:?}");
     // A budget nobody can meet: the first rejection window hands the rest to the target.
     let mut req = common::greedy(prompt, 48, 1.0);
-    req.bailout = Some(BailoutBudget {
+    req.settings_mut().bailout = Some(BailoutBudget {
         window: 2,
         max_rejection_rate: 0.4,
     });
@@ -151,7 +151,7 @@ async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls
         let mut expected = target_greedy(&target.inner, &prompt, 40).await;
         expected.retain(|t| !eos.contains(t));
         let mut req = common::greedy(prompt.clone(), 40, 1.0);
-        req.correction = Correction::Span {
+        req.settings_mut().correction = Correction::Span {
             max_span: 16,
             resync: 3,
             end: SpanClose::Resync,
@@ -199,7 +199,7 @@ async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let mut req = common::greedy(prompt, 64, 0.7);
-        req.correction = Correction::Span {
+        req.settings_mut().correction = Correction::Span {
             max_span: 32,
             resync: 3,
             end: SpanClose::Resync,
@@ -238,12 +238,12 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
         let mut runs = Vec::new();
         for overlap in [false, true] {
             let mut req = common::greedy(prompt.clone(), 48, 0.7);
-            req.correction = Correction::Span {
+            req.settings_mut().correction = Correction::Span {
                 max_span: 32,
                 resync: 3,
                 end: SpanClose::Resync,
             };
-            req.overlap = overlap;
+            req.settings_mut().overlap = overlap;
             let (ids, _, stats) = common::run(&engine, &pool, req)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));

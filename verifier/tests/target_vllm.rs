@@ -248,8 +248,8 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
         // With and without drafting while the target scores a window: the same answer.
         for overlap in [false, true] {
             let mut req = common::greedy(prompt.clone(), 32, 0.7);
-            req.verification = Verification::Exact;
-            req.overlap = overlap;
+            req.settings_mut().verification = Verification::Exact;
+            req.settings_mut().overlap = overlap;
             let (ids, _, stats) = common::run(&engine, &pool, req)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use approxy_verifier::decode::{Correction, Engine, GenerateRequest, SpanClose, Verification};
+use approxy_verifier::decode::{Correction, DecodeSettings, Engine, GenerateRequest, SpanClose};
 use approxy_verifier::sampling::argmax;
 use approxy_verifier::targets::{Continuation, ContinuationRequest};
 use approxy_verifier::verify::Features;
@@ -171,19 +171,17 @@ async fn engine_speed(
             stop: Vec::new(),
             // Inside the dial's ends, so that the features are computed and the verifier asked.
             threshold: 0.5,
-            verification: Verification::Approximate,
-            correction: Correction::Span {
-                max_span: 32,
-                resync: 3,
-                end: SpanClose::Resync,
-            },
-            bailout: None,
             cost_guard: None,
             model: None,
-            max_target_calls: None,
             messages: None,
-            cache: Default::default(),
-            overlap: false,
+            settings: Arc::new(DecodeSettings {
+                correction: Correction::Span {
+                    max_span: 32,
+                    resync: 3,
+                    end: SpanClose::Resync,
+                },
+                ..DecodeSettings::default()
+            }),
         };
         let (tx, mut rx) =
             tokio::sync::mpsc::channel::<approxy_verifier::decode::TokenEvent>(tokens + 8);

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::scripted_tests::{prompt, request};
 use super::*;
 use crate::testing::{DraftScript, ScriptedTarget, ScriptedWorkers, tiny_tokenizer};
+use crate::verify::Features;
 use crate::verify::context::along_answer;
 use crate::{DraftWorkers, Verifier};
 
@@ -52,8 +53,8 @@ async fn seen_and_replayed(
     let workers = ScriptedWorkers::new(draft, 1);
     let spy = Spy::default();
     let mut req = request(0.5, 64);
-    req.correction = correction;
-    req.verification = verification;
+    req.settings_mut().correction = correction;
+    req.settings_mut().verification = verification;
     let (tx, mut rx) = mpsc::channel(1024);
     {
         let lease = workers.try_lease().ok_or(EngineError::Saturated)?;

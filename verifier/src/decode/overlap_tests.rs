@@ -32,7 +32,7 @@ async fn both(
 ) -> Result<(Outcome, Outcome), EngineError> {
     let off = run(draft.clone(), target(), req.clone()).await?;
     let mut on = req;
-    on.overlap = true;
+    on.settings_mut().overlap = true;
     let on = run(draft, target(), on).await?;
     Ok((off, on))
 }
@@ -65,7 +65,7 @@ fn same_answer_and_calls(off: &Outcome, on: &Outcome) {
 async fn guesses_drafted_during_a_span_are_kept_where_the_target_agrees() -> Result<(), EngineError>
 {
     let mut req = request(0.5, 64);
-    req.correction = Correction::Span {
+    req.settings_mut().correction = Correction::Span {
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
@@ -95,7 +95,7 @@ async fn guesses_drafted_during_a_span_are_kept_where_the_target_agrees() -> Res
 #[tokio::test]
 async fn guesses_that_the_target_overrules_are_rolled_back() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.correction = Correction::Span {
+    req.settings_mut().correction = Correction::Span {
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
@@ -118,7 +118,7 @@ async fn guesses_that_the_target_overrules_are_rolled_back() -> Result<(), Engin
 #[tokio::test]
 async fn a_window_call_overlaps_with_the_next_window_s_drafting() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.verification = Verification::Exact;
+    req.settings_mut().verification = Verification::Exact;
     let (off, on) = both(
         DraftScript::says("abcdefghijklmnopqrstuvwxyz", 0.95),
         || slow_target("abcdefghijklmnopqrstuvwxyz", 30, 0, true),
@@ -135,7 +135,7 @@ async fn a_window_call_overlaps_with_the_next_window_s_drafting() -> Result<(), 
 #[tokio::test]
 async fn without_overlap_the_draft_waits() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.correction = Correction::Span {
+    req.settings_mut().correction = Correction::Span {
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
@@ -180,10 +180,10 @@ proptest! {
         let mut req = request(0.5, 32);
         let windows = mode >= 2;
         match mode {
-            0 => req.correction = Correction::Fixed { tokens: 2 },
-            1 => req.correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync },
-            2 => req.verification = Verification::ApproximateWindows,
-            _ => req.verification = Verification::Exact,
+            0 => req.settings_mut().correction = Correction::Fixed { tokens: 2 },
+            1 => req.settings_mut().correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync },
+            2 => req.settings_mut().verification = Verification::ApproximateWindows,
+            _ => req.settings_mut().verification = Verification::Exact,
         }
         let (off, on) = rt
             .block_on(both(script, || slow_target(&target, call_ms, 1, windows), req))

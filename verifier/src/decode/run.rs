@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::cursor::Cursor;
 use super::{
     Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats, TIE_MARGIN,
-    TokenEvent, decide,
+    TokenEvent,
 };
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
@@ -19,7 +19,7 @@ use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::targets::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
 use crate::tokenizer::StreamDecoder;
-use crate::verify::{Context, Features, Record, TargetProbs, Verifier};
+use crate::verify::{Context, Features, Record, TargetProbs, Verifier, decide};
 
 /// The target's top log-probabilities a relaxed window asks for at each position (as label
 /// collection and the oracle study use).
@@ -213,8 +213,11 @@ impl<'a> Run<'a> {
         let len = prefix.len() as u64;
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += len;
-        self.stats.target_cacheable_input_tokens +=
-            self.req.cache.cacheable(self.last_prefix_len.min(len));
+        self.stats.target_cacheable_input_tokens += self
+            .req
+            .settings
+            .cache
+            .cacheable(self.last_prefix_len.min(len));
         self.last_prefix_len = len;
         self.call_reported = false;
         ContinuationRequest {
@@ -252,7 +255,7 @@ impl<'a> Run<'a> {
             self.stats.heal_retries += extra_calls;
             self.stats.target_input_tokens += prefix * u64::from(extra_calls);
             self.stats.target_cacheable_input_tokens +=
-                self.req.cache.cacheable(prefix) * u64::from(extra_calls);
+                self.req.settings.cache.cacheable(prefix) * u64::from(extra_calls);
         }
     }
 
@@ -295,7 +298,10 @@ impl<'a> Run<'a> {
         if !self.reads_cache(window) {
             return 0;
         }
-        self.req.cache.cacheable(self.last_prefix_len.min(prefix))
+        self.req
+            .settings
+            .cache
+            .cacheable(self.last_prefix_len.min(prefix))
     }
 
     /// Why the cost guard forbids a call that sends the prefix and `window` more tokens (a
@@ -324,7 +330,11 @@ impl<'a> Run<'a> {
         guesses: usize,
         call: impl Future<Output = T>,
     ) -> Result<Option<T>, EngineError> {
-        let guesses = if self.req.overlap { guesses } else { 0 };
+        let guesses = if self.req.settings.overlap {
+            guesses
+        } else {
+            0
+        };
         let engine = self.engine;
         let both = cursor.overlap(call, from, first, guesses, &engine.eos);
         unless_client_gone(&self.tx, &mut self.stats.target_wait, both)
@@ -391,7 +401,12 @@ impl<'a> Run<'a> {
         // A relaxed rule judges greedy windows from the target's probabilities; the draft's
         // probability of each window token (its top-1, greedy) only when the rule reads it, taken
         // as the verifier, the rows and the oracle take it.
-        let rule = self.req.verification.window_rule().filter(|_| !sampled);
+        let rule = self
+            .req
+            .settings
+            .verification
+            .window_rule()
+            .filter(|_| !sampled);
         let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
         let mut draft_probs = Vec::new();
         if reads_q {

@@ -32,15 +32,16 @@ fn sampled_request(
     max_tokens: u32,
     seed: u64,
 ) -> GenerateRequest {
-    GenerateRequest {
+    let mut req = GenerateRequest {
         sampling: SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             seed: Some(seed),
         },
-        verification,
         ..request(threshold, max_tokens)
-    }
+    };
+    req.settings_mut().verification = verification;
+    req
 }
 
 async fn generate(

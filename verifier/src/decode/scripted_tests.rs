@@ -33,15 +33,10 @@ pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         },
         stop: Vec::new(),
         threshold,
-        verification: Verification::Approximate,
-        correction: Correction::Fixed { tokens: 1 },
-        bailout: None,
         cost_guard: None,
         model: None,
         messages: None,
-        cache: Default::default(),
-        overlap: false,
-        max_target_calls: None,
+        settings: Default::default(),
     }
 }
 
@@ -162,7 +157,7 @@ async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Re
 #[tokio::test]
 async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);
-    req.correction = Correction::Fixed { tokens: 4 };
+    req.settings_mut().correction = Correction::Fixed { tokens: 4 };
     let o = run(
         DraftScript::says("", 0.9),
         ScriptedTarget::says("abcdefgh", None),
@@ -183,7 +178,7 @@ async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), E
 async fn over_the_rejection_budget_the_target_writes_the_rest_in_one_call()
 -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.bailout = Some(BailoutBudget {
+    req.settings_mut().bailout = Some(BailoutBudget {
         window: 4,
         max_rejection_rate: 0.5,
     });
@@ -304,7 +299,7 @@ fn diverging_draft() -> DraftScript {
 async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
 -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.correction = span(32, 3);
+    req.settings_mut().correction = span(32, 3);
     let target =
         ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
     let o = run(diverging_draft(), target, req).await?;
@@ -334,7 +329,7 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
 #[tokio::test]
 async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.correction = span(2, 3);
+    req.settings_mut().correction = span(2, 3);
     let o = run(
         diverging_draft(),
         ScriptedTarget::says("abcdefghij", None),
@@ -355,7 +350,7 @@ async fn a_span_ends_at_its_length_and_drafting_resumes() -> Result<(), EngineEr
 #[tokio::test]
 async fn a_span_that_reaches_the_end_of_the_answer_finishes_it() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.correction = span(32, 3);
+    req.settings_mut().correction = span(32, 3);
     let o = run(
         DraftScript::says("zzzz", 0.1),
         ScriptedTarget::says("the end", None),
@@ -378,7 +373,7 @@ async fn streams_that_end_the_answer_at_its_length_still_report_their_compute()
 -> Result<(), EngineError> {
     for correction in [span(16, 3), span(8, 3)] {
         let mut req = request(1.0, 20);
-        req.correction = correction;
+        req.settings_mut().correction = correction;
         let o = run(
             DraftScript::says("zzzz", 0.1),
             ScriptedTarget::says("the quick brown fox jumps over it", None).with_timings(),
@@ -407,7 +402,7 @@ async fn streams_that_end_the_answer_at_its_length_still_report_their_compute()
     }
     // An answer that ends on the target's end-of-sequence: its last event comes after it.
     let mut req = request(1.0, 64);
-    req.correction = span(16, 3);
+    req.settings_mut().correction = span(16, 3);
     let o = run(
         DraftScript::says("zzzz", 0.1),
         ScriptedTarget::says("the end", None).with_timings(),
@@ -423,7 +418,7 @@ async fn streams_that_end_the_answer_at_its_length_still_report_their_compute()
     );
     // The hand-off too (everything rejected, over the budget at once).
     let mut req = request(1.0, 12);
-    req.bailout = Some(BailoutBudget {
+    req.settings_mut().bailout = Some(BailoutBudget {
         window: 1,
         max_rejection_rate: 0.0,
     });
@@ -454,7 +449,7 @@ async fn a_client_that_leaves_mid_span_stops_the_stream() -> Result<(), EngineEr
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
     let (tx, rx) = mpsc::channel(16);
     let mut req = request(0.5, 64);
-    req.correction = span(32, 3);
+    req.settings_mut().correction = span(32, 3);
     let generation = engine.generate(lease.as_ref(), &ConfidenceVerifier, req, tx);
     let leave = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -540,7 +535,7 @@ async fn an_expected_span_end_goes_on_where_the_guard_would_refuse_the_next_call
     });
     let with = |end, guard| {
         let mut req = request(0.5, 64);
-        req.correction = Correction::Span {
+        req.settings_mut().correction = Correction::Span {
             max_span: 32,
             resync: 3,
             end,
@@ -633,7 +628,7 @@ async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> 
 async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agrees_with()
 -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.verification = Verification::Exact;
+    req.settings_mut().verification = Verification::Exact;
     let target = ScriptedTarget::says("abcdefghij", None).with_windows();
     let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
     assert_eq!(
@@ -665,7 +660,7 @@ async fn exact_windows_give_the_target_answer_with_the_draft_writing_what_it_agr
 #[tokio::test]
 async fn window_calls_that_skip_the_targets_cache_are_billed_uncached() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.verification = Verification::Exact;
+    req.settings_mut().verification = Verification::Exact;
     let cached = run(
         DraftScript::says("abcxyzghij", 0.95),
         ScriptedTarget::says("abcdefghij", None).with_windows(),
@@ -709,7 +704,7 @@ async fn window_calls_that_skip_the_targets_cache_are_billed_uncached() -> Resul
 async fn relaxed_windows_keep_what_the_rule_accepts_and_nothing_else() -> Result<(), EngineError> {
     let relaxed = |rule: AcceptanceRule| async move {
         let mut req = request(0.5, 64);
-        req.verification = Verification::Relaxed(rule);
+        req.settings_mut().verification = Verification::Relaxed(rule);
         let target = ScriptedTarget::says("abcdefghij", None)
             .with_windows()
             .with_alternatives(0.4);
@@ -736,7 +731,7 @@ async fn relaxed_windows_keep_what_the_rule_accepts_and_nothing_else() -> Result
     }
     // Exact windows do not ask for the probabilities.
     let mut req = request(0.5, 64);
-    req.verification = Verification::Exact;
+    req.settings_mut().verification = Verification::Exact;
     let target = ScriptedTarget::says("abcdefghij", None).with_windows();
     let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
     assert!(o.target.window_calls().iter().all(|w| w.top_logprobs == 0));
@@ -747,7 +742,7 @@ async fn relaxed_windows_keep_what_the_rule_accepts_and_nothing_else() -> Result
 async fn exact_windows_when_the_draft_never_agrees_take_one_target_token_per_call()
 -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.verification = Verification::Exact;
+    req.settings_mut().verification = Verification::Exact;
     let o = run(
         DraftScript::says("zzzzz", 0.95),
         ScriptedTarget::says("hello", None).with_windows(),
@@ -768,7 +763,7 @@ async fn approximate_windows_score_only_where_the_verifier_rejects() -> Result<(
     let mut draft = DraftScript::says("abcxyzghij", 0.95);
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1, 0.1, 0.1];
     let mut req = request(0.5, 64);
-    req.verification = Verification::ApproximateWindows;
+    req.settings_mut().verification = Verification::ApproximateWindows;
     let o = run(
         draft,
         ScriptedTarget::says("abcdefghij", None).with_windows(),
@@ -788,7 +783,7 @@ async fn a_target_that_cannot_score_windows_gets_corrections_instead() -> Result
     let mut draft = DraftScript::says("abcXef", 0.95);
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
     let mut req = request(0.5, 64);
-    req.verification = Verification::ApproximateWindows;
+    req.settings_mut().verification = Verification::ApproximateWindows;
     let o = run(draft, ScriptedTarget::says("abcdef", None), req).await?;
     assert_eq!(o.text, "abcdef");
     assert_eq!((o.stats.windows, o.stats.target_calls), (0, 1));
@@ -816,7 +811,7 @@ async fn window_sizes_follow_recent_acceptance() {
 #[tokio::test]
 async fn the_hand_off_streams_and_a_stop_string_ends_it_upstream_too() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
-    req.bailout = Some(BailoutBudget {
+    req.settings_mut().bailout = Some(BailoutBudget {
         window: 1,
         max_rejection_rate: 0.0,
     });
@@ -881,7 +876,7 @@ async fn a_target_id_outside_the_vocabulary_is_the_targets_error() {
 #[tokio::test]
 async fn a_cap_on_target_calls_hands_the_rest_to_the_last_one() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);
-    req.max_target_calls = Some(3);
+    req.settings_mut().max_target_calls = Some(3);
     let o = run(
         DraftScript::says("hello", 0.95),
         ScriptedTarget::says("world", None),
@@ -933,7 +928,7 @@ async fn a_hand_off_to_a_target_with_nothing_more_to_say_ends_the_answer() -> Re
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
     let (tx, _rx) = mpsc::channel(64);
     let mut req = request(1.0, 8);
-    req.max_target_calls = Some(1);
+    req.settings_mut().max_target_calls = Some(1);
     let stats = engine
         .generate(lease.as_ref(), &ConfidenceVerifier, req, tx)
         .await?;
@@ -956,7 +951,7 @@ async fn a_cancelled_span_bills_every_token_the_target_generated() -> Result<(),
             Duration::from_millis(5)
         };
         let mut req = request(0.5, 64);
-        req.correction = span(32, 3);
+        req.settings_mut().correction = span(32, 3);
         let mut draft = DraftScript::says("the quick brown fox jumps over the lazy dog", 0.95);
         draft.confidence = vec![0.1];
         let o = run(
@@ -992,7 +987,7 @@ async fn a_span_backlog_is_fed_to_the_draft_in_batches() -> Result<(), EngineErr
     let mut outcomes = Vec::new();
     for eager in [false, true] {
         let mut req = request(0.5, 64);
-        req.correction = span(32, 3);
+        req.settings_mut().correction = span(32, 3);
         let mut draft = DraftScript::says(text, 0.95);
         // Unsure at the first position: a span corrects it, and resyncs three tokens later.
         draft.confidence = vec![0.1];

@@ -12,6 +12,8 @@ pub use features::Features;
 pub use learned::LearnedVerifier;
 pub use rule::{AcceptanceRule, TargetProbs};
 
+use crate::draft::PositionOutput;
+
 /// Scores draft tokens.
 pub trait Verifier: Send + Sync + std::fmt::Debug {
     /// p_accept in [0, 1].
@@ -35,6 +37,27 @@ impl Verifier for ConfidenceVerifier {
     fn kind(&self) -> &'static str {
         "confidence"
     }
+}
+
+/// Whether the verifier accepts `token` at a position with the draft's output `out`, in the
+/// answer's context `ctx` (kept when the verifier reads it); and the draft's entropy there,
+/// when it was computed.
+pub fn decide(
+    verifier: &dyn Verifier,
+    out: &PositionOutput,
+    token: u32,
+    threshold: f32,
+    ctx: Option<&Context>,
+) -> (bool, Option<f32>) {
+    // The dial's ends do not need the verifier (nor the feature computation).
+    if threshold <= 0.0 || threshold >= 1.0 {
+        return (accepts(0.0, threshold), None);
+    }
+    let mut f = Features::of_token(out, Some(token));
+    if let Some(ctx) = ctx {
+        f = f.with_context(ctx);
+    }
+    (accepts(verifier.p_accept(&f), threshold), Some(f.entropy()))
 }
 
 /// The threshold rule, exactly: `threshold <= 0` accepts everything, `threshold >= 1` rejects
