@@ -43,25 +43,35 @@ const TARGET_MODEL: &str = approxy_verifier::verify::learned::DEFAULT_CALIBRATIO
 pub const MAX_SLOWDOWN: f64 = 1.3;
 
 /// Options of the sweep.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct FidelityOptions {
-    /// Held-out prompts per kind.
+    /// Held-out calibration prompts per kind (code, chat).
+    #[arg(long, default_value_t = 12)]
     pub per_kind: usize,
     /// Longest target answer per prompt.
+    #[arg(long, default_value_t = 96)]
     pub max_answer_tokens: u32,
     /// Thread counts the decode speed is measured with.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// Decode steps per speed run.
+    #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
-    /// Speed runs after one warm-up.
+    /// Speed runs (after one warm-up).
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// The training corpus.
+    /// The training corpus (its held-out prompts are the sample).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Results directory.
+    #[arg(long, default_value = "deploy/results/draft-fidelity")]
     pub out: PathBuf,
     /// Ignore saved answers and measurements.
+    #[arg(long)]
     pub fresh: bool,
-    /// Only these variants, by name (empty: all).
+    /// Only these variants, comma-separated (default: all): int4-b128-acc4 (shipped), fp32,
+    /// int4-b32-acc4, int4-b32-acc1, int8.
+    #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
 
