@@ -12,7 +12,7 @@ use approxy_gateway::telemetry;
 use approxy_setup as setup;
 use approxy_training::cli as train;
 
-use crate::cli::block_on;
+use crate::runtime::block_on;
 
 #[derive(Subcommand)]
 pub(crate) enum ToolCmd {
