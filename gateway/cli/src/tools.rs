@@ -52,22 +52,8 @@ pub(crate) enum BenchCmd {
     /// position (an oracle verifier); target share, pass@1 and the target's likelihood.
     Oracle(bench::oracle::OracleOptions),
     /// One variant's measurement, in a process of its own (started by draft-fidelity).
-    // Its flags stay here, undocumented: `MeasureOptions`' doc comments would become help.
     #[command(hide = true)]
-    DraftFidelityMeasure {
-        #[arg(long)]
-        model_dir: PathBuf,
-        #[arg(long)]
-        answers: PathBuf,
-        #[arg(long)]
-        result: PathBuf,
-        #[arg(long, value_delimiter = ',')]
-        threads: Vec<usize>,
-        #[arg(long)]
-        decode_tokens: usize,
-        #[arg(long)]
-        runs: usize,
-    },
+    DraftFidelityMeasure(bench::fidelity::MeasureOptions),
     /// HumanEval pass@1, speed and cost of every configuration (starts its own servers).
     Quality(bench::quality::QualityOptions),
     /// Latency the gateway adds in passthrough mode over a fast stub upstream, under load.
@@ -117,21 +103,7 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
                 let opts = opts.parse_lists()?;
                 block_on(bench::oracle::run(&opts))
             }
-            BenchCmd::DraftFidelityMeasure {
-                model_dir,
-                answers,
-                result,
-                threads,
-                decode_tokens,
-                runs,
-            } => bench::fidelity::measure(&bench::fidelity::MeasureOptions {
-                model_dir,
-                answers,
-                result,
-                threads,
-                decode_tokens,
-                runs,
-            }),
+            BenchCmd::DraftFidelityMeasure(opts) => bench::fidelity::measure(&opts),
             BenchCmd::Calls(opts) => block_on(bench::calls::run(&opts)),
             BenchCmd::Quality(opts) => block_on(bench::quality::run(&opts)),
             BenchCmd::Overhead(opts) => block_on(bench::overhead::run(&opts)),

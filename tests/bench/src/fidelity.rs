@@ -365,20 +365,28 @@ async fn take_answers(
 
 /// Options of the measuring process (`approxy bench draft-fidelity-measure`, started by the
 /// sweep once per variant so that its memory is its own).
-#[derive(Debug, Clone)]
+// Private fields with plain comments: only the sweep passes these flags, and doc comments would
+// become the hidden command's help.
+#[derive(Debug, Clone, clap::Args)]
 pub struct MeasureOptions {
-    /// The variant's directory.
-    pub model_dir: PathBuf,
-    /// The saved [`Answers`].
-    pub answers: PathBuf,
-    /// Where to write the [`Measured`] JSON.
-    pub result: PathBuf,
-    /// Thread counts; agreement is taken with the largest.
-    pub threads: Vec<usize>,
-    /// Decode steps per speed run.
-    pub decode_tokens: usize,
-    /// Speed runs after one warm-up.
-    pub runs: usize,
+    // The variant's directory.
+    #[arg(long)]
+    model_dir: PathBuf,
+    // The saved `Answers`.
+    #[arg(long)]
+    answers: PathBuf,
+    // Where to write the `Measured` JSON.
+    #[arg(long)]
+    result: PathBuf,
+    // Thread counts; agreement is taken with the largest.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    // Decode steps per speed run.
+    #[arg(long)]
+    decode_tokens: usize,
+    // Speed runs after one warm-up.
+    #[arg(long)]
+    runs: usize,
 }
 
 /// Measures one variant in this process.
