@@ -1,6 +1,7 @@
 //! `approxy train collect` and `approxy train fit`: the commands, wiring this crate's
 //! collection, fitting and report to the draft runtime, the chat template and the cache home.
-//! The `approxy` binary parses the arguments and calls these.
+//! Their flags are declared here, on the options (clap); the `approxy` binary parses them and
+//! calls these.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,30 +28,59 @@ use crate::fit::{FitOptions, HeadKind, fit, is_held_out};
 use crate::report::{Scored, at_budget, baseline, grid, roc_auc, standard_thresholds};
 
 /// `approxy train collect` options.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct CollectArgs {
-    /// The target's URL (llama-server's root, or a base URL ending in `/v1`).
+    /// The target's URL: llama-server's root, or a base URL ending in `/v1` for the
+    /// OpenAI-style kinds.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub target_url: String,
-    /// What kind of target it is; every kind that can continue a prefix works, so a user can
-    /// calibrate for their own target.
+    /// Target kind, as in a policy: llama_cpp, vllm, openai_text or chat_prefix.
+    // Every kind that can continue a prefix works, so a user can calibrate for their own target.
+    #[arg(long, default_value = "llama_cpp", value_parser = TargetKind::parse)]
     pub target_kind: TargetKind,
-    /// How a `chat_prefix` target continues an answer.
+    /// How a chat_prefix target continues an answer: prefix, continue_final_message or prefill.
+    #[arg(long, default_value = "prefix", value_parser = PrefixStyle::parse)]
     pub prefix_style: PrefixStyle,
-    /// Model id sent to OpenAI-style targets.
+    /// Model id named in calls to OpenAI-style targets.
+    #[arg(long, default_value = "")]
     pub target_model: String,
     /// Environment variable holding the target's API key.
+    #[arg(long)]
     pub target_api_key_env: Option<String>,
-    /// Corpus JSONL.
+    /// Prompt corpus (JSONL).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
-    /// Output directory for shards.
+    /// Shard directory (default: $APPROXY_HOME/training/rows).
+    #[arg(long = "data", value_name = "DATA")]
+    pub data_flag: Option<PathBuf>,
+    /// The shard directory written: `--data`, or the default ([`CollectArgs::with_data_dir`]).
+    #[arg(skip)]
     pub data: PathBuf,
-    /// Prompts to use (half code, half chat, each half from its kind's sources in turn).
+    /// Prompts to use, half code and half chat.
+    #[arg(long, default_value_t = 240)]
     pub prompts: usize,
-    /// Longest target answer (teacher mode) or live answer (live mode).
+    /// Longest answer per prompt.
+    #[arg(long, default_value_t = 48)]
     pub max_answer_tokens: u32,
-    /// `Some(threshold)`: record the positions the live decode loop visits at that threshold
-    /// (with the confidence verifier) instead of teacher forcing.
+    /// Instead of teacher forcing on the target's answer, record the positions the live
+    /// decode loop visits at this threshold (confidence verifier), each labelled with the
+    /// target's greedy token after that prefix. Written as live-*.safetensors beside the
+    /// teacher-forced shards; `train fit` reads both.
+    #[arg(long)]
     pub live_threshold: Option<f32>,
+}
+
+impl CollectArgs {
+    /// These options with [`CollectArgs::data`] filled in.
+    pub fn with_data_dir(self) -> anyhow::Result<Self> {
+        let data = data_dir(self.data_flag.clone())?;
+        Ok(Self { data, ..self })
+    }
+}
+
+/// `--data`, else the default shard directory.
+fn data_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    default_data_dir().map(|d| flag.unwrap_or(d))
 }
 
 /// Collects training rows.
@@ -165,21 +195,49 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
 }
 
 /// `approxy train fit` options.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct FitArgs {
-    /// Shard directory.
+    /// Shard directory (default: $APPROXY_HOME/training/rows).
+    #[arg(long = "data", value_name = "DATA")]
+    pub data_flag: Option<PathBuf>,
+    /// The shard directory read: `--data`, or the default ([`FitArgs::with_data_dir`]).
+    #[arg(skip)]
     pub data: PathBuf,
-    /// Where the artifact, calibration and report go.
+    /// Output directory.
+    #[arg(long, default_value = "policies/verifier")]
     pub out_dir: PathBuf,
-    /// Seed for split, initialisation and shuffling.
+    /// Seed.
+    // Of the split, the initialisation and the shuffling.
+    #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// The target model the rows were collected from: the head is bound to this pair.
+    /// The target model the rows came from (what a policy's `target.model` must say to use
+    /// the head).
+    #[arg(long, default_value = DEFAULT_CALIBRATION_TARGET)]
     pub target: String,
-    /// The corpus the rows' prompts come from, for the report by source (left out when the
-    /// file cannot be read).
+    /// The corpus the rows' prompts come from (for the report by source).
+    // Left out of the report when the file cannot be read.
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
-    /// What the head learns to predict, and what its false-accept rate is measured against.
+    /// The acceptance rule the head learns and is calibrated against: `identical` (the
+    /// draft's token is the target's), `sprinter`, `sprinter-hard`, `ratio:R`,
+    /// `typical:EPS,DELTA` (see "Acceptance rules" in training/README.md). Other than `identical`,
+    /// it needs rows that carry the target's probabilities.
+    #[arg(long, default_value = "identical", value_parser = parse_rule)]
     pub rule: AcceptanceRule,
+}
+
+impl FitArgs {
+    /// These options with [`FitArgs::data`] filled in.
+    pub fn with_data_dir(self) -> anyhow::Result<Self> {
+        let data = data_dir(self.data_flag.clone())?;
+        Ok(Self { data, ..self })
+    }
+}
+
+/// An acceptance rule as `--rule` takes it (`typical`'s two parameters with a comma or, as
+/// `approxy bench oracle --rules` takes them, a semicolon).
+pub fn parse_rule(s: &str) -> Result<AcceptanceRule, String> {
+    AcceptanceRule::parse(&s.replace(';', ","))
 }
 
 fn scored(v: &dyn Verifier, rows: &Rows, idx: &[usize]) -> Scored {

@@ -39,15 +39,16 @@ pub use manifest::Manifest;
 pub use steps::requirements_venv;
 
 /// What `approxy setup` should do.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct SetupOptions {
-    /// Keep the conversion venv after converting (about 6 GB); removed by default.
+    /// Keep the (large) conversion venv after converting the draft model.
+    #[arg(long)]
     pub keep_convert_env: bool,
-    /// Also provide the vLLM target: its venv (about 6 GB) and the float32 draft checkpoint it
-    /// serves (2.5 GB). The test command asks for it.
+    /// Also provide the vLLM test target (about 8.5 GB more; the test command uses it).
+    #[arg(long)]
     pub vllm: bool,
-    /// Also build the draft at other precisions for `approxy bench draft-fidelity` (about
-    /// 5 GB, with the float32 checkpoint it starts from).
+    /// Also build the draft at other precisions, for `approxy bench draft-fidelity`.
+    #[arg(long)]
     pub draft_variants: bool,
 }
 

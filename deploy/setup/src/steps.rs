@@ -678,7 +678,7 @@ pub fn llama_server(
 
 /// The conversion venv (torch, transformers, the ONNX builder), created when first needed and
 /// removed at the end of setup.
-pub(super) fn convert_venv(home: &Home, key: &str, pb: &ProgressBar) -> anyhow::Result<PathBuf> {
+fn convert_venv(home: &Home, key: &str, pb: &ProgressBar) -> anyhow::Result<PathBuf> {
     ensure_venv(home, key, CONVERT_VENV, assets::CONVERT_REQUIREMENTS, pb)
 }
 
@@ -695,8 +695,43 @@ fn write_work_file(home: &Home, key: &str, name: &str, contents: &str) -> anyhow
 }
 
 /// Writes the conversion script into the step's work directory.
-pub(super) fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<PathBuf> {
+fn write_convert_script(home: &Home, key: &str) -> anyhow::Result<PathBuf> {
     write_work_file(home, key, "convert_draft_onnx.py", CONVERT_SCRIPT)
+}
+
+/// What a step that runs the conversion script (the shipped draft, the float32 checkpoint, the
+/// variants) starts with: the conversion venv and the script, in the step's work directory.
+pub(super) struct Conversion {
+    /// The conversion venv.
+    pub(super) venv: PathBuf,
+    script: PathBuf,
+}
+
+impl Conversion {
+    /// Starts step `key`, which converts the asset `input` (`what` names it): fails when an
+    /// earlier step has not provided it, else provides the venv and writes the script.
+    pub(super) fn start(
+        home: &Home,
+        manifest: &Manifest,
+        key: &str,
+        (input, what): (&str, &str),
+        pb: &ProgressBar,
+    ) -> anyhow::Result<Self> {
+        if !manifest.is_present(&home.root, input) {
+            bail!("{what} is missing; it is provided by an earlier step");
+        }
+        let venv = convert_venv(home, key, pb)?;
+        let script = write_convert_script(home, key)?;
+        Ok(Self { venv, script })
+    }
+
+    /// The script under the venv's python, offline (all it reads is on disk already); the
+    /// step adds its arguments.
+    pub(super) fn command(&self) -> Command {
+        let mut cmd = Command::new(self.venv.join("bin").join("python"));
+        cmd.arg(&self.script).env("HF_HUB_OFFLINE", "1");
+        cmd
+    }
 }
 
 /// The files of a converted draft directory (the shipped one and each variant).
@@ -717,30 +752,24 @@ pub fn draft_onnx(
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
     let key = "draft-onnx";
-    if !manifest.is_present(&home.root, "draft-gguf") {
-        bail!("the draft GGUF is missing; it is provided by an earlier step");
-    }
-    let dir = convert_venv(home, key, pb)?;
+    let conversion = Conversion::start(home, manifest, key, ("draft-gguf", "the draft GGUF"), pb)?;
     let work = home.work(key);
-    let script = write_convert_script(home, key)?;
     let out = home.draft_onnx_dir();
     pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
-    let mut cmd = Command::new(dir.join("bin").join("python"));
     let shipped = assets::SHIPPED_DRAFT_VARIANT;
-    cmd.arg(&script)
-        .arg(home.draft_gguf())
+    let mut cmd = conversion.command();
+    cmd.arg(home.draft_gguf())
         .arg(&out)
         .arg(work.join("conv"))
         .arg(shipped.precision)
-        .args(shipped.options)
-        .env("HF_HUB_OFFLINE", "1");
+        .args(shipped.options);
     run_logged(&mut cmd, &home.log(key))?;
     pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let cpu = CpuFeatures::current()?;
     let files = check_converted_draft(home, &out, "the converted draft", &cpu)?;
     let files = record(home, &files, pb)?;
     pb.set_message("verifying: the draft's fingerprint against the reference".to_string());
-    let candidate = draft_fingerprint(home, &dir, &out, key)?;
+    let candidate = draft_fingerprint(home, &conversion.venv, &out, key)?;
     match accept_conversion(&files, &candidate) {
         Ok(c) => eprintln!("approxy setup: converted draft matches the reference: {c}"),
         Err(e) => {

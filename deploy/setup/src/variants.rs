@@ -4,9 +4,7 @@
 //! same ONNX builder as the shipped draft, so only the precision and the builder options differ.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use anyhow::bail;
 use indicatif::ProgressBar;
 
 use super::assets::{self, DRAFT_VARIANTS};
@@ -14,8 +12,7 @@ use super::cpu::CpuFeatures;
 use super::manifest::{Asset, Manifest};
 use super::process::run_logged;
 use super::steps::{
-    DRAFT_ONNX_FILES, check_converted_draft, convert_venv, converted_draft_built_for, record,
-    write_convert_script,
+    Conversion, DRAFT_ONNX_FILES, check_converted_draft, converted_draft_built_for, record,
 };
 use super::{Home, SetupOptions};
 use approxy_verifier::DraftMeta;
@@ -42,11 +39,8 @@ pub fn draft_variants(
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
     let key = "draft-variants";
-    if !manifest.is_present(&home.root, "draft-hf") {
-        bail!("the float32 draft checkpoint is missing; it is provided by an earlier step");
-    }
-    let venv = convert_venv(home, key, pb)?;
-    let script = write_convert_script(home, key)?;
+    let input = ("draft-hf", "the float32 draft checkpoint");
+    let conversion = Conversion::start(home, manifest, key, input, pb)?;
     let cpu = CpuFeatures::current()?;
     let mut files: Vec<PathBuf> = Vec::new();
     for v in DRAFT_VARIANTS {
@@ -56,15 +50,13 @@ pub fn draft_variants(
         // verifier cannot be bound to the wrong conversion.
         if !built_as_named(home, v) {
             pb.set_message(format!("building {} ({})", v.name, v.about));
-            let mut cmd = Command::new(venv.join("bin").join("python"));
-            cmd.arg(&script)
-                .arg("--variant")
+            let mut cmd = conversion.command();
+            cmd.arg("--variant")
                 .arg(home.draft_hf_dir())
                 .arg(&out)
                 .arg(home.work(key).join(v.name))
                 .arg(v.precision)
-                .args(v.options)
-                .env("HF_HUB_OFFLINE", "1");
+                .args(v.options);
             run_logged(&mut cmd, &home.log(key))?;
         }
         files.extend(check_converted_draft(

@@ -20,7 +20,7 @@ use indicatif::ProgressBar;
 use super::cpu::{BuiltFor, CpuFeatures};
 use super::manifest::{Asset, Manifest};
 use super::process::run_logged;
-use super::steps::{convert_venv, python, record, write_convert_script};
+use super::steps::{Conversion, python, record};
 use super::{Home, SetupOptions, smoke};
 
 /// The vLLM CPU wheel.
@@ -37,19 +37,13 @@ pub fn draft_hf(
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
     let key = "draft-hf";
-    if !manifest.is_present(&home.root, "draft-gguf") {
-        bail!("the draft GGUF is missing; it is provided by an earlier step");
-    }
-    let venv = convert_venv(home, key, pb)?;
-    let script = write_convert_script(home, key)?;
+    let conversion = Conversion::start(home, manifest, key, ("draft-gguf", "the draft GGUF"), pb)?;
     let out = home.draft_hf_dir();
     pb.set_message("dequantising the draft GGUF to float32 safetensors".to_string());
-    let mut cmd = Command::new(venv.join("bin").join("python"));
-    cmd.arg(&script)
-        .arg("--dequantize-only")
+    let mut cmd = conversion.command();
+    cmd.arg("--dequantize-only")
         .arg(home.draft_gguf())
-        .arg(&out)
-        .env("HF_HUB_OFFLINE", "1");
+        .arg(&out);
     run_logged(&mut cmd, &home.log(key))?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(&out)?
         .filter_map(Result::ok)

@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 
 use approxy_gateway::{policy, server, telemetry};
 
+use crate::runtime::block_on;
+
 #[derive(Parser)]
 #[command(
     name = "approxy",
@@ -83,14 +85,4 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         #[cfg(feature = "tools")]
         Cmd::Tools(cmd) => crate::tools::dispatch(cmd),
     }
-}
-
-/// Runs `f` on a fresh multi-threaded runtime.
-pub(crate) fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
-    f: F,
-) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(f)
 }

@@ -6,8 +6,10 @@
 //!   `approxy-gateway` (serve, check, health).
 //! - `tools` (feature `tools`, on by default): set-up, training and benchmarks
 //!   (`approxy-setup`, `approxy-training`, `approxy-bench`); a server build leaves them out.
+//! - `runtime`: `block_on`, the tokio runtime both run their commands on.
 
 mod cli;
+mod runtime;
 #[cfg(feature = "tools")]
 mod tools;
 

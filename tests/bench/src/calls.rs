@@ -55,29 +55,47 @@ impl Sample {
 }
 
 /// Options for `approxy bench calls`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct CallsOptions {
-    /// Which prompts.
+    /// `humaneval` (pass@1) or `chat` (held-out chat prompts; agreement with target-only).
+    #[arg(long, value_enum, default_value = "humaneval")]
     pub sample: Sample,
-    /// How many (HumanEval: spread over the 164; chat: the last N chat prompts).
+    /// Prompts: HumanEval problems spread over the 164, or the last N chat prompts.
+    #[arg(long, default_value_t = 24)]
     pub prompts: usize,
-    /// Core layouts.
+    /// Core layouts, comma-separated: shared, pinned.
+    #[arg(long, value_enum, default_value = "shared", value_delimiter = ',')]
     pub layouts: Vec<Layout>,
-    /// Per-call delays injected in front of the target, milliseconds.
+    /// Delay injected before every target call, milliseconds, comma-separated.
+    #[arg(
+        long = "target-delay",
+        value_name = "TARGET_DELAY",
+        default_value = "0",
+        value_delimiter = ','
+    )]
     pub delays_ms: Vec<u64>,
-    /// Only these configurations (empty: the llama.cpp ones).
+    /// Only these configurations (default: the llama.cpp ones): target-only, default,
+    /// strict, span, span-overlap, vllm-target-only, vllm-exact, vllm-exact-overlap,
+    /// vllm-approximate, vllm-default.
+    #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Results directory.
+    #[arg(long, default_value = "deploy/results/calls")]
     pub out: PathBuf,
     /// Output limit per prompt.
+    #[arg(long, default_value_t = 384)]
     pub max_tokens: u32,
     /// Seconds a HumanEval problem's tests may run.
+    #[arg(skip = Duration::from_secs(10))]
     pub exec_timeout: Duration,
-    /// Policy whose `"*"` model is the default configuration.
+    /// Policy whose "*" model is the default configuration.
+    #[arg(long, default_value = "policies/default.toml")]
     pub base_policy: PathBuf,
-    /// The training corpus the chat prompts come from.
+    /// The training corpus (chat prompts).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Ignore saved runs.
+    #[arg(long)]
     pub fresh: bool,
 }
 

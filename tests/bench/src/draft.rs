@@ -20,21 +20,35 @@ use serde_json::json;
 use approxy_setup::Home;
 
 /// Options for the draft benchmark.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct DraftBenchOptions {
-    /// Tokens to decode per run.
+    /// Tokens decoded per run.
+    #[arg(long, default_value_t = 128)]
     pub tokens: usize,
-    /// Runs (the first is a warm-up and not counted).
+    /// Runs (plus one warm-up).
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Intra-op threads.
+    #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Let idle threads spin-wait.
+    /// Let idle draft threads spin-wait (as with `spin_wait = true` in a policy).
+    #[arg(long)]
     pub spin: bool,
-    /// Tokens of earlier conversation put before the prompt.
+    /// Tokens of earlier conversation before the prompt: decode speed at a long context.
+    #[arg(long, default_value_t = 0)]
     pub context: usize,
-    /// A running llama-server with the target model, timed the same way as a yardstick for
-    /// this machine's speed against the one FACTS.md was measured on.
+    /// Root URL of a running llama-server with the target model: its decode speed calibrates
+    /// this machine against the one the reference figures come from.
+    // Timed the same way as the draft; the reference figures are FACTS.md's.
+    #[arg(long)]
     pub target_url: Option<String>,
+}
+
+impl DraftBenchOptions {
+    /// Runs timed, plus the warm-up run that is not counted.
+    fn runs_with_warm_up(&self) -> usize {
+        self.runs + 1
+    }
 }
 
 /// FACTS.md's reference figures, measured on the project's machine kind.
@@ -253,7 +267,7 @@ fn loop_report(
                 v.clone(),
                 prompt,
                 opts.tokens,
-                opts.runs,
+                opts.runs_with_warm_up(),
                 sampling,
             ))?);
             rows.push(json!({
@@ -305,8 +319,12 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
         prompt.extend_from_slice(&filler[..opts.context.min(filler.len())]);
     }
     prompt.extend(tok.encode(PROMPT)?);
-    let (prefill_ms, step_ms) =
-        rt.block_on(decode_speed(&pool, &prompt, opts.tokens, opts.runs))?;
+    let (prefill_ms, step_ms) = rt.block_on(decode_speed(
+        &pool,
+        &prompt,
+        opts.tokens,
+        opts.runs_with_warm_up(),
+    ))?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let ms = mean(&step_ms);
     let in_loop = loop_report(&rt, &pool, &tok, &prompt, opts, ms)?;

@@ -43,25 +43,35 @@ const TARGET_MODEL: &str = approxy_verifier::verify::learned::DEFAULT_CALIBRATIO
 pub const MAX_SLOWDOWN: f64 = 1.3;
 
 /// Options of the sweep.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct FidelityOptions {
-    /// Held-out prompts per kind.
+    /// Held-out calibration prompts per kind (code, chat).
+    #[arg(long, default_value_t = 12)]
     pub per_kind: usize,
     /// Longest target answer per prompt.
+    #[arg(long, default_value_t = 96)]
     pub max_answer_tokens: u32,
     /// Thread counts the decode speed is measured with.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// Decode steps per speed run.
+    #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
-    /// Speed runs after one warm-up.
+    /// Speed runs (after one warm-up).
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// The training corpus.
+    /// The training corpus (its held-out prompts are the sample).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Results directory.
+    #[arg(long, default_value = "deploy/results/draft-fidelity")]
     pub out: PathBuf,
     /// Ignore saved answers and measurements.
+    #[arg(long)]
     pub fresh: bool,
-    /// Only these variants, by name (empty: all).
+    /// Only these variants, comma-separated (default: all): int4-b128-acc4 (shipped), fp32,
+    /// int4-b32-acc4, int4-b32-acc1, int8.
+    #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
 
@@ -355,20 +365,28 @@ async fn take_answers(
 
 /// Options of the measuring process (`approxy bench draft-fidelity-measure`, started by the
 /// sweep once per variant so that its memory is its own).
-#[derive(Debug, Clone)]
+// Private fields with plain comments: only the sweep passes these flags, and doc comments would
+// become the hidden command's help.
+#[derive(Debug, Clone, clap::Args)]
 pub struct MeasureOptions {
-    /// The variant's directory.
-    pub model_dir: PathBuf,
-    /// The saved [`Answers`].
-    pub answers: PathBuf,
-    /// Where to write the [`Measured`] JSON.
-    pub result: PathBuf,
-    /// Thread counts; agreement is taken with the largest.
-    pub threads: Vec<usize>,
-    /// Decode steps per speed run.
-    pub decode_tokens: usize,
-    /// Speed runs after one warm-up.
-    pub runs: usize,
+    // The variant's directory.
+    #[arg(long)]
+    model_dir: PathBuf,
+    // The saved `Answers`.
+    #[arg(long)]
+    answers: PathBuf,
+    // Where to write the `Measured` JSON.
+    #[arg(long)]
+    result: PathBuf,
+    // Thread counts; agreement is taken with the largest.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    // Decode steps per speed run.
+    #[arg(long)]
+    decode_tokens: usize,
+    // Speed runs after one warm-up.
+    #[arg(long)]
+    runs: usize,
 }
 
 /// Measures one variant in this process.

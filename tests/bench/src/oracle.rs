@@ -21,6 +21,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
+use approxy_training::cli::parse_rule;
 use approxy_training::corpus::{CorpusPrompt, load_human_eval};
 use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
 use approxy_verifier::targets::{ContinuationRequest, TargetClient};
@@ -38,37 +39,91 @@ use super::servers::{self, Layout};
 const TOP_K: u32 = 20;
 
 /// What to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct OracleOptions {
     /// HumanEval problems, spread evenly (0: none).
+    #[arg(long, default_value_t = 24)]
     pub problems: usize,
     /// Held-out chat prompts (0: none).
+    #[arg(long, default_value_t = 40)]
     pub chat: usize,
     /// Output limit per code answer.
+    #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,
     /// Output limit per chat answer.
+    #[arg(long, default_value_t = 128)]
     pub chat_max_tokens: u32,
-    /// Instruction-following prompts (0: none), the first of the set.
+    /// Instruction-following prompts (0: none), from `tests/bench/instructions/`.
+    // The first of the set.
+    #[arg(long, default_value_t = 40)]
     pub instructions: usize,
     /// Output limit per instruction-following answer.
+    #[arg(long, default_value_t = 160)]
     pub instructions_max_tokens: u32,
-    /// The instruction-following set: `prompts.jsonl`, `score.py`, `requirements.txt`.
+    /// The instruction-following set.
+    // `prompts.jsonl`, `score.py`, `requirements.txt`.
+    #[arg(long, default_value = "tests/bench/instructions")]
     pub instructions_dir: PathBuf,
-    /// The rules compared (besides target-only and draft-only).
+    /// Rules compared, comma-separated (`identical`, `sprinter`, `sprinter-hard`,
+    /// `ratio:R`, `typical:EPS;DELTA` with a semicolon here).
+    #[arg(
+        long = "rules",
+        value_name = "RULES",
+        default_value = "identical,sprinter,ratio:0.8,ratio:0.5,ratio:0.2,typical:0.09;0.3",
+        value_delimiter = ','
+    )]
+    pub rule_names: Vec<String>,
+    /// The rules compared (besides target-only and draft-only): `--rules` parsed by
+    /// [`OracleOptions::parse_lists`].
+    #[arg(skip)]
     pub rules: Vec<AcceptanceRule>,
-    /// Local verifiers run under the same oracle.
+    /// Local verifiers run under the same oracle, comma-separated: `confidence:T` (the
+    /// draft's confidence at threshold T) or `CALIBRATION@FAR` (the confidence thresholds
+    /// per kind that a rule's calibration file gives at that false-accept budget).
+    #[arg(long = "verifiers", value_name = "VERIFIERS", value_delimiter = ',')]
+    pub verifier_names: Vec<String>,
+    /// The local verifiers: `--verifiers` parsed by [`OracleOptions::parse_lists`].
+    #[arg(skip)]
     pub verifiers: Vec<VerifierConfig>,
-    /// Ask the target again at every position instead of reusing what an earlier run on this
-    /// machine was told.
+    /// Ask the target again at every position instead of reusing what an earlier run on
+    /// this machine was told (kept under $APPROXY_HOME/work/bench-oracle-asked).
+    #[arg(long)]
     pub fresh: bool,
     /// The training corpus (the chat sample's source).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Results directory.
+    #[arg(long, default_value = "deploy/results/oracle")]
     pub out: PathBuf,
-    /// An `approxy bench calls` result (`calls.json`) whose pinned target-only runs give the
-    /// target's milliseconds per prompt and per generated token, for the cheapest plans' busy
-    /// time (none: no busy time).
+    /// An `approxy bench calls` result whose pinned target-only runs give the target's
+    /// milliseconds per prompt and per generated token, for the cheapest plans' busy time.
+    // None: no busy time (the flag always gives one).
+    #[arg(long, default_value = "deploy/results/calls/calls.json")]
     pub busy_from: Option<PathBuf>,
+}
+
+impl OracleOptions {
+    /// These options with [`OracleOptions::rules`] and [`OracleOptions::verifiers`] parsed
+    /// from their flags' text.
+    // Not clap's value parsers: a bad rule or verifier is the run's error, not a usage error.
+    pub fn parse_lists(self) -> anyhow::Result<Self> {
+        let rules = self
+            .rule_names
+            .iter()
+            .map(|r| parse_rule(r))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(anyhow::Error::msg)?;
+        let verifiers = self
+            .verifier_names
+            .iter()
+            .map(|v| VerifierConfig::parse(v))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self {
+            rules,
+            verifiers,
+            ..self
+        })
+    }
 }
 
 /// A local verifier the oracle runs beside the rules: the draft's confidence against a

@@ -20,15 +20,20 @@ use super::servers::{self, Layout};
 use approxy_setup::Home;
 
 /// Options for `approxy bench overhead`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct OverheadOptions {
-    /// Offered request rates (req/s).
+    /// Offered request rates, comma-separated.
+    #[arg(long, default_value = "100,500,1000,2000", value_delimiter = ',')]
     pub rates: Vec<u32>,
     /// Seconds per rate.
+    #[arg(long, default_value_t = 10)]
     pub seconds: u32,
-    /// Concurrent connections (oha's; at a fixed rate, the most requests in flight).
+    /// Concurrent connections.
+    // oha's: at a fixed rate, the most requests in flight.
+    #[arg(long, default_value_t = 50)]
     pub connections: u32,
     /// Results directory.
+    #[arg(long, default_value = "deploy/results")]
     pub out: PathBuf,
 }
 

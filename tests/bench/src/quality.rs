@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use approxy_training::corpus::{HumanEvalProblem, load_human_eval};
+use clap::builder::TypedValueParser as _;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -38,29 +39,46 @@ pub use super::configs::{Config, Route, configs};
 pub use super::summary::{ConfigRun, ProblemRun, Summary, summarize};
 
 /// Options for `approxy bench quality`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct QualityOptions {
-    /// Problems to run (0 = all 164), spread evenly over the set.
+    /// Problems per configuration, spread evenly over HumanEval (0 = all 164).
+    #[arg(long, default_value_t = 0)]
     pub problems: usize,
-    /// Core layouts to run.
+    /// Core layouts, comma-separated: shared, pinned.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "shared,pinned",
+        value_delimiter = ','
+    )]
     pub layouts: Vec<Layout>,
-    /// Only these configuration ids (empty = all).
+    /// Only these configuration ids, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Results directory (JSON, Markdown, PNG; raw per-configuration files under `raw/`).
+    /// Results directory.
+    // JSON, Markdown, PNG; raw per-configuration files under `raw/`.
+    #[arg(long, default_value = "deploy/results")]
     pub out: PathBuf,
     /// Output limit per problem.
+    #[arg(long, default_value_t = 384)]
     pub max_tokens: u32,
-    /// Test execution limit per problem.
+    /// Seconds a problem's tests may run.
+    #[arg(long, default_value = "10", value_parser = clap::value_parser!(u64).map(Duration::from_secs))]
     pub exec_timeout: Duration,
     /// Generation limit per problem.
+    #[arg(skip = Duration::from_secs(900))]
     pub request_timeout: Duration,
-    /// Calibration naming the levels.
+    /// Calibration that names the levels.
+    #[arg(long, default_value = "policies/verifier/calibration.json")]
     pub calibration: PathBuf,
     /// Learned verifier artifact.
+    #[arg(long, default_value = "policies/verifier/default.json")]
     pub learned: PathBuf,
-    /// Policy whose `"*"` entry supplies bail-out, correction tokens and prices.
+    /// Policy whose "*" entry gives bail-out, correction tokens and prices.
+    #[arg(long, default_value = "policies/default.toml")]
     pub base_policy: PathBuf,
-    /// Ignore saved results.
+    /// Ignore results saved by an earlier, interrupted run.
+    #[arg(long)]
     pub fresh: bool,
 }
 

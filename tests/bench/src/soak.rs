@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::{get, post};
+use clap::builder::TypedValueParser as _;
 use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::attack::{self, AttackOptions};
 use super::servers::{self, Layout};
 use approxy_setup::Home;
 
@@ -42,24 +44,77 @@ pub enum SoakPhase {
 }
 
 /// Options for `approxy bench soak`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct SoakOptions {
     /// The path to soak.
+    // `--phase` is `SoakArgs`'s: it can also name the attack mix, which is no soak.
+    #[arg(skip = SoakPhase::Passthrough)]
     pub phase: SoakPhase,
     /// Passthrough: requests in all.
+    #[arg(long, default_value_t = 100_000)]
     pub requests: u64,
     /// Passthrough: offered requests per second.
+    #[arg(long, default_value_t = 500)]
     pub rate: u32,
-    /// Approximate: how long.
+    /// Approximate and attack: minutes.
+    #[arg(long, default_value_t = 30.0)]
     pub minutes: f64,
-    /// Approximate: concurrent clients (and draft workers).
+    /// Approximate: concurrent clients (one draft worker each).
+    #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
-    /// Share of clients that leave mid-request.
+    /// Share of clients that leave at a random moment mid-request.
+    #[arg(long, default_value_t = 0.1)]
     pub disconnect_share: f64,
-    /// A request still open after this long is hung.
+    /// Seconds after which an open request counts as hung.
+    #[arg(
+        long,
+        default_value = "120",
+        value_parser = clap::value_parser!(u64).map(Duration::from_secs)
+    )]
     pub hang_after: Duration,
-    /// Where the JSON report goes.
+    /// Results directory.
+    #[arg(long, default_value = "deploy/results")]
     pub out: PathBuf,
+}
+
+/// `approxy bench soak`: a soak of the path `--phase` names, or the attack mix (a benchmark of
+/// its own, in `attack`, that takes its length and results directory from the soak's flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SoakArgs {
+    /// "passthrough", "approximate" or "attack" (500 idle connections, 64 slow-body
+    /// clients and 20 normal streaming clients at once, over a stub upstream).
+    #[arg(long, value_enum, default_value = "passthrough")]
+    phase: PhaseFlag,
+    #[command(flatten)]
+    options: SoakOptions,
+}
+
+/// What `--phase` names.
+// No doc comments on the variants: clap would list them under `--phase` in `--help`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PhaseFlag {
+    Passthrough,
+    Approximate,
+    Attack,
+}
+
+impl SoakArgs {
+    /// Runs what `--phase` names.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let phase = match self.phase {
+            PhaseFlag::Passthrough => SoakPhase::Passthrough,
+            PhaseFlag::Approximate => SoakPhase::Approximate,
+            PhaseFlag::Attack => {
+                let SoakOptions { minutes, out, .. } = self.options;
+                return attack::run(&AttackOptions { minutes, out }).await;
+            }
+        };
+        run(&SoakOptions {
+            phase,
+            ..self.options
+        })
+        .await
+    }
 }
 
 /// One reading of the gateway's resources.
