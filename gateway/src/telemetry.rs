@@ -13,90 +13,23 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)?
         .set_buckets_for_metric(Matcher::Full("approxy_accepted_run_length".into()), &runs)?
         .install_recorder()?;
+    describe_traffic();
+    describe_drafting();
+    describe_passthrough();
+    describe_cost();
+    Ok(handle)
+}
+
+/// Requests, connections and policy reloads: the gateway's own traffic, whatever the mode.
+fn describe_traffic() {
     describe_counter!(
         "approxy_requests_total",
         "Requests by mode (approximate, passthrough) and outcome"
     );
     describe_counter!(
-        "approxy_tokens_total",
-        Unit::Count,
-        "Output tokens by source (draft, target)"
-    );
-    describe_counter!(
-        "approxy_target_calls_total",
-        Unit::Count,
-        "Continuation calls made to the target"
-    );
-    describe_counter!(
-        "approxy_verifier_rejections_total",
-        Unit::Count,
-        "Draft tokens the verifier rejected"
-    );
-    describe_counter!(
-        "approxy_bailouts_total",
-        Unit::Count,
-        "Generations handed to the target after too many rejections"
-    );
-    describe_counter!(
-        "approxy_passthrough_total",
-        Unit::Count,
-        "Passthrough requests by reason"
-    );
-    describe_counter!(
-        "approxy_requests_shed_total",
-        Unit::Count,
-        "Requests refused with 429 at the concurrency limit"
-    );
-    describe_counter!(
-        "approxy_errors_total",
-        Unit::Count,
-        "Error responses by status"
-    );
-    describe_counter!(
         "approxy_http_requests_total",
         Unit::Count,
         "HTTP requests by path and status"
-    );
-    describe_counter!(
-        "approxy_policy_reloads_total",
-        Unit::Count,
-        "Policy reloads by outcome"
-    );
-    describe_gauge!(
-        "approxy_request_slots_free",
-        "Requests the gateway can still admit (of gateway.max_concurrent_requests)"
-    );
-    describe_gauge!(
-        "approxy_draft_workers_idle",
-        "Draft workers not leased to a request"
-    );
-    describe_gauge!(
-        "approxy_draft_workers",
-        "Draft workers configured (1 - idle / this is the draft's saturation)"
-    );
-    describe_gauge!(
-        "approxy_estimated_cost_usd_total",
-        "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
-    );
-    describe_histogram!(
-        "approxy_time_to_first_token_seconds",
-        Unit::Seconds,
-        "Time to the first output token (approximate mode)"
-    );
-    describe_histogram!(
-        "approxy_inter_token_latency_seconds",
-        Unit::Seconds,
-        "Time between output tokens (approximate mode)"
-    );
-    describe_histogram!(
-        "approxy_accepted_run_length",
-        Unit::Count,
-        "Consecutive draft tokens accepted between rejections"
-    );
-    describe_histogram!(
-        "approxy_passthrough_head_seconds",
-        Unit::Seconds,
-        "Time to the target's response head in passthrough"
     );
     describe_histogram!(
         "approxy_http_response_head_seconds",
@@ -104,14 +37,18 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         "Time to the response head by path"
     );
     describe_counter!(
-        "approxy_cost_guard_total",
+        "approxy_requests_shed_total",
         Unit::Count,
-        "Answers the cost guard handed to the target"
+        "Requests refused with 429 at the concurrency limit"
+    );
+    describe_gauge!(
+        "approxy_request_slots_free",
+        "Requests the gateway can still admit (of gateway.max_concurrent_requests)"
     );
     describe_counter!(
-        "approxy_span_resyncs_total",
+        "approxy_errors_total",
         Unit::Count,
-        "Target spans ended where the draft caught up with the target"
+        "Error responses by status"
     );
     describe_counter!(
         "approxy_client_errors_total",
@@ -129,14 +66,98 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         "Streams ended because the client stopped reading (gateway.write_idle_timeout)"
     );
     describe_counter!(
-        "approxy_passthrough_broken_bodies_total",
+        "approxy_policy_reloads_total",
         Unit::Count,
-        "Passthrough answers whose body broke off or stalled after the head was sent"
+        "Policy reloads by outcome"
+    );
+}
+
+/// Approximate mode: the draft's workers, what the verifier accepts, and the target's share.
+fn describe_drafting() {
+    describe_counter!(
+        "approxy_tokens_total",
+        Unit::Count,
+        "Output tokens by source (draft, target)"
+    );
+    describe_counter!(
+        "approxy_target_calls_total",
+        Unit::Count,
+        "Continuation calls made to the target"
+    );
+    describe_counter!(
+        "approxy_verifier_rejections_total",
+        Unit::Count,
+        "Draft tokens the verifier rejected"
+    );
+    describe_histogram!(
+        "approxy_accepted_run_length",
+        Unit::Count,
+        "Consecutive draft tokens accepted between rejections"
+    );
+    describe_counter!(
+        "approxy_bailouts_total",
+        Unit::Count,
+        "Generations handed to the target after too many rejections"
+    );
+    describe_counter!(
+        "approxy_span_resyncs_total",
+        Unit::Count,
+        "Target spans ended where the draft caught up with the target"
+    );
+    describe_gauge!(
+        "approxy_draft_workers",
+        "Draft workers configured (1 - idle / this is the draft's saturation)"
+    );
+    describe_gauge!(
+        "approxy_draft_workers_idle",
+        "Draft workers not leased to a request"
     );
     describe_counter!(
         "approxy_draft_worker_panics_total",
         Unit::Count,
         "Draft worker panics (the worker's session is reset and it carries on)"
+    );
+    describe_histogram!(
+        "approxy_time_to_first_token_seconds",
+        Unit::Seconds,
+        "Time to the first output token (approximate mode)"
+    );
+    describe_histogram!(
+        "approxy_inter_token_latency_seconds",
+        Unit::Seconds,
+        "Time between output tokens (approximate mode)"
+    );
+}
+
+/// Passthrough: why a request went straight to the target, and how its answer fared.
+fn describe_passthrough() {
+    describe_counter!(
+        "approxy_passthrough_total",
+        Unit::Count,
+        "Passthrough requests by reason"
+    );
+    describe_histogram!(
+        "approxy_passthrough_head_seconds",
+        Unit::Seconds,
+        "Time to the target's response head in passthrough"
+    );
+    describe_counter!(
+        "approxy_passthrough_broken_bodies_total",
+        Unit::Count,
+        "Passthrough answers whose body broke off or stalled after the head was sent"
+    );
+}
+
+/// Spend: the estimate, and the budget guard's ledger it keeps per model and prompt kind.
+fn describe_cost() {
+    describe_gauge!(
+        "approxy_estimated_cost_usd_total",
+        "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
+    );
+    describe_counter!(
+        "approxy_cost_guard_total",
+        Unit::Count,
+        "Answers the cost guard handed to the target"
     );
     describe_gauge!(
         "approxy_budget_cost_usd",
@@ -154,7 +175,6 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         "approxy_budget_target_share",
         "The budget guard's estimate of the target's share of output tokens, by model and prompt kind"
     );
-    Ok(handle)
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).

@@ -5,11 +5,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
-use approxy_verifier::targets::kind::kinds_that;
+use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
-use super::raw::{RawCorrection, RawModel, RawPerKind, RawPolicy};
+use super::raw::{
+    RawBailout, RawCache, RawCorrection, RawDraft, RawGateway, RawModel, RawPassthrough,
+    RawPerKind, RawPolicy, RawPrice, RawTarget,
+};
 use super::{
     Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
     PassthroughPolicy, Policy, Price, SpecialTokenText, TargetPolicy, VerifierChoice,
@@ -58,6 +61,9 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 
 /// The longest duration a policy may set.
 const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A model's field's full name, `models."<id>".<key>`, for its problems.
+type Field<'a> = &'a dyn Fn(&str) -> String;
 
 struct Validator {
     problems: Vec<String>,
@@ -114,75 +120,39 @@ impl Validator {
     }
 
     fn policy(&mut self, raw: RawPolicy, path: &Path) -> Policy {
-        let t = raw.target;
+        let target = self.target(raw.target);
+        let gateway = self.gateway(raw.gateway);
+        let draft = self.draft(raw.draft);
+        let models = raw
+            .models
+            .into_iter()
+            .map(|(id, m)| {
+                let mp = self.model(&id, m, target.kind);
+                (id, mp)
+            })
+            .collect();
+        let passthrough = self.passthrough(raw.passthrough);
+        Policy {
+            path: path.to_path_buf(),
+            target,
+            gateway,
+            draft,
+            passthrough,
+            models,
+        }
+    }
+
+    /// The `target` table: its kind first, since what else it may set depends on the kind.
+    fn target(&mut self, t: RawTarget) -> TargetPolicy {
         let kind = TargetKind::parse(&t.kind).unwrap_or_else(|e| {
             self.err(format!("target.kind: {e}"));
             TargetKind::LlamaCpp
         });
         let can = kind.abilities();
-        let prefix_style = match t.prefix_style.as_deref() {
-            None => PrefixStyle::default(),
-            Some(_) if !can.chat_prefix => {
-                self.err(format!(
-                    "target.prefix_style: only a {} target has one",
-                    kinds_that(|a| a.chat_prefix)
-                ));
-                PrefixStyle::default()
-            }
-            Some(name) => PrefixStyle::parse(name).unwrap_or_else(|e| {
-                self.err(format!("target.prefix_style: {e}"));
-                PrefixStyle::default()
-            }),
-        };
-        let chat_template = match &t.chat_template {
-            None => None,
-            Some(_) if !can.chat_template => {
-                self.err(format!(
-                    "target.chat_template: only an {} target is sent a rendered prompt",
-                    kinds_that(|a| a.chat_template)
-                ));
-                None
-            }
-            Some(p) => {
-                let path = self.path(p);
-                if let Err(e) = approxy_verifier::template::ChatTemplate::from_file(&path) {
-                    self.err(format!("target.chat_template: {e}"));
-                }
-                Some(path)
-            }
-        };
-        // Per kind, as its abilities say: the text-level kinds talk to hosted APIs, whose caches
-        // key on `prompt_cache_key`; each kind's cache serves prefixes in its own blocks.
-        let cache = t.cache.unwrap_or_default();
-        let cache_hints = CacheHints {
-            key: cache.key.unwrap_or(can.text_level),
-            affinity_header: cache.affinity_header,
-        };
-        let cache_rules = CacheRules {
-            min_tokens: cache.min_tokens.unwrap_or(0),
-            block: cache.block.unwrap_or(can.cache_block),
-        };
-        if cache_rules.block == 0 {
-            self.err("target.cache.block: at least 1");
-        }
-        if let Some(h) = &cache_hints.affinity_header
-            && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
-        {
-            self.err(format!(
-                "target.cache.affinity_header: {h:?} is not a header name"
-            ));
-        }
-        match reqwest::Url::parse(&t.base_url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-            Ok(u) => self.err(format!(
-                "target.base_url: scheme {:?} cannot be served; approxy speaks http:// and https:// (TLS by rustls)",
-                u.scheme()
-            )),
-            Err(e) => self.err(format!("target.base_url: {:?} is not a URL: {e}", t.base_url)),
-        }
-        if t.base_url.contains('@') {
-            self.err("target.base_url: put credentials in the environment variable named by target.api_key_env, not in the URL");
-        }
+        let prefix_style = self.prefix_style(t.prefix_style.as_deref(), can);
+        let chat_template = self.chat_template(t.chat_template.as_deref(), can);
+        let (cache_hints, cache_rules) = self.cache(t.cache.unwrap_or_default(), can);
+        self.base_url(&t.base_url);
         let target = TargetPolicy {
             kind,
             base_url: t.base_url,
@@ -213,26 +183,87 @@ impl Validator {
         if target.retries > 10 {
             self.err("target.retries: at most 10");
         }
-        let g = raw.gateway;
-        // Fail closed: running without keys is a choice the policy states.
-        let auth = match (g.auth.as_deref(), &g.api_keys_env) {
-            (None | Some("keys"), Some(_)) => Auth::Keys,
-            (None | Some("keys"), None) => {
-                self.err("gateway.api_keys_env: needed for client keys; to run without them, say gateway.auth = \"none\"");
-                Auth::Keys
-            }
-            (Some("none"), None) => Auth::None,
-            (Some("none"), Some(_)) => {
-                self.err("gateway.auth = \"none\" and gateway.api_keys_env: give one, not both");
-                Auth::None
-            }
-            (Some(other), _) => {
+        target
+    }
+
+    fn prefix_style(&mut self, name: Option<&str>, can: Abilities) -> PrefixStyle {
+        match name {
+            None => PrefixStyle::default(),
+            Some(_) if !can.chat_prefix => {
                 self.err(format!(
-                    "gateway.auth: {other:?} is not one of \"keys\", \"none\""
+                    "target.prefix_style: only a {} target has one",
+                    kinds_that(|a| a.chat_prefix)
                 ));
-                Auth::Keys
+                PrefixStyle::default()
             }
+            Some(name) => PrefixStyle::parse(name).unwrap_or_else(|e| {
+                self.err(format!("target.prefix_style: {e}"));
+                PrefixStyle::default()
+            }),
+        }
+    }
+
+    fn chat_template(&mut self, path: Option<&str>, can: Abilities) -> Option<PathBuf> {
+        match path {
+            None => None,
+            Some(_) if !can.chat_template => {
+                self.err(format!(
+                    "target.chat_template: only an {} target is sent a rendered prompt",
+                    kinds_that(|a| a.chat_template)
+                ));
+                None
+            }
+            Some(p) => {
+                let path = self.path(p);
+                if let Err(e) = approxy_verifier::template::ChatTemplate::from_file(&path) {
+                    self.err(format!("target.chat_template: {e}"));
+                }
+                Some(path)
+            }
+        }
+    }
+
+    fn cache(&mut self, cache: RawCache, can: Abilities) -> (CacheHints, CacheRules) {
+        // Per kind, as its abilities say: the text-level kinds talk to hosted APIs, whose caches
+        // key on `prompt_cache_key`; each kind's cache serves prefixes in its own blocks.
+        let cache_hints = CacheHints {
+            key: cache.key.unwrap_or(can.text_level),
+            affinity_header: cache.affinity_header,
         };
+        let cache_rules = CacheRules {
+            min_tokens: cache.min_tokens.unwrap_or(0),
+            block: cache.block.unwrap_or(can.cache_block),
+        };
+        if cache_rules.block == 0 {
+            self.err("target.cache.block: at least 1");
+        }
+        if let Some(h) = &cache_hints.affinity_header
+            && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+        {
+            self.err(format!(
+                "target.cache.affinity_header: {h:?} is not a header name"
+            ));
+        }
+        (cache_hints, cache_rules)
+    }
+
+    fn base_url(&mut self, base_url: &str) {
+        match reqwest::Url::parse(base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            Ok(u) => self.err(format!(
+                "target.base_url: scheme {:?} cannot be served; approxy speaks http:// and https:// (TLS by rustls)",
+                u.scheme()
+            )),
+            Err(e) => self.err(format!("target.base_url: {base_url:?} is not a URL: {e}")),
+        }
+        if base_url.contains('@') {
+            self.err("target.base_url: put credentials in the environment variable named by target.api_key_env, not in the URL");
+        }
+    }
+
+    /// The `gateway` table: who may call, and the bounds every request and connection keeps.
+    fn gateway(&mut self, g: RawGateway) -> GatewayPolicy {
+        let auth = self.auth(g.auth.as_deref(), g.api_keys_env.as_deref());
         let gateway = GatewayPolicy {
             auth,
             api_keys_env: g.api_keys_env,
@@ -275,6 +306,33 @@ impl Validator {
             max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
             default_max_tokens: g.default_max_tokens.unwrap_or(512),
         };
+        self.gateway_bounds(&gateway);
+        gateway
+    }
+
+    fn auth(&mut self, auth: Option<&str>, api_keys_env: Option<&str>) -> Auth {
+        // Fail closed: running without keys is a choice the policy states.
+        match (auth, api_keys_env) {
+            (None | Some("keys"), Some(_)) => Auth::Keys,
+            (None | Some("keys"), None) => {
+                self.err("gateway.api_keys_env: needed for client keys; to run without them, say gateway.auth = \"none\"");
+                Auth::Keys
+            }
+            (Some("none"), None) => Auth::None,
+            (Some("none"), Some(_)) => {
+                self.err("gateway.auth = \"none\" and gateway.api_keys_env: give one, not both");
+                Auth::None
+            }
+            (Some(other), _) => {
+                self.err(format!(
+                    "gateway.auth: {other:?} is not one of \"keys\", \"none\""
+                ));
+                Auth::Keys
+            }
+        }
+    }
+
+    fn gateway_bounds(&mut self, gateway: &GatewayPolicy) {
         if gateway.max_n == 0 {
             self.err("gateway.max_n: at least 1");
         }
@@ -294,7 +352,9 @@ impl Validator {
         {
             self.err("gateway.default_max_tokens: must be in 1..=gateway.max_tokens_limit");
         }
-        let d = raw.draft;
+    }
+
+    fn draft(&mut self, d: RawDraft) -> DraftPolicy {
         let draft = DraftPolicy {
             model_dir: d.model_dir.as_deref().map(|p| self.path(p)),
             model_sha256: d.model_sha256,
@@ -308,16 +368,11 @@ impl Validator {
         if draft.threads_per_worker == 0 {
             self.err("draft.threads_per_worker: at least 1");
         }
-        let models = raw
-            .models
-            .into_iter()
-            .map(|(id, m)| {
-                let mp = self.model(&id, m, target.kind);
-                (id, mp)
-            })
-            .collect();
-        let (extra_routes, special) = raw
-            .passthrough
+        draft
+    }
+
+    fn passthrough(&mut self, p: Option<RawPassthrough>) -> PassthroughPolicy {
+        let (extra_routes, special) = p
             .map(|p| (p.extra_routes, p.special_token_text))
             .unwrap_or_default();
         let special_token_text = match special.as_deref() {
@@ -340,23 +395,48 @@ impl Validator {
                 self.err(format!("passthrough.extra_routes: {route:?} is not \"METHOD /v1/path\" (a path ending in /* covers what is below it)"));
             }
         }
-        let passthrough = PassthroughPolicy {
+        PassthroughPolicy {
             extra_routes,
             special_token_text,
-        };
-        Policy {
-            path: path.to_path_buf(),
-            target,
-            gateway,
-            draft,
-            passthrough,
-            models,
         }
     }
 
+    /// One `models.<id>` table. Its sections are read in the order its problems are reported;
+    /// the dial is read before the override range, whose default is the dial's own values.
     fn model(&mut self, id: &str, m: RawModel, kind: TargetKind) -> ModelPolicy {
         let f = |k: &str| format!("models.{id:?}.{k}");
-        let mode = match m.mode.as_str() {
+        let mode = self.mode(&f, &m.mode);
+        let verifier = self.verifier(&f, m.verifier.as_deref());
+        let threshold = self.threshold(&f, &m, mode, &verifier);
+        let correction = self.model_correction(&f, &m);
+        let verification = self.verification(&f, m.verification.as_deref(), kind);
+        let (max_cost_ratio, guard) = self.guard(&f, &m);
+        let bailout = self.bailout(&f, m.bailout.as_ref());
+        let threshold_override = self.threshold_override(&f, m.threshold_override, threshold);
+        let price = self.price(&f, m.price.as_ref());
+        let fallback_to_passthrough = self.fallback(&f, m.fallback.as_deref());
+        if m.max_target_calls == Some(0) {
+            self.err(format!("{}: at least 1", f("max_target_calls")));
+        }
+        ModelPolicy {
+            mode,
+            verifier,
+            threshold,
+            verification,
+            correction,
+            max_cost_ratio,
+            guard,
+            bailout,
+            threshold_override,
+            price,
+            fallback_to_passthrough,
+            max_target_calls: m.max_target_calls,
+            overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
+        }
+    }
+
+    fn mode(&mut self, f: Field, mode: &str) -> Mode {
+        match mode {
             "approximate" => Mode::Approximate,
             "passthrough" => Mode::Passthrough,
             other => {
@@ -366,8 +446,11 @@ impl Validator {
                 ));
                 Mode::Passthrough
             }
-        };
-        let verifier = match m.verifier.as_deref() {
+        }
+    }
+
+    fn verifier(&mut self, f: Field, verifier: Option<&str>) -> VerifierChoice {
+        match verifier {
             None | Some("confidence") => VerifierChoice::Confidence,
             Some(p) => {
                 let path = self.path(p);
@@ -380,8 +463,18 @@ impl Validator {
                 }
                 VerifierChoice::Learned(path)
             }
-        };
-        let threshold = match (m.threshold, m.max_false_accept_rate) {
+        }
+    }
+
+    /// The dial: given outright, or read off the calibration at a false-accept budget.
+    fn threshold(
+        &mut self,
+        f: Field,
+        m: &RawModel,
+        mode: Mode,
+        verifier: &VerifierChoice,
+    ) -> KindThresholds {
+        match (m.threshold, m.max_false_accept_rate) {
             (Some(_), Some(_)) => {
                 self.err(format!(
                     "{} and {}: give one, not both",
@@ -413,39 +506,7 @@ impl Validator {
                     ));
                     KindThresholds::all(0.5)
                 }
-                Some(c) => {
-                    let path = self.path(c);
-                    use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
-                    // The budget is read on the curve of the verifier this policy runs, which
-                    // need not be the one the file chose.
-                    let curve = match &verifier {
-                        VerifierChoice::Confidence => Curve::Confidence,
-                        VerifierChoice::Learned(artifact) => {
-                            if let Err(e) = same_rule(&path, artifact) {
-                                self.err(format!("{}: {e}", f("calibration")));
-                            }
-                            Curve::Learned
-                        }
-                    };
-                    // One budget reads the curve of all prompts; a table reads each kind's own.
-                    let resolved = match far {
-                        RawPerKind::All(x) => {
-                            threshold_for(&path, x, curve).map(KindThresholds::all)
-                        }
-                        RawPerKind::ByKind(k) => threshold_for_kind(&path, "code", k.code, curve)
-                            .and_then(|code| {
-                                threshold_for_kind(&path, "chat", k.chat, curve)
-                                    .map(|chat| KindThresholds { code, chat })
-                            }),
-                    };
-                    match resolved {
-                        Ok(t) => t,
-                        Err(e) => {
-                            self.err(format!("{}: {e}", f("calibration")));
-                            KindThresholds::all(0.5)
-                        }
-                    }
-                }
+                Some(c) => self.calibrated(f, c, far, verifier),
             },
             (None, None) => {
                 if mode == Mode::Approximate {
@@ -456,8 +517,51 @@ impl Validator {
                 }
                 KindThresholds::all(1.0)
             }
+        }
+    }
+
+    /// The dial that keeps false accepts within `far` on the calibration file `c`.
+    fn calibrated(
+        &mut self,
+        f: Field,
+        c: &str,
+        far: RawPerKind,
+        verifier: &VerifierChoice,
+    ) -> KindThresholds {
+        use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
+        let path = self.path(c);
+        // The budget is read on the curve of the verifier this policy runs, which
+        // need not be the one the file chose.
+        let curve = match verifier {
+            VerifierChoice::Confidence => Curve::Confidence,
+            VerifierChoice::Learned(artifact) => {
+                if let Err(e) = same_rule(&path, artifact) {
+                    self.err(format!("{}: {e}", f("calibration")));
+                }
+                Curve::Learned
+            }
         };
-        let correction = match (m.correction_tokens, m.correction) {
+        // One budget reads the curve of all prompts; a table reads each kind's own.
+        let resolved = match far {
+            RawPerKind::All(x) => threshold_for(&path, x, curve).map(KindThresholds::all),
+            RawPerKind::ByKind(k) => {
+                threshold_for_kind(&path, "code", k.code, curve).and_then(|code| {
+                    threshold_for_kind(&path, "chat", k.chat, curve)
+                        .map(|chat| KindThresholds { code, chat })
+                })
+            }
+        };
+        match resolved {
+            Ok(t) => t,
+            Err(e) => {
+                self.err(format!("{}: {e}", f("calibration")));
+                KindThresholds::all(0.5)
+            }
+        }
+    }
+
+    fn model_correction(&mut self, f: Field, m: &RawModel) -> Correction {
+        match (m.correction_tokens, &m.correction) {
             (Some(_), Some(_)) => {
                 self.err(format!(
                     "{} and {}: give one, not both",
@@ -469,14 +573,14 @@ impl Validator {
             (Some(tokens), None) => self.fixed(&f("correction_tokens"), tokens),
             (None, Some(c)) => self.correction(&f("correction"), c),
             (None, None) => Correction::Fixed { tokens: 1 },
-        };
+        }
+    }
+
+    fn verification(&mut self, f: Field, v: Option<&str>, kind: TargetKind) -> Verification {
         // Windows need prompt log-probabilities, which not every kind gives.
         let windows = kind.abilities().scores_windows;
-        let relaxed = m
-            .verification
-            .as_deref()
-            .and_then(|v| v.strip_prefix("relaxed:"));
-        let verification = match (m.verification.as_deref(), windows) {
+        let relaxed = v.and_then(|v| v.strip_prefix("relaxed:"));
+        match (v, windows) {
             (None | Some("approximate"), true) => Verification::ApproximateWindows,
             (None | Some("approximate"), false) => Verification::Approximate,
             (Some("exact"), true) => Verification::Exact,
@@ -500,7 +604,11 @@ impl Validator {
                 ));
                 Verification::Approximate
             }
-        };
+        }
+    }
+
+    /// The cost bound and the guard that keeps it: `(max_cost_ratio, guard)`.
+    fn guard(&mut self, f: Field, m: &RawModel) -> (f64, GuardPolicy) {
         let max_cost_ratio = m.max_cost_ratio.unwrap_or(1.0);
         if !max_cost_ratio.is_finite() || max_cost_ratio <= 0.0 {
             self.err(format!(
@@ -546,7 +654,11 @@ impl Validator {
                 f("guard")
             ));
         }
-        let bailout = m.bailout.map(|b| {
+        (max_cost_ratio, guard)
+    }
+
+    fn bailout(&mut self, f: Field, b: Option<&RawBailout>) -> Option<BailoutBudget> {
+        b.map(|b| {
             if b.window == 0 || b.window > 4096 {
                 self.err(format!("{}: must be in 1..=4096", f("bailout.window")));
             }
@@ -560,9 +672,16 @@ impl Validator {
                 window: b.window,
                 max_rejection_rate: b.max_rejection_rate,
             }
-        });
-        let (lo, hi) = m
-            .threshold_override
+        })
+    }
+
+    fn threshold_override(
+        &mut self,
+        f: Field,
+        range: Option<[f32; 2]>,
+        threshold: KindThresholds,
+    ) -> (f32, f32) {
+        let (lo, hi) = range
             .map(|[a, b]| (a, b))
             // Without an override range, only the policy's own values may be asked for.
             .unwrap_or((
@@ -575,8 +694,11 @@ impl Validator {
                 f("threshold_override")
             ));
         }
-        let price = m
-            .price
+        (lo, hi)
+    }
+
+    fn price(&mut self, f: Field, price: Option<&RawPrice>) -> Price {
+        let price = price
             .map(|p| Price {
                 input: p.input,
                 cached_input: p.cached_input,
@@ -589,7 +711,12 @@ impl Validator {
         {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
-        let fallback_to_passthrough = match m.fallback.as_deref() {
+        price
+    }
+
+    /// Whether a model falls back to passthrough when approximating fails, or answers an error.
+    fn fallback(&mut self, f: Field, fallback: Option<&str>) -> bool {
+        match fallback {
             None | Some("passthrough") => true,
             Some("error") => false,
             Some(other) => {
@@ -599,24 +726,6 @@ impl Validator {
                 ));
                 true
             }
-        };
-        if m.max_target_calls == Some(0) {
-            self.err(format!("{}: at least 1", f("max_target_calls")));
-        }
-        ModelPolicy {
-            mode,
-            verifier,
-            threshold,
-            verification,
-            correction,
-            max_cost_ratio,
-            guard,
-            bailout,
-            threshold_override: (lo, hi),
-            price,
-            fallback_to_passthrough,
-            max_target_calls: m.max_target_calls,
-            overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
         }
     }
 
@@ -627,7 +736,7 @@ impl Validator {
         Correction::Fixed { tokens }
     }
 
-    fn correction(&mut self, field: &str, c: RawCorrection) -> Correction {
+    fn correction(&mut self, field: &str, c: &RawCorrection) -> Correction {
         match c.mode.as_str() {
             "fixed" => {
                 if c.max_span.is_some() || c.resync.is_some() || c.end.is_some() {

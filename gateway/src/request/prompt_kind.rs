@@ -95,6 +95,25 @@ pub fn detect_text(text: &str) -> PromptKind {
     }
 }
 
+/// Words that open a statement only when a code shape follows them: each also opens prose
+/// ("Let me know...", "Public speaking...", "Return policy...").
+const SHAPED_STATEMENT_WORDS: &[&str] = &[
+    "function ",
+    "const ",
+    "let ",
+    "var ",
+    "public ",
+    "private ",
+    "return ",
+    "@",
+];
+
+/// Line endings prose rarely has.
+const CODE_ENDINGS: &[&str] = &["{", ");", "):", "};"];
+
+/// What a shaped statement may end with, when it holds no `(` or `=`.
+const SHAPE_ENDINGS: [char; 2] = [';', '{'];
+
 /// A line that reads as source code: a statement with a code shape after it, or an ending
 /// prose rarely has. Statement words alone are not enough ("Public speaking...", "Return
 /// policy...", "Import duties...", "Let me know..." are prose).
@@ -103,12 +122,17 @@ fn looks_like_code(line: &str) -> bool {
     if l.len() < 4 {
         return false;
     }
+    is_statement(l) || CODE_ENDINGS.iter().any(|e| l.ends_with(e))
+}
+
+/// A trimmed line that starts with a statement word and has the shape that word's statement
+/// takes.
+fn is_statement(l: &str) -> bool {
     // Every line of every message passes here: nothing is allocated unless a statement word
     // starts the line.
     let starts = |w: &str| l.get(..w.len()).is_some_and(|p| p.eq_ignore_ascii_case(w));
     let has = |w: &str| l.to_lowercase().contains(w);
-    let shaped = || l.contains('(') || l.contains('=') || l.ends_with(';') || l.ends_with('{');
-    let statement = if starts("def ") || starts("fn ") || starts("pub fn ") {
+    if starts("def ") || starts("fn ") || starts("pub fn ") {
         l.contains('(')
     } else if starts("#include") || starts("#!/") {
         true
@@ -119,25 +143,17 @@ fn looks_like_code(line: &str) -> bool {
     } else if starts("select ") {
         has(" from ")
     } else if starts("class ") {
-        shaped() || l.ends_with(':')
-    } else if [
-        "function ",
-        "const ",
-        "let ",
-        "var ",
-        "public ",
-        "private ",
-        "return ",
-        "@",
-    ]
-    .iter()
-    .any(|w| starts(w))
-    {
-        shaped()
+        is_shaped(l) || l.ends_with(':')
+    } else if SHAPED_STATEMENT_WORDS.iter().any(|w| starts(w)) {
+        is_shaped(l)
     } else {
         false
-    };
-    statement || l.ends_with('{') || l.ends_with(");") || l.ends_with("):") || l.ends_with("};")
+    }
+}
+
+/// Whether a line has a call, an assignment or a statement's ending.
+fn is_shaped(l: &str) -> bool {
+    l.contains('(') || l.contains('=') || l.ends_with(SHAPE_ENDINGS)
 }
 
 #[cfg(test)]
