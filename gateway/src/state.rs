@@ -11,13 +11,13 @@ use arc_swap::ArcSwap;
 use approxy_verifier::targets::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
-    ConfidenceVerifier, DecodeSettings, DraftWorkers, Engine, EngineError, LearnedVerifier,
-    TargetClient, TargetConfig, Tokenizer, Verifier,
+    DecodeSettings, DraftWorkers, Engine, EngineError, TargetClient, TargetConfig, Tokenizer,
+    Verifier,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
-use crate::policy::{Auth, Mode, ModelPolicy, Policy, VerifierChoice};
+use crate::policy::{Auth, Mode, ModelPolicy, Policy};
 
 /// Process-wide parts.
 pub struct Shared {
@@ -296,35 +296,32 @@ impl Runtime {
     }
 }
 
-/// The verifier a policy entry names; a learned one must fit the draft and the target.
+/// The verifier a policy entry names, loaded for the draft; one calibrated against a target
+/// must be run against that target.
 fn verifier(
     id: &str,
     m: &ModelPolicy,
     policy: &Policy,
     shared: &Shared,
 ) -> anyhow::Result<Arc<dyn Verifier>> {
-    Ok(match &m.verifier {
-        VerifierChoice::Confidence => Arc::new(ConfidenceVerifier),
-        VerifierChoice::Learned(p) => {
-            let v = LearnedVerifier::load(p, &shared.draft_sha256, shared.draft.meta())?;
-            // Its thresholds mean something only for the pair it was calibrated on.
-            if policy.target.model.as_deref() != Some(v.target()) {
-                anyhow::bail!(
-                    "models.{id:?}: the learned verifier {} was calibrated with target {:?}, but this policy's target.model is {}; \
-                     use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
-                    p.display(),
-                    v.target(),
-                    policy
-                        .target
-                        .model
-                        .as_deref()
-                        .map_or("not set".to_string(), |m| format!("{m:?}"))
-                );
-            }
-            tracing::info!(model = %id, verifier = %p.display(), draft_sha256 = %shared.draft_sha256, target = v.target(), "learned verifier for this draft-target pair");
-            Arc::new(v)
+    let v = m.verifier.load(&shared.draft_sha256, shared.draft.meta())?;
+    if let Some(target) = v.calibrated_with() {
+        // Its thresholds mean something only for the pair it was calibrated on.
+        if policy.target.model.as_deref() != Some(target) {
+            anyhow::bail!(
+                "models.{id:?}: the {} was calibrated with target {target:?}, but this policy's target.model is {}; \
+                 use verifier = \"confidence\", or calibrate for this pair (approxy train collect --target-kind ..., then train fit --target NAME)",
+                m.verifier,
+                policy
+                    .target
+                    .model
+                    .as_deref()
+                    .map_or("not set".to_string(), |m| format!("{m:?}"))
+            );
         }
-    })
+        tracing::info!(model = %id, verifier = %m.verifier, draft_sha256 = %shared.draft_sha256, target, "verifier for this draft-target pair");
+    }
+    Ok(v)
 }
 
 /// The target's API key, from the environment variable the policy names.

@@ -12,10 +12,14 @@ use serde::{Deserialize, Serialize};
 pub mod budget;
 pub mod guard;
 pub mod ledger;
+pub mod price;
+pub mod pricing;
 
 pub use budget::{BudgetGuard, Rates};
 pub use guard::Guard;
 pub use ledger::{Ledger, LedgerView, Segment};
+pub use price::Price;
+pub use pricing::{Pricing, Tariff};
 
 /// Tokens a target generates, on average, after approxy closes its stream before the end (a
 /// span that resynced, an answer that hit a stop string): it notices only at its next write.
@@ -41,41 +45,6 @@ pub struct Spend {
     pub cached_input_tokens: u64,
     /// Calls made to the target.
     pub target_calls: u64,
-}
-
-/// USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Price {
-    /// Input tokens.
-    pub input: f64,
-    /// Input tokens served from a prompt cache.
-    pub cached_input: f64,
-    /// Output tokens.
-    pub output: f64,
-}
-
-impl Price {
-    /// True when every price is zero (a self-hosted target): nothing to guard.
-    pub fn is_free(&self) -> bool {
-        self.input == 0.0 && self.cached_input == 0.0 && self.output == 0.0
-    }
-
-    fn per_token(x: f64) -> f64 {
-        x / 1e6
-    }
-
-    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
-    pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
-        let cacheable = cacheable.min(sent);
-        Self::per_token(
-            (sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input,
-        )
-    }
-
-    /// `n` output tokens.
-    pub fn output_cost(&self, n: u64) -> f64 {
-        Self::per_token(n as f64 * self.output)
-    }
 }
 
 /// How a provider's prompt cache reuses a re-sent prefix: not below `min_tokens`, and in
@@ -118,7 +87,7 @@ pub struct CostEstimate {
 }
 
 /// Costs of a generation's spend.
-pub fn estimate(s: &Spend, p: &Price) -> CostEstimate {
+pub fn estimate(s: &Spend, p: &Pricing) -> CostEstimate {
     CostEstimate {
         approxy: p.input_cost(s.target_input_tokens, s.cached_input_tokens)
             + p.output_cost(s.target_output_tokens),
@@ -130,8 +99,8 @@ pub fn estimate(s: &Spend, p: &Price) -> CostEstimate {
 /// `max_cost_ratio` times passing the request through.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostGuard {
-    /// The target's prices.
-    pub price: Price,
+    /// How the target's work is priced.
+    pub price: Pricing,
     /// Largest allowed ratio of approxy's cost to passthrough's (1.0: never dearer).
     pub max_cost_ratio: f64,
     /// How the provider's cache serves re-sent prefixes.
@@ -230,7 +199,7 @@ mod tests {
             cached_input_tokens: 800,
             target_calls: 3,
         };
-        let c = estimate(&s, &price());
+        let c = estimate(&s, &price().into());
         assert!((c.approxy - (200.0 + 80.0 + 14.0) / 1e6).abs() < 1e-12);
         assert!((c.passthrough - (100.0 + 100.0) / 1e6).abs() < 1e-12);
     }
@@ -238,7 +207,7 @@ mod tests {
     #[test]
     fn guard_allows_a_call_the_draft_has_paid_for_and_refuses_one_it_has_not() {
         let g = CostGuard {
-            price: price(),
+            price: price().into(),
             max_cost_ratio: 1.0,
             cache: CacheRules::default(),
         };
@@ -292,7 +261,7 @@ mod tests {
         }
         // A target that costs nothing is never guarded.
         let free = CostGuard {
-            price: Price::default(),
+            price: Price::default().into(),
             max_cost_ratio: 1.0,
             cache: CacheRules::default(),
         };

@@ -152,15 +152,6 @@ pub struct DraftPolicy {
     pub spin_wait: bool,
 }
 
-/// Which verifier a model uses.
-#[derive(Debug, Clone, PartialEq)]
-pub enum VerifierChoice {
-    /// Draft top-1 probability.
-    Confidence,
-    /// A learned head from this artifact.
-    Learned(PathBuf),
-}
-
 /// How a model is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -172,7 +163,8 @@ pub enum Mode {
 }
 
 /// USD per million tokens (the engine's own type: its cost guard reads it).
-pub use approxy_verifier::cost::Price;
+pub use approxy_verifier::cost::{Price, Pricing};
+pub use approxy_verifier::verify::VerifierChoice;
 
 /// A prompt's kind, code or chat: what a policy may set its dial per (detected by
 /// `crate::request::prompt_kind`).
@@ -292,8 +284,8 @@ pub struct ModelPolicy {
     pub bailout: Option<BailoutBudget>,
     /// Allowed per-request threshold range.
     pub threshold_override: (f32, f32),
-    /// Prices.
-    pub price: Price,
+    /// How the target's work is priced for this model.
+    pub price: Pricing,
     /// When approxy cannot answer (its engine fails before the first token, the tokenizer
     /// check cannot run, the prompt is beyond the draft), pass the request to the target
     /// instead of answering with an error.

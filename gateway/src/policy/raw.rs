@@ -293,6 +293,18 @@ pub struct RawPrice {
     pub output: f64,
 }
 
+impl From<&super::Pricing> for RawPrice {
+    /// The table a validated pricing was read from (tools that write policies).
+    fn from(p: &super::Pricing) -> Self {
+        let super::Pricing::Tokens(t) = p;
+        RawPrice {
+            input: t.input,
+            cached_input: t.cached_input,
+            output: t.output,
+        }
+    }
+}
+
 /// A dial setting: one value for every prompt, or one per prompt kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(

@@ -15,7 +15,7 @@ use super::raw::{
 };
 use super::{
     Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
-    PassthroughPolicy, Policy, Price, SpecialTokenText, TargetPolicy, VerifierChoice,
+    PassthroughPolicy, Policy, Price, Pricing, SpecialTokenText, TargetPolicy, VerifierChoice,
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
@@ -450,20 +450,11 @@ impl Validator {
     }
 
     fn verifier(&mut self, f: Field, verifier: Option<&str>) -> VerifierChoice {
-        match verifier {
-            None | Some("confidence") => VerifierChoice::Confidence,
-            Some(p) => {
-                let path = self.path(p);
-                if !path.is_file() {
-                    self.err(format!(
-                        "{}: artifact {} does not exist",
-                        f("verifier"),
-                        path.display()
-                    ));
-                }
-                VerifierChoice::Learned(path)
-            }
+        let choice = VerifierChoice::parse(verifier, |p| self.path(p));
+        if let Err(e) = choice.check() {
+            self.err(format!("{}: {e}", f("verifier")));
         }
+        choice
     }
 
     /// The dial: given outright, or read off the calibration at a false-accept budget.
@@ -528,19 +519,14 @@ impl Validator {
         far: RawPerKind,
         verifier: &VerifierChoice,
     ) -> KindThresholds {
-        use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
+        use approxy_verifier::calibration::{threshold_for, threshold_for_kind};
         let path = self.path(c);
         // The budget is read on the curve of the verifier this policy runs, which
         // need not be the one the file chose.
-        let curve = match verifier {
-            VerifierChoice::Confidence => Curve::Confidence,
-            VerifierChoice::Learned(artifact) => {
-                if let Err(e) = same_rule(&path, artifact) {
-                    self.err(format!("{}: {e}", f("calibration")));
-                }
-                Curve::Learned
-            }
-        };
+        let (curve, unfit) = verifier.curve(&path);
+        if let Some(e) = unfit {
+            self.err(format!("{}: {e}", f("calibration")));
+        }
         // One budget reads the curve of all prompts; a table reads each kind's own.
         let resolved = match far {
             RawPerKind::All(x) => threshold_for(&path, x, curve).map(KindThresholds::all),
@@ -697,7 +683,7 @@ impl Validator {
         (lo, hi)
     }
 
-    fn price(&mut self, f: Field, price: Option<&RawPrice>) -> Price {
+    fn price(&mut self, f: Field, price: Option<&RawPrice>) -> Pricing {
         let price = price
             .map(|p| Price {
                 input: p.input,
@@ -711,7 +697,7 @@ impl Validator {
         {
             self.err(format!("{}: prices must be finite and >= 0", f("price")));
         }
-        price
+        Pricing::Tokens(price)
     }
 
     /// Whether a model falls back to passthrough when approximating fails, or answers an error.
@@ -792,27 +778,5 @@ fn per_kind(v: RawPerKind) -> KindThresholds {
             code: k.code,
             chat: k.chat,
         },
-    }
-}
-
-/// A learned head's false-accept budget is read on a calibration of the same acceptance rule:
-/// the rule the artifact was trained for must be the one the calibration file measured against.
-fn same_rule(calibration: &Path, artifact: &Path) -> Result<(), String> {
-    let c = approxy_verifier::calibration::Calibration::load(calibration)?;
-    let a: approxy_verifier::verify::learned::Artifact = std::fs::read(artifact)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        .map_err(|e| format!("{}: {e}", artifact.display()))?;
-    let rule = |r: &Option<String>| r.clone().unwrap_or_else(|| "identical".into());
-    if rule(&c.rule) == rule(&a.rule) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} calibrates the rule {}, but the verifier {} was trained for {}",
-            calibration.display(),
-            rule(&c.rule),
-            artifact.display(),
-            rule(&a.rule)
-        ))
     }
 }

@@ -327,11 +327,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             window: b.window,
             max_rejection_rate: b.max_rejection_rate,
         }),
-        price: Some(RawPrice {
-            input: base.price.input,
-            cached_input: base.price.cached_input,
-            output: base.price.output,
-        }),
+        price: Some(RawPrice::from(&base.price)),
         ..RawModel::default()
     }
 }

@@ -31,7 +31,7 @@ use approxy_gateway::policy::raw::{
     RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPerKind, RawPolicy, RawPrice,
     RawTarget,
 };
-use approxy_gateway::policy::{ModelPolicy, Policy, Price};
+use approxy_gateway::policy::{ModelPolicy, Policy, Price, Pricing};
 use approxy_setup::Home;
 use approxy_verifier::{Correction, SpanClose};
 
@@ -210,6 +210,12 @@ pub fn correction_words(c: Correction) -> String {
     }
 }
 
+/// The benchmark bills tokens at a price list: the policy's, which must be one.
+fn token_prices(p: &Pricing) -> Price {
+    let Pricing::Tokens(t) = p;
+    *t
+}
+
 fn bench_policy(
     target_url: &str,
     layout: Layout,
@@ -227,11 +233,7 @@ fn bench_policy(
             window: b.window,
             max_rejection_rate: b.max_rejection_rate,
         }),
-        price: Some(RawPrice {
-            input: base.price.input,
-            cached_input: base.price.cached_input,
-            output: base.price.output,
-        }),
+        price: Some(RawPrice::from(&base.price)),
         ..RawModel::default()
     };
     let policy = RawPolicy {
@@ -428,7 +430,7 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
         problems: &problems,
         opts,
         sandbox,
-        price: base_model.price,
+        price: token_prices(&base_model.price),
         scratch,
     };
     let all_configs = configs(&levels);

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use approxy_verifier::cost::Price;
+use approxy_verifier::cost::Pricing;
 use serde::{Deserialize, Serialize};
 
 /// What the target computed, from its counters.
@@ -103,7 +103,7 @@ pub struct Tokens {
 
 impl Tokens {
     /// USD at `price`.
-    pub fn cost(&self, price: &Price) -> f64 {
+    pub fn cost(&self, price: &Pricing) -> f64 {
         price.input_cost(self.uncached_input + self.cached_input, self.cached_input)
             + price.output_cost(self.output)
     }
@@ -274,12 +274,12 @@ vllm:num_requests_running{engine=\"0\",model_name=\"qwen coder\"} 0.0
         );
         assert!((d.busy_seconds() - 2.5).abs() < 1e-12);
         // Priced per million: 66 * 1 + 322 * 0.1 + 90 * 3 = 368.2.
-        let price = Price {
+        let price = approxy_verifier::cost::Price {
             input: 1.0,
             cached_input: 0.1,
             output: 3.0,
         };
-        assert!((d.tokens().cost(&price) * 1e6 - 368.2).abs() < 1e-9);
+        assert!((d.tokens().cost(&price.into()) * 1e6 - 368.2).abs() < 1e-9);
         Ok(())
     }
 

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CacheRules, CallPlan, CostGuard, GuardReason, Price, Spend};
+use super::{CacheRules, CallPlan, CostGuard, GuardReason, Pricing, Spend};
 
 /// How many tokens of a request's own record the model's rates weigh as, in the blend.
 pub const PRIOR_TOKENS: f64 = 64.0;
@@ -60,8 +60,8 @@ impl Rates {
 /// traffic are read when the request starts).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetGuard {
-    /// The target's prices.
-    pub price: Price,
+    /// How the target's work is priced.
+    pub price: Pricing,
     /// How the provider's cache serves re-sent prefixes.
     pub cache: CacheRules,
     /// No request may cost more than this times passthrough (the strict bound at this ratio).
@@ -157,6 +157,7 @@ impl BudgetGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::Price;
 
     const DEEPSEEK: Price = Price {
         input: 0.56,
@@ -166,7 +167,7 @@ mod tests {
 
     fn guard(price: Price, prior: Rates) -> BudgetGuard {
         BudgetGuard {
-            price,
+            price: price.into(),
             cache: CacheRules::default(),
             hard_cap: 1.5,
             max_cost_ratio: 1.0,
@@ -301,7 +302,7 @@ mod tests {
         };
         assert!(
             CostGuard {
-                price: DEEPSEEK,
+                price: DEEPSEEK.into(),
                 max_cost_ratio: 1.0,
                 cache: CacheRules::default()
             }

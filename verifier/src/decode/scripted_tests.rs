@@ -476,7 +476,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     };
     let mut req = request(0.5, 64);
     req.cost_guard = Some(Guard::Strict(CostGuard {
-        price,
+        price: price.into(),
         max_cost_ratio: 1.0,
         cache: Default::default(),
     }));
@@ -490,7 +490,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     assert_eq!(o.text, "hello world");
     assert!(o.stats.cost_guard && !o.stats.bailed_out);
     assert_eq!(o.stats.target_calls, 1, "one call for the whole answer");
-    let c = estimate(&o.stats.spend(), &price);
+    let c = estimate(&o.stats.spend(), &price.into());
     assert!(c.approxy <= c.passthrough, "{c:?}");
 
     // Confident drafting pays for corrections: the guard lets them through.
@@ -505,7 +505,7 @@ async fn the_cost_guard_hands_the_rest_to_the_target_before_a_call_could_cost_mo
     .await?;
     assert!(!o.stats.cost_guard);
     assert_eq!(o.stats.target_calls, 1);
-    let c = estimate(&o.stats.spend(), &price);
+    let c = estimate(&o.stats.spend(), &price.into());
     assert!(c.approxy <= c.passthrough, "{c:?}");
     Ok(())
 }
@@ -529,7 +529,8 @@ async fn an_expected_span_end_goes_on_where_the_guard_would_refuse_the_next_call
             input: 1.0,
             cached_input: 0.1,
             output: 2.0,
-        },
+        }
+        .into(),
         max_cost_ratio: 1.14,
         cache: Default::default(),
     });
@@ -609,7 +610,7 @@ async fn an_expected_span_end_goes_on_where_the_guard_would_refuse_the_next_call
 async fn without_prices_the_cost_guard_never_trips() -> Result<(), EngineError> {
     let mut req = request(0.5, 64);
     req.cost_guard = Some(Guard::Strict(CostGuard {
-        price: Price::default(),
+        price: Price::default().into(),
         max_cost_ratio: 1.0,
         cache: Default::default(),
     }));
@@ -689,8 +690,8 @@ async fn window_calls_that_skip_the_targets_cache_are_billed_uncached() -> Resul
         output: 2.0,
     };
     assert!(
-        estimate(&uncached.stats.spend(), &price).approxy
-            > estimate(&cached.stats.spend(), &price).approxy
+        estimate(&uncached.stats.spend(), &price.into()).approxy
+            > estimate(&cached.stats.spend(), &price.into()).approxy
     );
     Ok(())
 }

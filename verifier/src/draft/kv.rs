@@ -154,27 +154,6 @@ impl KvCache {
         self.generation += 1;
         Ok(())
     }
-
-    /// Key rows of one layer's valid positions, head after head (for tests and diagnostics).
-    pub fn key_rows(&self, layer: usize) -> Vec<f32> {
-        let Some((k, _)) = self.buffers.get(layer) else {
-            return Vec::new();
-        };
-        let Ok((_, data)) = k.try_extract_tensor::<f32>() else {
-            return Vec::new();
-        };
-        let mut out = vec![0.0; self.heads * self.len * self.head_dim];
-        copy_rows(
-            data,
-            self.capacity,
-            &mut out,
-            self.len,
-            self.heads,
-            self.len,
-            self.head_dim,
-        );
-        out
-    }
 }
 
 /// Copies the first `len` rows of every head from a `[heads, src_cap, hd]` buffer into a

@@ -265,6 +265,9 @@ impl Verifier for LearnedVerifier {
     fn reads_context(&self) -> bool {
         LearnedVerifier::reads_context(self)
     }
+    fn calibrated_with(&self) -> Option<&str> {
+        Some(self.target())
+    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
 //! Verifiers: given the draft's features at a position, the probability that the target
 //! would have produced the draft's token there. Two kinds behind one trait: the baseline
-//! "draft top-1 probability" and a small learned head loaded from a training artifact.
+//! "draft top-1 probability" and a small learned head loaded from a training artifact; which
+//! one a model runs is a [`VerifierChoice`]. The per-token decision ([`decide`]) is here too.
 
+pub mod choice;
 pub mod context;
 pub mod features;
 pub mod learned;
 pub mod rule;
 
+pub use choice::VerifierChoice;
 pub use context::{Context, Record};
 pub use features::Features;
 pub use learned::LearnedVerifier;
@@ -23,6 +26,11 @@ pub trait Verifier: Send + Sync + std::fmt::Debug {
     /// True when it reads [`Features::context`]: only then does the decode loop keep one.
     fn reads_context(&self) -> bool {
         false
+    }
+    /// The target model its thresholds were calibrated against, when they were (a learned
+    /// head's mean something only for that draft-target pair).
+    fn calibrated_with(&self) -> Option<&str> {
+        None
     }
 }
 

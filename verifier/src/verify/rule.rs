@@ -24,11 +24,6 @@ pub struct TargetProbs {
 }
 
 impl TargetProbs {
-    /// The target's top token.
-    pub fn top_token(&self) -> Option<u32> {
-        self.top.first().map(|t| t.0)
-    }
-
     /// log p(token), when the token is in the top-k.
     pub fn logprob(&self, token: u32) -> Option<f32> {
         self.top.iter().find(|t| t.0 == token).map(|t| t.1)

@@ -1,0 +1,55 @@
+//! The token price class: a price list per million tokens, as hosted APIs bill (and as a
+//! self-hosted target is priced when its policy gives it one).
+
+use serde::{Deserialize, Serialize};
+
+use super::pricing::Tariff;
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Price {
+    /// Input tokens.
+    pub input: f64,
+    /// Input tokens served from a prompt cache.
+    pub cached_input: f64,
+    /// Output tokens.
+    pub output: f64,
+}
+
+impl Price {
+    /// True when every price is zero (a self-hosted target priced at nothing): nothing to guard.
+    pub fn is_free(&self) -> bool {
+        self.input == 0.0 && self.cached_input == 0.0 && self.output == 0.0
+    }
+
+    fn per_token(x: f64) -> f64 {
+        x / 1e6
+    }
+
+    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
+    pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
+        let cacheable = cacheable.min(sent);
+        Self::per_token(
+            (sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input,
+        )
+    }
+
+    /// `n` output tokens.
+    pub fn output_cost(&self, n: u64) -> f64 {
+        Self::per_token(n as f64 * self.output)
+    }
+}
+
+impl Tariff for Price {
+    fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
+        Price::input_cost(self, sent, cacheable)
+    }
+
+    fn output_cost(&self, n: u64) -> f64 {
+        Price::output_cost(self, n)
+    }
+
+    fn is_free(&self) -> bool {
+        Price::is_free(self)
+    }
+}
