@@ -163,6 +163,24 @@ struct Ids {
 }
 
 impl Ids {
+    /// A new answer's ids, as OpenAI forms them.
+    fn new(model: String, endpoint: Endpoint) -> Self {
+        let prefix = if endpoint == Endpoint::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        };
+        Self {
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            model,
+            endpoint,
+        }
+    }
+
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
@@ -258,20 +276,7 @@ pub async fn approximate(
         trace,
         approxy_verifier::targets::retry::within(deadline, generation),
     ));
-    let prefix = if valid.endpoint == Endpoint::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
-    let ids = Ids {
-        id: format!("{prefix}-{:032x}", rand::random::<u128>()),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        model: valid.model.clone(),
-        endpoint: valid.endpoint,
-    };
+    let ids = Ids::new(valid.model.clone(), valid.endpoint);
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;

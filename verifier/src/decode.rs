@@ -28,7 +28,7 @@ mod run;
 use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
 use pacing::{RejectionWindow, WindowSize};
-use run::{Run, SpanEnd, WindowEnd};
+use run::{Corrected, Run, WindowEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -480,45 +480,17 @@ impl Engine {
                         WindowEnd::Unsupported(back) => out = back,
                     }
                 }
-                let correction = run.req.settings.correction;
-                let asked = match correction {
-                    Correction::Fixed { tokens } => tokens.max(1),
-                    Correction::Span { max_span, .. } => max_span.max(1),
-                }
-                .min(run.remaining());
-                let guarded = if over_budget {
-                    None
-                } else {
-                    run.guard_judges(0, asked)
-                };
-                if over_budget || guarded.is_some() {
-                    // One call lets the target write the rest: too many rejections, or the
-                    // guard will not have another correction.
-                    run.stats.bailed_out = over_budget && !at_call_cap;
-                    run.stats.cost_guard = guarded.is_some();
-                    run.stats.cost_guard_reason = guarded;
-                    break run.hand_off().await?;
-                }
-                match correction {
-                    Correction::Fixed { .. } => {
-                        if let Some(reason) = run.call_target(&mut cursor, &out, asked).await? {
-                            break reason;
-                        }
-                        run.last_target_tokens.clone()
+                match run
+                    .correct(&mut cursor, verifier, out, over_budget, at_call_cap)
+                    .await?
+                {
+                    Corrected::Produced(tokens) => tokens,
+                    // The draft already followed the correction: its output is current.
+                    Corrected::Resume(next) => {
+                        out = next;
+                        continue;
                     }
-                    Correction::Span { resync, end, .. } => {
-                        match run
-                            .span(&mut cursor, verifier, out, asked, resync.max(1), end)
-                            .await?
-                        {
-                            // The draft already followed the span: its output is current.
-                            SpanEnd::Resume(next) => {
-                                out = next;
-                                continue;
-                            }
-                            SpanEnd::Finished(reason) => break reason,
-                        }
-                    }
+                    Corrected::Finished(reason) => break reason,
                 }
             };
             out = cursor.commit(&produced).await?;

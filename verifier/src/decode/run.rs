@@ -9,17 +9,19 @@ use tokio::sync::mpsc;
 
 use super::cursor::Cursor;
 use super::{
-    Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats, TIE_MARGIN,
-    TokenEvent,
+    Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats,
+    TIE_MARGIN, TokenEvent,
 };
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
-use crate::targets::{ContinuationRequest, TargetTimings, TokenStream, WindowRequest, WindowScore};
+use crate::targets::{
+    ContinuationRequest, StreamChunk, TargetTimings, TokenStream, WindowRequest, WindowScore,
+};
 use crate::tokenizer::StreamDecoder;
-use crate::verify::{Context, Features, Record, TargetProbs, Verifier, decide};
+use crate::verify::{AcceptanceRule, Context, Features, Record, TargetProbs, Verifier, decide};
 
 /// The target's top log-probabilities a relaxed window asks for at each position (as label
 /// collection and the oracle study use).
@@ -60,6 +62,46 @@ pub(super) enum WindowEnd {
     /// The target cannot score windows; the draft's output at the starting position, with the
     /// look-ahead rolled back.
     Unsupported(PositionOutput),
+}
+
+/// A window the draft ran ahead.
+struct DraftedWindow {
+    /// Its tokens, the proposed one first.
+    tokens: Vec<u32>,
+    /// The distribution each was drawn from (sampled decoding only).
+    drawn_from: Vec<Vec<(u32, f32)>>,
+    /// The draft's probability of each (greedy, under a rule that reads it).
+    draft_probs: Vec<f32>,
+}
+
+/// A window's scores as many as its tokens ask for: a top token at each position and one
+/// after, and log-probabilities at each position when they were asked for.
+fn check_scores(score: &WindowScore, window: usize, logprobs: bool) -> Result<(), EngineError> {
+    if score.top.len() != window + 1 {
+        return Err(TargetError::Protocol(format!(
+            "a window of {window} tokens came back with {} scores",
+            score.top.len()
+        ))
+        .into());
+    }
+    if logprobs && score.logprobs.len() != window {
+        return Err(TargetError::Protocol(format!(
+            "a window of {window} tokens came back with log-probabilities at {} positions",
+            score.logprobs.len()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// What a rejection's correction left.
+pub(super) enum Corrected {
+    /// Target tokens the draft has still to take.
+    Produced(Vec<u32>),
+    /// The draft has taken them; drafting resumes at this output.
+    Resume(PositionOutput),
+    /// The generation ended.
+    Finished(FinishReason),
 }
 
 /// How a span ended.
@@ -392,44 +434,17 @@ impl<'a> Run<'a> {
     ) -> Result<WindowEnd, EngineError> {
         let sampled = !self.req.sampling.is_greedy();
         let start = out;
-        let mut window = vec![first];
-        // The distribution each window token was drawn from (sampled decoding only).
-        let mut drawn_from = Vec::new();
-        if sampled {
-            drawn_from.push(sampler.distribution(&start.logits));
-        }
-        // A relaxed rule judges greedy windows from the target's probabilities; the draft's
-        // probability of each window token (its top-1, greedy) only when the rule reads it, taken
-        // as the verifier, the rows and the oracle take it.
+        // A relaxed rule judges greedy windows from the target's probabilities.
         let rule = self
             .req
             .settings
             .verification
             .window_rule()
             .filter(|_| !sampled);
-        let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
-        let mut draft_probs = Vec::new();
-        if reads_q {
-            draft_probs.push(Features::from_output(&start).top1_prob);
-        }
-        while window.len() < k as usize {
-            let last = window[window.len() - 1];
-            if self.engine.eos.contains(&last) {
-                break;
-            }
-            let o = cursor.ahead_at(window.len() - 1, last).await?;
-            if sampled {
-                let d = sampler.distribution(&o.logits);
-                window.push(sampler.pick_from(&d));
-                drawn_from.push(d);
-            } else {
-                let t = sampler.pick_at(o);
-                if reads_q {
-                    draft_probs.push(Features::from_output(o).top1_prob);
-                }
-                window.push(t);
-            }
-        }
+        let drafted = self
+            .draft_window(cursor, &start, first, k, sampler, rule)
+            .await?;
+        let window = &drafted.tokens;
         // The cursor now has every window token but the last ahead.
         let prefix = self.prefix();
         let sent = (prefix.len() + window.len()) as u64;
@@ -463,22 +478,7 @@ impl<'a> Run<'a> {
             cursor.discard().await?;
             return Ok(WindowEnd::Unsupported(start));
         };
-        if score.top.len() != window.len() + 1 {
-            return Err(TargetError::Protocol(format!(
-                "a window of {} tokens came back with {} scores",
-                window.len(),
-                score.top.len()
-            ))
-            .into());
-        }
-        if (sampled || rule.is_some()) && score.logprobs.len() != window.len() {
-            return Err(TargetError::Protocol(format!(
-                "a window of {} tokens came back with log-probabilities at {} positions",
-                window.len(),
-                score.logprobs.len()
-            ))
-            .into());
-        }
+        check_scores(&score, window.len(), sampled || rule.is_some())?;
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += sent;
         self.stats.target_cacheable_input_tokens += cacheable;
@@ -486,44 +486,117 @@ impl<'a> Run<'a> {
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;
         let (accepted, own) = if sampled {
-            self.accept_sampled(&window, &drawn_from, &score, sampler)
+            self.accept_sampled(window, &drafted.drawn_from, &score, sampler)
         } else {
-            let accepted = window
-                .iter()
-                .zip(&score.top)
-                .enumerate()
-                .take_while(|&(i, (w, t))| {
-                    w == t
-                        || rule.is_some_and(|r| {
-                            let mut top = score.logprobs[i].clone();
-                            top.sort_by(|a, b| b.1.total_cmp(&a.1));
-                            let q = draft_probs.get(i).copied().unwrap_or(0.0);
-                            r.accepts(*w, q, &TargetProbs { top })
-                        })
-                })
-                .count();
-            self.stats.window_relaxed_accepts += window[..accepted]
-                .iter()
-                .zip(&score.top)
-                .filter(|(w, t)| w != t)
-                .count() as u64;
-            if let Some(Some(m)) = score.margins.get(accepted)
-                && accepted < window.len()
-                && *m < TIE_MARGIN
-            {
-                self.stats
-                    .near_ties
-                    .push(((self.emitted.len() + accepted) as u32, *m));
-            }
-            (accepted, score.top[accepted])
+            self.accept_greedy(window, &score, rule, &drafted.draft_probs)
         };
         self.stats.window_accepted += accepted as u64;
+        self.emit_window(cursor, &start, window, accepted, own)
+            .await
+    }
+
+    /// Runs the draft ahead from `first` (the token it proposes at `start`) to a window of
+    /// `k` tokens, or to an end of sequence.
+    async fn draft_window(
+        &self,
+        cursor: &mut Cursor<'_>,
+        start: &PositionOutput,
+        first: u32,
+        k: u32,
+        sampler: &mut Sampler,
+        rule: Option<AcceptanceRule>,
+    ) -> Result<DraftedWindow, EngineError> {
+        let sampled = !self.req.sampling.is_greedy();
+        let mut d = DraftedWindow {
+            tokens: vec![first],
+            drawn_from: Vec::new(),
+            draft_probs: Vec::new(),
+        };
+        if sampled {
+            d.drawn_from.push(sampler.distribution(&start.logits));
+        }
+        // The draft's probability of each window token (its top-1, greedy) only when the rule
+        // reads it, taken as the verifier, the rows and the oracle take it.
+        let reads_q = rule.is_some_and(|r| r.reads_draft_probability());
+        if reads_q {
+            d.draft_probs.push(Features::from_output(start).top1_prob);
+        }
+        while d.tokens.len() < k as usize {
+            let last = d.tokens[d.tokens.len() - 1];
+            if self.engine.eos.contains(&last) {
+                break;
+            }
+            let o = cursor.ahead_at(d.tokens.len() - 1, last).await?;
+            if sampled {
+                let dist = sampler.distribution(&o.logits);
+                d.tokens.push(sampler.pick_from(&dist));
+                d.drawn_from.push(dist);
+            } else {
+                let t = sampler.pick_at(o);
+                if reads_q {
+                    d.draft_probs.push(Features::from_output(o).top1_prob);
+                }
+                d.tokens.push(t);
+            }
+        }
+        Ok(d)
+    }
+
+    /// Greedy windows: the longest prefix the target would have chosen itself (or, under a
+    /// relaxed rule, accepts from its log-probabilities), then the target's own token there.
+    fn accept_greedy(
+        &mut self,
+        window: &[u32],
+        score: &WindowScore,
+        rule: Option<AcceptanceRule>,
+        draft_probs: &[f32],
+    ) -> (usize, u32) {
+        let accepted = window
+            .iter()
+            .zip(&score.top)
+            .enumerate()
+            .take_while(|&(i, (w, t))| {
+                w == t
+                    || rule.is_some_and(|r| {
+                        let mut top = score.logprobs[i].clone();
+                        top.sort_by(|a, b| b.1.total_cmp(&a.1));
+                        let q = draft_probs.get(i).copied().unwrap_or(0.0);
+                        r.accepts(*w, q, &TargetProbs { top })
+                    })
+            })
+            .count();
+        self.stats.window_relaxed_accepts += window[..accepted]
+            .iter()
+            .zip(&score.top)
+            .filter(|(w, t)| w != t)
+            .count() as u64;
+        if let Some(Some(m)) = score.margins.get(accepted)
+            && accepted < window.len()
+            && *m < TIE_MARGIN
+        {
+            self.stats
+                .near_ties
+                .push(((self.emitted.len() + accepted) as u32, *m));
+        }
+        (accepted, score.top[accepted])
+    }
+
+    /// Emits a scored window's `accepted` draft tokens and the target's own token after them,
+    /// and moves the draft past them.
+    async fn emit_window(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        start: &PositionOutput,
+        window: &[u32],
+        accepted: usize,
+        own: u32,
+    ) -> Result<WindowEnd, EngineError> {
         // The draft's output before window token `i`, for the context (when kept): the cursor
         // still holds the outputs of the window it ran ahead (a guess made while waiting only
         // replaces what comes after the last window token), so none is copied.
         let record = |run: &Self, cursor: &Cursor<'_>, i: usize, token: u32| {
             let before = match i {
-                0 => Some(&start),
+                0 => Some(start),
                 // After a fully accepted window the draft has not looked past it yet.
                 i if i >= window.len() => None,
                 i => cursor.ahead_output(i - 1, window[i - 1]),
@@ -651,6 +724,52 @@ impl<'a> Run<'a> {
         })
     }
 
+    /// Corrects a rejection as the model's settings say: the target writes the rest in one
+    /// call when the request is `over_budget` (too many rejections, or at its call cap) or the
+    /// cost guard will not have another correction; otherwise a fixed number of target tokens
+    /// or a streamed span.
+    pub(super) async fn correct(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        verifier: &dyn Verifier,
+        out: PositionOutput,
+        over_budget: bool,
+        at_call_cap: bool,
+    ) -> Result<Corrected, EngineError> {
+        let correction = self.req.settings.correction;
+        let asked = match correction {
+            Correction::Fixed { tokens } => tokens.max(1),
+            Correction::Span { max_span, .. } => max_span.max(1),
+        }
+        .min(self.remaining());
+        let guarded = if over_budget {
+            None
+        } else {
+            self.guard_judges(0, asked)
+        };
+        if over_budget || guarded.is_some() {
+            self.stats.bailed_out = over_budget && !at_call_cap;
+            self.stats.cost_guard = guarded.is_some();
+            self.stats.cost_guard_reason = guarded;
+            return Ok(Corrected::Finished(self.hand_off().await?));
+        }
+        Ok(match correction {
+            Correction::Fixed { .. } => match self.call_target(cursor, &out, asked).await? {
+                Some(reason) => Corrected::Finished(reason),
+                None => Corrected::Produced(self.last_target_tokens.clone()),
+            },
+            Correction::Span { resync, end, .. } => {
+                match self
+                    .span(cursor, verifier, out, asked, resync.max(1), end)
+                    .await?
+                {
+                    SpanEnd::Resume(next) => Corrected::Resume(next),
+                    SpanEnd::Finished(reason) => Corrected::Finished(reason),
+                }
+            }
+        })
+    }
+
     /// Streams a correction of at most `max_span` tokens. Each target token is emitted as it
     /// arrives and fed to the draft (tokens that arrived together in one call); the draft's
     /// output before it says whether the draft would have written it, confidently. After
@@ -697,34 +816,7 @@ impl<'a> Run<'a> {
                 return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
             let Some(first) = first else { break };
-            // Whatever else has arrived meanwhile (a fast target's backlog) is taken with it,
-            // so that the draft can be fed several tokens in one call.
-            let mut chunks = vec![first];
-            while chunks
-                .last()
-                .is_some_and(|c| c.as_ref().is_ok_and(|c| !c.stopped_on_eos))
-            {
-                match stream.next().now_or_never() {
-                    Some(Some(c)) => chunks.push(c),
-                    Some(None) => {
-                        ended = true;
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            let (mut batch, mut eos, mut failed) = (Vec::new(), false, None);
-            for c in chunks {
-                match c {
-                    Ok(c) => {
-                        self.absorb(c.cached_prompt_tokens, c.timings, c.extra_calls);
-                        batch.extend(c.tokens);
-                        eos |= c.stopped_on_eos;
-                    }
-                    // The tokens before it are emitted first.
-                    Err(e) => failed = Some(e),
-                }
-            }
+            let (batch, eos, failed) = self.take_arrived(first, &mut stream, &mut ended);
             for (i, &token) in batch.iter().enumerate() {
                 received += 1;
                 self.last_prefix_len += 1;
@@ -775,6 +867,44 @@ impl<'a> Run<'a> {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
         Ok(SpanEnd::Resume(out))
+    }
+
+    /// The tokens of a streamed chunk and of whatever else has arrived meanwhile (a fast
+    /// target's backlog), so that the draft can be fed several tokens in one call; whether
+    /// one of them ended on end-of-sequence, and the error that broke the stream, if one did
+    /// (the tokens before it are emitted first). `ended` is set when the stream ended.
+    fn take_arrived(
+        &mut self,
+        first: Result<StreamChunk, TargetError>,
+        stream: &mut TokenStream,
+        ended: &mut bool,
+    ) -> (Vec<u32>, bool, Option<TargetError>) {
+        let mut chunks = vec![first];
+        while chunks
+            .last()
+            .is_some_and(|c| c.as_ref().is_ok_and(|c| !c.stopped_on_eos))
+        {
+            match stream.next().now_or_never() {
+                Some(Some(c)) => chunks.push(c),
+                Some(None) => {
+                    *ended = true;
+                    break;
+                }
+                None => break,
+            }
+        }
+        let (mut batch, mut eos, mut failed) = (Vec::new(), false, None);
+        for c in chunks {
+            match c {
+                Ok(c) => {
+                    self.absorb(c.cached_prompt_tokens, c.timings, c.extra_calls);
+                    batch.extend(c.tokens);
+                    eos |= c.stopped_on_eos;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        (batch, eos, failed)
     }
 
     /// Whether a span the draft has caught up with goes on: under `SpanClose::Expected`, when
