@@ -14,12 +14,14 @@ pub mod guard;
 pub mod ledger;
 pub mod price;
 pub mod pricing;
+pub mod tariff;
 
 pub use budget::{BudgetGuard, Rates};
 pub use guard::Guard;
 pub use ledger::{Ledger, LedgerView, Segment};
 pub use price::Price;
-pub use pricing::{Pricing, Tariff};
+pub use pricing::Pricing;
+pub use tariff::Tariff;
 
 /// Tokens a target generates, on average, after approxy closes its stream before the end (a
 /// span that resynced, an answer that hit a stop string): it notices only at its next write.

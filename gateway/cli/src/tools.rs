@@ -61,7 +61,7 @@ pub(crate) enum BenchCmd {
     /// Long runs with clients leaving mid-request: no failed or hung request, memory, file
     /// descriptors and slots flat, nothing left running (passthrough over a stub upstream, or
     /// the approximate path over the real llama-server).
-    Soak(bench::soak::SoakArgs),
+    Soak(bench::soak_cmd::SoakArgs),
     /// Rewrite the results section of tests/README.md from the JSON the benchmarks wrote.
     Report {
         /// Results directory.

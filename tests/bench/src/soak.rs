@@ -30,7 +30,6 @@ use rand::Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::attack::{self, AttackOptions};
 use super::servers::{self, Layout};
 use approxy_setup::Home;
 
@@ -75,46 +74,6 @@ pub struct SoakOptions {
     /// Results directory.
     #[arg(long, default_value = "deploy/results")]
     pub out: PathBuf,
-}
-
-/// `approxy bench soak`: a soak of the path `--phase` names, or the attack mix (a benchmark of
-/// its own, in `attack`, that takes its length and results directory from the soak's flags).
-#[derive(Debug, Clone, clap::Args)]
-pub struct SoakArgs {
-    /// "passthrough", "approximate" or "attack" (500 idle connections, 64 slow-body
-    /// clients and 20 normal streaming clients at once, over a stub upstream).
-    #[arg(long, value_enum, default_value = "passthrough")]
-    phase: PhaseFlag,
-    #[command(flatten)]
-    options: SoakOptions,
-}
-
-/// What `--phase` names.
-// No doc comments on the variants: clap would list them under `--phase` in `--help`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum PhaseFlag {
-    Passthrough,
-    Approximate,
-    Attack,
-}
-
-impl SoakArgs {
-    /// Runs what `--phase` names.
-    pub async fn run(self) -> anyhow::Result<()> {
-        let phase = match self.phase {
-            PhaseFlag::Passthrough => SoakPhase::Passthrough,
-            PhaseFlag::Approximate => SoakPhase::Approximate,
-            PhaseFlag::Attack => {
-                let SoakOptions { minutes, out, .. } = self.options;
-                return attack::run(&AttackOptions { minutes, out }).await;
-            }
-        };
-        run(&SoakOptions {
-            phase,
-            ..self.options
-        })
-        .await
-    }
 }
 
 /// One reading of the gateway's resources.

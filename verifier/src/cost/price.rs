@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pricing::Tariff;
+use super::tariff::Tariff;
 
 /// USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]

@@ -4,16 +4,7 @@
 //! of [`Pricing`] and its arm in [`Pricing::tariff`].
 
 use super::price::Price;
-
-/// What a call's tokens cost under one price class, in USD.
-pub trait Tariff {
-    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
-    fn input_cost(&self, sent: u64, cacheable: u64) -> f64;
-    /// `n` output tokens.
-    fn output_cost(&self, n: u64) -> f64;
-    /// True when nothing costs anything: there is nothing to guard.
-    fn is_free(&self) -> bool;
-}
+use super::tariff::Tariff;
 
 /// A model's pricing, by class.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,0 +1,287 @@
+//! No circle of imports anywhere in the house: within each crate of the workspace, the files
+//! that import one another (by `use crate::…`, `use super::…` or a `crate::…` path in the code)
+//! form no loop. A loop is how a leaf starts reaching back up, and a change then touches both
+//! ends. Read from the source as text, outside `#[cfg(test)]` items, with module paths mapped
+//! to files as rustc maps them (`a/b.rs` or `a/b/mod.rs` is `a::b`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The crates' source folders, from the workspace root.
+const CRATES: &[&str] = &[
+    "gateway/src",
+    "gateway/cli/src",
+    "verifier/src",
+    "training/src",
+    "deploy/setup/src",
+    "tests/bench/src",
+];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Every `.rs` file below `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// A file's module path within its crate: `[]` for the crate root.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap_or(file);
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().unwrap_or_default();
+    let stem = last.trim_end_matches(".rs");
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// The source without comments and without `#[cfg(test)]` items (a test module may import
+/// anything it tests).
+fn code_of(text: &str) -> String {
+    let no_comments: Vec<&str> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect();
+    let mut out = String::new();
+    let mut lines = no_comments.iter().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() != "#[cfg(test)]" {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // Skip the item: to its `;` when it has no body, else to its closing brace.
+        let mut depth = 0i32;
+        let mut opened = false;
+        for l in lines.by_ref() {
+            depth += l.matches('{').count() as i32 - l.matches('}').count() as i32;
+            opened |= l.contains('{');
+            if (opened && depth <= 0) || (!opened && l.trim_end().ends_with(';')) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Expands one `use` tree (`a::{b, c::d}`) into its paths.
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        return vec![tree.split(" as ").next().unwrap_or("").trim().to_string()];
+    };
+    let head = tree[..open].trim_end_matches("::").trim();
+    let close = tree.rfind('}').filter(|&c| c > open).unwrap_or(tree.len());
+    let inner = &tree[open + 1..close];
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+        .into_iter()
+        .filter(|p| !p.trim().is_empty())
+        .flat_map(expand)
+        .map(|p| match p.as_str() {
+            "self" => head.to_string(),
+            _ => format!("{head}::{p}"),
+        })
+        .collect()
+}
+
+/// The paths a file's code names: its `use` declarations expanded, and `crate::…` and
+/// `super::…` paths written inline.
+fn paths_named(code: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    // A `use` declaration starts a line (after its visibility) and runs to its `;`.
+    let mut lines = code.lines();
+    while let Some(line) = lines.next() {
+        let l = line.trim_start();
+        let l = ["pub(crate) ", "pub(super) ", "pub "]
+            .iter()
+            .find_map(|v| l.strip_prefix(v))
+            .unwrap_or(l);
+        let Some(tree) = l.strip_prefix("use ") else {
+            continue;
+        };
+        let mut decl = tree.to_string();
+        while !decl.contains(';') {
+            match lines.next() {
+                Some(more) => decl.push_str(more),
+                None => break,
+            }
+        }
+        paths.extend(expand(decl.split(';').next().unwrap_or("")));
+    }
+    for root in ["crate::", "super::"] {
+        let mut rest = code;
+        while let Some(at) = rest.find(root) {
+            let before = rest[..at].chars().last();
+            let path: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            rest = &rest[at + root.len()..];
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                paths.push(path.trim_end_matches(':').to_string());
+            }
+        }
+    }
+    paths
+}
+
+/// The module a path names, resolved from module `at`: the longest prefix that is a file.
+fn target_of(path: &str, at: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    let mut segs = path.split("::").filter(|s| !s.is_empty());
+    let mut base: Vec<String> = match segs.next()? {
+        "crate" => Vec::new(),
+        "super" => at[..at.len().saturating_sub(1)].to_vec(),
+        "self" => at.to_vec(),
+        _ => return None,
+    };
+    let mut found = None;
+    for s in segs {
+        if s == "super" {
+            base.pop();
+            continue;
+        }
+        base.push(s.to_string());
+        if modules.contains(&base) {
+            found = Some(base.clone());
+        }
+    }
+    found
+}
+
+/// The files of one crate and the files each imports.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let files: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
+        .collect();
+    let modules: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|f| (module_of(src, f), f.display().to_string()))
+        .collect();
+    let known: BTreeSet<Vec<String>> = modules.keys().cloned().collect();
+    let mut edges = BTreeMap::new();
+    for (module, file) in &modules {
+        let code = code_of(&std::fs::read_to_string(file).unwrap_or_default());
+        let to: BTreeSet<String> = paths_named(&code)
+            .iter()
+            .filter_map(|p| target_of(p, module, &known))
+            .filter(|m| m != module)
+            .filter_map(|m| modules.get(&m).cloned())
+            .collect();
+        edges.insert(file.clone(), to);
+    }
+    edges
+}
+
+/// The loops of a graph, each as one path around it (depth-first, colouring).
+fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+        found: &mut Vec<Vec<String>>,
+    ) {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m.as_str()).copied().unwrap_or(0) {
+                0 => visit(m, edges, state, stack, found),
+                1 => {
+                    let from = stack.iter().position(|s| s == m).unwrap_or(0);
+                    found.push(stack[from..].to_vec());
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+    }
+    let mut state = BTreeMap::new();
+    let mut found = Vec::new();
+    for n in edges.keys() {
+        if state.get(n.as_str()).copied().unwrap_or(0) == 0 {
+            visit(n, edges, &mut state, &mut Vec::new(), &mut found);
+        }
+    }
+    found
+}
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let root = workspace_root();
+    let mut all = Vec::new();
+    for c in CRATES {
+        let g = graph(&root.join(c));
+        assert!(g.len() > 3, "{c}: too few files read ({})", g.len());
+        all.extend(circles(&g));
+    }
+    assert!(all.is_empty(), "import circles: {all:#?}");
+}
+
+/// The check finds what it is for: a leaf that reaches back up, written the ways the code
+/// imports (a grouped `use`, `super::`, an inline `crate::` path).
+#[test]
+fn the_check_sees_a_circle() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
+    let src = dir.path();
+    let write = |name: &str, text: &str| {
+        let p = src.join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap_or_else(|e| unreachable!("{e}"));
+        }
+        std::fs::write(p, text).unwrap_or_else(|e| unreachable!("{e}"));
+    };
+    write("lib.rs", "pub mod top;\npub mod leaf;\npub mod folder;\n");
+    write("top.rs", "use crate::{leaf::Leaf, folder::inner};\n");
+    write(
+        "leaf.rs",
+        "pub struct Leaf;\n#[cfg(test)]\nmod tests {\n    use crate::top::*;\n}\n",
+    );
+    write("folder/mod.rs", "pub mod inner;\n");
+    write("folder/inner.rs", "pub fn f() {}\n");
+    assert!(circles(&graph(src)).is_empty());
+    write(
+        "leaf.rs",
+        "pub struct Leaf;\nfn up() { crate::top::x(); }\n",
+    );
+    assert_eq!(circles(&graph(src)).len(), 1);
+    write("leaf.rs", "pub struct Leaf;\n");
+    write("folder/inner.rs", "use super::super::top;\n");
+    assert_eq!(circles(&graph(src)).len(), 1);
+}
