@@ -14,8 +14,8 @@
 //!   cheapest call plan for those answers would cost (`call_floor`).
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
-//! - `soak_cmd`: `approxy bench soak`'s flags, which name a soak or the attack mix;
-//!   `attack`: the gateway under idle, slow-body and normal clients at once.
+//!   `attack`: the gateway under idle, slow-body and normal clients at once; `soak_cmd`:
+//!   `approxy bench soak`'s flags, which name a soak or the attack mix.
 //! - `report`: the Markdown results and their section in tests/README.md, from the JSON the others wrote.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
