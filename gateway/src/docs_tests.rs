@@ -2,7 +2,8 @@
 //! Schema of policy files is the one the policy types make; every policy key the parser
 //! accepts is in the policy reference and every key it names is accepted; every metric the
 //! gateway and the engine emit is described and in the gateway reference, and so is every
-//! error code; every relative link and anchor between the Markdown references resolves. Each
+//! error code; every target kind has its row in the policy reference; every relative link and
+//! anchor between the Markdown references resolves. Each
 //! checker is also tried on a text that breaks it, so none passes by finding nothing.
 
 // Tests fail by panicking.
@@ -379,6 +380,34 @@ fn every_relative_link_and_anchor_resolves() {
     };
     let broken: Vec<String> = DOCS.iter().flat_map(|d| broken_links(d, &files)).collect();
     assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// The kinds of the policy reference's table of target kinds that have no row there.
+fn kinds_without_a_row<'a>(names: &[&'a str], md: &str) -> Vec<&'a str> {
+    let table = md
+        .split("### Target kinds")
+        .nth(1)
+        .and_then(|s| s.split("\n#").next())
+        .unwrap_or("");
+    names
+        .iter()
+        .copied()
+        .filter(|k| !table.lines().any(|l| l.starts_with(&format!("| {k} |"))))
+        .collect()
+}
+
+#[test]
+fn every_target_kind_has_a_row_in_the_policy_reference() {
+    let names = approxy_verifier::TargetKind::NAMES;
+    let md = read("policies/README.md");
+    assert!(
+        kinds_without_a_row(names, &md).is_empty(),
+        "{:?}",
+        kinds_without_a_row(names, &md)
+    );
+    // The check finds a missing row.
+    let without = md.replace("| openai_chat |", "| a chat-only API |");
+    assert_eq!(kinds_without_a_row(names, &without), ["openai_chat"]);
 }
 
 /// Each checker finds what it exists to find: an undocumented key, a key the parser refuses,
