@@ -385,6 +385,27 @@ fn by_prompt_source(
 /// Fits both heads, picks the better on held-out AUC, writes artifact + calibration + report.
 pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let rows = labelled_rows(a)?;
+    let split = Split::new(&rows, a.seed);
+    eprintln!(
+        "{} rows: {} train, {} held out",
+        rows.len(),
+        split.train.len(),
+        split.held.len()
+    );
+    let mut fitted = fit_heads(&rows, &split, a.seed)?;
+    // Named only when it is not the shipped pair's target, so the committed artifact
+    // regenerates byte for byte.
+    fitted.best.artifact.target =
+        (a.target != DEFAULT_CALIBRATION_TARGET).then(|| a.target.clone());
+    fitted.best.artifact.rule = (a.rule != AcceptanceRule::Identical).then(|| a.rule.to_string());
+    let calibration = calibration(a, &rows, &split, &fitted, started);
+    write_fit(&a.out_dir, &fitted, &calibration)
+}
+
+/// The rows under `--data` labelled by `--rule`: those that carry what the rule is computed
+/// from.
+fn labelled_rows(a: &FitArgs) -> anyhow::Result<Rows> {
     let all = load_dir(&a.data)?;
     let rows = all.labelled_by(&a.rule);
     if rows.is_empty() {
@@ -403,23 +424,73 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             all.len()
         );
     }
-    let (held, train): (Vec<usize>, Vec<usize>) =
-        (0..rows.len()).partition(|&i| is_held_out(rows.prompt_ids[i], a.seed));
-    eprintln!(
-        "{} rows: {} train, {} held out",
-        rows.len(),
-        train.len(),
-        held.len()
-    );
-    let draft_sha = DRAFT_GGUF_SHA256;
-    let base = baseline(&rows, &held);
-    let key = |a: &Auc| a.all.unwrap_or(0.0);
-    // Weight decay is picked on a validation fifth of the training prompts (never the held-out
-    // split), then the head is refitted on all training rows.
-    let (val, fit_rows): (Vec<usize>, Vec<usize>) = train
-        .iter()
-        .partition(|&&i| is_held_out(rows.prompt_ids[i], a.seed.wrapping_add(1)));
-    let mut candidates = Vec::new();
+    Ok(rows)
+}
+
+/// The rows split by prompt, so no prompt's rows sit on both sides of a split.
+struct Split {
+    /// Rows the heads are fitted on.
+    train: Vec<usize>,
+    /// Rows that judge the chosen head, and nothing else.
+    held: Vec<usize>,
+    /// The training rows a head is fitted on while its weight decay is picked.
+    fit: Vec<usize>,
+    /// The training rows that pick the weight decay.
+    validation: Vec<usize>,
+}
+
+impl Split {
+    fn new(rows: &Rows, seed: u64) -> Self {
+        let (held, train): (Vec<usize>, Vec<usize>) =
+            (0..rows.len()).partition(|&i| is_held_out(rows.prompt_ids[i], seed));
+        // Weight decay is picked on a validation fifth of the training prompts (never the
+        // held-out split), then the head is refitted on all training rows.
+        let (validation, fit): (Vec<usize>, Vec<usize>) = train
+            .iter()
+            .partition(|&&i| is_held_out(rows.prompt_ids[i], seed.wrapping_add(1)));
+        Self {
+            train,
+            held,
+            fit,
+            validation,
+        }
+    }
+}
+
+/// One fitted head.
+struct Candidate {
+    /// Its kind, as the report names it.
+    name: &'static str,
+    /// The head, as written to `default.json`.
+    artifact: Artifact,
+    /// Its scores on the held-out rows.
+    scores: Scored,
+    /// Its held-out AUC.
+    auc: Auc,
+    /// Its validation AUC, which ranks the heads.
+    validation_auc: f64,
+}
+
+/// The confidence baseline and every fitted head, scored on the held-out rows.
+struct Fitted {
+    /// The confidence verifier's scores.
+    base: Scored,
+    /// The confidence verifier's AUC.
+    base_auc: Auc,
+    /// The head with the best validation AUC.
+    best: Candidate,
+    /// The other heads.
+    others: Vec<Candidate>,
+}
+
+/// The AUC that ranks verifiers: over all rows, 0 where undefined.
+fn overall_auc(a: &Auc) -> f64 {
+    a.all.unwrap_or(0.0)
+}
+
+/// Fits every head and ranks them against each other and the confidence baseline.
+fn fit_heads(rows: &Rows, split: &Split, seed: u64) -> anyhow::Result<Fitted> {
+    let base = baseline(rows, &split.held);
     // Every head with and without the answer's context, so the report shows what the context
     // adds on its own.
     let heads = [
@@ -432,6 +503,7 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
         ("logistic-stats+context", HeadKind::Logistic, false, true),
         ("mlp-stats+context", HeadKind::Mlp(8), false, true),
     ];
+    let mut candidates = Vec::new();
     for (name, kind, use_hidden, use_context) in heads {
         let opts = |wd: f32| FitOptions {
             kind,
@@ -439,49 +511,72 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             batch: 128,
             learning_rate: 0.003,
             weight_decay: wd,
-            seed: a.seed,
+            seed,
             use_hidden,
             use_context,
         };
-        let mut best = (f64::NEG_INFINITY, 0.0f32);
-        for wd in [0.0f32, 1e-3, 1e-2, 1e-1, 0.3, 1.0] {
-            let v = LearnedVerifier::from_artifact(
-                fit(&rows, &fit_rows, &opts(wd), draft_sha),
-                draft_sha,
-            )?;
-            let auc = key(&aucs(&scored(&v, &rows, &val)));
-            if auc > best.0 {
-                best = (auc, wd);
-            }
-        }
-        let art = fit(&rows, &train, &opts(best.1), draft_sha);
-        let v = LearnedVerifier::from_artifact(art.clone(), draft_sha)?;
-        let s = scored(&v, &rows, &held);
-        let auc = aucs(&s);
-        eprintln!(
-            "{name}: weight decay {} (validation AUC {:.4}); held-out AUC {auc}",
-            best.1, best.0
-        );
-        candidates.push((name, art, s, auc, best.0));
+        candidates.push(fit_head(rows, split, name, opts)?);
     }
     let base_auc = aucs(&base);
     eprintln!("confidence baseline: held-out AUC {base_auc}");
     // The learned head is chosen on validation AUC; the held-out split only judges it.
-    candidates.sort_by(|x, y| y.4.total_cmp(&x.4));
-    let (best_name, mut best_art, best_scores, best_auc, _) = candidates.remove(0);
-    // The best head on the other side of the context (with it when the best has none, and
-    // the other way round), so the budget comparison shows what the context adds.
+    candidates.sort_by(|x, y| y.validation_auc.total_cmp(&x.validation_auc));
+    let best = candidates.remove(0);
+    Ok(Fitted {
+        base,
+        base_auc,
+        best,
+        others: candidates,
+    })
+}
+
+/// Fits one head: its weight decay picked on the validation rows, then refitted on all
+/// training rows and scored on the held-out ones.
+fn fit_head(
+    rows: &Rows,
+    split: &Split,
+    name: &'static str,
+    opts: impl Fn(f32) -> FitOptions,
+) -> anyhow::Result<Candidate> {
+    let draft_sha = DRAFT_GGUF_SHA256;
+    let mut best = (f64::NEG_INFINITY, 0.0f32);
+    for wd in [0.0f32, 1e-3, 1e-2, 1e-1, 0.3, 1.0] {
+        let v =
+            LearnedVerifier::from_artifact(fit(rows, &split.fit, &opts(wd), draft_sha), draft_sha)?;
+        let auc = overall_auc(&aucs(&scored(&v, rows, &split.validation)));
+        if auc > best.0 {
+            best = (auc, wd);
+        }
+    }
+    let art = fit(rows, &split.train, &opts(best.1), draft_sha);
+    let v = LearnedVerifier::from_artifact(art.clone(), draft_sha)?;
+    let s = scored(&v, rows, &split.held);
+    let auc = aucs(&s);
+    eprintln!(
+        "{name}: weight decay {} (validation AUC {:.4}); held-out AUC {auc}",
+        best.1, best.0
+    );
+    Ok(Candidate {
+        name,
+        artifact: art,
+        scores: s,
+        auc,
+        validation_auc: best.0,
+    })
+}
+
+/// The best head on the other side of the context from `best` (with it when the best has
+/// none, and the other way round), so the budget comparison shows what the context adds.
+fn other_side<'a>(best: &Candidate, others: &'a [Candidate]) -> Option<(&'a str, &'a Scored)> {
     let reads_context = |a: &Artifact| !a.features.context.is_empty();
-    let other_side = candidates
+    others
         .iter()
-        .find(|c| reads_context(&c.1) != reads_context(&best_art))
-        .map(|c| (c.0, &c.2));
-    // Named only when it is not the shipped pair's target, so the committed artifact
-    // regenerates byte for byte.
-    best_art.target = (a.target != DEFAULT_CALIBRATION_TARGET).then(|| a.target.clone());
-    let rule = (a.rule != AcceptanceRule::Identical).then(|| a.rule.to_string());
-    best_art.rule = rule.clone();
-    let budgets = budgets(&base, (best_name, &best_scores), other_side);
+        .find(|c| reads_context(&c.artifact) != reads_context(&best.artifact))
+        .map(|c| (c.name, &c.scores))
+}
+
+/// Whether the best head replaces the confidence baseline.
+fn learned_wins(fitted: &Fitted, budgets: &[BudgetComparison]) -> bool {
     // What a user pays for is target calls at the quality they asked for: a learned head
     // replaces the baseline only when, besides a higher AUC, it makes fewer calls than the
     // baseline at the default policy's budget on both kinds of prompt.
@@ -494,90 +589,148 @@ pub fn run_fit(a: &FitArgs) -> anyhow::Result<()> {
             }
             _ => false,
         });
-    let learned_wins = key(&best_auc) > key(&base_auc) && fewer_calls_at_default;
+    overall_auc(&fitted.best.auc) > overall_auc(&fitted.base_auc) && fewer_calls_at_default
+}
+
+/// The calibration record of a fit: what was chosen, on which data, and every comparison the
+/// report shows.
+fn calibration(
+    a: &FitArgs,
+    rows: &Rows,
+    split: &Split,
+    fitted: &Fitted,
+    started: Instant,
+) -> Calibration {
+    let (base, best) = (&fitted.base, &fitted.best);
+    let budgets = budgets(
+        base,
+        (best.name, &best.scores),
+        other_side(best, &fitted.others),
+    );
+    let learned_wins = learned_wins(fitted, &budgets);
     let chosen = if learned_wins {
-        best_name
+        best.name
     } else {
         "confidence"
     };
-    let chosen_scores = if learned_wins { &best_scores } else { &base };
-    let by_prompt_source = match crate::corpus::load(&a.corpus) {
-        Ok(corpus) => by_prompt_source(
-            &corpus,
-            &rows,
-            &held,
-            &base,
-            (best_name, &best_scores),
-            &budgets,
-        ),
-        Err(e) => {
-            eprintln!("warning: no report by corpus source: {e}");
-            Vec::new()
-        }
-    };
+    let chosen_scores = if learned_wins { &best.scores } else { base };
+    let by_prompt_source = prompt_source_report(&a.corpus, rows, split, fitted, &budgets);
     let th = standard_thresholds();
     let by_kind_of = |s: &Scored, k: u8| grid(s, |i| s.kinds[i] == k, &th);
     let by_kind = |k: u8| KindGrids {
-        learned: by_kind_of(&best_scores, k),
-        confidence: by_kind_of(&base, k),
+        learned: by_kind_of(&best.scores, k),
+        confidence: by_kind_of(base, k),
     };
-    let calibration = Calibration {
+    Calibration {
         format: FORMAT.to_string(),
-        rule,
+        rule: best.artifact.rule.clone(),
         chosen_verifier: chosen.to_string(),
         artifact: learned_wins.then(|| "default.json".to_string()),
-        draft_sha256: draft_sha.to_string(),
+        draft_sha256: DRAFT_GGUF_SHA256.to_string(),
         draft_build: Some(rows.draft_build.clone()),
-        data: DataSummary {
-            rows: rows.len(),
-            train_rows: train.len(),
-            held_out_rows: held.len(),
-            held_out_code_rows: base.kinds.iter().filter(|k| **k == 0).count(),
-            held_out_chat_rows: base.kinds.iter().filter(|k| **k == 1).count(),
-            held_out_agreement: base.labels.iter().filter(|l| **l).count() as f64
-                / base.labels.len().max(1) as f64,
-            live_rows: rows.live_rows(),
-            seed: a.seed,
-        },
-        auc: AucReport {
-            learned: best_auc,
-            learned_kind: best_name.to_string(),
-            confidence: base_auc,
-            other_learned: candidates
-                .iter()
-                .map(|c| OtherHead {
-                    kind: c.0.to_string(),
-                    auc: c.3,
-                })
-                .collect(),
-        },
+        data: data_summary(rows, split, base, a.seed),
+        auc: auc_report(fitted),
         thresholds: grid(chosen_scores, |_| true, &th),
-        learned_thresholds: grid(&best_scores, |_| true, &th),
-        confidence_thresholds: grid(&base, |_| true, &th),
+        learned_thresholds: grid(&best.scores, |_| true, &th),
+        confidence_thresholds: grid(base, |_| true, &th),
         by_kind: ByKind {
             code: by_kind(0),
             chat: by_kind(1),
         },
         budgets,
-        by_source: by_source(&base, &best_scores),
+        by_source: by_source(base, &best.scores),
         by_prompt_source,
-        rules: crate::rule_study::study(&rows, &held),
+        rules: crate::rule_study::study(rows, &split.held),
         fit_seconds: started.elapsed().as_secs_f64(),
-    };
-    std::fs::create_dir_all(&a.out_dir)?;
-    charts(&a.out_dir, best_name, &best_scores, &base, &th);
+    }
+}
+
+/// The held-out rows by the corpus source of their prompt; empty, with a warning, when the
+/// corpus cannot be read.
+fn prompt_source_report(
+    corpus: &std::path::Path,
+    rows: &Rows,
+    split: &Split,
+    fitted: &Fitted,
+    budgets: &[BudgetComparison],
+) -> Vec<PromptSourceReport> {
+    match crate::corpus::load(corpus) {
+        Ok(corpus) => by_prompt_source(
+            &corpus,
+            rows,
+            &split.held,
+            &fitted.base,
+            (fitted.best.name, &fitted.best.scores),
+            budgets,
+        ),
+        Err(e) => {
+            eprintln!("warning: no report by corpus source: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// How many rows the fit used and how they split.
+fn data_summary(rows: &Rows, split: &Split, base: &Scored, seed: u64) -> DataSummary {
+    DataSummary {
+        rows: rows.len(),
+        train_rows: split.train.len(),
+        held_out_rows: split.held.len(),
+        held_out_code_rows: base.kinds.iter().filter(|k| **k == 0).count(),
+        held_out_chat_rows: base.kinds.iter().filter(|k| **k == 1).count(),
+        held_out_agreement: base.labels.iter().filter(|l| **l).count() as f64
+            / base.labels.len().max(1) as f64,
+        live_rows: rows.live_rows(),
+        seed,
+    }
+}
+
+/// Every verifier's held-out AUC.
+fn auc_report(fitted: &Fitted) -> AucReport {
+    AucReport {
+        learned: fitted.best.auc,
+        learned_kind: fitted.best.name.to_string(),
+        confidence: fitted.base_auc,
+        other_learned: fitted
+            .others
+            .iter()
+            .map(|c| OtherHead {
+                kind: c.name.to_string(),
+                auc: c.auc,
+            })
+            .collect(),
+    }
+}
+
+/// Writes the best head (`default.json`, even when the baseline is chosen), the calibration,
+/// the report and its charts into `out_dir`.
+fn write_fit(
+    out_dir: &std::path::Path,
+    fitted: &Fitted,
+    calibration: &Calibration,
+) -> anyhow::Result<()> {
+    let th = standard_thresholds();
+    std::fs::create_dir_all(out_dir)?;
+    charts(
+        out_dir,
+        fitted.best.name,
+        &fitted.best.scores,
+        &fitted.base,
+        &th,
+    );
     std::fs::write(
-        a.out_dir.join("default.json"),
-        serde_json::to_vec(&best_art)?,
+        out_dir.join("default.json"),
+        serde_json::to_vec(&fitted.best.artifact)?,
     )?;
     std::fs::write(
-        a.out_dir.join("calibration.json"),
+        out_dir.join("calibration.json"),
         calibration.to_json_pretty()?,
     )?;
-    std::fs::write(a.out_dir.join("report.md"), markdown(&calibration))?;
+    std::fs::write(out_dir.join("report.md"), markdown(calibration))?;
     eprintln!(
-        "wrote {}/{{default.json,calibration.json,report.md,roc.png,thresholds.png}}; chosen: {chosen}",
-        a.out_dir.display()
+        "wrote {}/{{default.json,calibration.json,report.md,roc.png,thresholds.png}}; chosen: {}",
+        out_dir.display(),
+        calibration.chosen_verifier
     );
     Ok(())
 }

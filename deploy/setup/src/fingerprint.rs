@@ -236,98 +236,13 @@ fn compare_weights(
     tol: &Tolerance,
     c: &mut Comparison,
 ) {
+    // Layout differences are gathered and reported as one problem, so a wholly different
+    // conversion gives one line rather than one per tensor.
     let mut layout = Vec::new();
     for (name, r) in &reference.weights {
-        let Some(x) = candidate.weights.get(name) else {
-            layout.push(format!("{name} is missing"));
-            continue;
-        };
-        if (&x.dtype, &x.shape, x.bits, x.block_size) != (&r.dtype, &r.shape, r.bits, r.block_size)
-        {
-            layout.push(format!(
-                "{name} is {} {:?} (bits {:?}, block size {:?}), the reference's {} {:?} (bits {:?}, block size {:?})",
-                x.dtype, x.shape, x.bits, x.block_size, r.dtype, r.shape, r.bits, r.block_size
-            ));
-            continue;
-        }
-        if let (Some(rl), Some(xl)) = (&r.sample_levels, &x.sample_levels) {
-            let mut worst = 0u32;
-            for (a, b) in rl.chars().zip(xl.chars()) {
-                let (a, b) = (a.to_digit(16).unwrap_or(99), b.to_digit(16).unwrap_or(99));
-                let step = a.abs_diff(b);
-                c.levels += 1;
-                if step > 0 {
-                    c.changed_levels += 1;
-                }
-                worst = worst.max(step);
-            }
-            if rl.len() != xl.len() {
-                layout.push(format!(
-                    "{name} has {} sampled levels, the reference {}",
-                    xl.len(),
-                    rl.len()
-                ));
-            }
-            c.max_level_step = c.max_level_step.max(worst);
-            if worst > tol.max_level_step {
-                c.problems.push(format!(
-                    "{name}: a sampled int4 level differs by {worst} steps (at most {} allowed)",
-                    tol.max_level_step
-                ));
-            }
-        }
-        if let (Some(rh), Some(xh)) = (&r.level_counts, &x.level_counts) {
-            let total: u64 = rh.iter().sum();
-            let l1: u64 = rh.iter().zip(xh).map(|(a, b)| a.abs_diff(*b)).sum();
-            let shift = l1 as f64 / total.max(1) as f64;
-            c.max_histogram_shift = c.max_histogram_shift.max(shift);
-            if shift > tol.max_histogram_shift {
-                c.problems.push(format!(
-                    "{name}: its int4 level histogram moved by {:.1} % (at most {:.0} %)",
-                    100.0 * shift,
-                    100.0 * tol.max_histogram_shift
-                ));
-            }
-        }
-        let mut value_rel = 0.0f64;
-        let pairs = [
-            (&r.sample_scale, &x.sample_scale),
-            (&r.sample_value, &x.sample_value),
-        ];
-        for (a, b) in pairs {
-            if let (Some(a), Some(b)) = (a, b) {
-                if a.len() != b.len() {
-                    layout.push(format!(
-                        "{name} has {} sampled values, the reference {}",
-                        b.len(),
-                        a.len()
-                    ));
-                }
-                for (a, b) in a.iter().zip(b) {
-                    value_rel = value_rel.max(rel(f64::from(*a), f64::from(*b), f64::from(*a)));
-                }
-            }
-        }
-        if let (Some(a), Some(b)) = (r.scale_abs_sum, x.scale_abs_sum) {
-            value_rel = value_rel.max(rel(a, b, a));
-        }
-        if let (Some(a), Some(b), Some(abs)) = (r.scale_sum, x.scale_sum, r.scale_abs_sum) {
-            value_rel = value_rel.max(rel(a, b, abs));
-        }
-        if let (Some(a), Some(b)) = (r.sum_sq, x.sum_sq) {
-            value_rel = value_rel.max(rel(a, b, a));
-        }
-        if let (Some(a), Some(b), Some(sq)) = (r.sum, x.sum, r.sum_sq) {
-            // A sum can be near zero: measure it against the tensor's L2 norm times sqrt(n).
-            let n: u64 = r.shape.iter().product();
-            value_rel = value_rel.max(rel(a, b, a.abs() + (sq * n as f64).sqrt()));
-        }
-        c.max_value_rel = c.max_value_rel.max(value_rel);
-        if value_rel > tol.max_value_rel {
-            c.problems.push(format!(
-                "{name}: a scale or value differs by {value_rel:.1e} relative (at most {:.0e})",
-                tol.max_value_rel
-            ));
+        match candidate.weights.get(name) {
+            Some(x) => compare_tensor(name, r, x, tol, c, &mut layout),
+            None => layout.push(format!("{name} is missing")),
         }
     }
     for name in candidate.weights.keys() {
@@ -352,6 +267,129 @@ fn compare_weights(
             100.0 * tol.max_changed_levels
         ));
     }
+}
+
+/// One tensor of the candidate against the reference's: its layout (a difference goes to
+/// `layout` and ends the comparison), then its sampled levels, level histogram and values.
+fn compare_tensor(
+    name: &str,
+    r: &TensorPrint,
+    x: &TensorPrint,
+    tol: &Tolerance,
+    c: &mut Comparison,
+    layout: &mut Vec<String>,
+) {
+    if (&x.dtype, &x.shape, x.bits, x.block_size) != (&r.dtype, &r.shape, r.bits, r.block_size) {
+        layout.push(format!(
+            "{name} is {} {:?} (bits {:?}, block size {:?}), the reference's {} {:?} (bits {:?}, block size {:?})",
+            x.dtype, x.shape, x.bits, x.block_size, r.dtype, r.shape, r.bits, r.block_size
+        ));
+        return;
+    }
+    if let (Some(rl), Some(xl)) = (&r.sample_levels, &x.sample_levels) {
+        compare_levels(name, rl, xl, tol, c, layout);
+    }
+    if let (Some(rh), Some(xh)) = (&r.level_counts, &x.level_counts) {
+        compare_histograms(name, rh, xh, tol, c);
+    }
+    let value_rel = value_difference(name, r, x, layout);
+    c.max_value_rel = c.max_value_rel.max(value_rel);
+    if value_rel > tol.max_value_rel {
+        c.problems.push(format!(
+            "{name}: a scale or value differs by {value_rel:.1e} relative (at most {:.0e})",
+            tol.max_value_rel
+        ));
+    }
+}
+
+/// The sampled int4 levels (one hex digit each): counted into `c`, the largest step checked.
+fn compare_levels(
+    name: &str,
+    rl: &str,
+    xl: &str,
+    tol: &Tolerance,
+    c: &mut Comparison,
+    layout: &mut Vec<String>,
+) {
+    let mut worst = 0u32;
+    for (a, b) in rl.chars().zip(xl.chars()) {
+        // A digit that is not hex counts as far from every level, so it is refused.
+        let (a, b) = (a.to_digit(16).unwrap_or(99), b.to_digit(16).unwrap_or(99));
+        let step = a.abs_diff(b);
+        c.levels += 1;
+        if step > 0 {
+            c.changed_levels += 1;
+        }
+        worst = worst.max(step);
+    }
+    if rl.len() != xl.len() {
+        layout.push(format!(
+            "{name} has {} sampled levels, the reference {}",
+            xl.len(),
+            rl.len()
+        ));
+    }
+    c.max_level_step = c.max_level_step.max(worst);
+    if worst > tol.max_level_step {
+        c.problems.push(format!(
+            "{name}: a sampled int4 level differs by {worst} steps (at most {} allowed)",
+            tol.max_level_step
+        ));
+    }
+}
+
+/// The int4 level histograms: their L1 distance as a share of the tensor's elements.
+fn compare_histograms(name: &str, rh: &[u64], xh: &[u64], tol: &Tolerance, c: &mut Comparison) {
+    let total: u64 = rh.iter().sum();
+    let l1: u64 = rh.iter().zip(xh).map(|(a, b)| a.abs_diff(*b)).sum();
+    let shift = l1 as f64 / total.max(1) as f64;
+    c.max_histogram_shift = c.max_histogram_shift.max(shift);
+    if shift > tol.max_histogram_shift {
+        c.problems.push(format!(
+            "{name}: its int4 level histogram moved by {:.1} % (at most {:.0} %)",
+            100.0 * shift,
+            100.0 * tol.max_histogram_shift
+        ));
+    }
+}
+
+/// The largest relative difference of the tensor's sampled scales and values and of its sums;
+/// sample lists of another length go to `layout`.
+fn value_difference(name: &str, r: &TensorPrint, x: &TensorPrint, layout: &mut Vec<String>) -> f64 {
+    let mut value_rel = 0.0f64;
+    let pairs = [
+        (&r.sample_scale, &x.sample_scale),
+        (&r.sample_value, &x.sample_value),
+    ];
+    for (a, b) in pairs {
+        if let (Some(a), Some(b)) = (a, b) {
+            if a.len() != b.len() {
+                layout.push(format!(
+                    "{name} has {} sampled values, the reference {}",
+                    b.len(),
+                    a.len()
+                ));
+            }
+            for (a, b) in a.iter().zip(b) {
+                value_rel = value_rel.max(rel(f64::from(*a), f64::from(*b), f64::from(*a)));
+            }
+        }
+    }
+    if let (Some(a), Some(b)) = (r.scale_abs_sum, x.scale_abs_sum) {
+        value_rel = value_rel.max(rel(a, b, a));
+    }
+    if let (Some(a), Some(b), Some(abs)) = (r.scale_sum, x.scale_sum, r.scale_abs_sum) {
+        value_rel = value_rel.max(rel(a, b, abs));
+    }
+    if let (Some(a), Some(b)) = (r.sum_sq, x.sum_sq) {
+        value_rel = value_rel.max(rel(a, b, a));
+    }
+    if let (Some(a), Some(b), Some(sq)) = (r.sum, x.sum, r.sum_sq) {
+        // A sum can be near zero: measure it against the tensor's L2 norm times sqrt(n).
+        let n: u64 = r.shape.iter().product();
+        value_rel = value_rel.max(rel(a, b, a.abs() + (sq * n as f64).sqrt()));
+    }
+    value_rel
 }
 
 fn compare_logits(
