@@ -410,6 +410,7 @@ async fn send_within(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn stream(
     ids: Ids,
     first: Option<TokenEvent>,
