@@ -1,7 +1,13 @@
-//! The OpenAI request bodies approxy can answer itself, as typed structs. One struct serves
-//! both `/v1/chat/completions` (`messages`) and `/v1/completions` (`prompt`); fields approxy
-//! does not use are kept in `extra`, never dropped. Only the approximate path parses into
-//! these: a request that passes through reaches the target as the client wrote it.
+//! Request checking, in the spirit of TGI's `validation.rs`: the limits every chat and
+//! completions request is held to whichever path serves it (`limits`), the features the draft
+//! loop lacks (`unsupported`), validation of a request approxy answers (`validate`, with its
+//! one error type in `error`), and whether it is about code or chat (`prompt_kind`).
+//!
+//! Here: the OpenAI request bodies approxy can answer itself, as typed structs, and the prompt
+//! they carry. One struct serves both `/v1/chat/completions` (`messages`) and
+//! `/v1/completions` (`prompt`); fields approxy does not use are kept in `extra`, never
+//! dropped. Only the approximate path parses into these: a request that passes through
+//! reaches the target as the client wrote it.
 
 pub mod error;
 pub mod limits;
