@@ -188,7 +188,7 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Stop strings.
     pub stop: Vec<String>,
-    /// Verifier threshold (see [`accepts`]).
+    /// Verifier threshold (see [`crate::verify::accepts`]).
     pub threshold: f32,
     /// Cost guard; `None` never hands off for cost. Per request: a budget guard reads its
     /// model's traffic as it stands when the request starts.

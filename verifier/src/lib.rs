@@ -3,11 +3,15 @@
 //! It knows nothing of HTTP; the gateway drives it.
 //!
 //! Layout:
-//! - `decode`: the decode loop ([`Engine::generate`]): draft, verify, call the target on rejection.
+//! - `decode`: the decode loop ([`Engine::generate`]): draft, verify, call the target on rejection;
+//!   a model's [`DecodeSettings`], built once, and a request's own [`GenerateRequest`].
 //! - `draft`: the [`Draft`] trait and its ONNX Runtime implementation (worker threads, KV cache).
-//! - `verify`: verifiers that turn a draft position into `p_accept` (confidence, learned head).
-//! - `targets`: target clients (llama.cpp, vLLM-style token ids, chat-only), TLS and retries.
-//! - `cost`: what a generation costs at the target's prices, and the cost guard.
+//! - `verify`: verifiers that turn a draft position into `p_accept` (confidence, learned head),
+//!   which one a model runs ([`verify::VerifierChoice`]), and the per-token decision.
+//! - `targets`: target clients behind one trait, the kinds a policy names and what each can do
+//!   ([`TargetKind`]), and the HTTP transport they and passthrough share (TLS, retries).
+//! - `cost`: what a generation costs as its target is priced ([`cost::Pricing`], one class per
+//!   file), and the cost guards.
 //! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
 //! - `template`: chat messages to prompt text with the model's own chat template.
 //! - `tokenizer`, `stop`, `sampling`: token ids to streamed text, stop strings, the sampler.

@@ -1,7 +1,7 @@
 //! How a target's work is priced, one class per way a target charges. The estimate, the
 //! guards and the ledgers ask a [`Pricing`] what a call's input and output cost and never look
 //! inside it: adding a class is its file (a type that implements [`Tariff`]) plus one variant
-//! of [`Pricing`] and its arm in [`Pricing::tariff`].
+//! of [`Pricing`] and its arm in `Pricing::tariff`.
 
 use super::price::Price;
 use super::tariff::Tariff;

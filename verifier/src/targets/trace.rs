@@ -1,7 +1,7 @@
 //! W3C trace context (<https://www.w3.org/TR/trace-context/>) carried from a client's request
 //! to every target call the engine makes for it, so a tracing system sees the target's work
 //! under the client's trace. It travels as a task-local around the engine's run rather than
-//! through every call signature; [`super::transport::send_with_retries`], the one place calls are sent,
+//! through every call signature; `transport::send_with_retries`, the one place calls are sent,
 //! adds the headers.
 
 use std::future::Future;

@@ -41,7 +41,7 @@ pub struct TargetConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheHints {
     /// Send OpenAI-style `prompt_cache_key` and a stable `user` (both the conversation's
-    /// [`ContinuationRequest::cache_key`]).
+    /// [`super::ContinuationRequest::cache_key`]).
     pub key: bool,
     /// A header that pins the conversation to one replica (Fireworks: `x-session-affinity`),
     /// set to the same key.

@@ -65,7 +65,7 @@ impl VerifierChoice {
 }
 
 impl std::fmt::Display for VerifierChoice {
-    /// As messages name it: "confidence verifier", "learned verifier <path>".
+    /// As messages name it: `confidence verifier`, `learned verifier PATH`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Confidence => f.write_str("confidence verifier"),
