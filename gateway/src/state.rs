@@ -221,7 +221,7 @@ impl Runtime {
         self.models.get(id).or_else(|| self.models.get("*"))
     }
 
-    /// What the target says of itself (asked once; a failure is kept for [`FACTS_RETRY`] and
+    /// What the target says of itself (asked once; a failure is kept for `FACTS_RETRY` and
     /// then the target is asked again, so one that comes up later is heard; meanwhile nothing
     /// is known), with the policy's `target.context_length` over its own word.
     pub async fn target_facts(&self) -> TargetFacts {
