@@ -34,11 +34,13 @@ pub struct CollectArgs {
     /// OpenAI-style kinds.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub target_url: String,
-    /// Target kind, as in a policy: llama_cpp, vllm, openai_text or chat_prefix.
+    /// Target kind, as a policy's `target.kind` names it (one that can continue a prefix; a
+    /// wrong name is told the kinds there are).
     // Every kind that can continue a prefix works, so a user can calibrate for their own target.
     #[arg(long, default_value = "llama_cpp", value_parser = TargetKind::parse)]
     pub target_kind: TargetKind,
-    /// How a chat_prefix target continues an answer: prefix, continue_final_message or prefill.
+    /// How a chat_prefix target continues an answer, as a policy's `target.prefix_style`
+    /// names it.
     #[arg(long, default_value = "prefix", value_parser = PrefixStyle::parse)]
     pub prefix_style: PrefixStyle,
     /// Model id named in calls to OpenAI-style targets.
