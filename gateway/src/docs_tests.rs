@@ -408,6 +408,15 @@ fn every_target_kind_has_a_row_in_the_policy_reference() {
     // The check finds a missing row.
     let without = md.replace("| openai_chat |", "| a chat-only API |");
     assert_eq!(kinds_without_a_row(names, &without), ["openai_chat"]);
+    // The schema's description of `target.kind` (the policy type's doc comment) names each.
+    let schema: Value = serde_json::from_str(&read(crate::policy::SCHEMA_PATH)).unwrap();
+    let said = code_spans(
+        schema["$defs"]["RawTarget"]["properties"]["kind"]["description"]
+            .as_str()
+            .unwrap_or(""),
+    );
+    let unsaid: Vec<&&str> = names.iter().filter(|k| !said.contains(**k)).collect();
+    assert!(unsaid.is_empty(), "the schema's target.kind leaves out {unsaid:?}");
 }
 
 /// Each checker finds what it exists to find: an undocumented key, a key the parser refuses,
