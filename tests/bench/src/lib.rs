@@ -21,6 +21,7 @@
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
+//! - `machine`: the machine a benchmark ran on and the time it finished, for every result file.
 
 pub mod attack;
 mod call_floor;
@@ -34,6 +35,7 @@ pub mod draft;
 pub mod fidelity;
 mod humaneval;
 mod levels;
+pub mod machine;
 pub mod oracle;
 pub mod overhead;
 mod prices;

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use super::report::Machine;
+use super::machine::Machine;
 use super::servers::{self, Layout};
 use approxy_setup::Home;
 
@@ -314,7 +314,7 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     stub_task.abort();
     let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
     let report = OverheadReport {
-        generated_at: super::report::utc_now(),
+        generated_at: super::machine::utc_now(),
         machine,
         load_generator: format!(
             "oha {} (crates.io), open loop with latency correction at fixed rates",

@@ -88,7 +88,7 @@ pub struct QualityReport {
     /// When the report was assembled (UTC).
     pub generated_at: String,
     /// CPU, cores, memory.
-    pub machine: super::report::Machine,
+    pub machine: super::machine::Machine,
     /// HumanEval problems per configuration.
     pub problems: usize,
     /// Of HumanEval's 164.
@@ -511,8 +511,8 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     }
 
     let report = QualityReport {
-        generated_at: super::report::utc_now(),
-        machine: super::report::Machine::read(),
+        generated_at: super::machine::utc_now(),
+        machine: super::machine::Machine::read(),
         problems: problems.len(),
         problems_total: total,
         max_tokens: opts.max_tokens,
