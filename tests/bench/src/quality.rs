@@ -36,7 +36,7 @@ use approxy_setup::Home;
 use approxy_verifier::{Correction, SpanClose};
 
 pub use super::configs::{Config, Route, configs};
-pub use super::summary::{ConfigRun, ProblemRun, Summary, summarize};
+pub use super::summary::{ConfigRun, ProblemRun, RunSummary, Summary, summarize};
 
 /// Options for `approxy bench quality`.
 #[derive(Debug, Clone, clap::Args)]
@@ -143,17 +143,6 @@ pub struct PriceTable {
     pub cached_input: f64,
     /// Output.
     pub output: f64,
-}
-
-/// One row of `quality.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunSummary {
-    /// Layout name.
-    pub layout: String,
-    /// Configuration.
-    pub config: Config,
-    /// Aggregates.
-    pub summary: Summary,
 }
 
 /// A correction as a policy file writes it.
@@ -556,7 +545,12 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
         opts.out.join("quality.md"),
         super::report::quality_markdown(&report),
     )?;
-    if let Err(e) = super::chart::pareto(&opts.out.join("quality.png"), &report) {
+    if let Err(e) = super::chart::pareto(
+        &opts.out.join("quality.png"),
+        report.problems,
+        report.problems_total,
+        &report.runs,
+    ) {
         tracing::warn!(error = %e, "chart not drawn");
     }
     println!("{}", opts.out.join("quality.md").display());

@@ -7,16 +7,8 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::overhead::{OverheadReport, overhead_markdown};
-use super::quality::{QualityReport, Route, RunSummary};
-
-/// Cost of a run scaled to 1,000 problems, in USD.
-pub fn per_1k(usd: f64, problems: usize) -> f64 {
-    if problems == 0 {
-        0.0
-    } else {
-        usd * 1000.0 / problems as f64
-    }
-}
+use super::quality::{QualityReport, Route};
+use super::summary::{RunSummary, per_1k};
 
 fn layout_note(layout: &str) -> &'static str {
     match layout {
