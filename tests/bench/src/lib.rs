@@ -16,7 +16,8 @@
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once; `soak_cmd`:
 //!   `approxy bench soak`'s flags, which name a soak or the attack mix.
-//! - `report`: the Markdown results and their section in tests/README.md, from the JSON the others wrote.
+//! - `report`: the results section in tests/README.md, from the results and Markdown the
+//!   others wrote; it imports the benchmarks, none of them imports it.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
