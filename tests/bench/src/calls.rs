@@ -495,10 +495,10 @@ async fn run_config(
         delay_ms: delay,
         max_tokens: ctx.opts.max_tokens,
         config: c,
-        finished_at: super::report::utc_now(),
+        finished_at: super::machine::utc_now(),
         prompts,
         target_account,
-        machine: Some(super::report::Machine::read().line()),
+        machine: Some(super::machine::Machine::read().line()),
     })
 }
 
@@ -636,7 +636,7 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
         }
     }
     let runs = load_all(&opts.out)?;
-    let md = markdown(&runs, &base_model, &super::report::Machine::read());
+    let md = markdown(&runs, &base_model, &super::machine::Machine::read());
     std::fs::write(opts.out.join("calls.md"), &md)?;
     std::fs::write(
         opts.out.join("calls.json"),
@@ -838,11 +838,15 @@ pub fn agreement(run: &CallsRun, baseline: &CallsRun) -> (f64, f64) {
 }
 
 /// The Markdown report.
-pub fn markdown(runs: &[CallsRun], base: &ModelPolicy, machine: &super::report::Machine) -> String {
+pub fn markdown(
+    runs: &[CallsRun],
+    base: &ModelPolicy,
+    machine: &super::machine::Machine,
+) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "Calls benchmark (`approxy bench calls`), report assembled {} on {}. Costs are the target's bill relative to the target-only run of the same prompts, layout and delay, under each price class: with the provider's prompt cache / without it. The default policy: confidence verifier at threshold {:.2}, {}, {} guard at max_cost_ratio {}.\n",
-        super::report::utc_now(),
+        super::machine::utc_now(),
         machine.line(),
         base.threshold,
         super::quality::correction_words(base.correction),

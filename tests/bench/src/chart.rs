@@ -5,12 +5,12 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::quality::QualityReport;
+use super::summary::{RunSummary, Summary, per_1k};
 
 type Err = Box<dyn std::error::Error>;
 
 /// An x-axis label and the cost it plots.
-type CostPanel = (&'static str, fn(&super::quality::Summary) -> f64);
+type CostPanel = (&'static str, fn(&Summary) -> f64);
 
 /// Indices of the points no other point dominates (lower or equal cost, higher or equal
 /// quality, one of them strictly), sorted by cost.
@@ -27,22 +27,26 @@ pub fn pareto_front(points: &[(f64, f64)]) -> Vec<usize> {
 }
 
 /// Draws pass@1 against USD per 1,000 problems, without (left) and with (right) the
-/// prompt-cache discount, for the first layout in the report (costs and answers do not
-/// depend on the layout; speeds do, and the tables carry them).
-pub fn pareto(path: &Path, r: &QualityReport) -> Result<(), Err> {
+/// prompt-cache discount, for the first layout in `runs` (costs and answers do not depend on
+/// the layout; speeds do, and the tables carry them); `problems` of `problems_total` were run.
+pub fn pareto(
+    path: &Path,
+    problems: usize,
+    problems_total: usize,
+    runs: &[RunSummary],
+) -> Result<(), Err> {
     if !approxy_training::charts::register_font() {
         return Err("no TrueType font for chart text".into());
     }
-    let Some(layout) = r.runs.first().map(|x| x.layout.clone()) else {
+    let Some(layout) = runs.first().map(|x| x.layout.clone()) else {
         return Err("no runs".into());
     };
-    let rows: Vec<_> = r.runs.iter().filter(|x| x.layout == layout).collect();
+    let rows: Vec<_> = runs.iter().filter(|x| x.layout == layout).collect();
     let root = BitMapBackend::new(path, (1400, 620)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(
         &format!(
-            "HumanEval pass@1 against target cost ({} of {} problems, cores {layout})",
-            r.problems, r.problems_total
+            "HumanEval pass@1 against target cost ({problems} of {problems_total} problems, cores {layout})"
         ),
         ("sans-serif", 22),
     )?;
@@ -61,7 +65,7 @@ pub fn pareto(path: &Path, r: &QualityReport) -> Result<(), Err> {
             .iter()
             .map(|x| {
                 (
-                    super::report::per_1k(cost(&x.summary), x.summary.problems),
+                    per_1k(cost(&x.summary), x.summary.problems),
                     x.summary.pass_at_1,
                 )
             })

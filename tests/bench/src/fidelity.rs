@@ -24,7 +24,7 @@ use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 
 use super::draft::{PROMPT, decode_speed};
-use super::report::{Machine, utc_now};
+use super::machine::{Machine, utc_now};
 use super::servers::{self, Layout};
 use super::stats;
 

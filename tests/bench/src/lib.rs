@@ -16,11 +16,13 @@
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once; `soak_cmd`:
 //!   `approxy bench soak`'s flags, which name a soak or the attack mix.
-//! - `report`: the Markdown results and their section in tests/README.md, from the JSON the others wrote.
+//! - `report`: the results section in tests/README.md, from the results and Markdown the
+//!   others wrote; it imports the benchmarks, none of them imports it.
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
 //! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
+//! - `machine`: the machine a benchmark ran on and the time it finished, for every result file.
 
 pub mod attack;
 mod call_floor;
@@ -34,6 +36,7 @@ pub mod draft;
 pub mod fidelity;
 mod humaneval;
 mod levels;
+pub mod machine;
 pub mod oracle;
 pub mod overhead;
 mod prices;

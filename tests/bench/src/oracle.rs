@@ -32,7 +32,7 @@ use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 use super::call_floor::{Rates, cheapest};
 use super::chat_sample::{held_out_chat, rouge_l};
 use super::humaneval::{self, Sandbox, Verdict};
-use super::report::{Machine, utc_now};
+use super::machine::{Machine, utc_now};
 use super::servers::{self, Layout};
 
 /// The target's top entries asked for at each position (as label collection keeps).

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use super::report::Machine;
+use super::machine::Machine;
 use super::servers::{self, Layout};
 use approxy_setup::Home;
 
@@ -314,7 +314,7 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
     stub_task.abort();
     let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
     let report = OverheadReport {
-        generated_at: super::report::utc_now(),
+        generated_at: super::machine::utc_now(),
         machine,
         load_generator: format!(
             "oha {} (crates.io), open loop with latency correction at fixed rates",
@@ -333,12 +333,52 @@ pub async fn run(opts: &OverheadOptions) -> anyhow::Result<()> {
         opts.out.join("overhead.json"),
         serde_json::to_vec_pretty(&report)?,
     )?;
-    std::fs::write(
-        opts.out.join("overhead.md"),
-        super::report::overhead_markdown(&report),
-    )?;
+    std::fs::write(opts.out.join("overhead.md"), overhead_markdown(&report))?;
     println!("{}", opts.out.join("overhead.md").display());
     Ok(())
+}
+
+/// The Markdown for `overhead.md`.
+pub fn overhead_markdown(r: &OverheadReport) -> String {
+    let mut s = format!(
+        "`approxy serve` in passthrough mode in front of a stub upstream that answers at once; load from {}, {} s per rate, {} connections; \
+         {}. Measured {} on {}.\n\n",
+        r.load_generator,
+        r.seconds_per_rate,
+        r.connections,
+        if r.pinned {
+            "the gateway runs alone on core 1, the load generator and the stub share core 0 (in both the direct and the gateway runs)"
+        } else {
+            "the load generator, the stub and the gateway share the machine's cores"
+        },
+        r.generated_at,
+        r.machine.line(),
+    );
+    s.push_str("| offered rate (req/s) | achieved via gateway | errors | stub p50 | stub p99 | gateway p50 | gateway p99 | added p50 | added p99 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for x in &r.rates {
+        s.push_str(&format!(
+            "| {} | {:.0} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |\n",
+            x.rate, x.gateway.achieved_rps, x.gateway.errors, x.direct.p50_ms, x.direct.p99_ms, x.gateway.p50_ms, x.gateway.p99_ms, x.added_p50_ms, x.added_p99_ms
+        ));
+    }
+    s.push_str(&format!(
+        "\nUnthrottled ({} connections): {:.0} req/s through the gateway with {} errors ({:.0} req/s straight to the stub). \
+         Gateway memory: {:.0} MiB resident after start-up (a passthrough-only policy never starts the ONNX draft), peak {:.0} MiB under load.\n",
+        r.connections, r.max.gateway.achieved_rps, r.max.gateway.errors, r.max.direct.achieved_rps, r.rss_after_start_mib, r.peak_rss_mib
+    ));
+    let at_1000 = r.rates.iter().find(|x| x.rate == 1000);
+    if let Some(x) = at_1000 {
+        s.push_str(&format!(
+            "\nGoal (added p99 under 1 ms at 1,000 req/s): {} ({:.3} ms).\n",
+            if x.added_p99_ms < 1.0 && x.gateway.errors == 0 {
+                "met"
+            } else {
+                "not met"
+            },
+            x.added_p99_ms
+        ));
+    }
+    s
 }
 
 #[cfg(test)]

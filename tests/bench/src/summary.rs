@@ -74,6 +74,26 @@ pub struct ConfigRun {
     pub problems: Vec<ProblemRun>,
 }
 
+/// One row of `quality.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Layout name.
+    pub layout: String,
+    /// Configuration.
+    pub config: Config,
+    /// Aggregates.
+    pub summary: Summary,
+}
+
+/// Cost of a run scaled to 1,000 problems, in USD.
+pub fn per_1k(usd: f64, problems: usize) -> f64 {
+    if problems == 0 {
+        0.0
+    } else {
+        usd * 1000.0 / problems as f64
+    }
+}
+
 /// Aggregates a run's problems at `price`.
 pub fn summarize(route: Route, runs: &[ProblemRun], price: &Price) -> Summary {
     let n = runs.len();
