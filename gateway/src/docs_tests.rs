@@ -416,7 +416,10 @@ fn every_target_kind_has_a_row_in_the_policy_reference() {
             .unwrap_or(""),
     );
     let unsaid: Vec<&&str> = names.iter().filter(|k| !said.contains(**k)).collect();
-    assert!(unsaid.is_empty(), "the schema's target.kind leaves out {unsaid:?}");
+    assert!(
+        unsaid.is_empty(),
+        "the schema's target.kind leaves out {unsaid:?}"
+    );
 }
 
 /// Each checker finds what it exists to find: an undocumented key, a key the parser refuses,
