@@ -283,17 +283,72 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
     let logs = home.log("soak").with_extension("d");
     std::fs::create_dir_all(&logs)?;
     let dir = tempfile_dir()?;
-    let mut target = None;
-    let policy = match opts.phase {
+    let (policy, target) = soak_policy(opts, &home, &logs).await?;
+    let (gateway, pid) = gateway_with(&policy, &dir.join("soak-policy.toml"), &logs).await?;
+    let load = Load {
+        http: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()?,
+        url: gateway.url.clone(),
+        pid,
+        counts: Arc::new(Counts::default()),
+    };
+    let fds_before = open_fds(pid);
+    let started = Instant::now();
+    let mut samples = drive_load(opts, &load, started).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    samples.push(load.sample(started).await);
+    // Quiet: whatever a leaver started must have stopped by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = ready(&load.http, &load.url).await;
+    let slots_processing = target_slots_processing(&load.http, target.as_ref()).await;
+    let spreads = Spreads::after_warm_up(&samples, elapsed);
+    // The load's keep-alive connections (client to gateway, and the gateway's pool to the
+    // target, idle-closed after 4 s) go once the clients have closed theirs; what stays is a leak.
+    let Load { http, counts, .. } = load;
+    drop(http);
+    let (fds_after, fds_settle_seconds) = settle_fds(pid, fds_before).await;
+    let end = SoakEnd {
+        elapsed,
+        spreads,
+        fds_before,
+        fds_after,
+        fds_settle_seconds,
+        after,
+        slots_processing,
+        counts: &counts,
+    };
+    let (file, pass) = write_report(opts, &end, samples)?;
+    println!("report: {}", file.display());
+    drop(gateway);
+    drop(target);
+    if pass {
+        Ok(())
+    } else {
+        anyhow::bail!("the soak missed a goal (see {})", file.display())
+    }
+}
+
+/// The policy the gateway serves for `opts.phase`, and the target it needs started (the real
+/// llama-server for the approximate path; the stub runs inside this process).
+async fn soak_policy(
+    opts: &SoakOptions,
+    home: &Home,
+    logs: &std::path::Path,
+) -> anyhow::Result<(String, Option<servers::Server>)> {
+    Ok(match opts.phase {
         SoakPhase::Passthrough => {
             let stub = start_stub().await?;
-            format!(
-                "# Written by `approxy bench soak`.\n[target]\nkind = \"openai\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\n\n\
-                 [gateway]\nauth = \"none\"\nmax_concurrent_requests = 1024\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+            (
+                format!(
+                    "# Written by `approxy bench soak`.\n[target]\nkind = \"openai\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\n\n\
+                     [gateway]\nauth = \"none\"\nmax_concurrent_requests = 1024\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+                ),
+                None,
             )
         }
         SoakPhase::Approximate => {
-            let llama = servers::start_llama(&home, Layout::Shared, false, &logs).await?;
+            let llama = servers::start_llama(home, Layout::Shared, false, logs).await?;
             let text = std::fs::read_to_string(home_repo_policy()?)?;
             let text = text.replace(
                 "base_url = \"http://127.0.0.1:8081\"",
@@ -301,18 +356,30 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
             );
             let text = text.replace("workers = 1", &format!("workers = {}", opts.concurrency));
             let text = text.replace("threads_per_worker = 2", "threads_per_worker = 1");
-            target = Some(llama);
-            text
+            (text, Some(llama))
         }
-    };
-    let (gateway, pid) = gateway_with(&policy, &dir.join("soak-policy.toml"), &logs).await?;
-    let url = gateway.url.clone();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        .build()?;
-    let counts = Arc::new(Counts::default());
-    let fds_before = open_fds(pid);
-    let started = Instant::now();
+    })
+}
+
+/// The soak's client side: one connection pool to the gateway at `url` (process `pid`) and the
+/// outcome counts every request adds to.
+struct Load {
+    http: reqwest::Client,
+    url: String,
+    pid: u32,
+    counts: Arc<Counts>,
+}
+
+impl Load {
+    /// One reading of the gateway's resources, `started` being the start of the load.
+    async fn sample(&self, started: Instant) -> Sample {
+        sample(&self.http, &self.url, self.pid, started, &self.counts).await
+    }
+}
+
+/// Offers the phase's load (a rate for passthrough, a concurrency for approximate), reading the
+/// gateway's resources every few seconds, and waits for every request to end.
+async fn drive_load(opts: &SoakOptions, load: &Load, started: Instant) -> Vec<Sample> {
     let mut samples = Vec::new();
     let mut next_sample = Duration::ZERO;
     let sample_every = match opts.phase {
@@ -326,7 +393,11 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
     };
     let make = {
         let (share, hang) = (opts.disconnect_share, opts.hang_after);
-        let (http, url, counts) = (http.clone(), url.clone(), Arc::clone(&counts));
+        let (http, url, counts) = (
+            load.http.clone(),
+            load.url.clone(),
+            Arc::clone(&load.counts),
+        );
         let phase = opts.phase;
         move |i: u64| {
             let mut rng = rand::rng();
@@ -356,7 +427,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
                 tasks.spawn(make(i));
                 while tasks.try_join_next().is_some() {}
                 if started.elapsed() >= next_sample {
-                    samples.push(sample(&http, &url, pid, started, &counts).await);
+                    samples.push(load.sample(started).await);
                     next_sample += sample_every;
                 }
             }
@@ -371,19 +442,23 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
                 }
                 let _ = tokio::time::timeout(Duration::from_millis(500), tasks.join_next()).await;
                 if started.elapsed() >= next_sample {
-                    samples.push(sample(&http, &url, pid, started, &counts).await);
+                    samples.push(load.sample(started).await);
                     next_sample += sample_every;
                 }
             }
         }
     }
     while tasks.join_next().await.is_some() {}
-    let elapsed = started.elapsed().as_secs_f64();
-    samples.push(sample(&http, &url, pid, started, &counts).await);
-    // Quiet: whatever a leaver started must have stopped by now.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = ready(&http, &url).await;
-    let slots_processing = match &target {
+    samples
+}
+
+/// How many llama-server slots are still processing (a call left running after its client
+/// left); `None` without a real target or when it does not answer.
+async fn target_slots_processing(
+    http: &reqwest::Client,
+    target: Option<&servers::Server>,
+) -> Option<usize> {
+    let slots_processing = match target {
         Some(t) => http
             .get(format!("{}/slots", t.url))
             .send()
@@ -392,7 +467,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
             .map(|r| async { r.json::<Value>().await.ok() }),
         None => None,
     };
-    let slots_processing = match slots_processing {
+    match slots_processing {
         Some(f) => f.await.and_then(|v| {
             v.as_array().map(|a| {
                 a.iter()
@@ -401,29 +476,90 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
             })
         }),
         None => None,
-    };
-    let warm = (elapsed / 4.0).min(300.0);
-    let steady: Vec<&Sample> = samples.iter().filter(|s| s.seconds >= warm).collect();
-    let series = |f: &dyn Fn(&Sample) -> f64| steady.iter().map(|s| f(s)).collect::<Vec<f64>>();
-    let rss_spread = window_spread(&series(&|s| s.rss_mib));
-    let fd_spread = window_spread(&series(&|s| s.open_fds as f64));
-    let slots_spread = window_spread(&series(&|s| s.request_slots_free.unwrap_or(0) as f64));
-    let raw = json!({
-        "rss": spread(&series(&|s| s.rss_mib)),
-        "open_fds": spread(&series(&|s| s.open_fds as f64)),
-        "request_slots_free": spread(&series(&|s| s.request_slots_free.unwrap_or(0) as f64)),
-    });
-    // The load's keep-alive connections (client to gateway, and the gateway's pool to the
-    // target, idle-closed after 4 s) go once the clients have closed theirs; what stays is a leak.
-    drop(make);
-    drop(http);
+    }
+}
+
+/// The flatness of the resources after the warm-up: window-mean spreads, and single-reading
+/// spreads for reference.
+struct Spreads {
+    warm: f64,
+    rss: f64,
+    fds: f64,
+    slots: f64,
+    raw: Value,
+}
+
+impl Spreads {
+    /// Judges `samples` from the end of the warm-up (a quarter of `elapsed`, at most 300 s).
+    fn after_warm_up(samples: &[Sample], elapsed: f64) -> Self {
+        let warm = (elapsed / 4.0).min(300.0);
+        let steady: Vec<&Sample> = samples.iter().filter(|s| s.seconds >= warm).collect();
+        let series = |f: &dyn Fn(&Sample) -> f64| steady.iter().map(|s| f(s)).collect::<Vec<f64>>();
+        let rss = window_spread(&series(&|s| s.rss_mib));
+        let fds = window_spread(&series(&|s| s.open_fds as f64));
+        let slots = window_spread(&series(&|s| s.request_slots_free.unwrap_or(0) as f64));
+        let raw = json!({
+            "rss": spread(&series(&|s| s.rss_mib)),
+            "open_fds": spread(&series(&|s| s.open_fds as f64)),
+            "request_slots_free": spread(&series(&|s| s.request_slots_free.unwrap_or(0) as f64)),
+        });
+        Self {
+            warm,
+            rss,
+            fds,
+            slots,
+            raw,
+        }
+    }
+}
+
+/// Waits up to a minute for the gateway's open file descriptors to come back within 10 % of
+/// `fds_before`; the count at the end and the seconds waited.
+async fn settle_fds(pid: u32, fds_before: usize) -> (usize, f64) {
     let settle = Instant::now();
     let mut fds_after = open_fds(pid);
     while fds_after > fds_before + fds_before / 10 && settle.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         fds_after = open_fds(pid);
     }
-    let fds_settle_seconds = settle.elapsed().as_secs_f64();
+    (fds_after, settle.elapsed().as_secs_f64())
+}
+
+/// What the soak found once the load was over and the gateway quiet.
+struct SoakEnd<'a> {
+    elapsed: f64,
+    spreads: Spreads,
+    fds_before: usize,
+    fds_after: usize,
+    fds_settle_seconds: f64,
+    /// The gateway's `/ready` answer.
+    after: Value,
+    slots_processing: Option<usize>,
+    counts: &'a Counts,
+}
+
+/// Judges the soak, writes its JSON report and prints its summary line; the report's path and
+/// whether every goal was met.
+fn write_report(
+    opts: &SoakOptions,
+    end: &SoakEnd<'_>,
+    samples: Vec<Sample>,
+) -> anyhow::Result<(PathBuf, bool)> {
+    let SoakEnd {
+        elapsed,
+        fds_before,
+        fds_after,
+        fds_settle_seconds,
+        slots_processing,
+        ..
+    } = *end;
+    let (warm, rss_spread, fd_spread, slots_spread) = (
+        end.spreads.warm,
+        end.spreads.rss,
+        end.spreads.fds,
+        end.spreads.slots,
+    );
+    let counts = end.counts;
     let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (ok, gone, failed, hung) = (
         c(&counts.ok),
@@ -431,9 +567,9 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
         c(&counts.failed),
         c(&counts.hung),
     );
-    let workers_idle_after = after["draft_workers_idle"].as_u64();
-    let workers = after["draft_workers"].as_u64();
-    let slots_free_after = after["request_slots_free"].as_u64();
+    let workers_idle_after = end.after["draft_workers_idle"].as_u64();
+    let workers = end.after["draft_workers"].as_u64();
+    let slots_free_after = end.after["request_slots_free"].as_u64();
     let pass = failed == 0
         && hung == 0
         && rss_spread <= 0.10
@@ -462,7 +598,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
         "rss_spread_after_warm_up": rss_spread,
         "open_fds_spread_after_warm_up": fd_spread,
         "request_slots_free_spread_after_warm_up": slots_spread,
-        "single_reading_spreads_after_warm_up": raw,
+        "single_reading_spreads_after_warm_up": end.spreads.raw,
         "open_fds_quiet_before": fds_before,
         "open_fds_quiet_after": fds_after,
         "open_fds_settle_seconds": fds_settle_seconds,
@@ -495,14 +631,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<()> {
         slots_processing,
         if pass { "PASS" } else { "FAIL" }
     );
-    println!("report: {}", file.display());
-    drop(gateway);
-    drop(target);
-    if pass {
-        Ok(())
-    } else {
-        anyhow::bail!("the soak missed a goal (see {})", file.display())
-    }
+    Ok((file, pass))
 }
 
 /// `approxy serve` (this binary) with the policy `text`, written to `path`; and its pid.
