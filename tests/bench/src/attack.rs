@@ -133,35 +133,7 @@ async fn slow_body_client(i: usize, to: SocketAddr, stop: Arc<AtomicBool>, t: Ar
         }
         let sent = Instant::now();
         let (got, closed) = if trickle {
-            // A byte every 2 s, until the gateway answers.
-            let (mut rd, mut wr) = s.into_split();
-            let drip = async {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    if wr.write_all(b" ").await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            };
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            let read = async {
-                loop {
-                    match rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-            };
-            let closed = tokio::time::timeout(deadline + SLACK * 4, async {
-                tokio::select! {
-                    () = read => {},
-                    () = drip => {},
-                }
-            })
-            .await
-            .is_ok();
-            (got, closed)
+            trickle_until_closed(s, deadline + SLACK * 4).await
         } else {
             read_until_closed(&mut s, deadline + SLACK * 4).await
         };
@@ -177,6 +149,39 @@ async fn slow_body_client(i: usize, to: SocketAddr, stop: Arc<AtomicBool>, t: Ar
             t.slow_late.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Sends a byte of body every 2 s while reading until the peer closes, at most `limit`; what
+/// it sent, and whether it closed.
+async fn trickle_until_closed(s: tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let (mut rd, mut wr) = s.into_split();
+    let drip = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if wr.write_all(b" ").await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let closed = tokio::time::timeout(limit, async {
+        tokio::select! {
+            () = read => {},
+            () = drip => {},
+        }
+    })
+    .await
+    .is_ok();
+    (got, closed)
 }
 
 async fn normal_client(url: String, stop: Arc<AtomicBool>, t: Arc<Tally>) {
@@ -234,24 +239,9 @@ pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
     let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..IDLE {
-        tasks.spawn(idle_attacker(i, addr, stop.clone(), tally.clone()));
-    }
-    for i in 0..SLOW {
-        tasks.spawn(slow_body_client(i, addr, stop.clone(), tally.clone()));
-    }
-    for _ in 0..NORMAL {
-        tasks.spawn(normal_client(url.clone(), stop.clone(), tally.clone()));
-    }
+    let mut tasks = spawn_clients(addr, &url, &stop, &tally);
     let started = Instant::now();
-    let until = Duration::from_secs_f64(opts.minutes * 60.0);
-    let mut rss = Vec::new();
-    while started.elapsed() < until {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let mib = servers::rss_bytes(pid).unwrap_or(0) as f64 / (1024.0 * 1024.0);
-        rss.push((started.elapsed().as_secs_f64(), mib));
-    }
+    let rss = watch_rss(pid, started, Duration::from_secs_f64(opts.minutes * 60.0)).await;
     stop.store(true, Ordering::Relaxed);
     // Attackers in the middle of a wait finish it within their deadline; normal clients
     // within their request.
@@ -262,6 +252,57 @@ pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
     .is_ok();
     tasks.abort_all();
     let elapsed = started.elapsed().as_secs_f64();
+    let (file, pass) = write_report(opts, elapsed, drained, rss, &tally)?;
+    println!("report: {}", file.display());
+    drop(gateway);
+    if pass {
+        Ok(())
+    } else {
+        anyhow::bail!("the attack soak missed a goal (see {})", file.display())
+    }
+}
+
+/// Starts every client of the mix against the gateway at `addr` (`url`): idle attackers,
+/// slow-body clients and normal streaming clients, all stopping once `stop` is set.
+fn spawn_clients(
+    addr: SocketAddr,
+    url: &str,
+    stop: &Arc<AtomicBool>,
+    tally: &Arc<Tally>,
+) -> tokio::task::JoinSet<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..IDLE {
+        tasks.spawn(idle_attacker(i, addr, stop.clone(), tally.clone()));
+    }
+    for i in 0..SLOW {
+        tasks.spawn(slow_body_client(i, addr, stop.clone(), tally.clone()));
+    }
+    for _ in 0..NORMAL {
+        tasks.spawn(normal_client(url.to_owned(), stop.clone(), tally.clone()));
+    }
+    tasks
+}
+
+/// Reads the gateway's resident memory every 10 s until `until` after `started`: (seconds, MiB).
+async fn watch_rss(pid: u32, started: Instant, until: Duration) -> Vec<(f64, f64)> {
+    let mut rss = Vec::new();
+    while started.elapsed() < until {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mib = servers::rss_bytes(pid).unwrap_or(0) as f64 / (1024.0 * 1024.0);
+        rss.push((started.elapsed().as_secs_f64(), mib));
+    }
+    rss
+}
+
+/// Judges the attack soak, writes its JSON report and prints its summary line; the report's
+/// path and whether every goal was met.
+fn write_report(
+    opts: &AttackOptions,
+    elapsed: f64,
+    drained: bool,
+    rss: Vec<(f64, f64)>,
+    t: &Tally,
+) -> anyhow::Result<(PathBuf, bool)> {
     let warm = (elapsed / 4.0).min(150.0);
     let steady: Vec<f64> = rss
         .iter()
@@ -270,7 +311,6 @@ pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
         .collect();
     let rss_spread = window_spread(&steady);
     let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let t = &tally;
     let pass = c(&t.normal_ok) > 0
         && c(&t.normal_failed) == 0
         && c(&t.normal_429) == 0
@@ -332,11 +372,5 @@ pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
         steady.last().copied().unwrap_or(0.0),
         if pass { "PASS" } else { "FAIL" }
     );
-    println!("report: {}", file.display());
-    drop(gateway);
-    if pass {
-        Ok(())
-    } else {
-        anyhow::bail!("the attack soak missed a goal (see {})", file.display())
-    }
+    Ok((file, pass))
 }
