@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
 use approxy_training::cli::parse_rule;
-use approxy_training::corpus::{CorpusPrompt, load_human_eval};
+use approxy_training::corpus::{CorpusPrompt, HumanEvalProblem, load_human_eval};
 use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
 use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
@@ -811,65 +811,7 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     let logs = home.log("bench-oracle").with_extension("d");
     let server = servers::start_llama(&home, Layout::Shared, false, &logs).await?;
     let target = servers::llama_client(&server.url, "target")?;
-    let problems = humaneval::sample(
-        load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?,
-        opts.problems,
-    );
-    let problems = if opts.problems == 0 {
-        Vec::new()
-    } else {
-        problems
-    };
-    let corpus: Vec<CorpusPrompt> = approxy_training::corpus::load(&opts.corpus)?;
-    let chat = if opts.chat == 0 {
-        Vec::new()
-    } else {
-        held_out_chat(&corpus, opts.chat)
-    };
-    let code_prompts: Vec<Prompt> = problems
-        .iter()
-        .map(|p| {
-            Ok(Prompt {
-                id: p.task_id.clone(),
-                ids: tok.encode(&p.prompt)?,
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let chat_prompts: Vec<Prompt> = chat
-        .iter()
-        .map(|p| {
-            let messages = [ChatMessage {
-                role: "user".into(),
-                content: p.prompt.clone(),
-            }];
-            Ok(Prompt {
-                id: p.id.to_string(),
-                ids: tok.encode(&template.render(&messages)?)?,
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let instruction_prompts: Vec<Prompt> = if opts.instructions == 0 {
-        Vec::new()
-    } else {
-        let path = opts.instructions_dir.join("prompts.jsonl");
-        std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .take(opts.instructions)
-            .map(|l| {
-                let p: InstructionPrompt = serde_json::from_str(l)?;
-                let messages = [ChatMessage {
-                    role: "user".into(),
-                    content: p.prompt,
-                }];
-                Ok(Prompt {
-                    id: p.id,
-                    ids: tok.encode(&template.render(&messages)?)?,
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
+    let prompts = StudyPrompts::read(opts, &home, &tok, &template)?;
     let mut configs = vec![Decide::TargetOnly, Decide::DraftOnly];
     configs.extend(opts.rules.iter().map(|r| Decide::Rule(*r)));
     configs.extend(opts.verifiers.iter().cloned().map(Decide::Verifier));
@@ -883,14 +825,24 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     // Absolute (the check runs python in this directory on a path inside it), and outside
     // the results.
     let scratch = std::path::absolute(home.work("bench-oracle-exec"))?;
-    let mut summaries = Vec::new();
-    let mut all = Vec::new();
+    let study = Study {
+        opts,
+        pool: &pool,
+        target: &target,
+        tok: &tok,
+        sandbox,
+        scratch: &scratch,
+        store: &store,
+        configs: &configs,
+        problems: &prompts.problems,
+    };
+    let mut results = StudyResults::default();
     for (kind, prompts, max_tokens, stops) in [
-        ("code", &code_prompts, opts.max_tokens, &humaneval::STOP[..]),
-        ("chat", &chat_prompts, opts.chat_max_tokens, &[][..]),
+        ("code", &prompts.code, opts.max_tokens, &humaneval::STOP[..]),
+        ("chat", &prompts.chat, opts.chat_max_tokens, &[][..]),
         (
             "instructions",
-            &instruction_prompts,
+            &prompts.instructions,
             opts.instructions_max_tokens,
             &[][..],
         ),
@@ -898,6 +850,145 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
         if prompts.is_empty() {
             continue;
         }
+        study
+            .run_kind(kind, prompts, max_tokens, stops, &mut results)
+            .await?;
+        if kind == "instructions" {
+            let runs: Vec<(String, Vec<OracleAnswer>)> = results
+                .all
+                .iter()
+                .filter(|r| r.0 == kind)
+                .map(|r| (r.1.clone(), r.2.clone()))
+                .collect();
+            let scores = score_instructions(&home, &opts.instructions_dir, &scratch, &runs).await?;
+            for s in results.summaries.iter_mut().filter(|s| s.kind == kind) {
+                s.instructions = scores.get(&s.config).copied();
+            }
+        }
+        write_report(opts, &results.summaries, &results.all)?;
+    }
+    server.stop().await;
+    let md = write_report(opts, &results.summaries, &results.all)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// The study's prompts, tokenized, per kind; and the HumanEval problems behind the code ones.
+struct StudyPrompts {
+    problems: Vec<HumanEvalProblem>,
+    code: Vec<Prompt>,
+    chat: Vec<Prompt>,
+    instructions: Vec<Prompt>,
+}
+
+impl StudyPrompts {
+    /// Reads as many of each kind as `opts` asks for (chat and instruction prompts rendered
+    /// through the draft's chat template).
+    fn read(
+        opts: &OracleOptions,
+        home: &Home,
+        tok: &Tokenizer,
+        template: &ChatTemplate,
+    ) -> anyhow::Result<Self> {
+        let problems = humaneval::sample(
+            load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?,
+            opts.problems,
+        );
+        let problems = if opts.problems == 0 {
+            Vec::new()
+        } else {
+            problems
+        };
+        let corpus: Vec<CorpusPrompt> = approxy_training::corpus::load(&opts.corpus)?;
+        let chat = if opts.chat == 0 {
+            Vec::new()
+        } else {
+            held_out_chat(&corpus, opts.chat)
+        };
+        let code_prompts: Vec<Prompt> = problems
+            .iter()
+            .map(|p| {
+                Ok(Prompt {
+                    id: p.task_id.clone(),
+                    ids: tok.encode(&p.prompt)?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let chat_prompts: Vec<Prompt> = chat
+            .iter()
+            .map(|p| {
+                let messages = [ChatMessage {
+                    role: "user".into(),
+                    content: p.prompt.clone(),
+                }];
+                Ok(Prompt {
+                    id: p.id.to_string(),
+                    ids: tok.encode(&template.render(&messages)?)?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let instruction_prompts: Vec<Prompt> = if opts.instructions == 0 {
+            Vec::new()
+        } else {
+            let path = opts.instructions_dir.join("prompts.jsonl");
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(opts.instructions)
+                .map(|l| {
+                    let p: InstructionPrompt = serde_json::from_str(l)?;
+                    let messages = [ChatMessage {
+                        role: "user".into(),
+                        content: p.prompt,
+                    }];
+                    Ok(Prompt {
+                        id: p.id,
+                        ids: tok.encode(&template.render(&messages)?)?,
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        Ok(Self {
+            problems,
+            code: code_prompts,
+            chat: chat_prompts,
+            instructions: instruction_prompts,
+        })
+    }
+}
+
+/// What the study runs with: the draft, the target, and where checks and asked calls live.
+struct Study<'a> {
+    opts: &'a OracleOptions,
+    pool: &'a DraftPool,
+    target: &'a approxy_verifier::targets::LlamaCppTarget,
+    tok: &'a Tokenizer,
+    sandbox: Sandbox,
+    scratch: &'a std::path::Path,
+    store: &'a std::path::Path,
+    configs: &'a [Decide],
+    problems: &'a [HumanEvalProblem],
+}
+
+/// The study's results so far: one summary per (kind, configuration), and the answers
+/// behind each as (kind, configuration, answers).
+#[derive(Default)]
+struct StudyResults {
+    summaries: Vec<OracleSummary>,
+    all: Vec<(String, String, Vec<OracleAnswer>)>,
+}
+
+impl Study<'_> {
+    /// Answers every prompt of `kind` under every configuration, target-only first.
+    async fn run_kind(
+        &self,
+        kind: &str,
+        prompts: &[Prompt],
+        max_tokens: u32,
+        stops: &[&str],
+        results: &mut StudyResults,
+    ) -> anyhow::Result<()> {
         let mut reference: Option<Vec<OracleAnswer>> = None;
         let mut asked: Vec<Asked> = prompts
             .iter()
@@ -912,18 +1003,22 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
                         }
                     })
                     .collect();
-                Asked::open(&store.join(format!("{name}.jsonl")), &p.ids, opts.fresh)
+                Asked::open(
+                    &self.store.join(format!("{name}.jsonl")),
+                    &p.ids,
+                    self.opts.fresh,
+                )
             })
             .collect::<anyhow::Result<_>>()?;
-        for decide in &configs {
+        for decide in self.configs {
             let started = Instant::now();
             let mut answers = Vec::new();
             for (p, asked) in prompts.iter().zip(&mut asked) {
-                let lease = pool.try_lease().context("no idle draft worker")?;
+                let lease = self.pool.try_lease().context("no idle draft worker")?;
                 let a = decode(
                     lease.as_ref(),
-                    &target,
-                    &tok,
+                    self.target,
+                    self.tok,
                     p,
                     max_tokens,
                     stops,
@@ -937,10 +1032,15 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
             }
             let seconds = started.elapsed().as_secs_f64();
             if kind == "code" {
-                for (a, p) in answers.iter_mut().zip(&problems) {
-                    let v =
-                        humaneval::check(sandbox, p, &a.text, &scratch, Duration::from_secs(20))
-                            .await?;
+                for (a, p) in answers.iter_mut().zip(self.problems) {
+                    let v = humaneval::check(
+                        self.sandbox,
+                        p,
+                        &a.text,
+                        self.scratch,
+                        Duration::from_secs(20),
+                    )
+                    .await?;
                     a.verdict = Some(v);
                 }
             }
@@ -948,32 +1048,17 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
             if *decide == Decide::TargetOnly {
                 reference = Some(answers.clone());
             }
-            summaries.push(summarize(
+            results.summaries.push(summarize(
                 &decide.name(),
                 kind,
                 &answers,
                 reference.as_deref(),
                 seconds,
             ));
-            all.push((kind.to_string(), decide.name(), answers));
+            results.all.push((kind.to_string(), decide.name(), answers));
         }
-        if kind == "instructions" {
-            let runs: Vec<(String, Vec<OracleAnswer>)> = all
-                .iter()
-                .filter(|r| r.0 == kind)
-                .map(|r| (r.1.clone(), r.2.clone()))
-                .collect();
-            let scores = score_instructions(&home, &opts.instructions_dir, &scratch, &runs).await?;
-            for s in summaries.iter_mut().filter(|s| s.kind == kind) {
-                s.instructions = scores.get(&s.config).copied();
-            }
-        }
-        write_report(opts, &summaries, &all)?;
+        Ok(())
     }
-    server.stop().await;
-    let md = write_report(opts, &summaries, &all)?;
-    println!("{md}");
-    Ok(())
 }
 
 /// Writes `oracle.json` and `oracle.md` for the kinds finished so far (after each kind, so an
