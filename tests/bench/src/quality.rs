@@ -423,6 +423,13 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
         price: token_prices(&base_model.price),
         scratch,
     };
+    let setup = Setup {
+        home: &home,
+        exe: &exe,
+        logs: &logs,
+        learned: &learned,
+        base_model: &base_model,
+    };
     let all_configs = configs(&levels);
     let wanted: Vec<&Config> = all_configs
         .iter()
@@ -442,72 +449,119 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
             );
             continue;
         }
-        let mut done: HashMap<String, ConfigRun> = HashMap::new();
-        let mut todo: Vec<&Config> = Vec::new();
-        for c in &wanted {
-            match (!opts.fresh)
-                .then(|| load_saved(&raw_path(&opts.out, layout, &c.id), &problems))
-                .flatten()
-            {
-                Some(r) => {
-                    done.insert(c.id.clone(), r);
-                }
-                None => todo.push(c),
-            }
-        }
-        let via_gateway: Vec<&Config> = todo
-            .iter()
-            .copied()
-            .filter(|c| c.route != Route::LlamaSpeculative)
-            .collect();
-        if !via_gateway.is_empty() {
-            let target = servers::start_llama(&home, layout, false, &logs).await?;
-            let policy_path = home
-                .work("bench")
-                .join(format!("policy-{}.toml", layout.name()));
-            std::fs::create_dir_all(home.work("bench"))?;
-            std::fs::write(
-                &policy_path,
-                bench_policy(&target.url, layout, &learned, &base_model)?,
-            )?;
-            let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
-            warm_up(
-                &ctx.http,
-                &gateway.url,
-                &["bench-passthrough", "bench-confidence"],
-            )
-            .await;
-            for c in via_gateway {
-                let run = run_config(&ctx, &gateway.url, layout, c).await?;
-                save(&raw_path(&opts.out, layout, &c.id), &run)?;
-                done.insert(c.id.clone(), run);
-            }
-            gateway.stop().await;
-            target.stop().await;
-        }
-        if let Some(c) = todo.iter().find(|c| c.route == Route::LlamaSpeculative) {
-            let spec: Server = servers::start_llama(&home, layout, true, &logs).await?;
-            warm_up(&ctx.http, &spec.url, &["target"]).await;
-            let run = run_config(&ctx, &spec.url, layout, c).await?;
-            save(&raw_path(&opts.out, layout, &c.id), &run)?;
-            done.insert(c.id.clone(), run);
-            spec.stop().await;
-        }
-        for c in &wanted {
-            if let Some(r) = done.remove(&c.id) {
-                runs.push(r);
-            }
-        }
+        runs.extend(run_layout(&ctx, &setup, layout, &wanted).await?);
     }
 
-    let report = QualityReport {
+    let report = quality_report(&ctx, total, levels, &base_model, runs);
+    write_outputs(opts, &report)
+}
+
+/// What every layout's servers are started from.
+struct Setup<'a> {
+    home: &'a Home,
+    /// This binary, for `approxy serve`.
+    exe: &'a Path,
+    logs: &'a Path,
+    /// The learned verifier the approximate configurations use.
+    learned: &'a Path,
+    /// The base policy's `"*"` model entry.
+    base_model: &'a ModelPolicy,
+}
+
+/// Runs (or reuses the saved runs of) every wanted configuration on one layout; the runs in
+/// the order wanted.
+async fn run_layout(
+    ctx: &Ctx<'_>,
+    setup: &Setup<'_>,
+    layout: Layout,
+    wanted: &[&Config],
+) -> anyhow::Result<Vec<ConfigRun>> {
+    let opts = ctx.opts;
+    let mut done: HashMap<String, ConfigRun> = HashMap::new();
+    let mut todo: Vec<&Config> = Vec::new();
+    for c in wanted {
+        match (!opts.fresh)
+            .then(|| load_saved(&raw_path(&opts.out, layout, &c.id), ctx.problems))
+            .flatten()
+        {
+            Some(r) => {
+                done.insert(c.id.clone(), r);
+            }
+            None => todo.push(c),
+        }
+    }
+    let via_gateway: Vec<&Config> = todo
+        .iter()
+        .copied()
+        .filter(|c| c.route != Route::LlamaSpeculative)
+        .collect();
+    if !via_gateway.is_empty() {
+        run_via_gateway(ctx, setup, layout, &via_gateway, &mut done).await?;
+    }
+    if let Some(c) = todo.iter().find(|c| c.route == Route::LlamaSpeculative) {
+        let spec: Server = servers::start_llama(setup.home, layout, true, setup.logs).await?;
+        warm_up(&ctx.http, &spec.url, &["target"]).await;
+        let run = run_config(ctx, &spec.url, layout, c).await?;
+        save(&raw_path(&opts.out, layout, &c.id), &run)?;
+        done.insert(c.id.clone(), run);
+        spec.stop().await;
+    }
+    Ok(wanted.iter().filter_map(|c| done.remove(&c.id)).collect())
+}
+
+/// Runs `configs` through one gateway (over its own target) on `layout`, saving each run as
+/// soon as it is complete.
+async fn run_via_gateway(
+    ctx: &Ctx<'_>,
+    setup: &Setup<'_>,
+    layout: Layout,
+    configs: &[&Config],
+    done: &mut HashMap<String, ConfigRun>,
+) -> anyhow::Result<()> {
+    let home = setup.home;
+    let target = servers::start_llama(home, layout, false, setup.logs).await?;
+    let policy_path = home
+        .work("bench")
+        .join(format!("policy-{}.toml", layout.name()));
+    std::fs::create_dir_all(home.work("bench"))?;
+    std::fs::write(
+        &policy_path,
+        bench_policy(&target.url, layout, setup.learned, setup.base_model)?,
+    )?;
+    let gateway = servers::start_gateway(setup.exe, &policy_path, layout, setup.logs).await?;
+    warm_up(
+        &ctx.http,
+        &gateway.url,
+        &["bench-passthrough", "bench-confidence"],
+    )
+    .await;
+    for &c in configs {
+        let run = run_config(ctx, &gateway.url, layout, c).await?;
+        save(&raw_path(&ctx.opts.out, layout, &c.id), &run)?;
+        done.insert(c.id.clone(), run);
+    }
+    gateway.stop().await;
+    target.stop().await;
+    Ok(())
+}
+
+/// The report over `runs`: what was asked, the settings compared, and each run's summary.
+fn quality_report(
+    ctx: &Ctx<'_>,
+    problems_total: usize,
+    levels: Vec<Level>,
+    base_model: &ModelPolicy,
+    runs: Vec<ConfigRun>,
+) -> QualityReport {
+    let opts = ctx.opts;
+    QualityReport {
         generated_at: super::machine::utc_now(),
         machine: super::machine::Machine::read(),
-        problems: problems.len(),
-        problems_total: total,
+        problems: ctx.problems.len(),
+        problems_total,
         max_tokens: opts.max_tokens,
         stop: humaneval::STOP.iter().map(|s| s.to_string()).collect(),
-        sandbox,
+        sandbox: ctx.sandbox,
         exec_timeout_secs: opts.exec_timeout.as_secs_f64(),
         levels,
         price: PriceTable {
@@ -536,13 +590,18 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
                 config: r.config,
             })
             .collect(),
-    };
+    }
+}
+
+/// Writes `quality.json`, `quality.md` and `quality.png` under `opts.out` (a chart that cannot
+/// be drawn is only warned about) and prints the Markdown's path.
+fn write_outputs(opts: &QualityOptions, report: &QualityReport) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.out)?;
     std::fs::write(
         opts.out.join("quality.json"),
-        serde_json::to_vec_pretty(&report)?,
+        serde_json::to_vec_pretty(report)?,
     )?;
-    std::fs::write(opts.out.join("quality.md"), quality_markdown(&report))?;
+    std::fs::write(opts.out.join("quality.md"), quality_markdown(report))?;
     if let Err(e) = super::chart::pareto(
         &opts.out.join("quality.png"),
         report.problems,
