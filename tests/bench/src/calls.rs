@@ -514,6 +514,43 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("{} has no \"*\" model", opts.base_policy.display()))?
         .clone();
     let tasks = tasks(&home, opts.sample, opts.prompts, &opts.corpus)?;
+    let wanted = wanted_configs(opts)?;
+    let logs = home.log("bench-calls").with_extension("d");
+    let ctx = Ctx {
+        http: reqwest::Client::builder()
+            .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
+            .build()?,
+        opts,
+        tasks: &tasks,
+        sandbox: Sandbox::detect().await,
+        scratch: home.work("bench-exec"),
+    };
+    std::fs::create_dir_all(opts.out.join("raw"))?;
+    std::fs::create_dir_all(home.work("bench"))?;
+    let setup = Setup {
+        home: &home,
+        exe: &exe,
+        logs: &logs,
+        base_model: &base_model,
+    };
+    for &layout in &opts.layouts {
+        for vllm in [false, true] {
+            run_group(&ctx, &setup, Group { layout, vllm }, &wanted).await?;
+        }
+    }
+    let runs = load_all(&opts.out)?;
+    let md = markdown(&runs, &base_model, &super::machine::Machine::read());
+    std::fs::write(opts.out.join("calls.md"), &md)?;
+    std::fs::write(
+        opts.out.join("calls.json"),
+        serde_json::to_vec_pretty(&runs)?,
+    )?;
+    println!("{}", opts.out.join("calls.md").display());
+    Ok(())
+}
+
+/// The configurations `--only` names (by default every one but vLLM's); an error when none.
+fn wanted_configs(opts: &CallsOptions) -> anyhow::Result<Vec<CallConfig>> {
     let wanted: Vec<CallConfig> = ALL
         .into_iter()
         .filter(|c| {
@@ -530,120 +567,143 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
             ALL.map(CallConfig::id).join(", ")
         );
     }
-    let logs = home.log("bench-calls").with_extension("d");
-    let ctx = Ctx {
-        http: reqwest::Client::builder()
-            .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
-            .build()?,
-        opts,
-        tasks: &tasks,
-        sandbox: Sandbox::detect().await,
-        scratch: home.work("bench-exec"),
-    };
-    std::fs::create_dir_all(opts.out.join("raw"))?;
-    std::fs::create_dir_all(home.work("bench"))?;
-    for &layout in &opts.layouts {
-        for vllm in [false, true] {
-            let group: Vec<CallConfig> = wanted
-                .iter()
-                .copied()
-                .filter(|c| c.vllm() == vllm)
-                .collect();
-            let todo: Vec<(u64, CallConfig)> = opts
-                .delays_ms
-                .iter()
-                .flat_map(|&d| group.iter().map(move |&c| (d, c)))
-                .filter(|&(d, c)| {
-                    opts.fresh
-                        || load_saved(
-                            &raw_path(&opts.out, opts.sample, layout, d, c),
-                            &tasks,
-                            opts.max_tokens,
-                        )
-                        .is_none()
-                })
-                .collect();
-            if todo.is_empty() {
-                continue;
-            }
-            let target: Server = if vllm {
-                servers::start_vllm(&home, layout, &logs).await?
-            } else {
-                servers::start_llama(&home, layout, false, &logs).await?
-            };
-            for &d in &opts.delays_ms {
-                let here: Vec<CallConfig> = todo
-                    .iter()
-                    .filter(|(dd, _)| *dd == d)
-                    .map(|&(_, c)| c)
-                    .collect();
-                if here.is_empty() {
-                    continue;
-                }
-                let proxy = delay::start(&target.url, Duration::from_millis(d)).await?;
-                // vLLM answers only to its model's name, so each vLLM configuration gets a
-                // gateway of its own whose entry for that name is the configuration; on
-                // llama-server (which ignores the name) one gateway serves them all by id.
-                let sets: Vec<Vec<CallConfig>> = if vllm {
-                    here.iter().map(|&c| vec![c]).collect()
-                } else {
-                    vec![here]
-                };
-                for set in sets {
-                    let policy_path = home.work("bench").join(format!(
-                        "calls-{}-{}.toml",
-                        layout.name(),
-                        u8::from(vllm)
-                    ));
-                    std::fs::write(
-                        &policy_path,
-                        policy_text(&proxy.url, vllm, layout, &base_model, &set)?,
-                    )?;
-                    let gateway = servers::start_gateway(&exe, &policy_path, layout, &logs).await?;
-                    // Weights paged in and caches warm before anything is timed.
-                    for &c in &set {
-                        let _ = client::complete(
-                            &ctx.http,
-                            &Ask {
-                                url: &format!("{}/v1/completions", gateway.url),
-                                model: model_name(c),
-                                prompt: "def add(a, b):\n",
-                                max_tokens: 8,
-                                stop: &[],
-                                threshold: None,
-                                timeout: Duration::from_secs(600),
-                            },
-                        )
-                        .await;
-                    }
-                    for c in set {
-                        if vllm {
-                            servers::reset_vllm_prefix_cache(&ctx.http, &target.url).await?;
-                        }
-                        // Both servers count what they computed.
-                        let account_url = Some(target.url.as_str());
-                        let run = run_config(&ctx, &gateway.url, account_url, layout, d, c).await?;
-                        std::fs::write(
-                            raw_path(&opts.out, opts.sample, layout, d, c),
-                            serde_json::to_vec_pretty(&run)?,
-                        )?;
-                    }
-                    gateway.stop().await;
-                }
-                drop(proxy);
-            }
-            target.stop().await;
-        }
+    Ok(wanted)
+}
+
+/// What every target and gateway of the run is started from.
+struct Setup<'a> {
+    home: &'a Home,
+    /// This binary, for `approxy serve`.
+    exe: &'a Path,
+    logs: &'a Path,
+    /// The base policy's `"*"` model entry.
+    base_model: &'a ModelPolicy,
+}
+
+/// The runs one target serves: a layout, and llama-server or vLLM.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    layout: Layout,
+    vllm: bool,
+}
+
+/// Runs the group's configurations not saved yet, at every delay, over one target.
+async fn run_group(
+    ctx: &Ctx<'_>,
+    setup: &Setup<'_>,
+    g: Group,
+    wanted: &[CallConfig],
+) -> anyhow::Result<()> {
+    let (opts, layout, vllm) = (ctx.opts, g.layout, g.vllm);
+    let group: Vec<CallConfig> = wanted
+        .iter()
+        .copied()
+        .filter(|c| c.vllm() == vllm)
+        .collect();
+    let todo: Vec<(u64, CallConfig)> = opts
+        .delays_ms
+        .iter()
+        .flat_map(|&d| group.iter().map(move |&c| (d, c)))
+        .filter(|&(d, c)| {
+            opts.fresh
+                || load_saved(
+                    &raw_path(&opts.out, opts.sample, layout, d, c),
+                    ctx.tasks,
+                    opts.max_tokens,
+                )
+                .is_none()
+        })
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
     }
-    let runs = load_all(&opts.out)?;
-    let md = markdown(&runs, &base_model, &super::machine::Machine::read());
-    std::fs::write(opts.out.join("calls.md"), &md)?;
-    std::fs::write(
-        opts.out.join("calls.json"),
-        serde_json::to_vec_pretty(&runs)?,
-    )?;
-    println!("{}", opts.out.join("calls.md").display());
+    let target: Server = if vllm {
+        servers::start_vllm(setup.home, layout, setup.logs).await?
+    } else {
+        servers::start_llama(setup.home, layout, false, setup.logs).await?
+    };
+    for &d in &opts.delays_ms {
+        let here: Vec<CallConfig> = todo
+            .iter()
+            .filter(|(dd, _)| *dd == d)
+            .map(|&(_, c)| c)
+            .collect();
+        if here.is_empty() {
+            continue;
+        }
+        run_delay(ctx, setup, g, &target, d, here).await?;
+    }
+    target.stop().await;
     Ok(())
+}
+
+/// Runs `here` behind a proxy that delays every call to `target` by `d` ms, saving each run.
+async fn run_delay(
+    ctx: &Ctx<'_>,
+    setup: &Setup<'_>,
+    g: Group,
+    target: &Server,
+    d: u64,
+    here: Vec<CallConfig>,
+) -> anyhow::Result<()> {
+    let (opts, layout, vllm) = (ctx.opts, g.layout, g.vllm);
+    let proxy = delay::start(&target.url, Duration::from_millis(d)).await?;
+    // vLLM answers only to its model's name, so each vLLM configuration gets a
+    // gateway of its own whose entry for that name is the configuration; on
+    // llama-server (which ignores the name) one gateway serves them all by id.
+    let sets: Vec<Vec<CallConfig>> = if vllm {
+        here.iter().map(|&c| vec![c]).collect()
+    } else {
+        vec![here]
+    };
+    for set in sets {
+        let policy_path = setup.home.work("bench").join(format!(
+            "calls-{}-{}.toml",
+            layout.name(),
+            u8::from(vllm)
+        ));
+        std::fs::write(
+            &policy_path,
+            policy_text(&proxy.url, vllm, layout, setup.base_model, &set)?,
+        )?;
+        let gateway = servers::start_gateway(setup.exe, &policy_path, layout, setup.logs).await?;
+        warm_up(ctx, &gateway.url, &set).await;
+        for c in set {
+            if vllm {
+                servers::reset_vllm_prefix_cache(&ctx.http, &target.url).await?;
+            }
+            // Both servers count what they computed.
+            let account_url = Some(target.url.as_str());
+            let run = run_config(ctx, &gateway.url, account_url, layout, d, c).await?;
+            std::fs::write(
+                raw_path(&opts.out, opts.sample, layout, d, c),
+                serde_json::to_vec_pretty(&run)?,
+            )?;
+        }
+        gateway.stop().await;
+    }
+    drop(proxy);
+    Ok(())
+}
+
+/// Weights paged in and caches warm before anything is timed: one short request per
+/// configuration of `set` to the gateway at `url`.
+async fn warm_up(ctx: &Ctx<'_>, url: &str, set: &[CallConfig]) {
+    for &c in set {
+        let _ = client::complete(
+            &ctx.http,
+            &Ask {
+                url: &format!("{url}/v1/completions"),
+                model: model_name(c),
+                prompt: "def add(a, b):\n",
+                max_tokens: 8,
+                stop: &[],
+                threshold: None,
+                timeout: Duration::from_secs(600),
+            },
+        )
+        .await;
+    }
 }
 
 /// Every saved run under `out/raw`, in report order.
@@ -853,113 +913,19 @@ pub fn markdown(
         base.guard.name(),
         base.max_cost_ratio
     ));
-    let key = |r: &CallsRun| {
-        (
-            r.sample,
-            r.layout.clone(),
-            r.delay_ms,
-            r.prompts.len(),
-            r.max_tokens,
-            r.config.vllm(),
-        )
+    let key = |r: &CallsRun| TableKey {
+        sample: r.sample,
+        layout: r.layout.clone(),
+        delay: r.delay_ms,
+        n: r.prompts.len(),
+        max_tokens: r.max_tokens,
+        vllm: r.config.vllm(),
     };
     let mut groups: Vec<_> = runs.iter().map(key).collect();
     groups.dedup();
     for g in groups {
-        let (sample, layout, delay, n, max_tokens, _) = g.clone();
         let here: Vec<&CallsRun> = runs.iter().filter(|r| key(r) == g).collect();
-        s.push_str(&format!(
-            "\n#### {}, {n} prompts, at most {max_tokens} tokens, cores {layout}, {delay} ms per target call\n\n",
-            match sample {
-                Sample::HumanEval => "HumanEval",
-                Sample::Chat => "Held-out chat",
-            }
-        ));
-        // Runs of one table can come from different days and machines: each says its own.
-        let mut provenance: Vec<String> = here
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} on {}",
-                    r.finished_at.get(..10).unwrap_or(&r.finished_at),
-                    r.machine.as_deref().unwrap_or("a machine not recorded")
-                )
-            })
-            .collect();
-        provenance.dedup();
-        s.push_str(&format!("Run {}.\n\n", provenance.join("; ")));
-        let quality = match sample {
-            Sample::HumanEval => "pass@1",
-            Sample::Chat => "same as target / ROUGE-L",
-        };
-        s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | windows (mean k) | overlap guesses used |"));
-        for p in &CLASSES {
-            s.push_str(&format!(" cost {} |", p.name));
-        }
-        s.push_str("\n|---|---|---|---|---|---|---|---|---|");
-        s.push_str(&"---|".repeat(CLASSES.len()));
-        s.push('\n');
-        for r in &here {
-            let a = aggregate(r);
-            let base_run = here.iter().find(|b| b.config == r.config.baseline());
-            let b = base_run.map(|b| aggregate(b));
-            let q = match sample {
-                Sample::HumanEval => format!(
-                    "{:.1} % ({}/{})",
-                    100.0 * a.passed as f64 / a.n.max(1) as f64,
-                    a.passed,
-                    a.n
-                ),
-                Sample::Chat => match base_run {
-                    Some(b) => {
-                        let (e, rl) = agreement(r, b);
-                        format!("{:.0} % / {:.2}", 100.0 * e, rl)
-                    }
-                    None => "–".into(),
-                },
-            };
-            let speed = b.as_ref().map_or("–".into(), |b| {
-                format!("{:.2}x", a.tok_s / b.tok_s.max(1e-9))
-            });
-            let windows = if a.windows.0 > 0 {
-                format!(
-                    "{} ({:.1})",
-                    a.windows.0,
-                    a.windows.1 as f64 / a.windows.0 as f64
-                )
-            } else {
-                "–".into()
-            };
-            let guesses = if a.guesses.0 > 0 {
-                format!("{} of {}", a.guesses.1, a.guesses.0)
-            } else {
-                "–".into()
-            };
-            s.push_str(&format!(
-                "| {}{} | {q} | {:.2} | {speed} | {:.2} s | {:.1} | {:.1} | {windows} | {guesses} |",
-                r.config.label(),
-                if a.errors > 0 {
-                    format!(" ({} failed)", a.errors)
-                } else {
-                    String::new()
-                },
-                a.tok_s,
-                a.ttft_p50,
-                a.calls_per_100,
-                a.target_per_100,
-            ));
-            for p in &CLASSES {
-                match &b {
-                    Some(b) => s.push_str(&format!(
-                        " {:.0} % / {:.0} % |",
-                        100.0 * class_cost(&a, p, true) / class_cost(b, p, true).max(1e-12),
-                        100.0 * class_cost(&a, p, false) / class_cost(b, p, false).max(1e-12)
-                    )),
-                    None => s.push_str(" – |"),
-                }
-            }
-            s.push('\n');
-        }
+        s.push_str(&runs_table(&g, &here));
         s.push_str(&account_table(&here, base));
     }
     s.push_str(&goals(runs, base));
@@ -970,6 +936,129 @@ pub fn markdown(
             p.name, p.input, p.cached_input, p.output, p.what, p.date, p.source
         ));
     }
+    s
+}
+
+/// What the runs of one table share: the prompts, the layout and the delay (and whether the
+/// target is vLLM, whose runs get a table of their own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TableKey {
+    sample: Sample,
+    layout: String,
+    delay: u64,
+    n: usize,
+    max_tokens: u32,
+    vllm: bool,
+}
+
+/// One table of the report: its heading, where its runs come from, and a row per run.
+fn runs_table(g: &TableKey, here: &[&CallsRun]) -> String {
+    let TableKey {
+        sample,
+        layout,
+        delay,
+        n,
+        max_tokens,
+        ..
+    } = g;
+    let mut s = format!(
+        "\n#### {}, {n} prompts, at most {max_tokens} tokens, cores {layout}, {delay} ms per target call\n\n",
+        match sample {
+            Sample::HumanEval => "HumanEval",
+            Sample::Chat => "Held-out chat",
+        }
+    );
+    // Runs of one table can come from different days and machines: each says its own.
+    let mut provenance: Vec<String> = here
+        .iter()
+        .map(|r| {
+            format!(
+                "{} on {}",
+                r.finished_at.get(..10).unwrap_or(&r.finished_at),
+                r.machine.as_deref().unwrap_or("a machine not recorded")
+            )
+        })
+        .collect();
+    provenance.dedup();
+    s.push_str(&format!("Run {}.\n\n", provenance.join("; ")));
+    let quality = match sample {
+        Sample::HumanEval => "pass@1",
+        Sample::Chat => "same as target / ROUGE-L",
+    };
+    s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | windows (mean k) | overlap guesses used |"));
+    for p in &CLASSES {
+        s.push_str(&format!(" cost {} |", p.name));
+    }
+    s.push_str("\n|---|---|---|---|---|---|---|---|---|");
+    s.push_str(&"---|".repeat(CLASSES.len()));
+    s.push('\n');
+    for r in here {
+        s.push_str(&run_row(r, here, *sample));
+    }
+    s
+}
+
+/// A run's row, against its baseline among `here` (the same table's runs).
+fn run_row(r: &CallsRun, here: &[&CallsRun], sample: Sample) -> String {
+    let a = aggregate(r);
+    let base_run = here.iter().find(|b| b.config == r.config.baseline());
+    let b = base_run.map(|b| aggregate(b));
+    let q = match sample {
+        Sample::HumanEval => format!(
+            "{:.1} % ({}/{})",
+            100.0 * a.passed as f64 / a.n.max(1) as f64,
+            a.passed,
+            a.n
+        ),
+        Sample::Chat => match base_run {
+            Some(b) => {
+                let (e, rl) = agreement(r, b);
+                format!("{:.0} % / {:.2}", 100.0 * e, rl)
+            }
+            None => "–".into(),
+        },
+    };
+    let speed = b.as_ref().map_or("–".into(), |b| {
+        format!("{:.2}x", a.tok_s / b.tok_s.max(1e-9))
+    });
+    let windows = if a.windows.0 > 0 {
+        format!(
+            "{} ({:.1})",
+            a.windows.0,
+            a.windows.1 as f64 / a.windows.0 as f64
+        )
+    } else {
+        "–".into()
+    };
+    let guesses = if a.guesses.0 > 0 {
+        format!("{} of {}", a.guesses.1, a.guesses.0)
+    } else {
+        "–".into()
+    };
+    let mut s = format!(
+        "| {}{} | {q} | {:.2} | {speed} | {:.2} s | {:.1} | {:.1} | {windows} | {guesses} |",
+        r.config.label(),
+        if a.errors > 0 {
+            format!(" ({} failed)", a.errors)
+        } else {
+            String::new()
+        },
+        a.tok_s,
+        a.ttft_p50,
+        a.calls_per_100,
+        a.target_per_100,
+    );
+    for p in &CLASSES {
+        match &b {
+            Some(b) => s.push_str(&format!(
+                " {:.0} % / {:.0} % |",
+                100.0 * class_cost(&a, p, true) / class_cost(b, p, true).max(1e-12),
+                100.0 * class_cost(&a, p, false) / class_cost(b, p, false).max(1e-12)
+            )),
+            None => s.push_str(" – |"),
+        }
+    }
+    s.push('\n');
     s
 }
 
@@ -1049,7 +1138,6 @@ fn inflight_per_close(a: &Aggregates, counted: &Tokens) -> String {
 /// the policy's prices: the run's aggregate at or below `max_cost_ratio`, no request above the
 /// hard cap.
 fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
-    let mark = |ok: bool| if ok { "met" } else { "not met" };
     let deepseek = CLASSES
         .iter()
         .find(|c| c.name == "DeepSeek")
@@ -1062,18 +1150,23 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         .collect();
     groups.dedup();
     for (sample, layout) in groups {
-        let find = |delay: u64, c: CallConfig| {
-            runs.iter().find(|r| {
-                r.sample == sample && r.layout == layout && r.delay_ms == delay && r.config == c
-            })
-        };
+        let find = |delay: u64, c: CallConfig| find_run(runs, sample, &layout, delay, c);
         let Some(target) = find(0, CallConfig::TargetOnly) else {
             continue;
         };
-        let b = aggregate(target);
-        let (name, bound, busy_bound) = match sample {
+        let (name, cost_bound, busy_bound) = match sample {
             Sample::HumanEval => ("HumanEval", 0.6, 0.5),
             Sample::Chat => ("held-out chat", 0.75, 0.6),
+        };
+        let group = GoalGroup {
+            runs,
+            sample,
+            layout: &layout,
+            base,
+            deepseek,
+            target: aggregate(target),
+            cost_bound,
+            busy_bound,
         };
         let mut lines = String::new();
         for c in [
@@ -1083,80 +1176,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
             CallConfig::SpanOverlap,
         ] {
             let Some(r) = find(0, c) else { continue };
-            let a = aggregate(r);
-            let ratio = class_cost(&a, deepseek, true) / class_cost(&b, deepseek, true).max(1e-12);
-            let mut line = format!(
-                "- {}: cost {:.0} % (≤ {:.0} %: {})",
-                c.label(),
-                100.0 * ratio,
-                100.0 * bound,
-                mark(ratio <= bound)
-            );
-            if let (Some(t), Some(bt)) = (a.account, b.account) {
-                let busy = t.busy_seconds() / bt.busy_seconds().max(1e-9);
-                line.push_str(&format!(
-                    "; target busy time {:.2}x target-only's (≤ {busy_bound}x: {})",
-                    busy,
-                    mark(busy <= busy_bound)
-                ));
-                if let Some(e) = a.estimated_usd {
-                    let d = difference_pct(e, t.tokens().cost(&base.price));
-                    line.push_str(&format!(
-                        "; approxy's estimate {d:+.1} % from the target's counts (within 3 %: {})",
-                        mark(d.abs() <= 3.0)
-                    ));
-                }
-            }
-            if sample == Sample::HumanEval {
-                line.push_str(&format!(
-                    "; pass@1 {}/{} against {}/{} ({})",
-                    a.passed,
-                    a.n,
-                    b.passed,
-                    b.n,
-                    mark(a.passed + 1 >= b.passed)
-                ));
-            }
-            match (find(200, c), find(200, CallConfig::TargetOnly)) {
-                (Some(r2), Some(b2)) => {
-                    let x = aggregate(r2).tok_s / aggregate(b2).tok_s.max(1e-9);
-                    line.push_str(&format!(
-                        "; {:.2}x target-only's speed at 200 ms per call (≥ 1x: {})",
-                        x,
-                        mark(x >= 1.0)
-                    ));
-                }
-                _ => line.push_str("; 200 ms per call: not run"),
-            }
-            if let Some((agg, worst)) = a.policy_ratio {
-                let cap = match (c, base.guard) {
-                    (CallConfig::Default, GuardPolicy::Budget { hard_cap, .. }) => Some(hard_cap),
-                    (CallConfig::Strict, _) => Some(base.max_cost_ratio),
-                    _ => None,
-                };
-                line.push_str(&format!(
-                    "; at the policy's prices the run costs {:.0} % of passthrough by approxy's estimate{}, its dearest request {:.0} %{}",
-                    100.0 * agg,
-                    if c == CallConfig::Default {
-                        format!(" (≤ {:.0} %: {})", 100.0 * base.max_cost_ratio, mark(agg <= base.max_cost_ratio + 1e-9))
-                    } else {
-                        String::new()
-                    },
-                    100.0 * worst,
-                    cap.map_or(String::new(), |cap| format!(
-                        " (≤ {:.0} %: {})",
-                        100.0 * cap,
-                        mark(worst <= cap + 1e-9)
-                    ))
-                ));
-            }
-            if !a.guard_reasons.is_empty() {
-                line.push_str(&format!(
-                    "; handed to the target for cost: {}",
-                    a.guard_reasons.join(", ")
-                ));
-            }
-            lines.push_str(&line);
+            lines.push_str(&group.line(c, &aggregate(r)));
             lines.push('\n');
         }
         if !lines.is_empty() {
@@ -1167,6 +1187,129 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         }
     }
     s
+}
+
+fn mark(ok: bool) -> &'static str {
+    if ok { "met" } else { "not met" }
+}
+
+/// The run of `c` on `sample` and `layout` at `delay` ms per call, if any.
+fn find_run<'a>(
+    runs: &'a [CallsRun],
+    sample: Sample,
+    layout: &str,
+    delay: u64,
+    c: CallConfig,
+) -> Option<&'a CallsRun> {
+    runs.iter()
+        .find(|r| r.sample == sample && r.layout == layout && r.delay_ms == delay && r.config == c)
+}
+
+/// One sample and layout's goals: the runs, the target-only run they are judged against
+/// (at 0 ms per call), and the bounds.
+struct GoalGroup<'a> {
+    runs: &'a [CallsRun],
+    sample: Sample,
+    layout: &'a str,
+    base: &'a ModelPolicy,
+    /// The price class the cost goal is judged at.
+    deepseek: &'a PriceClass,
+    target: Aggregates,
+    cost_bound: f64,
+    busy_bound: f64,
+}
+
+impl GoalGroup<'_> {
+    /// The goals' line for configuration `c`, whose run at 0 ms per call is `a`.
+    fn line(&self, c: CallConfig, a: &Aggregates) -> String {
+        let (b, base, deepseek) = (&self.target, self.base, self.deepseek);
+        let ratio = class_cost(a, deepseek, true) / class_cost(b, deepseek, true).max(1e-12);
+        let mut line = format!(
+            "- {}: cost {:.0} % (≤ {:.0} %: {})",
+            c.label(),
+            100.0 * ratio,
+            100.0 * self.cost_bound,
+            mark(ratio <= self.cost_bound)
+        );
+        if let (Some(t), Some(bt)) = (a.account, b.account) {
+            let busy = t.busy_seconds() / bt.busy_seconds().max(1e-9);
+            line.push_str(&format!(
+                "; target busy time {:.2}x target-only's (≤ {}x: {})",
+                busy,
+                self.busy_bound,
+                mark(busy <= self.busy_bound)
+            ));
+            if let Some(e) = a.estimated_usd {
+                let d = difference_pct(e, t.tokens().cost(&base.price));
+                line.push_str(&format!(
+                    "; approxy's estimate {d:+.1} % from the target's counts (within 3 %: {})",
+                    mark(d.abs() <= 3.0)
+                ));
+            }
+        }
+        if self.sample == Sample::HumanEval {
+            line.push_str(&format!(
+                "; pass@1 {}/{} against {}/{} ({})",
+                a.passed,
+                a.n,
+                b.passed,
+                b.n,
+                mark(a.passed + 1 >= b.passed)
+            ));
+        }
+        let find = |c: CallConfig| find_run(self.runs, self.sample, self.layout, 200, c);
+        match (find(c), find(CallConfig::TargetOnly)) {
+            (Some(r2), Some(b2)) => {
+                let x = aggregate(r2).tok_s / aggregate(b2).tok_s.max(1e-9);
+                line.push_str(&format!(
+                    "; {:.2}x target-only's speed at 200 ms per call (≥ 1x: {})",
+                    x,
+                    mark(x >= 1.0)
+                ));
+            }
+            _ => line.push_str("; 200 ms per call: not run"),
+        }
+        if let Some((agg, worst)) = a.policy_ratio {
+            line.push_str(&policy_goal(c, base, agg, worst));
+        }
+        if !a.guard_reasons.is_empty() {
+            line.push_str(&format!(
+                "; handed to the target for cost: {}",
+                a.guard_reasons.join(", ")
+            ));
+        }
+        line
+    }
+}
+
+/// The guard's own bounds at the policy's prices: the run's aggregate cost ratio `agg` (for
+/// the default configuration, at most `max_cost_ratio`) and its dearest request's `worst`
+/// (at most the hard cap, where the configuration has one).
+fn policy_goal(c: CallConfig, base: &ModelPolicy, agg: f64, worst: f64) -> String {
+    let cap = match (c, base.guard) {
+        (CallConfig::Default, GuardPolicy::Budget { hard_cap, .. }) => Some(hard_cap),
+        (CallConfig::Strict, _) => Some(base.max_cost_ratio),
+        _ => None,
+    };
+    format!(
+        "; at the policy's prices the run costs {:.0} % of passthrough by approxy's estimate{}, its dearest request {:.0} %{}",
+        100.0 * agg,
+        if c == CallConfig::Default {
+            format!(
+                " (≤ {:.0} %: {})",
+                100.0 * base.max_cost_ratio,
+                mark(agg <= base.max_cost_ratio + 1e-9)
+            )
+        } else {
+            String::new()
+        },
+        100.0 * worst,
+        cap.map_or(String::new(), |cap| format!(
+            " (≤ {:.0} %: {})",
+            100.0 * cap,
+            mark(worst <= cap + 1e-9)
+        ))
+    )
 }
 
 #[cfg(test)]
