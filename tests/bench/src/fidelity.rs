@@ -16,7 +16,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use approxy_setup::Home;
-use approxy_setup::assets::{DRAFT_VARIANTS, SHIPPED_DRAFT_VARIANT};
+use approxy_setup::assets::{DRAFT_VARIANTS, DraftVariant, SHIPPED_DRAFT_VARIANT};
 use approxy_training::corpus::CorpusPrompt;
 use approxy_verifier::sampling::argmax;
 use approxy_verifier::targets::{ContinuationRequest, TargetClient};
@@ -198,6 +198,40 @@ pub fn choose(vs: &[VariantResult], threads: usize) -> Option<&VariantResult> {
 /// Runs the sweep: answers (taken or reused), each variant measured (or reused), the report.
 pub async fn run(opts: &FidelityOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
+    let all = wanted_variants(&home, opts)?;
+    std::fs::create_dir_all(opts.out.join("raw"))?;
+    let answers_path = opts.out.join("answers.json");
+    let answers = answers(&home, opts, &answers_path).await?;
+    let exe = std::env::current_exe()?;
+    let mut variants = Vec::new();
+    for (v, dir) in all {
+        variants.push(measure_variant(opts, &exe, &answers_path, v, &dir).await?);
+    }
+    let report = FidelityReport {
+        machine: Machine::read(),
+        date: utc_now(),
+        target: answers.target.clone(),
+        per_kind: opts.per_kind,
+        max_answer_tokens: opts.max_answer_tokens,
+        decode_tokens: opts.decode_tokens,
+        variants,
+    };
+    std::fs::write(
+        opts.out.join("fidelity.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    let md = markdown(&report, &answers);
+    std::fs::write(opts.out.join("fidelity.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// The variants `--only` names (all by default, the shipped one first) and their directories;
+/// an error for a name there is no variant of, or a variant not built.
+fn wanted_variants(
+    home: &Home,
+    opts: &FidelityOptions,
+) -> anyhow::Result<Vec<(DraftVariant, PathBuf)>> {
     let mut all = vec![(SHIPPED_DRAFT_VARIANT, home.draft_onnx_dir())];
     all.extend(
         DRAFT_VARIANTS
@@ -223,13 +257,21 @@ pub async fn run(opts: &FidelityOptions) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    std::fs::create_dir_all(opts.out.join("raw"))?;
-    let answers_path = opts.out.join("answers.json");
+    Ok(all)
+}
+
+/// The target's answers saved at `answers_path` when they are for this sample and limit, else
+/// taken anew (and the measurements on the old ones dropped).
+async fn answers(
+    home: &Home,
+    opts: &FidelityOptions,
+    answers_path: &Path,
+) -> anyhow::Result<Answers> {
     let prompts = held_out_prompts(
         &approxy_training::corpus::load(&opts.corpus)?,
         opts.per_kind,
     );
-    let saved: Option<Answers> = std::fs::read(&answers_path)
+    let saved: Option<Answers> = std::fs::read(answers_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .filter(|a: &Answers| {
@@ -240,87 +282,77 @@ pub async fn run(opts: &FidelityOptions) -> anyhow::Result<()> {
                     .map(|x| x.id)
                     .eq(prompts.iter().map(|p| p.id))
         });
-    let answers = match saved {
+    Ok(match saved {
         Some(a) => a,
         None => {
-            let a = take_answers(&home, &prompts, opts.max_answer_tokens).await?;
-            std::fs::write(&answers_path, serde_json::to_vec_pretty(&a)?)?;
+            let a = take_answers(home, &prompts, opts.max_answer_tokens).await?;
+            std::fs::write(answers_path, serde_json::to_vec_pretty(&a)?)?;
             // Measurements on other answers are not comparable.
             let _ = std::fs::remove_dir_all(opts.out.join("raw"));
             std::fs::create_dir_all(opts.out.join("raw"))?;
             a
         }
-    };
-    let exe = std::env::current_exe()?;
-    let mut variants = Vec::new();
-    for (v, dir) in all {
-        let raw = opts.out.join("raw").join(format!("{}.json", v.name));
-        let saved: Option<Measured> = std::fs::read(&raw)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .filter(|m: &Measured| {
-                !opts.fresh && opts.threads.iter().all(|t| m.ms_per_token.contains_key(t))
-            });
-        let measured = match saved {
-            Some(m) => m,
-            None => {
-                tracing::info!(variant = v.name, "measuring");
-                let status = tokio::process::Command::new(&exe)
-                    .args(["bench", "draft-fidelity-measure", "--model-dir"])
-                    .arg(&dir)
-                    .arg("--answers")
-                    .arg(&answers_path)
-                    .arg("--result")
-                    .arg(&raw)
-                    .arg("--threads")
-                    .arg(
-                        opts.threads
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(","),
-                    )
-                    .arg("--decode-tokens")
-                    .arg(opts.decode_tokens.to_string())
-                    .arg("--runs")
-                    .arg(opts.runs.to_string())
-                    .status()
-                    .await?;
-                anyhow::ensure!(status.success(), "measuring {} failed: {status}", v.name);
-                serde_json::from_slice(&std::fs::read(&raw)?)
-                    .with_context(|| format!("{}", raw.display()))?
-            }
-        };
-        let disk_bytes = ["model.onnx", "model.onnx.data"]
-            .iter()
-            .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
-            .map(|m| m.len())
-            .sum();
-        variants.push(VariantResult {
-            name: v.name.into(),
-            about: v.about.into(),
-            shipped: v == SHIPPED_DRAFT_VARIANT,
-            disk_bytes,
-            measured,
+    })
+}
+
+/// One variant's result: its measurements saved under `raw/` when they cover every thread
+/// count asked for, else measured anew in a process of its own (`exe`, this binary).
+async fn measure_variant(
+    opts: &FidelityOptions,
+    exe: &Path,
+    answers_path: &Path,
+    v: DraftVariant,
+    dir: &Path,
+) -> anyhow::Result<VariantResult> {
+    let raw = opts.out.join("raw").join(format!("{}.json", v.name));
+    let saved: Option<Measured> = std::fs::read(&raw)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(|m: &Measured| {
+            !opts.fresh && opts.threads.iter().all(|t| m.ms_per_token.contains_key(t))
         });
-    }
-    let report = FidelityReport {
-        machine: Machine::read(),
-        date: utc_now(),
-        target: answers.target.clone(),
-        per_kind: opts.per_kind,
-        max_answer_tokens: opts.max_answer_tokens,
-        decode_tokens: opts.decode_tokens,
-        variants,
+    let measured = match saved {
+        Some(m) => m,
+        None => {
+            tracing::info!(variant = v.name, "measuring");
+            let status = tokio::process::Command::new(exe)
+                .args(["bench", "draft-fidelity-measure", "--model-dir"])
+                .arg(dir)
+                .arg("--answers")
+                .arg(answers_path)
+                .arg("--result")
+                .arg(&raw)
+                .arg("--threads")
+                .arg(
+                    opts.threads
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )
+                .arg("--decode-tokens")
+                .arg(opts.decode_tokens.to_string())
+                .arg("--runs")
+                .arg(opts.runs.to_string())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "measuring {} failed: {status}", v.name);
+            serde_json::from_slice(&std::fs::read(&raw)?)
+                .with_context(|| format!("{}", raw.display()))?
+        }
     };
-    std::fs::write(
-        opts.out.join("fidelity.json"),
-        serde_json::to_vec_pretty(&report)?,
-    )?;
-    let md = markdown(&report, &answers);
-    std::fs::write(opts.out.join("fidelity.md"), &md)?;
-    println!("{md}");
-    Ok(())
+    let disk_bytes = ["model.onnx", "model.onnx.data"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    Ok(VariantResult {
+        name: v.name.into(),
+        about: v.about.into(),
+        shipped: v == SHIPPED_DRAFT_VARIANT,
+        disk_bytes,
+        measured,
+    })
 }
 
 /// The target's greedy answers, from the benchmark's own llama-server.
