@@ -1,8 +1,12 @@
-//! No circle of imports anywhere in the house: within each crate of the workspace, the files
-//! that import one another (by `use crate::…`, `use super::…` or a `crate::…` path in the code)
-//! form no loop. A loop is how a leaf starts reaching back up, and a change then touches both
-//! ends. Read from the source as text, outside `#[cfg(test)]` items, with module paths mapped
-//! to files as rustc maps them (`a/b.rs` or `a/b/mod.rs` is `a::b`).
+//! The shape of the house, read from the source of every crate in the workspace as text
+//! (comments, string and character literals and `#[cfg(test)]` items left out):
+//!
+//! - no circle of imports: within a crate, the files that import one another (by `use
+//!   crate::…`, `use super::…` or a `crate::…` path in the code) form no loop. A loop is how a
+//!   leaf starts reaching back up, and a change then touches both ends. Module paths map to
+//!   files as rustc maps them (`a/b.rs` or `a/b/mod.rs` is `a::b`);
+//! - no function of [`LONGEST_FUNCTION`] lines or more outside tests: a function that long does
+//!   several things, which are easier to read, test and change as functions of their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -54,25 +58,83 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
     parts
 }
 
-/// The source without comments and without `#[cfg(test)]` items (a test module may import
-/// anything it tests).
+/// Lines a function outside tests may not reach.
+const LONGEST_FUNCTION: usize = 120;
+
+/// The source with comments and the insides of string and character literals blanked (lines
+/// kept), so that neither a `//` in a URL nor a brace in a literal is read as code.
+fn blanked(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |out: &mut String, part: &[char]| {
+        out.extend(part.iter().map(|&ch| if ch == '\n' { '\n' } else { ' ' }));
+    };
+    let ident = |ch: Option<&char>| ch.is_some_and(|c| c.is_alphanumeric() || *c == '_');
+    let mut i = 0;
+    while i < c.len() {
+        let end = match (c[i], c.get(i + 1)) {
+            ('/', Some('/')) => c[i..]
+                .iter()
+                .position(|&x| x == '\n')
+                .map_or(c.len(), |p| i + p),
+            ('/', Some('*')) => (i + 2..c.len().saturating_sub(1))
+                .find(|&k| c[k] == '*' && c[k + 1] == '/')
+                .map_or(c.len(), |k| k + 2),
+            ('r', Some('"' | '#')) if !ident(i.checked_sub(1).and_then(|p| c.get(p))) => {
+                let hashes = c[i + 1..].iter().take_while(|&&x| x == '#').count();
+                let open = i + 1 + hashes;
+                if c.get(open) != Some(&'"') {
+                    out.push(c[i]);
+                    i += 1;
+                    continue;
+                }
+                let closes =
+                    |k: usize| c[k] == '"' && (1..=hashes).all(|h| c.get(k + h) == Some(&'#'));
+                (open + 1..c.len())
+                    .find(|&k| closes(k))
+                    .map_or(c.len(), |k| k + 1 + hashes)
+            }
+            ('"', _) => {
+                let mut k = i + 1;
+                while k < c.len() && c[k] != '"' {
+                    k += if c[k] == '\\' { 2 } else { 1 };
+                }
+                (k + 1).min(c.len())
+            }
+            ('\'', Some('\\')) => (i + 3..c.len())
+                .find(|&k| c[k] == '\'')
+                .map_or(c.len(), |k| k + 1),
+            ('\'', Some(_)) if c.get(i + 2) == Some(&'\'') => i + 3,
+            _ => {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+        };
+        blank(&mut out, &c[i..end]);
+        i = end;
+    }
+    out
+}
+
+/// The code without `#[cfg(test)]` items (a test module may import anything it tests, and
+/// holds tests, whose length is theirs to choose).
 fn code_of(text: &str) -> String {
-    let no_comments: Vec<&str> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect();
+    let text = blanked(text);
     let mut out = String::new();
-    let mut lines = no_comments.iter().peekable();
+    let mut lines = text.lines();
     while let Some(line) = lines.next() {
         if line.trim() != "#[cfg(test)]" {
             out.push_str(line);
             out.push('\n');
             continue;
         }
+        out.push('\n');
         // Skip the item: to its `;` when it has no body, else to its closing brace.
         let mut depth = 0i32;
         let mut opened = false;
         for l in lines.by_ref() {
+            out.push('\n');
             depth += l.matches('{').count() as i32 - l.matches('}').count() as i32;
             opened |= l.contains('{');
             if (opened && depth <= 0) || (!opened && l.trim_end().ends_with(';')) {
@@ -181,6 +243,81 @@ fn target_of(path: &str, at: &[String], modules: &BTreeSet<Vec<String>>) -> Opti
     found
 }
 
+/// A function item's name, when the line starts one.
+fn fn_name(line: &str) -> Option<String> {
+    let mut words = line.split_whitespace().peekable();
+    while words
+        .peek()
+        .is_some_and(|w| w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(w))
+    {
+        words.next();
+    }
+    if words.next()? != "fn" {
+        return None;
+    }
+    let name: String = words
+        .next()?
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The functions of some code with their lengths: (first line, name, lines), from the line
+/// that names it to its closing brace. A declaration without a body has none.
+fn functions(code: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(name) = fn_name(line) else {
+            continue;
+        };
+        let (mut depth, mut nesting, mut opened, mut end) = (0i32, 0i32, false, None);
+        'scan: for (m, l) in lines[n..].iter().enumerate() {
+            for ch in l.chars() {
+                match ch {
+                    '(' | '[' => nesting += 1,
+                    ')' | ']' => nesting -= 1,
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => {
+                        depth -= 1;
+                        if opened && depth == 0 {
+                            end = Some(n + m);
+                            break 'scan;
+                        }
+                    }
+                    ';' if !opened && nesting == 0 => break 'scan,
+                    _ => {}
+                }
+            }
+        }
+        if let Some(e) = end {
+            found.push((n + 1, name, e - n + 1));
+        }
+    }
+    found
+}
+
+/// The functions of a crate outside tests, as `file:line name: n lines`, with their lengths.
+fn crate_functions(src: &Path) -> Vec<(String, usize)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .iter()
+        .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
+        .flat_map(|f| {
+            let code = code_of(&std::fs::read_to_string(f).unwrap_or_default());
+            functions(&code)
+                .into_iter()
+                .map(|(line, name, n)| (format!("{}:{line} {name}: {n} lines", f.display()), n))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// The files of one crate and the files each imports.
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
@@ -252,6 +389,47 @@ fn no_crate_has_an_import_circle() {
         all.extend(circles(&g));
     }
     assert!(all.is_empty(), "import circles: {all:#?}");
+}
+
+#[test]
+fn no_function_outside_tests_is_too_long() {
+    let root = workspace_root();
+    let all: Vec<(String, usize)> = CRATES
+        .iter()
+        .flat_map(|c| crate_functions(&root.join(c)))
+        .collect();
+    assert!(all.len() > 1000, "only {} functions read", all.len());
+    let long: Vec<&String> = all
+        .iter()
+        .filter(|(_, n)| *n >= LONGEST_FUNCTION)
+        .map(|(f, _)| f)
+        .collect();
+    assert!(long.is_empty(), "{long:#?}");
+}
+
+/// The length check counts what it should: a long function is found, whatever braces its
+/// strings, characters and comments hold, and a long test is not.
+#[test]
+fn the_length_check_sees_a_long_function() {
+    let body = |n: usize| "    let x = 1;\n".repeat(n);
+    let text = format!(
+        "fn short() {{\n    let s = \"}}}}\"; let c = '}}'; // }}\n}}\n\
+         pub(crate) async fn long(a: [u8; 2]) -> Result<(), ()> {{\n{}    Ok(())\n}}\n\
+         fn declared(x: u8);\n#[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{}    }}\n}}\n",
+        body(LONGEST_FUNCTION),
+        body(LONGEST_FUNCTION)
+    );
+    let found: Vec<(String, usize)> = functions(&code_of(&text))
+        .into_iter()
+        .map(|(_, name, n)| (name, n))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("short".to_string(), 3),
+            ("long".to_string(), LONGEST_FUNCTION + 3)
+        ]
+    );
 }
 
 /// The check finds what it is for: a leaf that reaches back up, written the ways the code
