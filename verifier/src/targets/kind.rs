@@ -88,48 +88,58 @@ impl std::fmt::Debug for Abilities {
     }
 }
 
-/// The row every kind starts from: a token-level server that continues a prefix.
-const TOKEN_LEVEL: Abilities = Abilities {
-    continues: true,
-    text_level: false,
-    chat_prefix: false,
-    chat_template: false,
-    scores_windows: false,
-    cache_block: 1,
-    fills_context: false,
-    openai_suffix: "",
-    connect: |cfg, _, _| Ok(Arc::new(LlamaCppTarget::new(cfg)?)),
-};
-
 impl TargetKind {
-    /// What this kind can do: the table.
+    /// What this kind can do: the table. Every row is written out whole, so that a new field
+    /// or a new kind is decided for each kind rather than inherited.
     pub fn abilities(self) -> Abilities {
         match self {
             TargetKind::LlamaCpp => Abilities {
+                continues: true,
+                text_level: false,
+                chat_prefix: false,
+                chat_template: false,
+                scores_windows: false,
+                cache_block: 1,
                 fills_context: true,
                 openai_suffix: "/v1",
-                ..TOKEN_LEVEL
+                connect: |cfg, _, _| Ok(Arc::new(LlamaCppTarget::new(cfg)?)),
             },
             TargetKind::Vllm => Abilities {
+                continues: true,
+                text_level: false,
+                chat_prefix: false,
+                chat_template: false,
                 scores_windows: true,
                 cache_block: 16,
+                fills_context: false,
+                openai_suffix: "",
                 connect: |cfg, _, _| Ok(Arc::new(OpenAiCompletionsTarget::new(cfg)?)),
-                ..TOKEN_LEVEL
             },
             TargetKind::OpenaiText => Abilities {
+                continues: true,
                 text_level: true,
+                chat_prefix: false,
                 chat_template: true,
+                scores_windows: false,
+                cache_block: 1,
+                fills_context: false,
+                openai_suffix: "",
                 connect: |cfg, tok, text| {
                     Ok(Arc::new(
                         OpenAiTextTarget::new(cfg, tok.clone())?
                             .with_template(text.chat_template.clone()),
                     ))
                 },
-                ..TOKEN_LEVEL
             },
             TargetKind::ChatPrefix => Abilities {
+                continues: true,
                 text_level: true,
                 chat_prefix: true,
+                chat_template: false,
+                scores_windows: false,
+                cache_block: 1,
+                fills_context: false,
+                openai_suffix: "",
                 connect: |cfg, tok, text| {
                     Ok(Arc::new(ChatPrefixTarget::new(
                         cfg,
@@ -137,12 +147,17 @@ impl TargetKind {
                         text.prefix_style,
                     )?))
                 },
-                ..TOKEN_LEVEL
             },
             TargetKind::OpenAiChat => Abilities {
                 continues: false,
+                text_level: false,
+                chat_prefix: false,
+                chat_template: false,
+                scores_windows: false,
+                cache_block: 1,
+                fills_context: false,
+                openai_suffix: "",
                 connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),
-                ..TOKEN_LEVEL
             },
         }
     }
