@@ -56,8 +56,17 @@ struct Priced {
 /// The generation task's answer.
 type Generation = tokio::task::JoinHandle<Result<Priced, approxy_verifier::EngineError>>;
 
-fn usage(p: &Priced, dial: Dial, m: &ModelRuntime) -> Value {
-    let (s, cost, mp) = (&p.stats, p.cost, &m.policy);
+/// What an answer names and reports besides its tokens: its ids, its model's policy entry and
+/// the dial it ran at.
+struct Answer {
+    ids: Ids,
+    model: Arc<ModelRuntime>,
+    dial: Dial,
+}
+
+fn usage(p: &Priced, a: &Answer) -> Value {
+    let (s, cost, m, dial) = (&p.stats, p.cost, &a.model, a.dial);
+    let mp = &m.policy;
     let mut u = json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
@@ -276,7 +285,11 @@ pub async fn approximate(
         trace,
         approxy_verifier::targets::retry::within(deadline, generation),
     ));
-    let ids = Ids::new(valid.model.clone(), valid.endpoint);
+    let answer = Answer {
+        ids: Ids::new(valid.model.clone(), valid.endpoint),
+        model,
+        dial,
+    };
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;
@@ -291,26 +304,22 @@ pub async fn approximate(
         if valid.stream {
             let done = tokio::spawn(async move { Ok(priced) });
             return Ok(stream(
-                ids,
+                answer,
                 None,
                 rx,
                 done,
-                model,
-                dial,
                 valid.include_usage,
                 rt.policy.gateway.write_idle_timeout,
             ));
         }
-        return Ok(complete(&ids, String::new(), &priced, &model, dial));
+        return Ok(complete(&answer, String::new(), &priced));
     }
     if valid.stream {
         Ok(stream(
-            ids,
+            answer,
             first,
             rx,
             task,
-            model,
-            dial,
             valid.include_usage,
             rt.policy.gateway.write_idle_timeout,
         ))
@@ -327,7 +336,7 @@ pub async fn approximate(
             text.push_str(&ev.text);
         }
         let priced = finished(task).await?;
-        Ok(complete(&ids, text, &priced, &model, dial))
+        Ok(complete(&answer, text, &priced))
     }
 }
 
@@ -339,8 +348,8 @@ async fn finished(task: Generation) -> Result<Priced, ApiError> {
     })
 }
 
-fn complete(ids: &Ids, text: String, p: &Priced, m: &ModelRuntime, dial: Dial) -> Response {
-    let (s, cost) = (&p.stats, p.cost);
+fn complete(a: &Answer, text: String, p: &Priced) -> Response {
+    let (ids, dial, s, cost) = (&a.ids, a.dial, &p.stats, p.cost);
     record_metrics(s, cost, "ok");
     let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
@@ -357,7 +366,7 @@ fn complete(ids: &Ids, text: String, p: &Priced, m: &ModelRuntime, dial: Dial) -
         "text_completion"
     };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(p, dial, m)});
+                      "choices": [choice], "usage": usage(p, a)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -410,19 +419,18 @@ async fn send_within(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn stream(
-    ids: Ids,
+    answer: Answer,
     first: Option<TokenEvent>,
     mut rx: mpsc::Receiver<TokenEvent>,
     task: Generation,
-    model: Arc<ModelRuntime>,
-    dial: Dial,
     include_usage: bool,
     write_idle: Duration,
 ) -> Response {
     let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let dial = answer.dial;
     tokio::spawn(async move {
+        let ids = &answer.ids;
         let mut first_chunk = true;
         let mut last = Instant::now();
         let mut pending = first;
@@ -460,7 +468,7 @@ fn stream(
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&priced, dial, &model);
+                    u["usage"] = usage(&priced, &answer);
                     out.push(sse(&u));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
