@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use approxy_verifier::cost::Pricing;
+use approxy_verifier::cost::{Pricing, Tariff};
 use serde::{Deserialize, Serialize};
 
 /// What the target computed, from its counters.

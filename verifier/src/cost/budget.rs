@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CacheRules, CallPlan, CostGuard, GuardReason, Pricing, Spend};
+use super::{CacheRules, CallPlan, CostGuard, GuardReason, Pricing, Spend, Tariff};
 
 /// How many tokens of a request's own record the model's rates weigh as, in the blend.
 pub const PRIOR_TOKENS: f64 = 64.0;

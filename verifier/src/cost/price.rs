@@ -17,39 +17,25 @@ pub struct Price {
 }
 
 impl Price {
-    /// True when every price is zero (a self-hosted target priced at nothing): nothing to guard.
-    pub fn is_free(&self) -> bool {
-        self.input == 0.0 && self.cached_input == 0.0 && self.output == 0.0
-    }
-
     fn per_token(x: f64) -> f64 {
         x / 1e6
     }
+}
 
-    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
-    pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
+impl Tariff for Price {
+    fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
         let cacheable = cacheable.min(sent);
         Self::per_token(
             (sent - cacheable) as f64 * self.input + cacheable as f64 * self.cached_input,
         )
     }
 
-    /// `n` output tokens.
-    pub fn output_cost(&self, n: u64) -> f64 {
+    fn output_cost(&self, n: u64) -> f64 {
         Self::per_token(n as f64 * self.output)
     }
-}
 
-impl Tariff for Price {
-    fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
-        Price::input_cost(self, sent, cacheable)
-    }
-
-    fn output_cost(&self, n: u64) -> f64 {
-        Price::output_cost(self, n)
-    }
-
+    /// Every price zero: a self-hosted target priced at nothing.
     fn is_free(&self) -> bool {
-        Price::is_free(self)
+        self.input == 0.0 && self.cached_input == 0.0 && self.output == 0.0
     }
 }

@@ -20,19 +20,18 @@ impl Pricing {
             Pricing::Tokens(p) => p,
         }
     }
+}
 
-    /// One call's input: `sent` tokens, of which `cacheable` were sent by the previous call.
-    pub fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
+impl Tariff for Pricing {
+    fn input_cost(&self, sent: u64, cacheable: u64) -> f64 {
         self.tariff().input_cost(sent, cacheable)
     }
 
-    /// `n` output tokens.
-    pub fn output_cost(&self, n: u64) -> f64 {
+    fn output_cost(&self, n: u64) -> f64 {
         self.tariff().output_cost(n)
     }
 
-    /// True when nothing costs anything: there is nothing to guard.
-    pub fn is_free(&self) -> bool {
+    fn is_free(&self) -> bool {
         self.tariff().is_free()
     }
 }
