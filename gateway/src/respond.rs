@@ -66,7 +66,8 @@ struct Answer {
 
 fn usage(p: &Priced, a: &Answer) -> Value {
     let (s, cost, m, dial) = (&p.stats, p.cost, &a.model, a.dial);
-    let mp = &m.policy;
+    // What the engine ran with: the model's decode settings, not a second reading of its policy.
+    let d = &m.decode;
     let mut u = json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
@@ -82,13 +83,13 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             "verifier_rejections": s.verifier_rejections,
             "bailed_out": s.bailed_out,
             "cost_guard": s.cost_guard,
-            "guard": mp.guard.name(),
+            "guard": m.policy.guard.name(),
             // Why the guard handed the rest to the target: strict, hard_cap, over_budget or
             // not_worth_it.
             "cost_guard_reason": s.cost_guard_reason,
             "call_cap": s.call_cap,
-            "verification": verification_name(mp.verification),
-            "correction": correction_name(mp.correction),
+            "verification": verification_name(d.verification),
+            "correction": correction_name(d.correction),
             "windows": s.windows,
             "window_tokens": s.window_tokens,
             "window_accepted": s.window_accepted,
@@ -96,7 +97,7 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             "near_ties": s.near_ties,
             "span_resyncs": s.resyncs,
             "spans_kept": s.spans_kept,
-            "overlap": mp.overlap,
+            "overlap": d.overlap,
             "overlap_guesses": s.overlap_guesses,
             "overlap_guesses_used": s.overlap_guesses_used,
             "target_discarded_tokens": s.target_discarded_tokens,
