@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use approxy_verifier::Stats;
 use approxy_verifier::cost::{
-    BudgetGuard, CacheRules, CostEstimate, CostGuard, Guard, Ledger, Rates,
+    BudgetGuard, CacheRules, CostEstimate, CostGuard, Guard, Ledger, Pricing, Rates, Tariff, Unit,
 };
 
 use crate::policy::PromptKind;
@@ -41,6 +41,7 @@ pub struct Account {
     ledger: Arc<Ledger>,
     model: String,
     kind: PromptKind,
+    unit: Unit,
 }
 
 /// The ledgers, by policy entry and prompt kind.
@@ -68,11 +69,13 @@ impl Ledgers {
         Arc::clone(entry)
     }
 
-    /// The engine's guard for a request of `kind` under `mp` (policy entry `model`), and the
+    /// The engine's guard for a request of `kind` under `mp` (policy entry `model`), its
+    /// target's work priced at `price` (the model's class at the rates of now), and the
     /// account its spend goes to (budget guard only).
     pub fn guard(
         &self,
         mp: &ModelPolicy,
+        price: Pricing,
         model: &str,
         kind: PromptKind,
         cache: CacheRules,
@@ -81,7 +84,7 @@ impl Ledgers {
             GuardPolicy::Off => (None, None),
             GuardPolicy::Strict => (
                 Some(Guard::Strict(CostGuard {
-                    price: mp.price,
+                    price,
                     max_cost_ratio: mp.max_cost_ratio,
                     cache,
                 })),
@@ -91,7 +94,7 @@ impl Ledgers {
                 let ledger = self.ledger(model, kind, window);
                 let view = ledger.view();
                 let guard = BudgetGuard {
-                    price: mp.price,
+                    price,
                     cache,
                     hard_cap,
                     max_cost_ratio: mp.max_cost_ratio,
@@ -102,6 +105,7 @@ impl Ledgers {
                     ledger,
                     model: model.to_string(),
                     kind,
+                    unit: price.unit(),
                 };
                 (Some(Guard::Budget(guard)), Some(account))
             }
@@ -139,8 +143,20 @@ impl Account {
             l.extend(side.map(|s| metrics::Label::new("side", s)));
             l
         };
-        metrics::gauge!("approxy_budget_cost_usd", labels(Some("approxy"))).set(v.approxy);
-        metrics::gauge!("approxy_budget_cost_usd", labels(Some("passthrough"))).set(v.passthrough);
+        // A busy-priced model's ledger is in seconds of the target's time.
+        match self.unit {
+            Unit::Usd => {
+                metrics::gauge!("approxy_budget_cost_usd", labels(Some("approxy"))).set(v.approxy);
+                metrics::gauge!("approxy_budget_cost_usd", labels(Some("passthrough")))
+                    .set(v.passthrough);
+            }
+            Unit::TargetSeconds => {
+                metrics::gauge!("approxy_budget_target_seconds", labels(Some("approxy")))
+                    .set(v.approxy);
+                metrics::gauge!("approxy_budget_target_seconds", labels(Some("passthrough")))
+                    .set(v.passthrough);
+            }
+        }
         if let Some(r) = v.cost_ratio() {
             metrics::gauge!("approxy_budget_cost_ratio", labels(None)).set(r);
         }

@@ -294,9 +294,10 @@ async fn plan(
         return Ok(Decision::Passthrough(Reason::DraftSaturated));
     };
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
+    let price = mp.price.at(|| rt.meter.rates());
     let (guard, account) = shared
         .ledgers
-        .guard(mp, &model.key, kind, model.decode.cache);
+        .guard(mp, price, &model.key, kind, model.decode.cache);
     let generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,

@@ -29,6 +29,7 @@ pub mod budget;
 pub mod connection;
 pub mod decide;
 pub mod error;
+pub mod meters;
 pub mod middleware;
 pub mod passthrough;
 pub mod policy;

@@ -15,7 +15,10 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::cost::{CostEstimate, estimate as estimate_cost};
+use approxy_verifier::cost::{
+    BusyMeter, CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost,
+};
+use approxy_verifier::decode::TargetTime;
 use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification};
 
 use crate::decide::Approximate;
@@ -50,7 +53,32 @@ struct Dial {
 /// A finished generation and what it cost at its model's prices, computed once when it ends.
 struct Priced {
     stats: Stats,
+    /// In the model's price class's unit (busy: the target's seconds, as `time` counts them).
     cost: CostEstimate,
+    /// The target's time on it, and passthrough's, at the rates learned so far.
+    time: TargetTime,
+    unit: Unit,
+}
+
+impl Priced {
+    /// Prices `stats` under `price`, first teaching `meter` what the target reported.
+    fn new(stats: Stats, price: &Pricing, meter: &BusyMeter) -> Self {
+        crate::meters::learn(meter, &stats);
+        let time = stats.target_time(&meter.rates());
+        let cost = match price {
+            Pricing::Busy(_) => CostEstimate {
+                approxy: time.spent,
+                passthrough: time.passthrough,
+            },
+            p => estimate_cost(&stats.spend(), p),
+        };
+        Self {
+            stats,
+            cost,
+            time,
+            unit: price.unit(),
+        }
+    }
 }
 
 /// The generation task's answer.
@@ -62,6 +90,8 @@ struct Answer {
     ids: Ids,
     model: Arc<ModelRuntime>,
     dial: Dial,
+    /// Threads each draft worker runs (the draft's cores, for usage).
+    draft_threads: usize,
 }
 
 fn usage(p: &Priced, a: &Answer) -> Value {
@@ -115,10 +145,31 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             "target_prompt_processed_tokens": s.target_prompt_processed,
             "target_predicted_tokens": s.target_predicted,
             "target_calls_timed": s.target_calls_timed,
-            "estimated_cost_usd": cost.approxy,
-            "estimated_passthrough_cost_usd": cost.passthrough,
         }
     });
+    let a_ = &mut u["approxy"];
+    // Every call's work, for anyone to check against the target's own account.
+    a_["target_call_records"] = json!(s.calls);
+    a_["price_class"] = json!(m.policy.price.class());
+    a_["cost_unit"] = json!(p.unit.name());
+    a_["estimated_cost"] = json!(cost.approxy);
+    a_["estimated_passthrough_cost"] = json!(cost.passthrough);
+    if p.unit == Unit::Usd {
+        u["approxy"]["estimated_cost_usd"] = json!(cost.approxy);
+        u["approxy"]["estimated_passthrough_cost_usd"] = json!(cost.passthrough);
+    }
+    // The target's time, whatever the price class: its own figure for the calls it timed,
+    // the learned rates for those it did not (a stream closed before its end), and the same
+    // answer through passthrough at the same rates.
+    let t = &p.time;
+    u["approxy"]["target_seconds"] = json!(t.spent);
+    u["approxy"]["target_seconds_measured"] = json!(t.measured);
+    u["approxy"]["target_seconds_estimated"] = json!(t.estimated);
+    u["approxy"]["target_calls_untimed"] = json!(t.untimed_calls);
+    u["approxy"]["passthrough_target_seconds"] = json!(t.passthrough);
+    // An upper bound on the gateway's cores the draft held: its inference time times the
+    // threads each worker runs.
+    u["approxy"]["draft_core_seconds"] = json!(s.draft_time.as_secs_f64() * a.draft_threads as f64);
     // Where the time went: the draft's forward passes, the verifier, and waiting for the
     // target (the draft's work overlaps the waits when the request overlaps).
     u["approxy"]["draft_seconds"] = json!(s.draft_time.as_secs_f64());
@@ -134,7 +185,8 @@ fn finish_str(r: Option<FinishReason>) -> &'static str {
     }
 }
 
-fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
+fn record_metrics(p: &Priced, outcome: &'static str) {
+    let (s, cost) = (&p.stats, p.cost);
     metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => outcome)
         .increment(1);
     metrics::counter!("approxy_tokens_total", "source" => "draft")
@@ -151,11 +203,26 @@ fn record_metrics(s: &Stats, cost: CostEstimate, outcome: &'static str) {
         metrics::counter!("approxy_cost_guard_total").increment(1);
     }
     metrics::counter!("approxy_span_resyncs_total").increment(u64::from(s.resyncs));
-    // The metrics facade's counters are integers; a gauge that only grows carries the dollars.
-    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy")
-        .increment(cost.approxy);
-    metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough")
-        .increment(cost.passthrough);
+    // The metrics facade's counters are integers; a gauge that only grows carries the dollars
+    // (or, busy-priced, the seconds).
+    match p.unit {
+        Unit::Usd => {
+            metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "approxy")
+                .increment(cost.approxy);
+            metrics::gauge!("approxy_estimated_cost_usd_total", "kind" => "passthrough")
+                .increment(cost.passthrough);
+        }
+        Unit::TargetSeconds => {
+            metrics::gauge!("approxy_estimated_target_seconds_total", "kind" => "approxy")
+                .increment(cost.approxy);
+            metrics::gauge!("approxy_estimated_target_seconds_total", "kind" => "passthrough")
+                .increment(cost.passthrough);
+        }
+    }
+    metrics::gauge!("approxy_target_seconds_total", "measured" => "true")
+        .increment(p.time.measured);
+    metrics::gauge!("approxy_target_seconds_total", "measured" => "false")
+        .increment(p.time.estimated);
     if s.completion_tokens > 0 {
         metrics::histogram!("approxy_time_to_first_token_seconds")
             .record(s.time_to_first_token.as_secs_f64());
@@ -255,6 +322,8 @@ pub async fn approximate(
     let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
     let engine = rt.engine.clone();
     let m2 = Arc::clone(&model);
+    let meter = Arc::clone(&rt.meter);
+    let draft_threads = rt.draft_threads;
     // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
     // dropped (client gone), which also frees the worker. Watched here rather than left to the
     // engine's next send: during a long prefill or a target call there is no send for seconds.
@@ -272,10 +341,7 @@ pub async fn approximate(
             r = engine.generate(lease.as_ref(), m2.verifier.as_ref(), request, tx) => r,
             () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
         };
-        let priced = r.map(|stats| Priced {
-            cost: estimate_cost(&stats.spend(), &m2.policy.price),
-            stats,
-        });
+        let priced = r.map(|stats| Priced::new(stats, &m2.policy.price, &meter));
         // Recorded as soon as the generation ends, however the response then goes.
         if let (Ok(p), Some(account)) = (&priced, &account) {
             account.record(&p.stats, p.cost);
@@ -290,6 +356,7 @@ pub async fn approximate(
         ids: Ids::new(valid.model.clone(), valid.endpoint),
         model,
         dial,
+        draft_threads,
     };
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
@@ -351,7 +418,7 @@ async fn finished(task: Generation) -> Result<Priced, ApiError> {
 
 fn complete(a: &Answer, text: String, p: &Priced) -> Response {
     let (ids, dial, s, cost) = (&a.ids, a.dial, &p.stats, p.cost);
-    record_metrics(s, cost, "ok");
+    record_metrics(p, "ok");
     let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
         Endpoint::Chat => {
@@ -460,7 +527,7 @@ fn stream(
         }
         match task.await {
             Ok(Ok(priced)) => {
-                record_metrics(&priced.stats, priced.cost, "ok");
+                record_metrics(&priced, "ok");
                 let mut out = vec![sse(&ids.chunk(
                     None,
                     Some(finish_str(priced.stats.finish_reason)),

@@ -738,6 +738,7 @@ fn shared_parts(
         body_budget: Arc::new(Semaphore::new(max_concurrent * (4 << 20))),
         policy_path: "/tests/policy.toml".into(),
         ledgers: Default::default(),
+        meters: Default::default(),
     })
 }
 

@@ -84,6 +84,7 @@ pub fn build_state(
         body_budget: crate::state::body_budget(&policy.gateway),
         policy_path: policy_path.to_path_buf(),
         ledgers: Default::default(),
+        meters: Default::default(),
     });
     let runtime = Runtime::build(policy, &shared)?;
     Ok(AppState::new(shared, runtime))

@@ -42,6 +42,8 @@ pub struct Shared {
     pub policy_path: PathBuf,
     /// The budget guard's ledgers (kept across policy reloads).
     pub ledgers: crate::budget::Ledgers,
+    /// What each target's time costs, as learned (kept across policy reloads).
+    pub meters: crate::meters::Meters,
 }
 
 /// Outcome of the draft/target tokenizer comparison, done once per runtime.
@@ -93,6 +95,11 @@ pub struct Runtime {
     pub target_facts: OnceCell<TargetFacts>,
     /// When the target last failed to say it.
     facts_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// What the target's time costs, as learned from its reports.
+    pub meter: Arc<approxy_verifier::cost::BusyMeter>,
+    /// Cores each draft worker's inference uses (a request's draft seconds times this bounds
+    /// the cores it held).
+    pub draft_threads: usize,
 }
 
 /// Longest wait for the target to say what it is (`Runtime::target_facts`).
@@ -202,6 +209,10 @@ impl Runtime {
             };
             models.insert(key.clone(), Arc::new(model));
         }
+        let meter = shared
+            .meters
+            .meter(&policy.target.base_url, policy.target.busy_prior);
+        let draft_threads = policy.draft.threads_per_worker;
         Ok(Self {
             policy: Arc::new(policy),
             engine,
@@ -213,6 +224,8 @@ impl Runtime {
             tokenizer_check: OnceCell::new(),
             target_facts: OnceCell::new(),
             facts_failed_at: std::sync::Mutex::new(None),
+            meter,
+            draft_threads,
         })
     }
 

@@ -154,6 +154,22 @@ fn describe_cost() {
         "approxy_estimated_cost_usd_total",
         "Estimated target spend in USD by kind (approxy, passthrough = same answers sent straight to the target)"
     );
+    describe_gauge!(
+        "approxy_estimated_target_seconds_total",
+        "Busy-priced models: the target's time in seconds by kind (approxy, passthrough = the same answers at the learned rates)"
+    );
+    describe_gauge!(
+        "approxy_target_seconds_total",
+        "The target's time on approximate answers, seconds: measured = as it reported, false = estimated at the learned rates for calls it did not time"
+    );
+    describe_gauge!(
+        "approxy_target_rate_ms",
+        "What the target's time costs, learned from its reports: ms per computed prompt token (prefill), per generated token (generate) and per call (call)"
+    );
+    describe_gauge!(
+        "approxy_budget_target_seconds",
+        "The budget guard's ledger of a busy-priced model: the target's seconds so far by model, prompt kind and side (approxy, passthrough)"
+    );
     describe_counter!(
         "approxy_cost_guard_total",
         Unit::Count,

@@ -10,18 +10,22 @@
 use serde::{Deserialize, Serialize};
 
 pub mod budget;
+pub mod busy;
 pub mod guard;
 pub mod ledger;
+pub mod meter;
 pub mod price;
 pub mod pricing;
 pub mod tariff;
 
 pub use budget::{BudgetGuard, Rates};
+pub use busy::BusyRates;
 pub use guard::Guard;
 pub use ledger::{Ledger, LedgerView, Segment};
+pub use meter::BusyMeter;
 pub use price::Price;
 pub use pricing::Pricing;
-pub use tariff::Tariff;
+pub use tariff::{Tariff, Unit};
 
 /// Tokens a target generates, on average, after approxy closes its stream before the end (a
 /// span that resynced, an answer that hit a stop string): it notices only at its next write.
@@ -79,21 +83,25 @@ impl CacheRules {
     }
 }
 
-/// What the approximate answer and the same answer straight from the target cost.
+/// What the approximate answer and the same answer straight from the target cost, in the
+/// unit of the model's price class (USD, or seconds of the target's time).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostEstimate {
-    /// USD with approxy.
+    /// With approxy.
     pub approxy: f64,
-    /// USD sending the request to the target directly.
+    /// Sending the request to the target directly.
     pub passthrough: f64,
 }
 
-/// Costs of a generation's spend.
+/// Costs of a generation's spend (passthrough is one call).
 pub fn estimate(s: &Spend, p: &Pricing) -> CostEstimate {
     CostEstimate {
         approxy: p.input_cost(s.target_input_tokens, s.cached_input_tokens)
-            + p.output_cost(s.target_output_tokens),
-        passthrough: p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens),
+            + p.output_cost(s.target_output_tokens)
+            + s.target_calls as f64 * p.call_cost(),
+        passthrough: p.call_cost()
+            + p.input_cost(s.prompt_tokens, 0)
+            + p.output_cost(s.completion_tokens),
     }
 }
 
@@ -146,17 +154,21 @@ impl CostGuard {
         }
         let p = &self.price;
         let so_far = estimate(s, p).approxy;
-        let this_call = p.input_cost(call.prefix, call.cacheable) + p.output_cost(call.max_output);
+        let this_call = p.call_cost()
+            + p.input_cost(call.prefix, call.cacheable)
+            + p.output_cost(call.max_output);
         let next = call.prefix + call.max_output;
         let in_flight = if call.stops {
             TOKENS_IN_FLIGHT_AT_CLOSE
         } else {
             0
         };
-        let reserve =
-            p.input_cost(next, self.cache.cacheable(call.prefix)) + p.output_cost(in_flight);
-        let passthrough =
-            p.input_cost(s.prompt_tokens, 0) + p.output_cost(s.completion_tokens + call.max_output);
+        let reserve = p.call_cost()
+            + p.input_cost(next, self.cache.cacheable(call.prefix))
+            + p.output_cost(in_flight);
+        let passthrough = p.call_cost()
+            + p.input_cost(s.prompt_tokens, 0)
+            + p.output_cost(s.completion_tokens + call.max_output);
         so_far + this_call + reserve > self.max_cost_ratio * passthrough
     }
 }

@@ -21,10 +21,12 @@ use crate::template::ChatMessage;
 use crate::tokenizer::Tokenizer;
 use crate::verify::{AcceptanceRule, Verifier};
 
+mod calls;
 mod cursor;
 mod pacing;
 mod run;
 
+pub use calls::{CallKind, CallRecord, TargetTime, target_time};
 use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
 use pacing::{RejectionWindow, WindowSize};
@@ -304,6 +306,10 @@ pub struct Stats {
     /// Lengths of runs of consecutive accepted draft tokens.
     #[serde(skip)]
     pub accepted_runs: Vec<u32>,
+    /// Every target call, in order (at most the request's call cap and the hand-off, so
+    /// bounded); each call's `generated` is filled when the generation ends.
+    #[serde(skip)]
+    pub calls: Vec<CallRecord>,
     /// Why it ended.
     pub finish_reason: Option<FinishReason>,
 }
@@ -322,9 +328,7 @@ impl Stats {
         Spend {
             prompt_tokens: u64::from(self.prompt_tokens),
             completion_tokens: u64::from(self.completion_tokens),
-            target_output_tokens: u64::from(self.target_tokens)
-                + self.target_discarded_tokens
-                + self.target_inflight_tokens,
+            target_output_tokens: self.target_generated(),
             target_input_tokens: self.target_input_tokens,
             cached_input_tokens: self
                 .reported_cached_tokens()
@@ -340,6 +344,22 @@ impl Stats {
             calls: u64::from(self.target_calls),
             target_tokens: self.spend().target_output_tokens,
         }
+    }
+
+    /// Tokens the target generated so far, used or not (those estimated after a close
+    /// included).
+    pub fn target_generated(&self) -> u64 {
+        u64::from(self.target_tokens) + self.target_discarded_tokens + self.target_inflight_tokens
+    }
+
+    /// The target's time on this generation, at `rates` for calls it did not time.
+    pub fn target_time(&self, rates: &crate::cost::BusyRates) -> TargetTime {
+        target_time(
+            &self.calls,
+            u64::from(self.prompt_tokens),
+            u64::from(self.completion_tokens),
+            rates,
+        )
     }
 
     /// The part of the answer approxy drafted and corrected: all of it, or what came before

@@ -59,6 +59,9 @@ pub struct TargetPolicy {
     /// The policy's word on the target's context (positions per request), over what the
     /// target says.
     pub context_length: Option<usize>,
+    /// Where a busy-priced model's target time starts from before the target has reported
+    /// any (`target.busy_prior`).
+    pub busy_prior: BusyRates,
 }
 
 impl TargetPolicy {
@@ -163,7 +166,7 @@ pub enum Mode {
 }
 
 /// USD per million tokens (the engine's own type: its cost guard reads it).
-pub use approxy_verifier::cost::{Price, Pricing};
+pub use approxy_verifier::cost::{BusyRates, Price, Pricing};
 pub use approxy_verifier::verify::VerifierChoice;
 
 /// A prompt's kind, code or chat: what a policy may set its dial per (detected by

@@ -73,6 +73,26 @@ pub struct RawTarget {
     /// not say (llama-server's `/props` and vLLM's model list do).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_length: Option<usize>,
+    /// Where the target's time is learned from under `price = "busy"`: milliseconds per
+    /// computed prompt token, per generated token and per call (default: the CPU
+    /// llama-server the run command starts, 10.6, 37.5 and 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_prior: Option<RawBusyRates>,
+}
+
+/// `[target.busy_prior]`: milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawBusyRates {
+    /// Per prompt token the target computes (its cache does not serve it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_ms: Option<f64>,
+    /// Per token it generates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generate_ms: Option<f64>,
+    /// Per call, whatever its length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_ms: Option<f64>,
 }
 
 /// `[target.cache]`.
@@ -234,9 +254,10 @@ pub struct RawModel {
     /// `[min, max]` allowed for `x-approxy-threshold`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threshold_override: Option<[f32; 2]>,
-    /// Prices in USD per million tokens.
+    /// How the target's work is priced: `"busy"` (its own time, learned from what it reports:
+    /// a self-hosted target) or a price list in USD per million tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub price: Option<RawPrice>,
+    pub price: Option<RawPricing>,
     /// `budget` (the default: calls expected to pay for themselves, the model's traffic kept
     /// at `max_cost_ratio`), `strict` (no request above `max_cost_ratio`) or `off`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -293,14 +314,26 @@ pub struct RawPrice {
     pub output: f64,
 }
 
-impl From<&super::Pricing> for RawPrice {
-    /// The table a validated pricing was read from (tools that write policies).
+/// `price`: a class by name, or a price list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawPricing {
+    /// `"busy"`: the target's own time.
+    Class(String),
+    /// USD per million tokens.
+    List(RawPrice),
+}
+
+impl From<&super::Pricing> for RawPricing {
+    /// What a validated pricing was read from (tools that write policies).
     fn from(p: &super::Pricing) -> Self {
-        let super::Pricing::Tokens(t) = p;
-        RawPrice {
-            input: t.input,
-            cached_input: t.cached_input,
-            output: t.output,
+        match p {
+            super::Pricing::Tokens(t) => RawPricing::List(RawPrice {
+                input: t.input,
+                cached_input: t.cached_input,
+                output: t.output,
+            }),
+            super::Pricing::Busy(_) => RawPricing::Class("busy".into()),
         }
     }
 }

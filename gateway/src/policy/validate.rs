@@ -10,11 +10,11 @@ use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
 use super::raw::{
-    RawBailout, RawCache, RawCorrection, RawDraft, RawGateway, RawModel, RawPassthrough,
-    RawPerKind, RawPolicy, RawPrice, RawTarget,
+    RawBailout, RawBusyRates, RawCache, RawCorrection, RawDraft, RawGateway, RawModel,
+    RawPassthrough, RawPerKind, RawPolicy, RawPricing, RawTarget,
 };
 use super::{
-    Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
+    Auth, BusyRates, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
     PassthroughPolicy, Policy, Price, Pricing, SpecialTokenText, TargetPolicy, VerifierChoice,
 };
 
@@ -127,7 +127,7 @@ impl Validator {
             .models
             .into_iter()
             .map(|(id, m)| {
-                let mp = self.model(&id, m, target.kind);
+                let mp = self.model(&id, m, target.kind, target.busy_prior);
                 (id, mp)
             })
             .collect();
@@ -168,6 +168,7 @@ impl Validator {
             use_env_proxy: t.use_env_proxy.unwrap_or(false),
             cache_rules,
             context_length: t.context_length,
+            busy_prior: self.busy_prior(t.busy_prior),
         };
         if target.context_length == Some(0) {
             self.err("target.context_length: at least 1");
@@ -184,6 +185,21 @@ impl Validator {
             self.err("target.retries: at most 10");
         }
         target
+    }
+
+    fn busy_prior(&mut self, raw: Option<RawBusyRates>) -> BusyRates {
+        let d = BusyRates::default();
+        let Some(r) = raw else { return d };
+        let rates = BusyRates {
+            prefill_ms: r.prefill_ms.unwrap_or(d.prefill_ms),
+            generate_ms: r.generate_ms.unwrap_or(d.generate_ms),
+            call_ms: r.call_ms.unwrap_or(d.call_ms),
+        };
+        if !rates.valid() {
+            self.err("target.busy_prior: every rate finite and >= 0, and generate_ms above 0");
+            return d;
+        }
+        rates
     }
 
     fn prefix_style(&mut self, name: Option<&str>, can: Abilities) -> PrefixStyle {
@@ -403,7 +419,7 @@ impl Validator {
 
     /// One `models.<id>` table. Its sections are read in the order its problems are reported;
     /// the dial is read before the override range, whose default is the dial's own values.
-    fn model(&mut self, id: &str, m: RawModel, kind: TargetKind) -> ModelPolicy {
+    fn model(&mut self, id: &str, m: RawModel, kind: TargetKind, busy: BusyRates) -> ModelPolicy {
         let f = |k: &str| format!("models.{id:?}.{k}");
         let mode = self.mode(&f, &m.mode);
         let verifier = self.verifier(&f, m.verifier.as_deref());
@@ -413,7 +429,7 @@ impl Validator {
         let (max_cost_ratio, guard) = self.guard(&f, &m);
         let bailout = self.bailout(&f, m.bailout.as_ref());
         let threshold_override = self.threshold_override(&f, m.threshold_override, threshold);
-        let price = self.price(&f, m.price.as_ref());
+        let price = self.price(&f, m.price.as_ref(), busy);
         let fallback_to_passthrough = self.fallback(&f, m.fallback.as_deref());
         if m.max_target_calls == Some(0) {
             self.err(format!("{}: at least 1", f("max_target_calls")));
@@ -683,14 +699,23 @@ impl Validator {
         (lo, hi)
     }
 
-    fn price(&mut self, f: Field, price: Option<&RawPrice>) -> Pricing {
-        let price = price
-            .map(|p| Price {
+    fn price(&mut self, f: Field, price: Option<&RawPricing>, busy: BusyRates) -> Pricing {
+        let price = match price {
+            None => Price::default(),
+            Some(RawPricing::Class(c)) if c == "busy" => return Pricing::Busy(busy),
+            Some(RawPricing::Class(c)) => {
+                self.err(format!(
+                    "{}: {c:?} is not a price class: say \"busy\" (the target's time) or give a list {{ input, cached_input, output }}",
+                    f("price")
+                ));
+                return Pricing::default();
+            }
+            Some(RawPricing::List(p)) => Price {
                 input: p.input,
                 cached_input: p.cached_input,
                 output: p.output,
-            })
-            .unwrap_or_default();
+            },
+        };
         if [price.input, price.cached_input, price.output]
             .iter()
             .any(|x| !x.is_finite() || *x < 0.0)

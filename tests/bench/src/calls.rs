@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use approxy_gateway::policy::raw::{
-    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPrice, RawTarget,
+    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPricing, RawTarget,
 };
 use approxy_gateway::policy::{GuardPolicy, ModelPolicy, Policy};
 use approxy_setup::Home;
@@ -327,7 +327,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             window: b.window,
             max_rejection_rate: b.max_rejection_rate,
         }),
-        price: Some(RawPrice::from(&base.price)),
+        price: Some(RawPricing::from(&base.price)),
         ..RawModel::default()
     }
 }

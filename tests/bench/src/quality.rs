@@ -29,7 +29,7 @@ use super::levels::{self, Level};
 use super::servers::{self, Layout, Server};
 use super::summary::per_1k;
 use approxy_gateway::policy::raw::{
-    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPerKind, RawPolicy, RawPrice,
+    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPerKind, RawPolicy, RawPricing,
     RawTarget,
 };
 use approxy_gateway::policy::{ModelPolicy, Policy, Price, Pricing};
@@ -200,10 +200,21 @@ pub fn correction_words(c: Correction) -> String {
     }
 }
 
-/// The benchmark bills tokens at a price list: the policy's, which must be one.
+/// The benchmark bills tokens at a price list: the policy's, or DeepSeek's (the first hosted
+/// class of `approxy bench calls`) for a policy priced by the target's time, whose time this
+/// benchmark does not measure (`approxy bench calls` does).
 fn token_prices(p: &Pricing) -> Price {
-    let Pricing::Tokens(t) = p;
-    *t
+    match p {
+        Pricing::Tokens(t) => *t,
+        Pricing::Busy(_) => {
+            let d = &super::prices::CLASSES[1];
+            Price {
+                input: d.input,
+                cached_input: d.cached_input,
+                output: d.output,
+            }
+        }
+    }
 }
 
 fn bench_policy(
@@ -223,7 +234,7 @@ fn bench_policy(
             window: b.window,
             max_rejection_rate: b.max_rejection_rate,
         }),
-        price: Some(RawPrice::from(&base.price)),
+        price: Some(RawPricing::from(&base.price)),
         ..RawModel::default()
     };
     let policy = RawPolicy {

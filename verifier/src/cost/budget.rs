@@ -139,7 +139,8 @@ impl BudgetGuard {
         } else {
             0
         };
-        let resend = self.price.input_cost(resent, cached);
+        // A later call also costs its own pass (a self-hosted target's time).
+        let resend = self.price.input_cost(resent, cached) + self.price.call_cost();
         // A draft token is sent as new input only when a later call follows it: the run after
         // the last call is not. Between calls the draft writes (1 − f)/c tokens on average.
         let run = if c > 0.0 { (1.0 - f) / c } else { left };

@@ -3,14 +3,19 @@
 //! inside it: adding a class is its file (a type that implements [`Tariff`]) plus one variant
 //! of [`Pricing`] and its arm in `Pricing::tariff`.
 
+use super::busy::BusyRates;
 use super::price::Price;
-use super::tariff::Tariff;
+use super::tariff::{Tariff, Unit};
 
 /// A model's pricing, by class.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pricing {
     /// A price list per million tokens.
     Tokens(Price),
+    /// The target's own time (a self-hosted target), at these rates: the policy's prior, or
+    /// what the target's reports have taught since (a request is priced at the rates of its
+    /// start).
+    Busy(BusyRates),
 }
 
 impl Pricing {
@@ -18,6 +23,7 @@ impl Pricing {
     fn tariff(&self) -> &dyn Tariff {
         match self {
             Pricing::Tokens(p) => p,
+            Pricing::Busy(r) => r,
         }
     }
 }
@@ -31,8 +37,35 @@ impl Tariff for Pricing {
         self.tariff().output_cost(n)
     }
 
+    fn call_cost(&self) -> f64 {
+        self.tariff().call_cost()
+    }
+
     fn is_free(&self) -> bool {
         self.tariff().is_free()
+    }
+
+    fn unit(&self) -> Unit {
+        self.tariff().unit()
+    }
+}
+
+impl Pricing {
+    /// Its name in a policy and in usage: `"busy"` or `"tokens"`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Pricing::Tokens(_) => "tokens",
+            Pricing::Busy(_) => "busy",
+        }
+    }
+
+    /// The same class at the rates `now` gives (busy: what the target has taught; a price
+    /// list stays as it is).
+    pub fn at(&self, now: impl FnOnce() -> BusyRates) -> Pricing {
+        match self {
+            Pricing::Busy(_) => Pricing::Busy(now()),
+            p => *p,
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
+use super::calls::{CallKind, CallRecord, settle};
 use super::cursor::Cursor;
 use super::{
     Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats,
@@ -250,16 +251,15 @@ impl<'a> Run<'a> {
 
     /// The exact prefix for the next call (prompt and everything emitted), with that call
     /// counted in the stats.
-    fn next_call(&mut self, n: u32) -> ContinuationRequest {
+    fn next_call(&mut self, kind: CallKind, n: u32) -> ContinuationRequest {
         let prefix = self.prefix();
         let len = prefix.len() as u64;
-        self.stats.target_calls += 1;
-        self.stats.target_input_tokens += len;
-        self.stats.target_cacheable_input_tokens += self
+        let cacheable = self
             .req
             .settings
             .cache
             .cacheable(self.last_prefix_len.min(len));
+        self.count_call(kind, len, cacheable);
         self.last_prefix_len = len;
         self.call_reported = false;
         ContinuationRequest {
@@ -273,11 +273,25 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Counts a call that sends `sent` tokens, `cacheable` of which the cache can serve.
+    fn count_call(&mut self, kind: CallKind, sent: u64, cacheable: u64) {
+        self.stats.target_calls += 1;
+        self.stats.target_input_tokens += sent;
+        self.stats.target_cacheable_input_tokens += cacheable;
+        let before = self.stats.target_generated();
+        self.stats
+            .calls
+            .push(CallRecord::new(kind, sent, cacheable, before));
+    }
+
     /// Counts what an answer says beyond its tokens: cached prompt tokens the target reported,
     /// the compute it reports the call took, and calls it had to make again (each re-sends
     /// the prefix, served from the cache).
     fn absorb(&mut self, cached: Option<u32>, timings: Option<TargetTimings>, extra_calls: u32) {
         if let Some(t) = timings {
+            if let Some(c) = self.stats.calls.last_mut() {
+                c.timings = Some(t);
+            }
             self.stats.target_busy += t.busy();
             self.stats.target_prompt_processed += t.prompt_tokens;
             self.stats.target_predicted += t.predicted_tokens;
@@ -288,6 +302,10 @@ impl<'a> Run<'a> {
         {
             // Once per call: some servers repeat their usage in several chunks.
             self.call_reported = true;
+            if let Some(call) = self.stats.calls.last_mut() {
+                call.cached = u64::from(c).min(call.sent);
+                call.cached_reported = true;
+            }
             self.stats.target_reported_cached_tokens += u64::from(c);
             self.stats.target_calls_reporting_cache += 1;
         }
@@ -296,8 +314,15 @@ impl<'a> Run<'a> {
             self.stats.target_calls += extra_calls;
             self.stats.heal_retries += extra_calls;
             self.stats.target_input_tokens += prefix * u64::from(extra_calls);
-            self.stats.target_cacheable_input_tokens +=
-                self.req.settings.cache.cacheable(prefix) * u64::from(extra_calls);
+            let cacheable = self.req.settings.cache.cacheable(prefix);
+            self.stats.target_cacheable_input_tokens += cacheable * u64::from(extra_calls);
+            if let Some(c) = self.stats.calls.last_mut() {
+                // Counted in the call's record: it is the same call, made again.
+                c.sent += prefix * u64::from(extra_calls);
+                if !c.cached_reported {
+                    c.cached += cacheable * u64::from(extra_calls);
+                }
+            }
         }
     }
 
@@ -392,7 +417,7 @@ impl<'a> Run<'a> {
         from: &PositionOutput,
         n: u32,
     ) -> Result<Option<FinishReason>, EngineError> {
-        let creq = self.next_call(n);
+        let creq = self.next_call(CallKind::Correction, n);
         let engine = self.engine;
         let call = engine.target.continue_tokens(&creq);
         let Some(cont) = self.wait(cursor, from, None, n as usize + 1, call).await? else {
@@ -479,9 +504,7 @@ impl<'a> Run<'a> {
             return Ok(WindowEnd::Unsupported(start));
         };
         check_scores(&score, window.len(), sampled || rule.is_some())?;
-        self.stats.target_calls += 1;
-        self.stats.target_input_tokens += sent;
-        self.stats.target_cacheable_input_tokens += cacheable;
+        self.count_call(CallKind::Window, sent, cacheable);
         self.last_prefix_len = sent + 1;
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;
@@ -666,7 +689,7 @@ impl<'a> Run<'a> {
     /// Opens a streamed call for at most `n` tokens after the current prefix; `None` when the
     /// client went away first.
     async fn open_stream(&mut self, n: u32) -> Result<Option<TokenStream>, EngineError> {
-        let creq = self.next_call(n);
+        let creq = self.next_call(CallKind::HandOff, n);
         let call = self.engine.target.stream_tokens(&creq);
         Ok(
             unless_client_gone(&self.tx, &mut self.stats.target_wait, call)
@@ -784,7 +807,7 @@ impl<'a> Run<'a> {
         resync: u32,
         end: SpanClose,
     ) -> Result<SpanEnd, EngineError> {
-        let creq = self.next_call(max_span);
+        let creq = self.next_call(CallKind::Span, max_span);
         let engine = self.engine;
         // A guess is used only while the target keeps to the draft's path, and the span ends
         // once the draft has predicted `resync` tokens: more guesses than that are rarely used
@@ -983,6 +1006,8 @@ impl<'a> Run<'a> {
                     .await;
             }
         }
+        let total = self.stats.target_generated();
+        settle(&mut self.stats.calls, total);
         self.stats.finish_reason = Some(reason);
         Ok(self.stats)
     }

@@ -1027,3 +1027,99 @@ async fn a_span_backlog_is_fed_to_the_draft_in_batches() -> Result<(), EngineErr
     );
     Ok(())
 }
+
+/// The same scripted answer under the budget guard, priced two ways, with a model whose
+/// record says the target writes most of its answers (87 % of the tokens, 5.8 calls per 100,
+/// as chat at the shipped threshold). At Fireworks' serverless list a drafted token a later
+/// call re-sends costs what a generated one does and every call re-sends the prefix at half
+/// that: the first rejection's call does not pay and the target writes the rest. Priced by the target's time on a
+/// llama-server that caches every common prefix, a re-sent prefix costs nothing but the
+/// call's pass and a drafted token 0.28 of a generated one: the call pays, and the span ends
+/// where the draft catches up.
+#[tokio::test]
+async fn the_budget_guard_decides_differently_priced_by_the_target_s_time()
+-> Result<(), EngineError> {
+    use crate::cost::{BudgetGuard, BusyRates, CacheRules, Pricing, Rates};
+    let head = "abcdefghijklmnopqrst";
+    let answer = format!("{head}UVW0123456789");
+    let mut draft = DraftScript::says(&format!("{head}xyz0123456789"), 0.95);
+    draft.confidence = vec![0.95; 20];
+    draft.confidence.push(0.1);
+    let guarded = |price: Pricing| {
+        let mut req = request(0.5, 64);
+        req.settings_mut().correction = Correction::Span {
+            max_span: 32,
+            resync: 3,
+            end: SpanClose::Resync,
+        };
+        req.cost_guard = Some(Guard::Budget(BudgetGuard {
+            price,
+            cache: CacheRules::default(),
+            hard_cap: 1.5,
+            max_cost_ratio: 1.0,
+            prior: Rates {
+                calls_per_token: 0.058,
+                target_share: 0.87,
+                mean_completion: Some(200.0),
+            },
+            traffic_ratio: None,
+        }));
+        req
+    };
+    let listed = Price {
+        input: 0.90,
+        cached_input: 0.45,
+        output: 0.90,
+    };
+    let by_list = run(
+        draft.clone(),
+        ScriptedTarget::says(&answer, None).with_timings(),
+        guarded(listed.into()),
+    )
+    .await?;
+    assert_eq!(by_list.text, answer);
+    // Refused already by the hard cap: in the worst case the call and the hand-off after it
+    // would cost more than 1.5 times passthrough.
+    assert!(by_list.stats.cost_guard && by_list.stats.cost_guard_reason.is_some());
+    assert_eq!(
+        by_list
+            .stats
+            .calls
+            .iter()
+            .map(|c| (c.kind, c.generated))
+            .collect::<Vec<_>>(),
+        [(CallKind::HandOff, 13)],
+        "the target writes the rest"
+    );
+    let rates = BusyRates {
+        prefill_ms: 10.6,
+        generate_ms: 37.5,
+        call_ms: 30.0,
+    };
+    let by_time = run(
+        draft,
+        ScriptedTarget::says(&answer, None).with_timings(),
+        guarded(Pricing::Busy(rates)),
+    )
+    .await?;
+    assert_eq!(by_time.text, answer);
+    assert!(!by_time.stats.cost_guard, "{:?}", by_time.stats);
+    assert_eq!(by_time.stats.resyncs, 1);
+    let calls = &by_time.stats.calls;
+    assert_eq!(calls.len(), 1);
+    // U V W and 0 1 2, then the two generated after the close; the closed stream gave no
+    // timings, so the call is priced at the rates: its pass, 20 prompt tokens after the
+    // cached question (the tiny prompt counts whole: nothing was cached before it), 8 tokens.
+    assert_eq!((calls[0].kind, calls[0].generated), (CallKind::Span, 8));
+    assert!(calls[0].timings.is_none());
+    let t = by_time.stats.target_time(&rates);
+    let prompt = u64::from(by_time.stats.prompt_tokens);
+    let want = rates.call_seconds(prompt + 20, 8);
+    assert!(
+        (t.estimated - want).abs() < 1e-9 && t.measured == 0.0,
+        "{t:?}"
+    );
+    assert_eq!(t.untimed_calls, 1);
+    assert!(t.spent < t.passthrough, "{t:?}");
+    Ok(())
+}
