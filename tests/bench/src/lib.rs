@@ -12,6 +12,8 @@
 //! - `oracle`: what each acceptance rule allows, the target's probabilities deciding at every
 //!   position (target share, pass@1, the target's likelihood of the answers), and what the
 //!   cheapest call plan for those answers would cost (`call_floor`).
+//! - `gpu_projection`: approxy's calls and passthrough's priced in a GPU target's time, a
+//!   projection from a measured table (`deploy/gpu/window_cost.json`).
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once; `soak_cmd`:
@@ -34,6 +36,7 @@ pub mod configs;
 mod delay;
 pub mod draft;
 pub mod fidelity;
+pub mod gpu_projection;
 mod humaneval;
 mod levels;
 pub mod machine;

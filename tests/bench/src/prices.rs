@@ -23,7 +23,8 @@ pub struct PriceClass {
     pub source: &'static str,
 }
 
-/// The classes, cheapest cache first.
+/// The classes: self-hosted first, then the hosted ones from the cheapest re-read of a cached
+/// prefix (relative to output) to the dearest.
 pub const CLASSES: [PriceClass; 4] = [
     PriceClass {
         name: "self-hosted",
@@ -36,11 +37,11 @@ pub const CLASSES: [PriceClass; 4] = [
     },
     PriceClass {
         name: "DeepSeek",
-        what: "deepseek-chat (DeepSeek-V3.1, non-thinking), automatic disk cache",
-        input: 0.56,
-        cached_input: 0.07,
-        output: 1.68,
-        date: "2025-09-05 (in effect from 16:00 UTC)",
+        what: "deepseek-chat (DeepSeek V4 flash), automatic disk cache; V4 pro lists 0.435 / 0.0036 / 0.87, and off-peak hours (since 2026-08) are half price",
+        input: 0.14,
+        cached_input: 0.0028,
+        output: 0.28,
+        date: "read 2026-11-26",
         source: "https://api-docs.deepseek.com/quick_start/pricing",
     },
     PriceClass {
@@ -49,17 +50,17 @@ pub const CLASSES: [PriceClass; 4] = [
         input: 0.90,
         cached_input: 0.45,
         output: 0.90,
-        date: "read 2026-11-23",
+        date: "read 2026-11-26",
         source: "https://fireworks.ai/pricing and https://docs.fireworks.ai/serverless/overview (cached input)",
     },
     PriceClass {
         name: "Together",
-        what: "serverless Llama-3.3-70B-Instruct-Turbo as a third-party page quotes it; no prompt-cache discount (unconfirmed, FACTS.md)",
-        input: 0.80,
-        cached_input: 0.80,
-        output: 2.40,
-        date: "read 2026-11-23",
-        source: "https://theneuralbase.com/together-ai/learn/intermediate/cost-per-quality-point/ (third party; the same site also quotes 0.99)",
+        what: "serverless Llama-3.3-70B-Instruct-Turbo as a third-party listing quotes it; no prompt-cache discount (unconfirmed, FACTS.md)",
+        input: 0.88,
+        cached_input: 0.88,
+        output: 0.88,
+        date: "read 2026-11-26",
+        source: "a third-party listing (Together's own page not read); read 2026-11-23 a third-party page quoted 0.80 / 2.40 (https://theneuralbase.com/together-ai/learn/intermediate/cost-per-quality-point/)",
     },
 ];
 
@@ -83,9 +84,9 @@ mod tests {
         }
         let c = &CLASSES[1];
         let (m, k) = (1_000_000u64, 1_000u64);
-        assert!((cost(c, m, 0, 0) - 0.56).abs() < 1e-9);
-        assert!((cost(c, m, m, 0) - 0.07).abs() < 1e-9);
-        assert!((cost(c, 0, 0, m) - 1.68).abs() < 1e-9);
+        assert!((cost(c, m, 0, 0) - 0.14).abs() < 1e-9);
+        assert!((cost(c, m, m, 0) - 0.0028).abs() < 1e-9);
+        assert!((cost(c, 0, 0, m) - 0.28).abs() < 1e-9);
         assert!(
             (cost(c, k, 2 * k, 0) - cost(c, k, k, 0)).abs() < 1e-12,
             "cached <= input"
