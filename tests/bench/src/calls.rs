@@ -27,7 +27,8 @@ use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use serde::{Deserialize, Serialize};
 
 use super::chat_sample::{held_out_chat, rouge_l};
-use super::client::{self, Ask, Generation};
+use super::client::{self, ApproxyUsage, Ask, Generation};
+use super::gpu_projection::{self, ProjectedCall, Shape};
 use super::delay;
 use super::humaneval::{self, Sandbox, Verdict};
 use super::prices::{CLASSES, PriceClass, cost};
@@ -778,6 +779,11 @@ pub struct Aggregates {
     /// Tokens approxy billed as generated after it closed a stream early (its allowance per
     /// closed stream), included in `output`.
     pub inflight_billed: u64,
+    /// approxy's account of the target's time (`usage.approxy.target_seconds`: measured where
+    /// the target reported, at the learned rates elsewhere), and the calls it did not time.
+    pub approxy_seconds: Option<(f64, u64)>,
+    /// Every target call, in the projection's terms (passthrough: one per answer).
+    pub calls: Vec<ProjectedCall>,
 }
 
 /// Sums a run's prompts.
@@ -811,6 +817,11 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
             cached_input: 0,
             output: a.output,
         };
+        a.calls = gens
+            .iter()
+            .filter(|g| g.error.is_none())
+            .map(|g| ProjectedCall::passthrough(g.prompt_tokens, g.completion_tokens))
+            .collect();
     } else {
         let us: Vec<_> = gens.iter().filter_map(|g| g.approxy.as_ref()).collect();
         a.calls_per_100 = per100(us.iter().map(|u| u.target_calls).sum());
@@ -846,17 +857,41 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
             cached_input: cached,
             output: a.output,
         };
-        let spent: f64 = us.iter().map(|u| u.estimated_cost_usd).sum();
-        a.estimated_usd = Some(spent);
-        let passthrough: f64 = us.iter().map(|u| u.estimated_passthrough_cost_usd).sum();
+        // In the policy's unit (runs saved before the unit was reported are in USD).
+        let cost = |u: &ApproxyUsage| u.estimated_cost.unwrap_or(u.estimated_cost_usd);
+        let direct = |u: &ApproxyUsage| {
+            u.estimated_passthrough_cost
+                .unwrap_or(u.estimated_passthrough_cost_usd)
+        };
+        let spent: f64 = us.iter().map(|u| cost(u)).sum();
+        a.estimated_usd = us
+            .iter()
+            .all(|u| u.cost_unit.as_deref().is_none_or(|x| x == "usd"))
+            .then_some(spent);
+        let passthrough: f64 = us.iter().map(|u| direct(u)).sum();
         if passthrough > 0.0 {
             let worst = us
                 .iter()
-                .filter(|u| u.estimated_passthrough_cost_usd > 0.0)
-                .map(|u| u.estimated_cost_usd / u.estimated_passthrough_cost_usd)
+                .filter(|u| direct(u) > 0.0)
+                .map(|u| cost(u) / direct(u))
                 .fold(0.0, f64::max);
             a.policy_ratio = Some((spent / passthrough, worst));
         }
+        if us.iter().any(|u| !u.target_call_records.is_empty()) {
+            a.approxy_seconds = Some((
+                us.iter().map(|u| u.target_seconds).sum(),
+                us.iter().map(|u| u.target_calls_untimed).sum(),
+            ));
+        }
+        a.calls = us
+            .iter()
+            .flat_map(|u| &u.target_call_records)
+            .map(|c| ProjectedCall {
+                cached: c.cached.min(c.sent),
+                prefilled: c.sent.saturating_sub(c.cached),
+                generated: c.generated,
+            })
+            .collect();
         let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
         for u in &us {
             if let Some(r) = &u.cost_guard_reason {
@@ -927,6 +962,7 @@ pub fn markdown(
         let here: Vec<&CallsRun> = runs.iter().filter(|r| key(r) == g).collect();
         s.push_str(&runs_table(&g, &here));
         s.push_str(&account_table(&here, base));
+        s.push_str(&projection_section(&here));
     }
     s.push_str(&goals(runs, base));
     s.push_str("\nPrice classes (USD per million tokens: input / cached input / output):\n\n");
@@ -1117,6 +1153,43 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
     s
 }
 
+/// The shape the GPU goals are judged on: a 32B model serving 8 streams at once.
+const GPU_GOAL_SHAPE: Shape = Shape::new("qwen2.5-32b", 8, 1024);
+
+/// The committed H200 table, when it can be read (the report says so when not).
+fn gpu_table() -> anyhow::Result<gpu_projection::Table> {
+    // Relative to the repository root, where the benchmarks run (as their other paths are).
+    gpu_projection::Table::load(Path::new(gpu_projection::TABLE_FILE))
+}
+
+/// What the runs' calls would cost a GPU-hosted target, against the target-only run's: a
+/// projection from the measured table, per model shape and batch.
+fn projection_section(here: &[&CallsRun]) -> String {
+    let Some(base) = here.iter().find(|r| r.config.passthrough()) else {
+        return String::new();
+    };
+    let passthrough = aggregate(base).calls;
+    let runs: Vec<gpu_projection::Run> = here
+        .iter()
+        .filter(|r| !r.config.passthrough())
+        .map(|r| (r, aggregate(r).calls))
+        .filter(|(_, calls)| !calls.is_empty())
+        .map(|(r, approxy)| gpu_projection::Run {
+            label: r.config.label().to_string(),
+            approxy,
+            passthrough: passthrough.clone(),
+        })
+        .collect();
+    if runs.is_empty() {
+        return String::new();
+    }
+    match gpu_table().and_then(|t| gpu_projection::markdown(&t, &gpu_projection::SHAPES, &runs)) {
+        // A section of this table's group, not of the document.
+        Ok(md) => format!("\n{}", md.replace("## ", "#### ")),
+        Err(e) => format!("\nGPU projection: not made ({e:#}).\n"),
+    }
+}
+
 /// What the target generated beyond what approxy received, per stream approxy closed early
 /// (those it billed the allowance for): the measurement the allowance stands for.
 fn inflight_per_close(a: &Aggregates, counted: &Tokens) -> String {
@@ -1154,9 +1227,9 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         let Some(target) = find(0, CallConfig::TargetOnly) else {
             continue;
         };
-        let (name, cost_bound, busy_bound) = match sample {
-            Sample::HumanEval => ("HumanEval", 0.6, 0.5),
-            Sample::Chat => ("held-out chat", 0.75, 0.6),
+        let (name, cost_bound, busy_bound, gpu_bound) = match sample {
+            Sample::HumanEval => ("HumanEval", 0.6, 0.6, 0.3),
+            Sample::Chat => ("held-out chat", 0.75, 0.75, 0.5),
         };
         let group = GoalGroup {
             runs,
@@ -1167,6 +1240,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
             target: aggregate(target),
             cost_bound,
             busy_bound,
+            gpu_bound,
         };
         let mut lines = String::new();
         for c in [
@@ -1217,6 +1291,9 @@ struct GoalGroup<'a> {
     target: Aggregates,
     cost_bound: f64,
     busy_bound: f64,
+    /// The most the run's calls may cost on [`GPU_GOAL_SHAPE`], projected, relative to
+    /// target-only's.
+    gpu_bound: f64,
 }
 
 impl GoalGroup<'_> {
@@ -1246,6 +1323,23 @@ impl GoalGroup<'_> {
                     mark(d.abs() <= 3.0)
                 ));
             }
+            if let Some((spent, untimed)) = a.approxy_seconds {
+                let d = difference_pct(spent, t.busy_seconds());
+                line.push_str(&format!(
+                    "; approxy's account of the target's time {spent:.1} s ({untimed} calls untimed, at the learned rates) {d:+.1} % from its counters (within 5 %: {})",
+                    mark(d.abs() <= 5.0)
+                ));
+            }
+        }
+        let projected = gpu_table().and_then(|table| {
+            gpu_projection::compare(&table, GPU_GOAL_SHAPE, &a.calls, &b.calls)
+        });
+        if let Ok(Some(x)) = projected.map(|c| c.ratio()) {
+            line.push_str(&format!(
+                "; projected on one H200 (32B, batch 8; from a measured table) {x:.2}x target-only's (≤ {}x: {})",
+                self.gpu_bound,
+                mark(x <= self.gpu_bound)
+            ));
         }
         if self.sample == Sample::HumanEval {
             line.push_str(&format!(

@@ -59,6 +59,46 @@ pub struct ApproxyUsage {
     /// What the target said it served from its cache, when every call said.
     #[serde(default)]
     pub target_reported_cached_tokens: Option<u64>,
+    /// approxy's estimate in its price class's unit (`cost_unit`), and passthrough's.
+    #[serde(default)]
+    pub estimated_cost: Option<f64>,
+    /// See `estimated_cost`.
+    #[serde(default)]
+    pub estimated_passthrough_cost: Option<f64>,
+    /// `usd` or `target_seconds`.
+    #[serde(default)]
+    pub cost_unit: Option<String>,
+    /// The target's time on the request: measured where it reported, estimated elsewhere.
+    #[serde(default)]
+    pub target_seconds: f64,
+    /// Of those, the part it reported.
+    #[serde(default)]
+    pub target_seconds_measured: f64,
+    /// Calls it did not time (priced at the learned rates).
+    #[serde(default)]
+    pub target_calls_untimed: u64,
+    /// The same answer through passthrough at the same rates.
+    #[serde(default)]
+    pub passthrough_target_seconds: f64,
+    /// The draft's inference time times its threads.
+    #[serde(default)]
+    pub draft_core_seconds: f64,
+    /// Every target call.
+    #[serde(default)]
+    pub target_call_records: Vec<CallRecord>,
+}
+
+/// One target call, as `usage.approxy.target_call_records` gives it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// `correction`, `span`, `window` or `hand_off`.
+    pub kind: String,
+    /// Prompt tokens sent.
+    pub sent: u64,
+    /// Of those, served from the cache.
+    pub cached: u64,
+    /// Tokens generated, used or not.
+    pub generated: u64,
 }
 
 /// One timed generation.
