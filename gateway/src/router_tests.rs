@@ -486,6 +486,32 @@ async fn other_routes_pass_through_and_unknown_paths_are_404() {
     );
 }
 
+/// An `sglang` target is named by its server root: the engine's calls go to its native API
+/// there and passthrough to its OpenAI API under `/v1`; it scores windows, so exact mode is
+/// accepted for it.
+#[tokio::test]
+async fn an_sglang_target_is_its_server_root_with_its_openai_api_under_v1() {
+    let state = Setup {
+        kind: "sglang",
+        extra_policy: "\n[models.exact]\nmode = \"approximate\"\nthreshold = 0.5\nverification = \"exact\"\n",
+        ..Setup::new("hello", 0.95, "hello")
+    }
+    .state()
+    .await;
+    let (status, headers, _) =
+        call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
+    assert_eq!(
+        (status, headers["x-approxy-mode"].to_str().unwrap()),
+        (StatusCode::OK, "approximate")
+    );
+    let (status, headers, body) = call(&state, get("/v1/models")).await;
+    assert_eq!(
+        (status, &headers["x-approxy-passthrough-reason"]),
+        (StatusCode::OK, &"route".parse().unwrap())
+    );
+    assert_eq!(json_of(&body)["data"][0]["id"], "qwen");
+}
+
 #[tokio::test]
 async fn a_busy_draft_degrades_to_passthrough() {
     let mut s = Setup::new("hello", 0.95, "hello");

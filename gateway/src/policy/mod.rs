@@ -657,6 +657,7 @@ max_cost_ratio = -1
             ("llama_cpp", TargetKind::LlamaCpp, "https://h:1/v1"),
             ("vllm", TargetKind::Vllm, "https://h:1"),
             ("openai", TargetKind::Vllm, "https://h:1"),
+            ("sglang", TargetKind::Sglang, "https://h:1/v1"),
             ("openai_text", TargetKind::OpenaiText, "https://h:1"),
             ("chat_prefix", TargetKind::ChatPrefix, "https://h:1"),
             ("openai_chat", TargetKind::OpenAiChat, "https://h:1"),

@@ -31,10 +31,10 @@ pub struct RawPolicy {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
-    /// `llama_cpp`, `vllm` (or its earlier name `openai`), `openai_text`, `chat_prefix` or
-    /// `openai_chat`.
+    /// `llama_cpp`, `vllm` (or its earlier name `openai`), `sglang`, `openai_text`,
+    /// `chat_prefix` or `openai_chat`.
     pub kind: String,
-    /// llama.cpp: the server root; the others: the base URL ending in `/v1`.
+    /// llama.cpp and SGLang: the server root; the others: the base URL ending in `/v1`.
     pub base_url: String,
     /// Name of the environment variable holding the target's API key.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,7 @@ use strum::{EnumString, IntoStaticStr, VariantArray, VariantNames};
 
 use super::{
     ChatOnlyTarget, ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
-    PrefixStyle, TargetClient, TargetConfig,
+    PrefixStyle, SglangTarget, TargetClient, TargetConfig,
 };
 use crate::error::TargetError;
 use crate::template::ChatTemplate;
@@ -28,6 +28,10 @@ pub enum TargetKind {
     /// its earlier name.
     #[strum(to_string = "vllm", serialize = "openai")]
     Vllm,
+    /// SGLang's native `/generate` with token ids, at the server root: its radix cache serves
+    /// a window call's prefix, where vLLM's prefix cache skips a call that asks for prompt
+    /// log-probabilities.
+    Sglang,
     /// OpenAI-compatible `/v1/completions` with a *text* prompt (Together, OpenRouter,
     /// DeepSeek's beta completions, TGI, llama-server): approxy sends the rendered prompt and
     /// the answer so far as text and re-tokenizes what comes back. No tokenizer in common with
@@ -114,6 +118,21 @@ impl TargetKind {
                 fills_context: false,
                 openai_suffix: "",
                 connect: |cfg, _, _| Ok(Arc::new(OpenAiCompletionsTarget::new(cfg)?)),
+            },
+            TargetKind::Sglang => Abilities {
+                continues: true,
+                text_level: false,
+                chat_prefix: false,
+                chat_template: false,
+                scores_windows: true,
+                // The radix cache serves any common prefix at its default page size of 1 (a
+                // larger `--page-size` is the policy's `cache.block`).
+                cache_block: 1,
+                // It refuses a request whose prompt and `max_new_tokens` exceed the context.
+                fills_context: false,
+                // The base URL is the server root; its OpenAI API is under `/v1`.
+                openai_suffix: "/v1",
+                connect: |cfg, _, _| Ok(Arc::new(SglangTarget::new(cfg)?)),
             },
             TargetKind::OpenaiText => Abilities {
                 continues: true,
@@ -251,6 +270,7 @@ mod tests {
             [
                 "llama_cpp",
                 "vllm",
+                "sglang",
                 "openai_text",
                 "chat_prefix",
                 "openai_chat"

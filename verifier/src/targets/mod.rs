@@ -6,9 +6,10 @@
 //!   send, JSON and server-sent events), which passthrough uses too; `retry` its schedule and
 //!   `trace` the trace context it forwards;
 //! - one file per client: token-level clients (llama.cpp's `/completion`, OpenAI-style
-//!   `/v1/completions` with a token-id prompt as vLLM serves) and text-level ones
-//!   (`/v1/completions` with a text prompt, chat completions that continue a partial assistant
-//!   message, both over `text`), which need no tokenizer in common with the draft.
+//!   `/v1/completions` with a token-id prompt as vLLM serves, SGLang's `/generate`) and
+//!   text-level ones (`/v1/completions` with a text prompt, chat completions that continue a
+//!   partial assistant message, both over `text`), which need no tokenizer in common with the
+//!   draft.
 //!
 //! One shared test suite in `tests/` holds every client to the same contract.
 
@@ -20,6 +21,7 @@ pub mod llamacpp;
 pub mod openai;
 pub mod openai_text;
 pub mod retry;
+pub mod sglang;
 pub mod text;
 pub mod trace;
 pub mod transport;
@@ -34,6 +36,7 @@ pub use kind::{Abilities, TargetKind, TextSettings, build};
 pub use llamacpp::LlamaCppTarget;
 pub use openai::OpenAiCompletionsTarget;
 pub use openai_text::OpenAiTextTarget;
+pub use sglang::SglangTarget;
 pub use transport::{
     CacheHints, POOL_IDLE_TIMEOUT, SendFailure, TargetConfig, http_client_builder, load_ca_file,
     tls_failure,

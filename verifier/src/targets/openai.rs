@@ -325,7 +325,7 @@ impl TargetClient for OpenAiCompletionsTarget {
 
 /// The `max_model_len` a model list gives `model`, or its only model (a server that serves one
 /// model under another name than the policy's).
-fn max_model_len(list: &Value, model: Option<&str>) -> Option<usize> {
+pub(crate) fn max_model_len(list: &Value, model: Option<&str>) -> Option<usize> {
     let models = list["data"].as_array()?;
     let m = model
         .and_then(|id| models.iter().find(|m| m["id"].as_str() == Some(id)))

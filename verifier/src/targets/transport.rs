@@ -403,9 +403,11 @@ pub(crate) async fn post_sse(
 }
 
 /// Whether a streamed event is the target's last word on the answer: an OpenAI-style choice
-/// with a `finish_reason`, or llama.cpp's native `"stop": true`.
+/// with a `finish_reason`, llama.cpp's native `"stop": true`, or SGLang's native
+/// `meta_info.finish_reason` (an object once the answer is over).
 fn says_finished(v: &serde_json::Value) -> bool {
     v["stop"].as_bool() == Some(true)
+        || v["meta_info"]["finish_reason"].is_object()
         || v["choices"]
             .as_array()
             .is_some_and(|c| c.iter().any(|c| c["finish_reason"].is_string()))
