@@ -17,6 +17,9 @@ use crate::policy::{GuardPolicy, ModelPolicy};
 /// model has answered a few answers' worth, its own rates decide.
 const PRIOR_TOKENS: f64 = 512.0;
 
+/// Requests a ledger holds before its cost ratio can put a model over budget.
+const MIN_REQUESTS: u64 = 8;
+
 /// The rates a model starts from, before its traffic says otherwise: spans at the shipped
 /// threshold without a guard, as `approxy bench calls` measured them (tests/README.md, 2026-11-23:
 /// HumanEval 5.5 calls and 33 target tokens per 100, held-out chat 5.8 and 87).
@@ -99,7 +102,9 @@ impl Ledgers {
                     hard_cap,
                     max_cost_ratio: mp.max_cost_ratio,
                     prior: view.rates(prior(kind), PRIOR_TOKENS),
-                    traffic_ratio: view.cost_ratio(),
+                    // A few requests are no traffic: one answer handed off with its tokens in
+                    // flight would otherwise put the model over budget on its own.
+                    traffic_ratio: view.cost_ratio().filter(|_| view.requests >= MIN_REQUESTS),
                 };
                 let account = Account {
                     ledger,

@@ -1,50 +1,156 @@
 //! What each target's time costs, learned from what it reports (see
 //! [`approxy_verifier::cost::BusyMeter`]): one meter per target, kept across policy reloads,
-//! fed by every approximate request's timed calls and read when a busy-priced request starts
-//! and ends. Its rates are on `/metrics` as `approxy_target_rate_ms`.
+//! read when a busy-priced request starts and ends. It learns from the target's own counters
+//! (`/metrics`) where its kind has them, since they count every call, a stream approxy closed
+//! before its end included, which reports no timings; otherwise from the calls that reported
+//! theirs. Its rates are on `/metrics` as `approxy_target_rate_ms`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use approxy_verifier::Stats;
 use approxy_verifier::cost::{BusyMeter, BusyRates};
+use approxy_verifier::targets::counters::TargetCounters;
 
-/// The meters, by target base URL.
-#[derive(Default)]
-pub struct Meters {
-    by_target: Mutex<HashMap<String, Arc<BusyMeter>>>,
+use crate::state::AppState;
+
+/// How often a target's counters are read.
+const COUNTERS_EVERY: Duration = Duration::from_secs(10);
+
+/// One target's meter, and what its counters need.
+#[derive(Debug)]
+pub struct TargetMeter {
+    meter: BusyMeter,
+    /// Calls the gateway made to the target since its counters were last read.
+    pending: AtomicU64,
+    /// The counters are being read: they, not the calls' own timings, teach the rates (both
+    /// would count the timed calls twice).
+    counted: AtomicBool,
 }
 
-impl Meters {
-    /// The meter of the target at `base_url`, starting from `prior` (a reload that changes
-    /// the prior starts it afresh: the operator has said something new about the target).
-    pub fn meter(&self, base_url: &str, prior: BusyRates) -> Arc<BusyMeter> {
-        let mut map = self.by_target.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = map
-            .entry(base_url.to_string())
-            .or_insert_with(|| Arc::new(BusyMeter::new(prior)));
-        if entry.prior() != prior {
-            *entry = Arc::new(BusyMeter::new(prior));
+impl TargetMeter {
+    fn new(prior: BusyRates) -> Self {
+        Self {
+            meter: BusyMeter::new(prior),
+            pending: AtomicU64::new(0),
+            counted: AtomicBool::new(false),
         }
-        Arc::clone(entry)
     }
-}
 
-/// Teaches `meter` every call of `s` the target timed, and shows its rates.
-pub fn learn(meter: &BusyMeter, s: &Stats) {
-    let mut any = false;
-    for t in s.calls.iter().filter_map(|c| c.timings.as_ref()) {
-        meter.observe(t);
-        any = true;
+    /// The rates now.
+    pub fn rates(&self) -> BusyRates {
+        self.meter.rates()
     }
-    if any {
-        let r = meter.rates();
+
+    /// Counts a finished approximate request's calls, and learns from their timings while
+    /// the counters are not read.
+    pub fn learn(&self, s: &Stats) {
+        self.pending
+            .fetch_add(u64::from(s.target_calls), Ordering::Relaxed);
+        if self.counted.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut any = false;
+        for t in s.calls.iter().filter_map(|c| c.timings.as_ref()) {
+            self.meter.observe(t);
+            any = true;
+        }
+        if any {
+            self.show();
+        }
+    }
+
+    /// Counts a request passed through to the target (one call).
+    pub fn passed_through(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Learns from what the counters counted since the last reading.
+    fn counted_since(&self, delta: &TargetCounters) {
+        let calls = self.pending.swap(0, Ordering::Relaxed);
+        self.meter.observe_counters(delta, calls);
+        self.show();
+    }
+
+    fn show(&self) {
+        let r = self.meter.rates();
         for (part, v) in [
             ("prefill", r.prefill_ms),
             ("generate", r.generate_ms),
             ("call", r.call_ms),
         ] {
             metrics::gauge!("approxy_target_rate_ms", "part" => part).set(v);
+        }
+    }
+}
+
+/// The meters, by target base URL.
+#[derive(Default)]
+pub struct Meters {
+    by_target: Mutex<HashMap<String, Arc<TargetMeter>>>,
+}
+
+impl Meters {
+    /// The meter of the target at `base_url`, starting from `prior` (a reload that changes
+    /// the prior starts it afresh: the operator has said something new about the target).
+    pub fn meter(&self, base_url: &str, prior: BusyRates) -> Arc<TargetMeter> {
+        let mut map = self.by_target.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map
+            .entry(base_url.to_string())
+            .or_insert_with(|| Arc::new(TargetMeter::new(prior)));
+        if entry.meter.prior() != prior {
+            *entry = Arc::new(TargetMeter::new(prior));
+        }
+        Arc::clone(entry)
+    }
+}
+
+/// Reads the current target's counters every [`COUNTERS_EVERY`] and teaches its meter what
+/// they counted in between. A target whose kind has no counters, or whose counters cannot be
+/// read (llama-server without `--metrics` answers 501), teaches it by its calls' timings.
+pub async fn watch_counters(state: AppState) {
+    let mut last: Option<(String, TargetCounters)> = None;
+    let mut warned = false;
+    loop {
+        tokio::time::sleep(COUNTERS_EVERY).await;
+        let rt = state.runtime();
+        let t = &rt.policy.target;
+        let Some(url) = (t.kind.abilities().counters)(&t.base_url) else {
+            last = None;
+            continue;
+        };
+        let mut req = rt.http.get(&url).timeout(Duration::from_secs(5));
+        if let Some(key) = &rt.target_key {
+            req = req.bearer_auth(key);
+        }
+        let read = async {
+            let text = req.send().await?.error_for_status()?.text().await?;
+            Ok::<_, anyhow::Error>(TargetCounters::parse(&text)?)
+        };
+        match read.await {
+            Ok(now) => {
+                rt.meter.counted.store(true, Ordering::Relaxed);
+                if let Some((u, before)) = &last
+                    && *u == url
+                {
+                    rt.meter.counted_since(&now.since(before));
+                } else {
+                    // A first reading, or another target's: the calls so far are not in it.
+                    rt.meter.pending.store(0, Ordering::Relaxed);
+                }
+                last = Some((url, now));
+                warned = false;
+            }
+            Err(e) => {
+                rt.meter.counted.store(false, Ordering::Relaxed);
+                last = None;
+                if !warned {
+                    tracing::info!(url, error = %e, "the target's counters cannot be read: its time is learned from the calls that report it");
+                    warned = true;
+                }
+            }
         }
     }
 }
@@ -64,5 +170,30 @@ mod tests {
             ..BusyRates::default()
         };
         assert!(!Arc::ptr_eq(&a, &m.meter("http://t", other)));
+    }
+
+    #[test]
+    fn counters_teach_the_calls_made_since_the_last_reading_and_silence_the_timings() {
+        let m = TargetMeter::new(BusyRates::CPU_LLAMA_SERVER);
+        for _ in 0..3 {
+            m.passed_through();
+        }
+        m.counted.store(true, Ordering::Relaxed);
+        let delta = TargetCounters {
+            prompt_processed: 300,
+            prompt_seconds: 6.0,
+            predicted: 200,
+            predicted_seconds: 15.0,
+            ..TargetCounters::default()
+        };
+        for _ in 0..200 {
+            m.pending.fetch_add(3, Ordering::Relaxed);
+            m.counted_since(&delta);
+        }
+        let r = m.rates();
+        assert!((r.generate_ms - 75.0).abs() < 0.5, "{r:?}");
+        // Every interval's mean call: 100 tokens in 2 s.
+        assert!((r.call_ms + 100.0 * r.prefill_ms - 2000.0).abs() < 20.0, "{r:?}");
+        assert_eq!(m.pending.load(Ordering::Relaxed), 0);
     }
 }

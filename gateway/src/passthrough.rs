@@ -162,6 +162,10 @@ async fn send(
     reason: &'static str,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime_of(&parts.extensions);
+    // A call the target's counters will count (its time is learned from them).
+    if parts.method == axum::http::Method::POST {
+        rt.meter.passed_through();
+    }
     let path = parts
         .uri
         .path()

@@ -16,9 +16,11 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use approxy_verifier::cost::{
-    BusyMeter, CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost,
+    CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost,
 };
 use approxy_verifier::decode::TargetTime;
+
+use crate::meters::TargetMeter;
 use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification};
 
 use crate::decide::Approximate;
@@ -62,12 +64,14 @@ struct Priced {
 
 impl Priced {
     /// Prices `stats` under `price`, first teaching `meter` what the target reported.
-    fn new(stats: Stats, price: &Pricing, meter: &BusyMeter) -> Self {
-        crate::meters::learn(meter, &stats);
+    fn new(stats: Stats, price: &Pricing, meter: &TargetMeter) -> Self {
+        meter.learn(&stats);
         let time = stats.target_time(&meter.rates());
         let cost = match price {
+            // Both sides at the learned rates: the comparison the guard's ledger keeps must not
+            // set the target's own figures against rates that may still be the prior's.
             Pricing::Busy(_) => CostEstimate {
-                approxy: time.spent,
+                approxy: time.at_rates,
                 passthrough: time.passthrough,
             },
             p => estimate_cost(&stats.spend(), p),

@@ -1455,16 +1455,18 @@ guard = "strict"
     let v = ledger.view();
     assert_eq!(v.requests, 1);
     assert!((v.approxy - spent).abs() < 1e-12 && (v.passthrough - passthrough).abs() < 1e-12);
-    // Traffic that has cost twice passthrough: the next request is held to the ratio per
-    // request, and its call no longer may be made.
-    ledger.record(
-        approxy_verifier::cost::CostEstimate {
-            approxy: 100.0 * passthrough,
-            passthrough: 50.0 * passthrough,
-        },
-        10,
-        Default::default(),
-    );
+    // Traffic that has cost twice passthrough, over enough requests to count: the next
+    // request is held to the ratio per request, and its call no longer may be made.
+    for _ in 0..8 {
+        ledger.record(
+            approxy_verifier::cost::CostEstimate {
+                approxy: 100.0 * passthrough,
+                passthrough: 50.0 * passthrough,
+            },
+            10,
+            Default::default(),
+        );
+    }
     let a = ask("budget").await;
     assert_eq!(a["cost_guard_reason"].as_str(), Some("over_budget"), "{a}");
     assert_eq!(a["draft_tokens"], 0);

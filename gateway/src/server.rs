@@ -103,6 +103,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests wait for.
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
+    tokio::spawn(crate::meters::watch_counters(state.clone()));
     let gw = state.runtime().policy.gateway.clone();
     accept_loop(listener, router(state), &gw, shutdown_signal()).await;
     tracing::info!("drained; bye");

@@ -96,7 +96,7 @@ pub struct Runtime {
     /// When the target last failed to say it.
     facts_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// What the target's time costs, as learned from its reports.
-    pub meter: Arc<approxy_verifier::cost::BusyMeter>,
+    pub meter: Arc<crate::meters::TargetMeter>,
     /// Cores each draft worker's inference uses (a request's draft seconds times this bounds
     /// the cores it held).
     pub draft_threads: usize,

@@ -31,6 +31,7 @@ use super::client::{self, ApproxyUsage, Ask, Generation};
 use super::gpu_projection::{self, ProjectedCall, Shape};
 use super::delay;
 use super::humaneval::{self, Sandbox, Verdict};
+use super::oracle::{InstructionPrompt, InstructionScores, score_instructions};
 use super::prices::{CLASSES, PriceClass, cost};
 use super::servers::{self, Layout, Server};
 use super::target_account::{self, TargetAccount, Tokens, difference_pct};
@@ -44,6 +45,8 @@ pub enum Sample {
     HumanEval,
     /// Held-out chat prompts; agreement with target-only.
     Chat,
+    /// The instruction-following set (`tests/bench/instructions/`); IFEval's checkers.
+    Instructions,
 }
 
 impl Sample {
@@ -51,6 +54,7 @@ impl Sample {
         match self {
             Self::HumanEval => "humaneval",
             Self::Chat => "chat",
+            Self::Instructions => "instructions",
         }
     }
 }
@@ -95,6 +99,9 @@ pub struct CallsOptions {
     /// The training corpus (chat prompts).
     #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
+    /// The instruction-following set (its prompts and scorer).
+    #[arg(long, default_value = "tests/bench/instructions")]
+    pub instructions_dir: PathBuf,
     /// Ignore saved runs.
     #[arg(long)]
     pub fresh: bool,
@@ -237,6 +244,9 @@ pub struct CallsRun {
     /// The machine it ran on (runs saved before the bench recorded it have none).
     #[serde(default)]
     pub machine: Option<String>,
+    /// The instruction-following sample: IFEval's scores of the answers.
+    #[serde(default)]
+    pub instructions: Option<InstructionScores>,
 }
 
 struct Task {
@@ -245,8 +255,34 @@ struct Task {
     problem: Option<approxy_training::corpus::HumanEvalProblem>,
 }
 
-fn tasks(home: &Home, sample: Sample, n: usize, corpus: &Path) -> anyhow::Result<Vec<Task>> {
+fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task>> {
+    let (sample, n, corpus) = (opts.sample, opts.prompts, opts.corpus.as_path());
+    let render = |content: &str| -> anyhow::Result<String> {
+        let template =
+            ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
+        Ok(template.render(&[ChatMessage {
+            role: "user".into(),
+            content: content.to_string(),
+        }])?)
+    };
     Ok(match sample {
+        Sample::Instructions => {
+            let path = opts.instructions_dir.join("prompts.jsonl");
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(n)
+                .map(|l| {
+                    let p: InstructionPrompt = serde_json::from_str(l)?;
+                    Ok(Task {
+                        prompt: render(&p.prompt)?,
+                        id: p.id,
+                        problem: None,
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
         Sample::HumanEval => {
             let all =
                 load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?;
@@ -410,6 +446,7 @@ fn load_saved(path: &Path, tasks: &[Task], max_tokens: u32) -> Option<CallsRun> 
 }
 
 struct Ctx<'a> {
+    home: &'a Home,
     http: reqwest::Client,
     opts: &'a CallsOptions,
     tasks: &'a [Task],
@@ -432,7 +469,7 @@ async fn run_config(
     let completions = format!("{url}/v1/completions");
     let stop: &[&str] = match ctx.opts.sample {
         Sample::HumanEval => &humaneval::STOP,
-        Sample::Chat => &[],
+        Sample::Chat | Sample::Instructions => &[],
     };
     let before = match account_url {
         Some(u) => Some(target_account::read(&ctx.http, u, SETTLE).await?),
@@ -490,7 +527,25 @@ async fn run_config(
             });
         }
     }
+    let instructions = if ctx.opts.sample == Sample::Instructions {
+        let answers = prompts
+            .iter()
+            .map(|p| (p.id.clone(), p.generation.text.clone()))
+            .collect();
+        let runs = [(c.id().to_string(), answers)];
+        let scores = score_instructions(
+            ctx.home,
+            &ctx.opts.instructions_dir,
+            &ctx.scratch,
+            &runs,
+        )
+        .await?;
+        scores.get(c.id()).copied()
+    } else {
+        None
+    };
     Ok(CallsRun {
+        instructions,
         sample: ctx.opts.sample,
         layout: layout.name().into(),
         delay_ms: delay,
@@ -514,10 +569,11 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
         .get("*")
         .ok_or_else(|| anyhow::anyhow!("{} has no \"*\" model", opts.base_policy.display()))?
         .clone();
-    let tasks = tasks(&home, opts.sample, opts.prompts, &opts.corpus)?;
+    let tasks = tasks(&home, opts)?;
     let wanted = wanted_configs(opts)?;
     let logs = home.log("bench-calls").with_extension("d");
     let ctx = Ctx {
+        home: &home,
         http: reqwest::Client::builder()
             .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
             .build()?,
@@ -784,6 +840,8 @@ pub struct Aggregates {
     pub approxy_seconds: Option<(f64, u64)>,
     /// Every target call, in the projection's terms (passthrough: one per answer).
     pub calls: Vec<ProjectedCall>,
+    /// The instruction-following sample's scores.
+    pub instructions: Option<InstructionScores>,
 }
 
 /// Sums a run's prompts.
@@ -805,6 +863,7 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         tok_s: tokens as f64 / seconds.max(1e-9),
         ttft_p50: super::stats::quantile(&ttfts, 0.5).unwrap_or(0.0),
         account: run.target_account,
+        instructions: run.instructions,
         ..Aggregates::default()
     };
     if run.config.passthrough() {
@@ -1002,6 +1061,7 @@ fn runs_table(g: &TableKey, here: &[&CallsRun]) -> String {
         match sample {
             Sample::HumanEval => "HumanEval",
             Sample::Chat => "Held-out chat",
+            Sample::Instructions => "Instruction following",
         }
     );
     // Runs of one table can come from different days and machines: each says its own.
@@ -1020,6 +1080,7 @@ fn runs_table(g: &TableKey, here: &[&CallsRun]) -> String {
     let quality = match sample {
         Sample::HumanEval => "pass@1",
         Sample::Chat => "same as target / ROUGE-L",
+        Sample::Instructions => "instructions followed (prompt / instruction, strict)",
     };
     s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | windows (mean k) | overlap guesses used |"));
     for p in &CLASSES {
@@ -1053,6 +1114,13 @@ fn run_row(r: &CallsRun, here: &[&CallsRun], sample: Sample) -> String {
             }
             None => "–".into(),
         },
+        Sample::Instructions => r.instructions.map_or("–".into(), |i| {
+            format!(
+                "{:.1} % / {:.1} %",
+                100.0 * i.prompt_level_strict,
+                100.0 * i.instruction_level_strict
+            )
+        }),
     };
     let speed = b.as_ref().map_or("–".into(), |b| {
         format!("{:.2}x", a.tok_s / b.tok_s.max(1e-9))
@@ -1230,6 +1298,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         let (name, cost_bound, busy_bound, gpu_bound) = match sample {
             Sample::HumanEval => ("HumanEval", 0.6, 0.6, 0.3),
             Sample::Chat => ("held-out chat", 0.75, 0.75, 0.5),
+            Sample::Instructions => ("instruction following", 0.75, 0.75, 0.5),
         };
         let group = GoalGroup {
             runs,
@@ -1349,6 +1418,15 @@ impl GoalGroup<'_> {
                 b.passed,
                 b.n,
                 mark(a.passed + 1 >= b.passed)
+            ));
+        }
+        if let (Some(i), Some(bi)) = (a.instructions, b.instructions) {
+            let points = 100.0 * (i.prompt_level_strict - bi.prompt_level_strict);
+            line.push_str(&format!(
+                "; instructions followed {:.1} % of prompts against {:.1} % ({points:+.1} points; within 2: {})",
+                100.0 * i.prompt_level_strict,
+                100.0 * bi.prompt_level_strict,
+                mark(points >= -2.0)
             ));
         }
         let find = |c: CallConfig| find_run(self.runs, self.sample, self.layout, 200, c);

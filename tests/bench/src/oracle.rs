@@ -724,18 +724,18 @@ pub fn markdown(r: &OracleReport) -> String {
 /// An instruction-following prompt (`tests/bench/instructions/prompts.jsonl`; the
 /// instructions themselves are read by `score.py`).
 #[derive(Deserialize)]
-struct InstructionPrompt {
-    id: String,
-    prompt: String,
+pub(crate) struct InstructionPrompt {
+    pub(crate) id: String,
+    pub(crate) prompt: String,
 }
 
 /// Scores every configuration's answers with the set's `score.py` (IFEval's checkers, in a
 /// venv of the set's pinned requirements), by configuration name.
-async fn score_instructions(
+pub(crate) async fn score_instructions(
     home: &Home,
     dir: &std::path::Path,
     scratch: &std::path::Path,
-    runs: &[(String, Vec<OracleAnswer>)],
+    runs: &[(String, Vec<(String, String)>)],
 ) -> anyhow::Result<HashMap<String, InstructionScores>> {
     let venv =
         approxy_setup::requirements_venv(home, "instructions", &dir.join("requirements.txt"))?;
@@ -744,9 +744,9 @@ async fn score_instructions(
     let result = scratch.join("instruction-scores.json");
     let mut lines = String::new();
     for (config, list) in runs {
-        for a in list {
+        for (id, text) in list {
             lines.push_str(&serde_json::to_string(&serde_json::json!({
-                "config": config, "id": a.id, "response": a.text,
+                "config": config, "id": id, "response": text,
             }))?);
             lines.push('\n');
         }
@@ -755,7 +755,7 @@ async fn score_instructions(
     // Only the prompts answered: the scorer counts a prompt without an answer as failed.
     let asked: std::collections::HashSet<&str> = runs
         .iter()
-        .flat_map(|r| r.1.iter().map(|a| a.id.as_str()))
+        .flat_map(|r| r.1.iter().map(|a| a.0.as_str()))
         .collect();
     let prompts = scratch.join("instruction-prompts.jsonl");
     let mut kept = String::new();
@@ -854,11 +854,14 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
             .run_kind(kind, prompts, max_tokens, stops, &mut results)
             .await?;
         if kind == "instructions" {
-            let runs: Vec<(String, Vec<OracleAnswer>)> = results
+            let runs: Vec<(String, Vec<(String, String)>)> = results
                 .all
                 .iter()
                 .filter(|r| r.0 == kind)
-                .map(|r| (r.1.clone(), r.2.clone()))
+                .map(|r| {
+                    let answers = r.2.iter().map(|a| (a.id.clone(), a.text.clone()));
+                    (r.1.clone(), answers.collect())
+                })
                 .collect();
             let scores = score_instructions(&home, &opts.instructions_dir, &scratch, &runs).await?;
             for s in results.summaries.iter_mut().filter(|s| s.kind == kind) {

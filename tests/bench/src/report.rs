@@ -42,6 +42,20 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
         section.push_str(&calls);
     }
+    // Written by the runs of deploy/bench-busy.sh: the busy-priced default, and the stricter
+    // code threshold it was chosen against.
+    for (dir, title) in [
+        ("calls-busy", "The default priced by the target's time"),
+        (
+            "calls-busy-code-0.85",
+            "The same at threshold 0.85 on code",
+        ),
+    ] {
+        if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
+            section.push_str(&format!("\n### {title} (`deploy/bench-busy.sh`)\n\n"));
+            section.push_str(&md);
+        }
+    }
     // Written by `approxy bench draft-fidelity` (deploy/bench-draft-fidelity.sh).
     if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
         section.push_str(

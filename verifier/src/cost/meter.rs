@@ -9,9 +9,12 @@ use std::sync::Mutex;
 
 use super::BusyRates;
 use crate::targets::TargetTimings;
+use crate::targets::counters::TargetCounters;
 
-/// How many calls the prior weighs as, at the start.
-const PRIOR_CALLS: f64 = 8.0;
+/// How many calls the prior weighs as, at the start: a couple, so that the target's own
+/// reports decide within a few calls (the prior is a guess from another machine; a target
+/// twice as slow as it says is common).
+const PRIOR_CALLS: f64 = 2.0;
 
 /// The prompt lengths the prior's calls are placed at: a short one and a typical one, so that
 /// the prior fixes both the intercept and the slope of the prompt line.
@@ -107,6 +110,29 @@ impl BusyMeter {
         s.calls += 1;
     }
 
+    /// Learns from the target's own counters over an interval in which it served `calls`
+    /// calls (`delta`: what they computed, cancelled streams included): the prompt line gets
+    /// the interval's mean call, weighted as `calls` calls, and the generation rate its totals.
+    /// The source for a target whose calls report no timings (a stream closed early never
+    /// does).
+    pub fn observe_counters(&self, delta: &TargetCounters, calls: u64) {
+        let (prompt_ms, predicted_ms) = (delta.prompt_seconds * 1e3, delta.predicted_seconds * 1e3);
+        if calls == 0
+            || !(prompt_ms.is_finite() && predicted_ms.is_finite())
+            || prompt_ms < 0.0
+            || predicted_ms < 0.0
+        {
+            return;
+        }
+        let n = calls as f64;
+        let mut s = self.sums.lock().unwrap_or_else(|e| e.into_inner());
+        s.decay(KEEP.powf(n));
+        s.prompt(n, delta.prompt_processed as f64 / n, prompt_ms / n);
+        s.gen_tokens += delta.predicted as f64;
+        s.gen_ms += predicted_ms;
+        s.calls += calls;
+    }
+
     /// Calls it has learned from.
     pub fn calls_observed(&self) -> u64 {
         self.sums.lock().unwrap_or_else(|e| e.into_inner()).calls
@@ -187,6 +213,31 @@ mod tests {
         ] {
             assert!((got - want).abs() / want < 0.05, "{r:?} against {truth:?}");
         }
+    }
+
+    #[test]
+    fn the_target_s_counters_teach_the_rates_its_calls_did_not_report() {
+        // Twice as slow as the prior: 21.2 ms per prompt token and 75 ms per generated one,
+        // no fixed part; intervals of 6 calls of 20 to 60 new prompt tokens each.
+        let m = BusyMeter::new(BusyRates::CPU_LLAMA_SERVER);
+        for i in 0..60u64 {
+            let tokens = 6 * (20 + i % 5 * 10);
+            m.observe_counters(
+                &TargetCounters {
+                    prompt_processed: tokens,
+                    prompt_seconds: tokens as f64 * 0.0212,
+                    predicted: 90,
+                    predicted_seconds: 90.0 * 0.075,
+                    ..TargetCounters::default()
+                },
+                6,
+            );
+        }
+        let r = m.rates();
+        assert_eq!(m.calls_observed(), 360);
+        assert!((r.generate_ms - 75.0).abs() < 0.5, "{r:?}");
+        assert!((r.prefill_ms - 21.2).abs() < 1.0, "{r:?}");
+        assert!(r.call_ms < 20.0, "{r:?}");
     }
 
     #[test]

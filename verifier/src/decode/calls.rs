@@ -91,6 +91,10 @@ pub struct TargetTime {
     pub estimated: f64,
     /// Calls it did not time.
     pub untimed_calls: u32,
+    /// Every call at the rates, timed or not: what the guard and the ledger compare with
+    /// `passthrough`, which is at the same rates (so that an error in the rates, which the
+    /// target's own figures do not share, cannot tip the comparison).
+    pub at_rates: f64,
     /// The same answer through passthrough, at the same rates: one call that computes the
     /// whole prompt and generates every answer token.
     pub passthrough: f64,
@@ -109,6 +113,7 @@ pub fn target_time(
         ..TargetTime::default()
     };
     for c in calls {
+        t.at_rates += rates.call_seconds(c.prefilled(), c.generated);
         let s = c.busy_seconds(rates);
         if c.timings.is_some() {
             t.measured += s;
@@ -156,5 +161,7 @@ mod tests {
         assert!((t.spent - 2.45).abs() < 1e-9);
         // 20 + 1000 + 1600 ms.
         assert!((t.passthrough - 2.62).abs() < 1e-9);
+        // The timed call at the rates: 20 + 1000 + 200 ms.
+        assert!((t.at_rates - 1.22 - 1.34).abs() < 1e-9, "{t:?}");
     }
 }

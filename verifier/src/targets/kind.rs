@@ -11,6 +11,7 @@ use super::{
     ChatOnlyTarget, ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
     PrefixStyle, SglangTarget, TargetClient, TargetConfig,
 };
+use super::transport::join;
 use crate::error::TargetError;
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
@@ -77,6 +78,9 @@ pub struct Abilities {
     pub fills_context: bool,
     /// What its base URL needs to name its OpenAI-compatible API (passthrough's base).
     pub openai_suffix: &'static str,
+    /// Where its server's own counters are, from its base URL (`/metrics` in a format
+    /// [`super::counters::TargetCounters`] reads); `None`: there are none approxy reads.
+    pub counters: fn(&str) -> Option<String>,
     /// Its client.
     pub connect: Connect,
 }
@@ -106,6 +110,8 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: true,
                 openai_suffix: "/v1",
+                // With `--metrics` (the run command starts it so).
+                counters: |base| Some(join(base, "/metrics")),
                 connect: |cfg, _, _| Ok(Arc::new(LlamaCppTarget::new(cfg)?)),
             },
             TargetKind::Vllm => Abilities {
@@ -117,6 +123,11 @@ impl TargetKind {
                 cache_block: 16,
                 fills_context: false,
                 openai_suffix: "",
+                // At the server root, beside the `/v1` the base URL names.
+                counters: |base| {
+                    let root = base.trim_end_matches('/').trim_end_matches("/v1");
+                    Some(join(root, "/metrics"))
+                },
                 connect: |cfg, _, _| Ok(Arc::new(OpenAiCompletionsTarget::new(cfg)?)),
             },
             TargetKind::Sglang => Abilities {
@@ -132,6 +143,8 @@ impl TargetKind {
                 fills_context: false,
                 // The base URL is the server root; its OpenAI API is under `/v1`.
                 openai_suffix: "/v1",
+                // Its `--enable-metrics` counters are named otherwise and give no compute time.
+                counters: |_| None,
                 connect: |cfg, _, _| Ok(Arc::new(SglangTarget::new(cfg)?)),
             },
             TargetKind::OpenaiText => Abilities {
@@ -143,6 +156,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 openai_suffix: "",
+                counters: |_| None,
                 connect: |cfg, tok, text| {
                     Ok(Arc::new(
                         OpenAiTextTarget::new(cfg, tok.clone())?
@@ -159,6 +173,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 openai_suffix: "",
+                counters: |_| None,
                 connect: |cfg, tok, text| {
                     Ok(Arc::new(ChatPrefixTarget::new(
                         cfg,
@@ -176,6 +191,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 openai_suffix: "",
+                counters: |_| None,
                 connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),
             },
         }

@@ -2,6 +2,7 @@
 //!
 //! - `api`: the one trait every client implements and the requests and answers it trades in;
 //! - `kind`: the kinds a policy names and what each can do (the table the rest asks);
+//! - `counters`: a target's own account of its work, read from its `/metrics`;
 //! - `transport`: the HTTP every client shares (TLS, retries, the classification of a failed
 //!   send, JSON and server-sent events), which passthrough uses too; `retry` its schedule and
 //!   `trace` the trace context it forwards;
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod chat_only;
 pub mod chat_prefix;
+pub mod counters;
 pub mod kind;
 pub mod llamacpp;
 pub mod openai;
