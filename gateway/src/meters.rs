@@ -16,8 +16,10 @@ use approxy_verifier::targets::counters::TargetCounters;
 
 use crate::state::AppState;
 
-/// How often a target's counters are read.
-const COUNTERS_EVERY: Duration = Duration::from_secs(10);
+/// How often a target's counters are read (the first time at once, so that a fresh gateway's
+/// first requests are priced at what the target has counted, not at the prior, as soon as it
+/// can be).
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
 /// One target's meter, and what its counters need.
 #[derive(Debug)]
@@ -113,8 +115,10 @@ impl Meters {
 pub async fn watch_counters(state: AppState) {
     let mut last: Option<(String, TargetCounters)> = None;
     let mut warned = false;
+    let mut every = tokio::time::interval(COUNTERS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(COUNTERS_EVERY).await;
+        every.tick().await;
         let rt = state.runtime();
         let t = &rt.policy.target;
         let Some(url) = (t.kind.abilities().counters)(&t.base_url) else {
@@ -193,7 +197,10 @@ mod tests {
         let r = m.rates();
         assert!((r.generate_ms - 75.0).abs() < 0.5, "{r:?}");
         // Every interval's mean call: 100 tokens in 2 s.
-        assert!((r.call_ms + 100.0 * r.prefill_ms - 2000.0).abs() < 20.0, "{r:?}");
+        assert!(
+            (r.call_ms + 100.0 * r.prefill_ms - 2000.0).abs() < 20.0,
+            "{r:?}"
+        );
         assert_eq!(m.pending.load(Ordering::Relaxed), 0);
     }
 }

@@ -15,9 +15,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::cost::{
-    CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost,
-};
+use approxy_verifier::cost::{CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost};
 use approxy_verifier::decode::TargetTime;
 
 use crate::meters::TargetMeter;

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use super::chat_sample::{held_out_chat, rouge_l};
 use super::client::{self, ApproxyUsage, Ask, Generation};
-use super::gpu_projection::{self, ProjectedCall, Shape};
 use super::delay;
+use super::gpu_projection::{self, ProjectedCall, Shape};
 use super::humaneval::{self, Sandbox, Verdict};
 use super::oracle::{InstructionPrompt, InstructionScores, score_instructions};
 use super::prices::{CLASSES, PriceClass, cost};
@@ -258,8 +258,7 @@ struct Task {
 fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task>> {
     let (sample, n, corpus) = (opts.sample, opts.prompts, opts.corpus.as_path());
     let render = |content: &str| -> anyhow::Result<String> {
-        let template =
-            ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
+        let template = ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
         Ok(template.render(&[ChatMessage {
             role: "user".into(),
             content: content.to_string(),
@@ -533,13 +532,8 @@ async fn run_config(
             .map(|p| (p.id.clone(), p.generation.text.clone()))
             .collect();
         let runs = [(c.id().to_string(), answers)];
-        let scores = score_instructions(
-            ctx.home,
-            &ctx.opts.instructions_dir,
-            &ctx.scratch,
-            &runs,
-        )
-        .await?;
+        let scores =
+            score_instructions(ctx.home, &ctx.opts.instructions_dir, &ctx.scratch, &runs).await?;
         scores.get(c.id()).copied()
     } else {
         None
@@ -842,6 +836,31 @@ pub struct Aggregates {
     pub calls: Vec<ProjectedCall>,
     /// The instruction-following sample's scores.
     pub instructions: Option<InstructionScores>,
+    /// Whether any call scored a window.
+    pub windowed: bool,
+    /// The same calls as a radix cache (SGLang's) would serve them: see [`radix_served`].
+    pub radix_calls: Vec<ProjectedCall>,
+}
+
+/// One request's calls as a server whose cache holds every token it has seen in the
+/// request would serve them, and that starts a window's scoring one token before the window
+/// (SGLang's `/generate` with `logprob_start_len`): each call computes what is new since the
+/// previous call's prompt and answer, plus one token. What the same calls would cost an
+/// SGLang target, where vLLM's windows recompute their whole prefix.
+pub fn radix_served(records: &[super::client::CallRecord]) -> Vec<ProjectedCall> {
+    let mut seen = 0u64;
+    records
+        .iter()
+        .map(|c| {
+            let cached = seen.min(c.sent.saturating_sub(1));
+            seen = c.sent + c.generated;
+            ProjectedCall {
+                cached,
+                prefilled: c.sent - cached,
+                generated: c.generated,
+            }
+        })
+        .collect()
 }
 
 /// Sums a run's prompts.
@@ -950,6 +969,13 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
                 prefilled: c.sent.saturating_sub(c.cached),
                 generated: c.generated,
             })
+            .collect();
+        a.windowed = us
+            .iter()
+            .any(|u| u.target_call_records.iter().any(|c| c.kind == "window"));
+        a.radix_calls = us
+            .iter()
+            .flat_map(|u| radix_served(&u.target_call_records))
             .collect();
         let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
         for u in &us {
@@ -1247,6 +1273,17 @@ fn projection_section(here: &[&CallsRun]) -> String {
             approxy,
             passthrough: passthrough.clone(),
         })
+        .chain(here.iter().filter_map(|r| {
+            let a = aggregate(r);
+            a.windowed.then(|| gpu_projection::Run {
+                label: format!(
+                    "{}, its windows served as SGLang would (prefix from the radix cache; a what-if from the same calls)",
+                    r.config.label()
+                ),
+                approxy: a.radix_calls,
+                passthrough: passthrough.clone(),
+            })
+        }))
         .collect();
     if runs.is_empty() {
         return String::new();
@@ -1400,9 +1437,17 @@ impl GoalGroup<'_> {
                 ));
             }
         }
-        let projected = gpu_table().and_then(|table| {
-            gpu_projection::compare(&table, GPU_GOAL_SHAPE, &a.calls, &b.calls)
-        });
+        let projected = gpu_table()
+            .and_then(|table| gpu_projection::compare(&table, GPU_GOAL_SHAPE, &a.calls, &b.calls));
+        if a.windowed
+            && let Ok(Some(x)) = gpu_table()
+                .and_then(|t| gpu_projection::compare(&t, GPU_GOAL_SHAPE, &a.radix_calls, &b.calls))
+                .map(|c| c.ratio())
+        {
+            line.push_str(&format!(
+                "; its windows served from a radix cache as SGLang would (a what-if) {x:.2}x"
+            ));
+        }
         if let Ok(Some(x)) = projected.map(|c| c.ratio()) {
             line.push_str(&format!(
                 "; projected on one H200 (32B, batch 8; from a measured table) {x:.2}x target-only's (≤ {}x: {})",
@@ -1487,6 +1532,35 @@ fn policy_goal(c: CallConfig, base: &ModelPolicy, agg: f64, worst: f64) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_radix_cache_serves_everything_a_request_sent_or_received_but_one_token() {
+        let rec = |kind: &str, sent, cached, generated| crate::client::CallRecord {
+            kind: kind.into(),
+            sent,
+            cached,
+            generated,
+        };
+        // A prompt of 100, a span after 20 drafted tokens that brought 6, then a window of 8
+        // after 30 more (vLLM recomputed its whole prefix: nothing cached).
+        let calls = radix_served(&[rec("span", 120, 0, 6), rec("window", 164, 0, 1)]);
+        assert_eq!(
+            calls,
+            [
+                ProjectedCall {
+                    cached: 0,
+                    prefilled: 120,
+                    generated: 6
+                },
+                // 126 seen; the window computes the 38 new tokens and starts one before them.
+                ProjectedCall {
+                    cached: 126,
+                    prefilled: 38,
+                    generated: 1
+                },
+            ]
+        );
+    }
 
     #[test]
     fn the_calls_policy_is_valid_and_configures_each_run_as_named() -> anyhow::Result<()> {

@@ -42,14 +42,16 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
         section.push_str(&calls);
     }
-    // Written by the runs of deploy/bench-busy.sh: the busy-priced default, and the stricter
-    // code threshold it was chosen against.
+    // Written by the runs of deploy/bench-busy.sh: the busy-priced default, the code threshold
+    // it was chosen against, and vLLM with its windows.
     for (dir, title) in [
         ("calls-busy", "The default priced by the target's time"),
         (
-            "calls-busy-code-0.85",
-            "The same at threshold 0.85 on code",
+            "calls-busy-code-0.70",
+            "The same at threshold 0.70 on code (the earlier default)",
         ),
+        ("calls-busy-chat-0.90", "The same at threshold 0.90 on chat"),
+        ("calls-busy-vllm", "vLLM as the target, priced by its time"),
     ] {
         if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
             section.push_str(&format!("\n### {title} (`deploy/bench-busy.sh`)\n\n"));

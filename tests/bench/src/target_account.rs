@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-pub use approxy_verifier::targets::counters::{TargetCounters as TargetAccount, Tokens};
 use approxy_verifier::targets::counters::processing;
+pub use approxy_verifier::targets::counters::{TargetCounters as TargetAccount, Tokens};
 
 /// Signed relative difference of `estimate` from `reported`, in percent.
 pub fn difference_pct(estimate: f64, reported: f64) -> f64 {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use strum::{EnumString, IntoStaticStr, VariantArray, VariantNames};
 
+use super::transport::join;
 use super::{
     ChatOnlyTarget, ChatPrefixTarget, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
     PrefixStyle, SglangTarget, TargetClient, TargetConfig,
 };
-use super::transport::join;
 use crate::error::TargetError;
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
