@@ -1,25 +1,17 @@
 //! What each target's time costs, learned from what it reports (see
 //! [`approxy_verifier::cost::BusyMeter`]): one meter per target, kept across policy reloads,
 //! read when a busy-priced request starts and ends. It learns from the target's own counters
-//! (`/metrics`) where its kind has them, since they count every call, a stream approxy closed
-//! before its end included, which reports no timings; otherwise from the calls that reported
-//! theirs. Its rates are on `/metrics` as `approxy_target_rate_ms`.
+//! (`/metrics`, read by `server::watch_counters`) where its kind has them, since they count every
+//! call, a stream approxy closed before its end included, which reports no timings; otherwise
+//! from the calls that reported theirs. Its rates are on `/metrics` as `approxy_target_rate_ms`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use approxy_verifier::Stats;
 use approxy_verifier::cost::{BusyMeter, BusyRates};
 use approxy_verifier::targets::counters::TargetCounters;
-
-use crate::state::AppState;
-
-/// How often a target's counters are read (the first time at once, so that a fresh gateway's
-/// first requests are priced at what the target has counted, not at the prior, as soon as it
-/// can be).
-const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
 /// One target's meter, and what its counters need.
 #[derive(Debug)]
@@ -69,8 +61,18 @@ impl TargetMeter {
         self.pending.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether the counters are being read (then they, not the calls' timings, teach it).
+    pub fn set_counted(&self, counted: bool) {
+        self.counted.store(counted, Ordering::Relaxed);
+    }
+
+    /// Forgets the calls counted so far (a first reading holds none of them).
+    pub fn forget_pending(&self) {
+        self.pending.store(0, Ordering::Relaxed);
+    }
+
     /// Learns from what the counters counted since the last reading.
-    fn counted_since(&self, delta: &TargetCounters) {
+    pub fn counted_since(&self, delta: &TargetCounters) {
         let calls = self.pending.swap(0, Ordering::Relaxed);
         self.meter.observe_counters(delta, calls);
         self.show();
@@ -106,56 +108,6 @@ impl Meters {
             *entry = Arc::new(TargetMeter::new(prior));
         }
         Arc::clone(entry)
-    }
-}
-
-/// Reads the current target's counters every [`COUNTERS_EVERY`] and teaches its meter what
-/// they counted in between. A target whose kind has no counters, or whose counters cannot be
-/// read (llama-server without `--metrics` answers 501), teaches it by its calls' timings.
-pub async fn watch_counters(state: AppState) {
-    let mut last: Option<(String, TargetCounters)> = None;
-    let mut warned = false;
-    let mut every = tokio::time::interval(COUNTERS_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let rt = state.runtime();
-        let t = &rt.policy.target;
-        let Some(url) = (t.kind.abilities().counters)(&t.base_url) else {
-            last = None;
-            continue;
-        };
-        let mut req = rt.http.get(&url).timeout(Duration::from_secs(5));
-        if let Some(key) = &rt.target_key {
-            req = req.bearer_auth(key);
-        }
-        let read = async {
-            let text = req.send().await?.error_for_status()?.text().await?;
-            Ok::<_, anyhow::Error>(TargetCounters::parse(&text)?)
-        };
-        match read.await {
-            Ok(now) => {
-                rt.meter.counted.store(true, Ordering::Relaxed);
-                if let Some((u, before)) = &last
-                    && *u == url
-                {
-                    rt.meter.counted_since(&now.since(before));
-                } else {
-                    // A first reading, or another target's: the calls so far are not in it.
-                    rt.meter.pending.store(0, Ordering::Relaxed);
-                }
-                last = Some((url, now));
-                warned = false;
-            }
-            Err(e) => {
-                rt.meter.counted.store(false, Ordering::Relaxed);
-                last = None;
-                if !warned {
-                    tracing::info!(url, error = %e, "the target's counters cannot be read: its time is learned from the calls that report it");
-                    warned = true;
-                }
-            }
-        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
+use approxy_verifier::targets::counters::TargetCounters;
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftWorkers, LazyDraftPool, Tokenizer};
 
@@ -103,7 +104,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests wait for.
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
-    tokio::spawn(crate::meters::watch_counters(state.clone()));
+    tokio::spawn(watch_counters(state.clone()));
     let gw = state.runtime().policy.gateway.clone();
     accept_loop(listener, router(state), &gw, shutdown_signal()).await;
     tracing::info!("drained; bye");
@@ -371,6 +372,61 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
             metrics::counter!("approxy_policy_reloads_total", "outcome" => "rejected").increment(1);
             tracing::error!(error = %e, "new policy rejected; keeping the running one");
             false
+        }
+    }
+}
+
+/// How often a target's counters are read (the first time at once, so that a fresh gateway's
+/// first requests are priced at what the target has counted, not at the prior, as soon as it
+/// can be).
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+
+/// Reads the current target's counters every [`COUNTERS_EVERY`] and teaches its meter what
+/// they counted in between. A target whose kind has no counters, or whose counters cannot be
+/// read (llama-server without `--metrics` answers 501), teaches it by its calls' timings.
+async fn watch_counters(state: AppState) {
+    let mut last: Option<(String, TargetCounters)> = None;
+    let mut warned = false;
+    let mut every = tokio::time::interval(COUNTERS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let rt = state.runtime();
+        let t = &rt.policy.target;
+        let Some(url) = (t.kind.abilities().counters)(&t.base_url) else {
+            last = None;
+            continue;
+        };
+        let mut req = rt.http.get(&url).timeout(Duration::from_secs(5));
+        if let Some(key) = &rt.target_key {
+            req = req.bearer_auth(key);
+        }
+        let read = async {
+            let text = req.send().await?.error_for_status()?.text().await?;
+            Ok::<_, anyhow::Error>(TargetCounters::parse(&text)?)
+        };
+        match read.await {
+            Ok(now) => {
+                rt.meter.set_counted(true);
+                if let Some((u, before)) = &last
+                    && *u == url
+                {
+                    rt.meter.counted_since(&now.since(before));
+                } else {
+                    // A first reading, or another target's: the calls so far are not in it.
+                    rt.meter.forget_pending();
+                }
+                last = Some((url, now));
+                warned = false;
+            }
+            Err(e) => {
+                rt.meter.set_counted(false);
+                last = None;
+                if !warned {
+                    tracing::info!(url, error = %e, "the target's counters cannot be read: its time is learned from the calls that report it");
+                    warned = true;
+                }
+            }
         }
     }
 }

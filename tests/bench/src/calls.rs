@@ -31,7 +31,7 @@ use super::client::{self, ApproxyUsage, Ask, Generation};
 use super::delay;
 use super::gpu_projection::{self, ProjectedCall, Shape};
 use super::humaneval::{self, Sandbox, Verdict};
-use super::oracle::{InstructionPrompt, InstructionScores, score_instructions};
+use super::instructions::{InstructionPrompt, InstructionScores, score_instructions};
 use super::prices::{CLASSES, PriceClass, cost};
 use super::servers::{self, Layout, Server};
 use super::target_account::{self, TargetAccount, Tokens, difference_pct};
@@ -842,6 +842,32 @@ pub struct Aggregates {
     pub radix_calls: Vec<ProjectedCall>,
 }
 
+/// An approximate run's account of the target's time and its calls, in the projection's terms.
+fn target_time(a: &mut Aggregates, us: &[&ApproxyUsage]) {
+    if us.iter().any(|u| !u.target_call_records.is_empty()) {
+        a.approxy_seconds = Some((
+            us.iter().map(|u| u.target_seconds).sum(),
+            us.iter().map(|u| u.target_calls_untimed).sum(),
+        ));
+    }
+    a.calls = us
+        .iter()
+        .flat_map(|u| &u.target_call_records)
+        .map(|c| ProjectedCall {
+            cached: c.cached.min(c.sent),
+            prefilled: c.sent.saturating_sub(c.cached),
+            generated: c.generated,
+        })
+        .collect();
+    a.windowed = us
+        .iter()
+        .any(|u| u.target_call_records.iter().any(|c| c.kind == "window"));
+    a.radix_calls = us
+        .iter()
+        .flat_map(|u| radix_served(&u.target_call_records))
+        .collect();
+}
+
 /// One request's calls as a server whose cache holds every token it has seen in the
 /// request would serve them, and that starts a window's scoring one token before the window
 /// (SGLang's `/generate` with `logprob_start_len`): each call computes what is new since the
@@ -955,28 +981,7 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
                 .fold(0.0, f64::max);
             a.policy_ratio = Some((spent / passthrough, worst));
         }
-        if us.iter().any(|u| !u.target_call_records.is_empty()) {
-            a.approxy_seconds = Some((
-                us.iter().map(|u| u.target_seconds).sum(),
-                us.iter().map(|u| u.target_calls_untimed).sum(),
-            ));
-        }
-        a.calls = us
-            .iter()
-            .flat_map(|u| &u.target_call_records)
-            .map(|c| ProjectedCall {
-                cached: c.cached.min(c.sent),
-                prefilled: c.sent.saturating_sub(c.cached),
-                generated: c.generated,
-            })
-            .collect();
-        a.windowed = us
-            .iter()
-            .any(|u| u.target_call_records.iter().any(|c| c.kind == "window"));
-        a.radix_calls = us
-            .iter()
-            .flat_map(|u| radix_served(&u.target_call_records))
-            .collect();
+        target_time(&mut a, &us);
         let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
         for u in &us {
             if let Some(r) = &u.cost_guard_reason {

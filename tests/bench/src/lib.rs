@@ -23,7 +23,8 @@
 //! - `configs`, `summary`: the configurations the quality benchmark runs, and their results.
 //! - `levels`: the quality levels, resolved through the calibration file.
 //! - `servers`: llama-server and `approxy serve` started per core layout.
-//! - `client`, `humaneval`, `stats`, `chart`: requests, sandboxed test runs, statistics, charts.
+//! - `client`, `humaneval`, `instructions`, `stats`, `chart`: requests, sandboxed test runs, the
+//!   instruction-following set and its checkers, statistics, charts.
 //! - `machine`: the machine a benchmark ran on and the time it finished, for every result file.
 
 pub mod attack;
@@ -38,6 +39,7 @@ pub mod draft;
 pub mod fidelity;
 pub mod gpu_projection;
 mod humaneval;
+mod instructions;
 mod levels;
 pub mod machine;
 pub mod oracle;

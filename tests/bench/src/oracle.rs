@@ -32,6 +32,7 @@ use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
 use super::call_floor::{Rates, cheapest};
 use super::chat_sample::{held_out_chat, rouge_l};
 use super::humaneval::{self, Sandbox, Verdict};
+use super::instructions::{InstructionPrompt, InstructionScores, score_instructions};
 use super::machine::{Machine, utc_now};
 use super::servers::{self, Layout};
 
@@ -360,19 +361,6 @@ pub struct ClassRatio {
 
 /// The name of the cost class that counts the target's own time.
 pub const BUSY: &str = "target busy";
-
-/// IFEval's accuracies on the instruction-following set (`tests/bench/instructions/`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct InstructionScores {
-    /// Share of prompts whose every instruction was followed, the answer as given.
-    pub prompt_level_strict: f64,
-    /// Share of all instructions followed, the answer as given.
-    pub instruction_level_strict: f64,
-    /// The same with IFEval's loose reading (first or last line dropped, `*` removed).
-    pub prompt_level_loose: f64,
-    /// The same, instruction level.
-    pub instruction_level_loose: f64,
-}
 
 /// The report.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -719,79 +707,6 @@ pub fn markdown(r: &OracleReport) -> String {
         ));
     }
     s
-}
-
-/// An instruction-following prompt (`tests/bench/instructions/prompts.jsonl`; the
-/// instructions themselves are read by `score.py`).
-#[derive(Deserialize)]
-pub(crate) struct InstructionPrompt {
-    pub(crate) id: String,
-    pub(crate) prompt: String,
-}
-
-/// Scores every configuration's answers with the set's `score.py` (IFEval's checkers, in a
-/// venv of the set's pinned requirements), by configuration name.
-pub(crate) async fn score_instructions(
-    home: &Home,
-    dir: &std::path::Path,
-    scratch: &std::path::Path,
-    runs: &[(String, Vec<(String, String)>)],
-) -> anyhow::Result<HashMap<String, InstructionScores>> {
-    let venv =
-        approxy_setup::requirements_venv(home, "instructions", &dir.join("requirements.txt"))?;
-    std::fs::create_dir_all(scratch)?;
-    let answers = scratch.join("instruction-answers.jsonl");
-    let result = scratch.join("instruction-scores.json");
-    let mut lines = String::new();
-    for (config, list) in runs {
-        for (id, text) in list {
-            lines.push_str(&serde_json::to_string(&serde_json::json!({
-                "config": config, "id": id, "response": text,
-            }))?);
-            lines.push('\n');
-        }
-    }
-    std::fs::write(&answers, lines)?;
-    // Only the prompts answered: the scorer counts a prompt without an answer as failed.
-    let asked: std::collections::HashSet<&str> = runs
-        .iter()
-        .flat_map(|r| r.1.iter().map(|a| a.0.as_str()))
-        .collect();
-    let prompts = scratch.join("instruction-prompts.jsonl");
-    let mut kept = String::new();
-    for line in std::fs::read_to_string(dir.join("prompts.jsonl"))?.lines() {
-        let p: InstructionPrompt = match serde_json::from_str(line) {
-            Ok(p) => p,
-            Err(_) => continue,
-        };
-        if asked.contains(p.id.as_str()) {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    std::fs::write(&prompts, kept)?;
-    let out = tokio::process::Command::new(venv.join("bin").join("python"))
-        .arg(dir.join("score.py"))
-        .arg("--prompts")
-        .arg(&prompts)
-        .arg("--answers")
-        .arg(&answers)
-        .arg("--out")
-        .arg(&result)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "score.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    #[derive(Deserialize)]
-    struct Scored {
-        configs: HashMap<String, InstructionScores>,
-    }
-    let scored: Scored =
-        serde_json::from_slice(&std::fs::read(&result)?).context("reading score.py's result")?;
-    Ok(scored.configs)
 }
 
 /// Runs the study: its own llama-server target, the shipped draft.
