@@ -745,11 +745,39 @@ pub enum PolicyBudget {
     /// `threshold = t` with the confidence verifier: the budget is the false-accept rate that
     /// threshold gives on the kind's held-out rows.
     ConfidenceThreshold(f32),
+    /// `threshold = { code = c, chat = t }` with the confidence verifier: each kind's budget is
+    /// the false-accept rate its own threshold gives on its held-out rows.
+    ConfidenceByKind {
+        /// On code prompts.
+        code: f32,
+        /// On chat prompts.
+        chat: f32,
+    },
+}
+
+impl PolicyBudget {
+    /// The confidence threshold for prompts of `kind` (`"code"` or `"chat"`), when the policy
+    /// names one.
+    fn threshold(self, kind: &str) -> Option<f32> {
+        match self {
+            PolicyBudget::FalseAcceptRate(_) => None,
+            PolicyBudget::ConfidenceThreshold(t) => Some(t),
+            PolicyBudget::ConfidenceByKind { code, chat } => {
+                Some(if kind == "code" { code } else { chat })
+            }
+        }
+    }
 }
 
 /// The shipped policies' budgets (`policies/*.toml`; a test keeps the two in step).
 pub const POLICY_BUDGETS: [(&str, PolicyBudget); 3] = [
-    ("default", PolicyBudget::ConfidenceThreshold(0.7)),
+    (
+        "default",
+        PolicyBudget::ConfidenceByKind {
+            code: 0.85,
+            chat: 0.7,
+        },
+    ),
     ("economy", PolicyBudget::ConfidenceThreshold(0.5)),
     ("strict", PolicyBudget::FalseAcceptRate(0.01)),
 ];
@@ -767,12 +795,13 @@ fn budgets(
     let mut out = Vec::new();
     for (policy, b) in POLICY_BUDGETS {
         for (kind, k) in [("code", 0u8), ("chat", 1u8)] {
-            let (budget, source) = match b {
-                PolicyBudget::FalseAcceptRate(x) => (x, format!("max_false_accept_rate {x}")),
-                PolicyBudget::ConfidenceThreshold(t) => (
+            let (budget, source) = match (b, b.threshold(kind)) {
+                (PolicyBudget::FalseAcceptRate(x), _) => (x, format!("max_false_accept_rate {x}")),
+                (_, Some(t)) => (
                     grid(base, in_kind(base, k), &[t])[0].false_accept_rate,
                     format!("confidence at threshold {t}"),
                 ),
+                (_, None) => continue,
             };
             let verifiers = std::iter::once(("confidence", base))
                 .chain(std::iter::once(learned))
@@ -1251,8 +1280,17 @@ mod tests {
                 PolicyBudget::FalseAcceptRate(x) => {
                     assert_eq!(num("max_false_accept_rate"), Some(x), "{policy}")
                 }
-                PolicyBudget::ConfidenceThreshold(t) => {
-                    assert_eq!(num("threshold"), Some(t), "{policy}");
+                PolicyBudget::ConfidenceThreshold(_) | PolicyBudget::ConfidenceByKind { .. } => {
+                    for kind in ["code", "chat"] {
+                        // One number for every kind, or a table per kind.
+                        let t = num("threshold").or_else(|| {
+                            m.get("threshold")
+                                .and_then(|t| t.get(kind))
+                                .and_then(toml::Value::as_float)
+                                .map(|x| x as f32)
+                        });
+                        assert_eq!(t, budget.threshold(kind), "{policy} {kind}");
+                    }
                     assert_eq!(
                         m.get("verifier").and_then(toml::Value::as_str),
                         Some("confidence"),
