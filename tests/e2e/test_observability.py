@@ -102,8 +102,9 @@ def test_a_real_prometheus_scrapes_approxy(start_gateway, prometheus):
     # The dashboard's gauges are there too, and the saturation the autoscaling component
     # (deploy/k8s/components/scale-on-saturation) reads is a share.
     assert query(url, "approxy_request_slots_free")
-    # The budget guard's ledger of the model that answered.
-    assert query(url, "approxy_budget_cost_usd")
+    # The budget guard's ledger of the model that answered (the default is priced by the
+    # target's time).
+    assert query(url, "approxy_budget_target_seconds")
     sat = query(url, "1 - approxy_draft_workers_idle / approxy_draft_workers")
     assert sat and 0 <= float(sat[0]["value"][1]) <= 1, sat
 

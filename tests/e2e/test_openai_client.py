@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from conftest import MODEL, TARGET_KIND, approxy_usage, policy_text
+from conftest import MODEL, TARGET, TARGET_KIND, approxy_usage, policy_text
 
 CHAT = [{"role": "user", "content": "Explain what a Python list comprehension is, with an example."}]
 
