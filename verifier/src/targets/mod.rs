@@ -45,4 +45,5 @@ pub use transport::{
 };
 pub(crate) use transport::{
     get_json, get_ok, http_client, join, post_json, post_sse, reported_cached_tokens, token_ids,
+    tokenized,
 };

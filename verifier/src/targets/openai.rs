@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
     TargetTimings, TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join,
-    post_json, post_sse, reported_cached_tokens, token_ids,
+    post_json, post_sse, reported_cached_tokens, token_ids, tokenized,
 };
 use crate::error::TargetError;
 
@@ -289,21 +289,16 @@ impl TargetClient for OpenAiCompletionsTarget {
             "add_special": false,
             "parse_special": true,
         });
-        match post_json(
-            &self.http,
-            &self.cfg,
-            &join(&self.root(), "tokenize"),
-            &body,
-            None,
+        tokenized(
+            post_json(
+                &self.http,
+                &self.cfg,
+                &join(&self.root(), "tokenize"),
+                &body,
+                None,
+            )
+            .await,
         )
-        .await
-        {
-            Ok(v) => Ok(token_ids(&v["tokens"])),
-            Err(TargetError::Status {
-                status: 404 | 405, ..
-            }) => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 
     async fn health(&self) -> Result<(), TargetError> {

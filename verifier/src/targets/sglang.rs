@@ -26,7 +26,7 @@ use super::openai::max_model_len;
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
     TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join, post_json,
-    post_sse, token_ids,
+    post_sse, token_ids, tokenized,
 };
 use crate::error::TargetError;
 use crate::sampling::SamplingParams;
@@ -360,13 +360,7 @@ impl TargetClient for SglangTarget {
     /// when it holds a colon). A server without it just cannot be checked.
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         let body = json!({"prompt": text, "add_special_tokens": false});
-        match post_json(&self.http, &self.cfg, &self.url("tokenize"), &body, None).await {
-            Ok(v) => Ok(token_ids(&v["tokens"])),
-            Err(TargetError::Status {
-                status: 404 | 405, ..
-            }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        tokenized(post_json(&self.http, &self.cfg, &self.url("tokenize"), &body, None).await)
     }
 
     /// `/health`: 200 once the server is up (and, where the server is set to, once a one-token

@@ -436,6 +436,20 @@ pub(crate) fn token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
         .collect()
 }
 
+/// The token ids a `/tokenize` answer carries in `tokens`; `None` when the server has no such
+/// endpoint (404 or 405): it just cannot be checked.
+pub(crate) fn tokenized(
+    answer: Result<serde_json::Value, TargetError>,
+) -> Result<Option<Vec<u32>>, TargetError> {
+    match answer {
+        Ok(v) => Ok(token_ids(&v["tokens"])),
+        Err(TargetError::Status {
+            status: 404 | 405, ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) fn join(base: &str, path: &str) -> String {
     format!(
         "{}/{}",
