@@ -17,12 +17,11 @@ use tokio::sync::mpsc;
 
 use approxy_verifier::cost::{CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost};
 use approxy_verifier::decode::TargetTime;
-
-use crate::meters::TargetMeter;
 use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
+use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
 use crate::state::{ModelRuntime, Runtime};
@@ -149,13 +148,12 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             "target_calls_timed": s.target_calls_timed,
         }
     });
-    let a_ = &mut u["approxy"];
     // Every call's work, for anyone to check against the target's own account.
-    a_["target_call_records"] = json!(s.calls);
-    a_["price_class"] = json!(m.policy.price.class());
-    a_["cost_unit"] = json!(p.unit.name());
-    a_["estimated_cost"] = json!(cost.approxy);
-    a_["estimated_passthrough_cost"] = json!(cost.passthrough);
+    u["approxy"]["target_call_records"] = json!(s.calls);
+    u["approxy"]["price_class"] = json!(m.policy.price.class());
+    u["approxy"]["cost_unit"] = json!(p.unit.name());
+    u["approxy"]["estimated_cost"] = json!(cost.approxy);
+    u["approxy"]["estimated_passthrough_cost"] = json!(cost.passthrough);
     if p.unit == Unit::Usd {
         u["approxy"]["estimated_cost_usd"] = json!(cost.approxy);
         u["approxy"]["estimated_passthrough_cost_usd"] = json!(cost.passthrough);
