@@ -4,8 +4,8 @@
 # and gateway on core 1); target-only against the shipped policy on the 24-problem HumanEval
 # sample (pass@1), the 40 held-out chat prompts (agreement with the target) and the 40
 # instruction-following prompts (IFEval's checkers); then the shipped policy with the code
-# threshold at 0.70 (the earlier default) on HumanEval; then the chat threshold at 0.90 on the
-# instruction-following and chat prompts; then vLLM (the draft's float32
+# threshold at 0.70 (the earlier default) on HumanEval; then the chat threshold at 0.70 (the
+# earlier default) on the instruction-following and chat prompts; then vLLM (the draft's float32
 # checkpoint as the target, 6 HumanEval problems of at most 128 tokens): the default, and windows
 # where the verifier rejects without the guard, which the report also projects as SGLang's radix
 # cache would serve them. Each run is resumable (saved
@@ -27,16 +27,16 @@ run --sample chat --prompts "$CHAT" --max-tokens 128 --only target-only,default 
 run --sample instructions --prompts "$INSTRUCTIONS" --max-tokens 160 --only target-only,default --out "$OUT" "$@"
 LOOSE="$REPO/deploy/results/calls-busy-code-0.70"
 mkdir -p "$LOOSE"
-sed 's/^threshold = { code = 0.85, chat = 0.7 }$/threshold = 0.7/' "$REPO/policies/default.toml" > "$LOOSE/policy.toml"
+sed 's/^threshold = { code = 0.85, chat = 0.9 }$/threshold = 0.7/' "$REPO/policies/default.toml" > "$LOOSE/policy.toml"
 run --sample humaneval --prompts "$PROBLEMS" --only target-only,default --base-policy "$LOOSE/policy.toml" \
   --out "$LOOSE" "$@"
-STRICT_CHAT="$REPO/deploy/results/calls-busy-chat-0.90"
-mkdir -p "$STRICT_CHAT"
-sed 's/^threshold = { code = 0.85, chat = 0.7 }$/threshold = { code = 0.85, chat = 0.9 }/' "$REPO/policies/default.toml" \
-  > "$STRICT_CHAT/policy.toml"
+LOOSE_CHAT="$REPO/deploy/results/calls-busy-chat-0.70"
+mkdir -p "$LOOSE_CHAT"
+sed 's/^threshold = { code = 0.85, chat = 0.9 }$/threshold = { code = 0.85, chat = 0.7 }/' "$REPO/policies/default.toml" \
+  > "$LOOSE_CHAT/policy.toml"
 for sample in "instructions --prompts $INSTRUCTIONS --max-tokens 160" "chat --prompts $CHAT --max-tokens 128"; do
   # shellcheck disable=SC2086
-  run --sample $sample --only target-only,default --base-policy "$STRICT_CHAT/policy.toml" --out "$STRICT_CHAT" "$@"
+  run --sample $sample --only target-only,default --base-policy "$LOOSE_CHAT/policy.toml" --out "$LOOSE_CHAT" "$@"
 done
 run --sample humaneval --prompts "$VLLM_PROBLEMS" --max-tokens 128 --only vllm-target-only,vllm-default,vllm-approximate \
   --out "$REPO/deploy/results/calls-busy-vllm" "$@"

@@ -25,11 +25,11 @@ def wait_for(pred, timeout=15):
 def test_valid_then_invalid_reload(start_gateway):
     # Two draft workers: the probe requests must not be pushed to passthrough by the open stream.
     g = start_gateway(policy_text(workers="2"))
-    assert threshold_of(g) == 0.7
+    assert threshold_of(g) == 0.9
     # A stream started under the old policy...
     stream = g.client().chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Count to fifty."}], max_tokens=60, stream=True)
-    assert float(stream.headers["x-approxy-threshold"]) == 0.7
+    assert float(stream.headers["x-approxy-threshold"]) == 0.9
     g.policy.write_text(policy_text(workers="2", threshold="0.3"))
     assert wait_for(lambda: threshold_of(g) == 0.3), g.logs()[-2000:]
     # ...finished normally.

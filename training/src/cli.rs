@@ -775,7 +775,7 @@ pub const POLICY_BUDGETS: [(&str, PolicyBudget); 3] = [
         "default",
         PolicyBudget::ConfidenceByKind {
             code: 0.85,
-            chat: 0.7,
+            chat: 0.9,
         },
     ),
     ("economy", PolicyBudget::ConfidenceThreshold(0.5)),

@@ -50,7 +50,10 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             "calls-busy-code-0.70",
             "The same at threshold 0.70 on code (the earlier default)",
         ),
-        ("calls-busy-chat-0.90", "The same at threshold 0.90 on chat"),
+        (
+            "calls-busy-chat-0.70",
+            "The same at threshold 0.70 on chat (the earlier default)",
+        ),
         ("calls-busy-vllm", "vLLM as the target, priced by its time"),
     ] {
         if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
