@@ -22,6 +22,8 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::body_budget::ClientAddr;
+
 /// How long a connection may stay quiet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadlines {
@@ -222,12 +224,18 @@ impl HttpBody for BusyBody {
 pub struct Tracked {
     app: axum::Router,
     activity: Arc<Activity>,
+    client: Option<IpAddr>,
 }
 
 impl Tracked {
-    /// `app` serving the connection whose activity is `activity`.
-    pub fn new(app: axum::Router, activity: Arc<Activity>) -> Self {
-        Self { app, activity }
+    /// `app` serving the connection whose activity is `activity`, from `client` (set on each
+    /// request as a [`ClientAddr`]).
+    pub fn new(app: axum::Router, activity: Arc<Activity>, client: Option<IpAddr>) -> Self {
+        Self {
+            app,
+            activity,
+            client,
+        }
     }
 }
 
@@ -243,7 +251,10 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for Tracked {
         )
     }
 
-    fn call(&mut self, req: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&mut self, mut req: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some(ip) = self.client {
+            req.extensions_mut().insert(ClientAddr(ip));
+        }
         let busy = self.activity.begin();
         let answer = self.app.call(req);
         Box::pin(async move {

@@ -18,7 +18,7 @@ use crate::reason::Reason;
 use crate::request::error::ValidationError;
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
-use crate::request::{self, Endpoint, Prompt, limits, prompt_kind};
+use crate::request::{self, Endpoint, Prompt, limits, prompt_kind, shapes};
 use crate::state::{AppState, ModelRuntime, Runtime, Shared, TokenizerCheck};
 
 /// Everything the approximate path needs, including the draft worker it will run on.
@@ -65,23 +65,63 @@ pub async fn decide(
         return Err(ValidationError::NotObject.into());
     };
     limits::check(endpoint, map, &rt.policy.gateway)?;
-    // An image to a target that says it takes none is the client's mistake on either path
-    // (llama-server answers it with a 500, which would read as the target failing).
-    if endpoint == Endpoint::Chat
-        && limits::has_image(map)
-        && rt.target_facts().await.images == Some(false)
-    {
-        return Err(ValidationError::Invalid {
-            param: "messages".into(),
-            reason: "holds an image, and the target model takes no images".into(),
+    // An image or a sound to a target that says it takes none is the client's mistake on
+    // either path (llama-server answers it with a 500, which would read as the target failing).
+    if endpoint == Endpoint::Chat {
+        let image = shapes::has_part(map, &["image_url", "input_image"]);
+        let audio = shapes::has_part(map, &["input_audio"]);
+        if image || audio {
+            let facts = rt.target_facts().await;
+            let refused = if image && facts.images == Some(false) {
+                Some("an image")
+            } else if audio && facts.audio == Some(false) {
+                Some("audio")
+            } else {
+                None
+            };
+            if let Some(what) = refused {
+                return Err(ValidationError::Invalid {
+                    param: "messages".into(),
+                    reason: format!("holds {what}, and the target model takes none"),
+                }
+                .into());
+            }
         }
-        .into());
     }
+    cannot_fit(state, rt, endpoint, map).await?;
     let decision = choose(state, rt, endpoint, headers, &json, map).await?;
     if matches!(decision, Decision::Passthrough(_)) {
         passable(rt, &state.shared, map)?;
     }
     Ok(decision)
+}
+
+/// Refuses, on either path, a prompt whose length alone says it cannot fit the target's
+/// context: its text's bytes over the longest token's ([`Tokenizer::fewest_tokens`]). No
+/// tokenizer runs for it, the gateway's or the target's.
+///
+/// [`Tokenizer::fewest_tokens`]: approxy_verifier::tokenizer::Tokenizer::fewest_tokens
+async fn cannot_fit(
+    state: &AppState,
+    rt: &Runtime,
+    endpoint: Endpoint,
+    map: &Map<String, Value>,
+) -> Result<(), ValidationError> {
+    let at_least = state
+        .shared
+        .tokenizer
+        .fewest_tokens(limits::prompt_bytes(endpoint, map));
+    if at_least == 0 {
+        return Ok(());
+    }
+    match rt.target_facts().await.context_length {
+        Some(context) if at_least >= context => Err(ValidationError::CannotFit {
+            endpoint,
+            at_least,
+            context,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a request may be passed through as sent, beyond the limits every path has: its
@@ -198,7 +238,18 @@ async fn admit(
     let (valid, tokens, kind) = tokenize(&state.shared, valid).await?;
     let prompt = match tokens {
         Ok(p) => p,
-        Err(e @ ValidationError::PromptTooLong { .. }) => {
+        Err(e @ ValidationError::PromptTooLong { tokens, .. }) => {
+            // Past approxy's limit and the target's context too: the target would refuse it.
+            if let Some(context) = rt.target_facts().await.context_length
+                && tokens >= context
+            {
+                return Err(ValidationError::CannotFit {
+                    endpoint,
+                    at_least: tokens,
+                    context,
+                }
+                .into());
+            }
             return fallback(mp, Reason::PromptTooLong, e).map(Admission::Passthrough);
         }
         Err(e) => return Err(e.into()),

@@ -34,6 +34,17 @@ pub enum ApiError {
     /// Body over the limit.
     #[error("request body exceeds {0} bytes")]
     PayloadTooLarge(usize),
+    /// The request target (path and query) is longer than the gateway reads.
+    #[error("the request's path and query exceed {0} bytes")]
+    UriTooLong(usize),
+    /// More header fields, or more header bytes, than the gateway reads.
+    #[error("the request's headers exceed {fields} fields or {bytes} bytes")]
+    HeadersTooLarge {
+        /// Most fields.
+        fields: usize,
+        /// Most bytes (names and values).
+        bytes: usize,
+    },
     /// The request body did not arrive within the gateway's body deadlines: the client's
     /// fault, never the target's.
     #[error(
@@ -129,6 +140,16 @@ impl ApiError {
                 "invalid_request_error",
                 Some("payload_too_large"),
             ),
+            ApiError::UriTooLong(_) => (
+                StatusCode::URI_TOO_LONG,
+                "invalid_request_error",
+                Some("uri_too_long"),
+            ),
+            ApiError::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                Some("headers_too_large"),
+            ),
             ApiError::BodyTimeout { .. } => (
                 StatusCode::REQUEST_TIMEOUT,
                 "invalid_request_error",
@@ -202,6 +223,8 @@ impl ApiError {
             | ApiError::MethodNotAllowed
             | ApiError::ModelNotFound(_)
             | ApiError::PayloadTooLarge(_)
+            | ApiError::UriTooLong(_)
+            | ApiError::HeadersTooLarge { .. }
             | ApiError::BodyTimeout { .. }
             | ApiError::UpstreamRejected(_)
             | ApiError::UpstreamRejectedWith { .. } => "client",

@@ -19,12 +19,14 @@
 //! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
 //! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
 //! - `middleware`: auth, body limit, load shedding, timeout, request metrics.
+//! - `body_budget`: the bytes bodies being read may hold, and one client address's share.
 //! - `policy`: policy files: raw TOML, validated into typed values; their JSON Schema.
 //! - `state`: process-wide parts and the per-policy runtime swapped on reload.
 //! - `error`: the API error type, the one place errors become OpenAI-shaped responses.
 //! - `telemetry`: logging and the Prometheus metrics.
 //! - `docs_tests` (tests only): the references in the Markdown files checked against the code.
 
+pub mod body_budget;
 pub mod budget;
 pub mod connection;
 pub mod decide;

@@ -11,8 +11,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
+use crate::body_budget::{ClientAddr, Spent};
 use crate::error::ApiError;
 use crate::state::{AppState, Snapshot};
+
+/// The most a body's buffer takes before its bytes arrive.
+const FIRST_BUFFER: usize = 64 << 10;
 
 /// Longest client `x-request-id` kept.
 const REQUEST_ID_MAX: usize = 128;
@@ -34,6 +38,41 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     let keep = ids.iter().count() == 1 && ids.iter().all(plain);
     if !keep {
         req.headers_mut().remove("x-request-id");
+    }
+    next.run(req).await
+}
+
+/// Longest request target (path and query) read. hyper itself refuses one past 64 KiB, with
+/// an empty 414 before any layer runs; below that the refusal is the gateway's, in the OpenAI
+/// shape and with the request id.
+pub const MAX_URI_BYTES: usize = 8 << 10;
+
+/// Most header fields read (hyper is set to parse up to [`HYPER_MAX_HEADERS`], so a request
+/// between the two gets the gateway's 431 rather than hyper's empty one).
+pub const MAX_HEADERS: usize = 100;
+
+/// Most header fields hyper parses before refusing with its own empty 431.
+pub const HYPER_MAX_HEADERS: usize = 1000;
+
+/// Most header bytes read, names and values (hyper's own limit is its read buffer, 400 KiB).
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Refuses a request target or headers past the gateway's limits: 414 and 431 in the OpenAI
+/// shape, carrying the request id, where hyper's own refusals past its larger limits have no
+/// body.
+pub async fn protocol_limits(req: Request, next: Next) -> Response {
+    let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI_BYTES {
+        return ApiError::UriTooLong(MAX_URI_BYTES).into_response();
+    }
+    let h = req.headers();
+    let bytes: usize = h.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
+    if h.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return ApiError::HeadersTooLarge {
+            fields: MAX_HEADERS,
+            bytes: MAX_HEADER_BYTES,
+        }
+        .into_response();
     }
     next.run(req).await
 }
@@ -85,7 +124,8 @@ fn keys_match(key: &str, given: &str) -> bool {
 }
 
 /// Reads the request body whole before the request goes on: 413 when it is over
-/// `max_body_bytes` (at once when its declared length says so), 408 when it does not arrive
+/// `max_body_bytes` (at once when its declared length says so), 429 when the body budget or
+/// the client address's share of it is spent (`body_budget`), 408 when it does not arrive
 /// within `body_timeout` or pauses longer than `body_idle_timeout`, 400 when its framing is
 /// broken. A client that trickles or stalls its body so never holds a request slot (they are
 /// taken after this) and is not blamed on the target.
@@ -100,22 +140,18 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
     if declared.is_some_and(|n| n > g.max_body_bytes) {
         return ApiError::PayloadTooLarge(g.max_body_bytes).into_response();
     }
-    // Every byte read holds a permit of the body budget until the request goes on (a slot then
-    // bounds it): a declared length is reserved whole, a chunked body as it arrives. When the
-    // budget is spent the gateway is full, as when every slot is taken.
-    let budget = &state.shared.body_budget;
-    let take = |n: usize| {
-        u32::try_from(n)
-            .ok()
-            .and_then(|n| budget.clone().try_acquire_many_owned(n).ok())
-            .ok_or_else(|| {
-                metrics::counter!("approxy_requests_shed_total").increment(1);
-                ApiError::Overloaded
-            })
-    };
-    let mut held = match take(declared.unwrap_or(0)) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
+    // Every byte received holds its part of the body budget until the request goes on (a slot
+    // then bounds it); a declared length reserves nothing (see `body_budget`). When the budget,
+    // or this address's share of it, is spent, the gateway is full, as when every slot is taken.
+    let address = req.extensions().get::<ClientAddr>().map(|a| a.0);
+    let mut held = state.shared.body_budget.hold(address);
+    let shed = |spent: Spent| {
+        let reason = match spent {
+            Spent::Total => "body_budget",
+            Spent::Address => "body_budget_per_ip",
+        };
+        metrics::counter!("approxy_requests_shed_total", "reason" => reason).increment(1);
+        ApiError::Overloaded
     };
     let (parts, body) = req.into_parts();
     let too_slow = || {
@@ -126,7 +162,8 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
         }
     };
     let mut chunks = body.into_data_stream();
-    let mut whole = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    // Grown as bytes come: a promised length allocates nothing until it is sent.
+    let mut whole = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(FIRST_BUFFER));
     let read = async {
         loop {
             match tokio::time::timeout(g.body_idle_timeout, chunks.next()).await {
@@ -136,10 +173,7 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
                     if whole.len() + chunk.len() > g.max_body_bytes {
                         return Err(ApiError::PayloadTooLarge(g.max_body_bytes));
                     }
-                    let beyond = (whole.len() + chunk.len()).saturating_sub(held.num_permits());
-                    if beyond > 0 {
-                        held.merge(take(beyond)?);
-                    }
+                    held.grow(chunk.len()).map_err(shed)?;
                     whole.extend_from_slice(&chunk);
                 }
                 Ok(Some(Err(_))) => {
@@ -179,7 +213,7 @@ pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) 
 /// handler returns.
 pub async fn concurrency(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Ok(permit) = state.shared.inflight.clone().try_acquire_owned() else {
-        metrics::counter!("approxy_requests_shed_total").increment(1);
+        metrics::counter!("approxy_requests_shed_total", "reason" => "slots").increment(1);
         return ApiError::Overloaded.into_response();
     };
     let resp = next.run(req).await;

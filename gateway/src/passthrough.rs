@@ -24,7 +24,7 @@ use futures::StreamExt;
 
 use crate::error::ApiError;
 use crate::reason::Reason;
-use crate::route::{has_dot_segments, route_allowed};
+use crate::route::{has_dot_segments, methods_served, route_allowed};
 use crate::state::AppState;
 
 /// Forwards requests on routes other than chat and completions to the target.
@@ -57,8 +57,17 @@ impl tower::Service<Request<Body>> for Passthrough {
             if let Some(e) = unsafe_path(path) {
                 return Ok(e.into_response());
             }
-            if !route_allowed(req.method(), path, &rt.policy.passthrough.extra_routes) {
-                return Ok(ApiError::NotFound.into_response());
+            let extra = &rt.policy.passthrough.extra_routes;
+            if !route_allowed(req.method(), path, extra) {
+                let served: Vec<&str> = methods_served(path, extra).collect();
+                if served.is_empty() {
+                    return Ok(ApiError::NotFound.into_response());
+                }
+                let mut resp = ApiError::MethodNotAllowed.into_response();
+                if let Ok(allow) = HeaderValue::from_str(&served.join(", ")) {
+                    resp.headers_mut().insert(header::ALLOW, allow);
+                }
+                return Ok(resp);
             }
             let limit = rt.policy.gateway.max_body_bytes;
             let (parts, body) = req.into_parts();
@@ -249,8 +258,6 @@ async fn send(
         metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "upstream_error").increment(1);
         return Err(upstream_error(upstream).await);
     }
-    metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "ok")
-        .increment(1);
     let mut resp = Response::builder().status(status.as_u16());
     for (k, v) in upstream.headers() {
         if returned_response_header(k, status.as_u16()) {
@@ -283,14 +290,19 @@ fn relay(
     cap: usize,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let body = upstream.bytes_stream();
-    let state = Some((Box::pin(body), DoneWatch::default(), 0usize));
+    let state = Some((
+        Box::pin(body),
+        DoneWatch::default(),
+        0usize,
+        Outcome::default(),
+    ));
     futures::stream::unfold(state, move |state| async move {
-        let (mut body, mut done, sent) = state?;
+        let (mut body, mut done, sent, mut outcome) = state?;
         let failure = match tokio::time::timeout(idle, body.next()).await {
             Ok(Some(Ok(chunk))) if sent + chunk.len() <= cap => {
                 done.push(&chunk);
                 let sent = sent + chunk.len();
-                return Some((Ok(chunk), Some((body, done, sent))));
+                return Some((Ok(chunk), Some((body, done, sent, outcome))));
             }
             Ok(Some(Ok(_))) => {
                 tracing::warn!(
@@ -299,7 +311,10 @@ fn relay(
                 );
                 ApiError::ResponseTooLarge(cap)
             }
-            Ok(None) if !sse || done.seen => return None,
+            Ok(None) if !sse || done.seen => {
+                outcome.ended = Some("ok");
+                return None;
+            }
             Ok(None) => {
                 tracing::warn!("passthrough: the target's stream ended without [DONE]");
                 ApiError::BadGateway
@@ -314,6 +329,7 @@ fn relay(
             }
         };
         metrics::counter!("approxy_passthrough_broken_bodies_total").increment(1);
+        outcome.ended = Some("upstream_error");
         if sse {
             let event = format!("data: {}\n\n", failure.body());
             Some((Ok(Bytes::from(event)), None))
@@ -324,6 +340,23 @@ fn relay(
             ))
         }
     })
+}
+
+/// How a relayed answer ended, counted once when the relay is dropped: `ok` when the target's
+/// body ended as it should, `upstream_error` when it broke off, stalled, grew past the cap or
+/// ended without `[DONE]`, and `client_gone` when the client left before any of these (the
+/// body is dropped unfinished).
+#[derive(Default)]
+struct Outcome {
+    ended: Option<&'static str>,
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let outcome = self.ended.unwrap_or("client_gone");
+        metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => outcome)
+            .increment(1);
+    }
 }
 
 /// Watches a relayed event stream for a `data: [DONE]` line, which may be split across chunks.

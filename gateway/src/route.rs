@@ -17,23 +17,25 @@ pub const SERVED_ROUTES: [&str; 4] = [
 
 /// Whether `method path` is served: one of [`SERVED_ROUTES`] or of the policy's `extra`.
 pub fn route_allowed(method: &Method, path: &str, extra: &[String]) -> bool {
+    methods_served(path, extra).any(|m| m == method.as_str())
+}
+
+/// The methods `path` is served with, by [`SERVED_ROUTES`] and the policy's `extra`: a path
+/// served with others than the request's is a 405 naming them, not a 404.
+pub fn methods_served<'a>(path: &'a str, extra: &'a [String]) -> impl Iterator<Item = &'a str> {
     SERVED_ROUTES
         .iter()
         .copied()
         .chain(extra.iter().map(String::as_str))
-        .any(|route| {
-            let Some((m, pattern)) = route.split_once(' ') else {
-                return false;
-            };
-            if m != method.as_str() {
-                return false;
-            }
-            match pattern.strip_suffix("/*") {
+        .filter_map(move |route| {
+            let (m, pattern) = route.split_once(' ')?;
+            let matches = match pattern.strip_suffix("/*") {
                 Some(prefix) => path
                     .strip_prefix(prefix)
                     .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/')),
                 None => path == pattern,
-            }
+            };
+            matches.then_some(m)
         })
 }
 

@@ -76,6 +76,17 @@ async fn stub_upstream() -> String {
             let body = json!({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "x".repeat(64 << 10)}, "finish_reason": "stop"}]});
             return axum::Json(body).into_response();
         }
+        if model == "endless" {
+            // A stream that never ends, as fast as it is read; what it produced is counted.
+            let guard = EndlessGuard;
+            let events = futures::stream::repeat_with(move || {
+                let _held = &guard;
+                let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n", "x".repeat(1000));
+                ENDLESS_SENT.fetch_add(event.len(), std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Bytes::from(event))
+            });
+            return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(events)).into_response();
+        }
         if model == "truncated" {
             // A clean close without `data: [DONE]` (OpenAI's stream format always ends with it).
             let body = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
@@ -102,6 +113,18 @@ async fn stub_upstream() -> String {
     url
 }
 
+/// Bytes the stub's `endless` streams produced, and whether one was dropped (its reader gone).
+static ENDLESS_SENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ENDLESS_DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+struct EndlessGuard;
+
+impl Drop for EndlessGuard {
+    fn drop(&mut self) {
+        ENDLESS_DROPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 struct Setup {
     draft: DraftScript,
     target: ScriptedTarget,
@@ -113,6 +136,8 @@ struct Setup {
     retries: u32,
     write_idle: &'static str,
     body_idle: &'static str,
+    /// The policy's `gateway.max_response_bytes`.
+    max_response_bytes: usize,
     /// Policy text appended (more tables).
     extra_policy: &'static str,
     /// The policy's `target.kind` (the scripted target answers whatever it says).
@@ -131,6 +156,7 @@ impl Setup {
             retries: 0,
             write_idle: "60s",
             body_idle: "10s",
+            max_response_bytes: 16384,
             extra_policy: "",
             kind: "llama_cpp",
         }
@@ -149,7 +175,7 @@ retries = {}
 [gateway]
 auth = "none"
 max_body_bytes = 4096
-max_response_bytes = 16384
+max_response_bytes = {}
 write_idle_timeout = "{}"
 body_idle_timeout = "{}"
 max_concurrent_requests = {}
@@ -181,6 +207,7 @@ fallback = "error"
             self.kind,
             self.target_timeout,
             self.retries,
+            self.max_response_bytes,
             self.write_idle,
             self.body_idle,
             self.max_concurrent,
@@ -720,11 +747,9 @@ async fn auth_and_load_shedding() {
 async fn bodies_being_read_share_a_bounded_budget() {
     let state = Setup::new("hello", 0.95, "hello").state().await;
     let budget = &state.shared.body_budget;
-    let all = u32::try_from(budget.available_permits()).unwrap_or(u32::MAX);
-    let held = budget
-        .clone()
-        .try_acquire_many_owned(all - 10)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let all = budget.available();
+    let mut held = budget.hold(None);
+    held.grow(all - 10).unwrap();
     let (status, headers, body) =
         call(&state, post("/v1/chat/completions", &chat("m", json!({})))).await;
     assert_eq!(
@@ -739,8 +764,112 @@ async fn bodies_being_read_share_a_bounded_budget() {
             .0,
         StatusCode::OK
     );
-    // Every permit a read took is back once its request is done.
-    assert_eq!(budget.available_permits(), all as usize);
+    // Every byte a read took is back once its request is done.
+    assert_eq!(budget.available(), all);
+}
+
+/// Serves `state` on a local port, as `approxy serve` does (the accept loop and its client
+/// addresses included).
+async fn serve_on_port(state: &AppState) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gw = state.runtime().policy.gateway.clone();
+    let app = router(state.clone());
+    tokio::spawn(async move {
+        crate::server::accept_loop(listener, app, &gw, futures::future::pending()).await;
+    });
+    addr
+}
+
+/// A connection to `to` from the loopback address `from` (Linux routes all of 127/8 locally).
+async fn connect_from(from: [u8; 4], to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind((std::net::Ipv4Addr::from(from), 0).into())
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// A streaming client that never reads an answer longer than the kernel's buffers (issue 46,
+/// finding 6): the gateway buffers a bounded amount, no more than the sockets hold, and drops
+/// the connection at `write_idle_timeout`, which drops the target's stream with it.
+#[tokio::test]
+async fn a_streaming_client_that_never_reads_is_dropped_at_the_write_idle_with_bounded_buffering() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::AsyncWriteExt;
+    let mut s = Setup::new("x", 0.9, "x");
+    s.write_idle = "1s";
+    s.max_response_bytes = 1 << 30;
+    let state = s.state().await;
+    let addr = serve_on_port(&state).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    // No policy for `endless`: passed through, as the stub's never-ending stream.
+    let body = json!({"model": "endless", "messages": [{"role": "user", "content": "go"}], "stream": true}).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    while !ENDLESS_DROPPED.load(SeqCst) && started.elapsed() < std::time::Duration::from_secs(15) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    assert!(
+        ENDLESS_DROPPED.load(SeqCst),
+        "the target's stream is still read"
+    );
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(5),
+        "{took:?}"
+    );
+    let sent = ENDLESS_SENT.load(SeqCst);
+    assert!(
+        sent < 16 << 20,
+        "the gateway took {sent} bytes for a client reading none"
+    );
+    drop(stream);
+}
+
+/// A declared `Content-Length` reserves nothing (issue 46, finding 2): clients that promise
+/// bodies as large as the gateway takes and then trickle them hold what they sent, and another
+/// client is served meanwhile. On a budget charged for promises, these eight took it all.
+#[tokio::test]
+async fn promised_body_bytes_hold_no_budget_until_they_arrive() {
+    use tokio::io::AsyncWriteExt;
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let addr = serve_on_port(&state).await;
+    let all = state.shared.body_budget.available();
+    let mut promising = Vec::new();
+    for _ in 0..8 {
+        let mut s = connect_from([127, 0, 0, 2], addr).await;
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n{\"model\"")
+            .await
+            .unwrap();
+        promising.push(s);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        state.shared.body_budget.available() >= all - 8 * 16,
+        "the promises hold {} bytes",
+        all - state.shared.body_budget.available()
+    );
+    // A body of about 1 KiB, more than a budget charged for the promises would have left.
+    let long = chat(
+        "m",
+        json!({"messages": [{"role": "user", "content": "say hello ".repeat(100)}]}),
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{:?}", resp.text().await);
+    drop(promising);
 }
 
 /// Shared parts around scripted draft `workers`, claiming the identity `draft_sha256`, with
@@ -761,7 +890,8 @@ fn shared_parts(
             .build_recorder()
             .handle(),
         inflight: Arc::new(Semaphore::new(max_concurrent)),
-        body_budget: Arc::new(Semaphore::new(max_concurrent * (4 << 20))),
+        // As `BodyBudget::for_policy` sizes it for the test policy's 4 KiB bodies.
+        body_budget: crate::body_budget::BodyBudget::new(max_concurrent * 4096, None),
         policy_path: "/tests/policy.toml".into(),
         ledgers: Default::default(),
         meters: Default::default(),
@@ -862,6 +992,45 @@ fn get(path: &str) -> Request<Body> {
     Request::get(path).body(Body::empty()).unwrap()
 }
 
+/// A request target or headers past the gateway's limits get 414 and 431 in the OpenAI shape,
+/// with the request id (issue 46, finding 5: hyper's own refusals had no body and no id).
+#[tokio::test]
+async fn a_long_uri_or_a_header_flood_is_refused_in_the_openai_shape_with_an_id() {
+    use crate::middleware::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
+    let state = Setup::new("x", 0.9, "x").state().await;
+    let long_uri = format!("/v1/models?q={}", "a".repeat(MAX_URI_BYTES));
+    let mut flood = post("/v1/chat/completions", &chat("m", json!({})));
+    for i in 0..=MAX_HEADERS {
+        flood.headers_mut().insert(
+            format!("x-flood-{i}")
+                .parse::<header::HeaderName>()
+                .unwrap(),
+            "1".parse().unwrap(),
+        );
+    }
+    let mut heavy = post("/v1/chat/completions", &chat("m", json!({})));
+    heavy
+        .headers_mut()
+        .insert("x-heavy", "v".repeat(MAX_HEADER_BYTES).parse().unwrap());
+    for (req, status, code) in [
+        (get(&long_uri), StatusCode::URI_TOO_LONG, "uri_too_long"),
+        (
+            flood,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+        ),
+        (
+            heavy,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+        ),
+    ] {
+        let (got, headers, body) = call(&state, req).await;
+        assert_eq!((got, error_of(&body).1), (status, json!(code)));
+        assert!(headers.contains_key("x-request-id"), "{code}");
+    }
+}
+
 #[tokio::test]
 async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
     let state = Setup::new("x", 0.9, "x").state().await;
@@ -901,10 +1070,35 @@ async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
             Request::post("/health").body(Body::empty()).unwrap(),
             &not_allowed,
         ),
+        // The probe's (issue 46, finding 5): these were 404.
+        (
+            Request::delete("/v1/models").body(Body::empty()).unwrap(),
+            &not_allowed,
+        ),
+        (
+            Request::put("/v1/models").body(Body::empty()).unwrap(),
+            &not_allowed,
+        ),
+        (
+            Request::head("/v1/models").body(Body::empty()).unwrap(),
+            &not_allowed,
+        ),
+        (get("/v1/chat/completions"), &not_allowed),
+        (get("/v1/completions"), &not_allowed),
     ] {
         let what = format!("{} {}", req.method(), req.uri());
-        let (status, _, body) = call(&state, req).await;
-        assert_eq!(&(status, error_of(&body).1), expected, "{what}");
+        let head = req.method() == axum::http::Method::HEAD;
+        let (status, headers, body) = call(&state, req).await;
+        // A HEAD answer has no body to hold the error.
+        let code = if head {
+            json!("method_not_allowed")
+        } else {
+            error_of(&body).1
+        };
+        assert_eq!(&(status, code), expected, "{what}");
+        if status == StatusCode::METHOD_NOT_ALLOWED && what.starts_with("GET /v1/chat") {
+            assert_eq!(headers[header::ALLOW], "POST", "{what}");
+        }
     }
     for path in [
         "/v1/models/../../slots",
@@ -938,6 +1132,9 @@ async fn headers_cross_only_through_allow_lists() {
     let state = Setup::new("x", 0.9, "x").state().await;
     let mut req = post("/v1/chat/completions", &chat("pt", json!({})));
     for (k, v) in [
+        // The client's credentials, whatever the header (issue 46, finding 6).
+        ("authorization", "Bearer client-secret"),
+        ("x-api-key", "client-key"),
         ("api-key", "client-key"),
         ("openai-project", "proj"),
         ("openai-organization", "org"),
@@ -953,6 +1150,7 @@ async fn headers_cross_only_through_allow_lists() {
     assert_eq!(status, StatusCode::OK);
     let seen: Vec<String> = serde_json::from_value(json_of(&body)["headers_seen"].clone()).unwrap();
     for kept_out in [
+        "x-api-key",
         "api-key",
         "openai-project",
         "openai-organization",
@@ -1701,7 +1899,7 @@ async fn limits_hold_on_every_path() {
     );
 }
 
-/// An image to a target that says it takes none is the client's 400 on either path (the
+/// An image or audio to a target that says it takes none is the client's 400 on either path (the
 /// target would answer a 500, read as its own failure); where the target says nothing, or takes
 /// images, the request passes through as before.
 #[tokio::test]
@@ -1714,16 +1912,27 @@ async fn an_image_to_a_target_that_takes_none_is_the_clients_mistake() {
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
         )
     };
+    let audio = |model: &str| {
+        chat(
+            model,
+            json!({"messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]}),
+        )
+    };
     let mut s = Setup::new("hello", 0.95, "hello");
-    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer())).taking_images(false);
+    s.target = ScriptedTarget::says("hello", Some(tiny_tokenizer()))
+        .taking_images(false)
+        .taking_audio(false);
     let state = s.state().await;
     for model in ["m", "pt"] {
-        let (status, _, body) = call(&state, post("/v1/chat/completions", &image(model))).await;
-        assert_eq!(
-            (status, error_of(&body).0),
-            (StatusCode::BAD_REQUEST, json!("messages")),
-            "{model}"
-        );
+        for body in [image(model), audio(model)] {
+            let (status, _, answer) = call(&state, post("/v1/chat/completions", &body)).await;
+            assert_eq!(
+                (status, error_of(&answer).0),
+                (StatusCode::BAD_REQUEST, json!("messages")),
+                "{body}"
+            );
+        }
     }
     for taking in [Some(true), None] {
         let mut s = Setup::new("hello", 0.95, "hello");

@@ -82,7 +82,7 @@ pub fn build_state(
             .unwrap_or_else(|| DRAFT_GGUF_SHA256.to_string()),
         prometheus,
         inflight: Arc::new(Semaphore::new(policy.gateway.max_concurrent_requests)),
-        body_budget: crate::state::body_budget(&policy.gateway),
+        body_budget: crate::body_budget::BodyBudget::for_policy(&policy.gateway),
         policy_path: policy_path.to_path_buf(),
         ledgers: Default::default(),
         meters: Default::default(),
@@ -147,7 +147,9 @@ pub async fn accept_loop(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(gw.header_timeout.max(gw.idle_timeout));
+        .header_read_timeout(gw.header_timeout.max(gw.idle_timeout))
+        // Past the gateway's own limit, so the refusal is its shaped 431 (`protocol_limits`).
+        .max_headers(crate::middleware::HYPER_MAX_HEADERS);
     // Pings find a peer that went away while a stream was open (no idle deadline runs then).
     builder
         .http2()
@@ -188,7 +190,11 @@ pub async fn accept_loop(
         let conn = builder
             .serve_connection_with_upgrades(
                 TokioIo::new(tcp),
-                TowerToHyperService::new(Tracked::new(app.clone(), activity.clone())),
+                TowerToHyperService::new(Tracked::new(
+                    app.clone(),
+                    activity.clone(),
+                    Some(peer.ip()),
+                )),
             )
             .into_owned();
         let stopping = stopping.clone();

@@ -54,6 +54,8 @@ pub fn router(state: AppState) -> Router {
                 // Inside the id, so the request's span carries it.
                 .layer(TraceLayer::new_for_http())
                 .layer(PropagateRequestIdLayer::x_request_id())
+                // Before any work, inside the id: a refusal carries it.
+                .layer(from_fn(middleware::protocol_limits))
                 // Before any layer reads the policy: the request keeps this runtime to its end.
                 .layer(from_fn_with_state(state.clone(), middleware::snapshot))
                 // Before anything costs work: an unauthenticated request is refused at once.

@@ -35,9 +35,8 @@ pub struct Shared {
     pub prometheus: PrometheusHandle,
     /// Requests in flight (permits live as long as the response body).
     pub inflight: Arc<Semaphore>,
-    /// Bytes of request bodies being read before their requests take a slot (see
-    /// [`body_budget`]).
-    pub body_budget: Arc<Semaphore>,
+    /// Bytes of request bodies being read before their requests take a slot.
+    pub body_budget: crate::body_budget::BodyBudget,
     /// Policy file watched for changes.
     pub policy_path: PathBuf,
     /// The budget guard's ledgers (kept across policy reloads).
@@ -388,17 +387,4 @@ impl AppState {
     pub fn replace(&self, rt: impl Into<Arc<Runtime>>) {
         self.runtime.store(rt.into());
     }
-}
-
-/// The bytes request bodies may hold while they are read, before their requests take a slot:
-/// as much as the request slots could hold once the bodies are read (`max_concurrent_requests`
-/// times `max_body_bytes`). Bodies are read ahead of the slots so that a slow one never holds a
-/// slot; without a bound of their own, clients trickling large bodies over many connections
-/// (and HTTP/2 streams) could buffer any amount. A start-up setting, as the slots are.
-pub fn body_budget(g: &crate::policy::GatewayPolicy) -> Arc<Semaphore> {
-    let bytes = g
-        .max_concurrent_requests
-        .saturating_mul(g.max_body_bytes)
-        .min(Semaphore::MAX_PERMITS);
-    Arc::new(Semaphore::new(bytes))
 }

@@ -89,6 +89,28 @@ pub fn tiny_tokenizer() -> Tokenizer {
     }
 }
 
+/// [`tiny_tokenizer`] plus merges that make "Hello" one token and "Hel" two ("He", "l"): the
+/// tokenization of "Hel" + "lo" differs from that of "Hel" followed by that of "lo", and a cut
+/// inside "Hello" changes the ids.
+pub fn merging_tokenizer() -> Tokenizer {
+    let mut spec = tiny_tokenizer_spec();
+    let mut vocab = spec["model"]["vocab"]
+        .as_object_mut()
+        .map(std::mem::take)
+        .unwrap_or_default();
+    for (i, t) in ["He", "ll", "Hell", "Hello"].iter().enumerate() {
+        vocab.insert((*t).to_string(), json!(300 + i));
+    }
+    spec["model"]["vocab"] = Value::Object(vocab);
+    spec["model"]["merges"] = json!(["H e", "l l", "He ll", "Hell o"]);
+    match Tokenizer::from_json(&spec.to_string()) {
+        Ok(t) => t,
+        // The specification above is fixed; failing to load it is a bug in this file.
+        #[allow(clippy::panic)]
+        Err(e) => panic!("merging tokenizer: {e}"),
+    }
+}
+
 /// Where the answer starts: just after the last `<|im_start|>`, else after everything.
 fn answer_position(seq: &[u32]) -> usize {
     seq.len()
@@ -345,6 +367,12 @@ impl ScriptedTarget {
     /// The same target saying whether it takes images (as llama-server's `/props` does).
     pub fn taking_images(mut self, images: bool) -> Self {
         self.facts.images = Some(images);
+        self
+    }
+
+    /// The same target saying whether it takes audio (as llama-server's `/props` does).
+    pub fn taking_audio(mut self, audio: bool) -> Self {
+        self.facts.audio = Some(audio);
         self
     }
 

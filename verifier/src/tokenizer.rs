@@ -18,7 +18,20 @@ pub struct Tokenizer {
     /// building the whole vocabulary map (about 40 ms for the draft's 151,665 tokens), and the
     /// decode loop checks every target token against it.
     vocab_size: usize,
+    /// The most bytes of text one token covers (the longest vocabulary entry; 128 for the
+    /// draft's), where the tokenizer has no normalizer that could shrink its input (see
+    /// [`Tokenizer::fewest_tokens`]).
+    longest_token: Option<usize>,
 }
+
+/// A text holds more tokens than the bound it was encoded within: at least this many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooMany(pub usize);
+
+/// Texts up to this long are encoded in one piece; longer ones in pieces of about this size, so
+/// the tokenizer's working memory (a few hundred bytes per token: offsets, strings) stays
+/// bounded whatever the text's length.
+const PIECE_BYTES: usize = 64 << 10;
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,8 +66,19 @@ impl Tokenizer {
             .filter(|a| a.special)
             .map(|a| a.content.clone())
             .collect();
+        // Every entry's key is at least as long as the text it covers: one character per byte
+        // in a byte-level vocabulary, `▁` for a space, `<0x41>` for one byte.
+        let longest_token = t.get_normalizer().is_none().then(|| {
+            t.get_vocab(true)
+                .keys()
+                .map(String::len)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        });
         Self {
             vocab_size: t.get_vocab_size(true),
+            longest_token,
             inner: Arc::new(t),
             plain: Arc::new(plain),
             specials: Arc::new(specials),
@@ -84,6 +108,97 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The fewest tokens a text of `bytes` bytes can be, without running the tokenizer: its
+    /// length over the longest token's, or 0 where the tokenizer's normalizer could shrink text
+    /// (no bound then). A prompt that cannot fit a context is refused on this alone.
+    pub fn fewest_tokens(&self, bytes: usize) -> usize {
+        self.longest_token.map_or(0, |l| bytes / l)
+    }
+
+    /// [`Tokenizer::encode`] stopping once the text has more than `limit` tokens: the work and
+    /// memory are those of about `limit` tokens, however long the text.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        limit: usize,
+    ) -> Result<Result<Vec<u32>, TooMany>, EngineError> {
+        self.within(&self.inner, text, limit)
+    }
+
+    /// [`Tokenizer::encode_plain`] stopping once the text has more than `limit` tokens.
+    pub fn encode_plain_within(
+        &self,
+        text: &str,
+        limit: usize,
+    ) -> Result<Result<Vec<u32>, TooMany>, EngineError> {
+        self.within(&self.plain, text, limit)
+    }
+
+    /// A long text is counted piece by piece, cut where the pre-tokenizer would cut it (a token
+    /// never spans two of its pieces) and never inside a special token's text, and stops at
+    /// the piece that passes `limit`. One that fits is then encoded whole, so its ids are
+    /// exactly those of one encoding.
+    fn within(
+        &self,
+        t: &tokenizers::Tokenizer,
+        text: &str,
+        limit: usize,
+    ) -> Result<Result<Vec<u32>, TooMany>, EngineError> {
+        let fewest = self.fewest_tokens(text.len());
+        if fewest > limit {
+            return Ok(Err(TooMany(fewest)));
+        }
+        let encode = |part: &str| {
+            t.encode(part, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))
+        };
+        if text.len() > PIECE_BYTES {
+            let (mut counted, mut at) = (0, 0);
+            while at < text.len() {
+                let end = self.piece_end(text, at)?;
+                counted += encode(&text[at..end])?.len();
+                if counted > limit {
+                    return Ok(Err(TooMany(counted)));
+                }
+                at = end;
+            }
+        }
+        let ids = encode(text)?;
+        Ok(if ids.len() > limit {
+            Err(TooMany(ids.len()))
+        } else {
+            Ok(ids)
+        })
+    }
+
+    /// Where the piece of `text` from `at` ends: about [`PIECE_BYTES`] on, at the start of the
+    /// last pre-tokenizer piece there, moved back before a special token's text that the cut
+    /// would split. A single pre-tokenizer piece longer than that is cut inside (its count may
+    /// then be off by a token or two; only the count is used).
+    fn piece_end(&self, text: &str, at: usize) -> Result<usize, EngineError> {
+        let end = text.floor_char_boundary(at + PIECE_BYTES);
+        if end >= text.len() {
+            return Ok(text.len());
+        }
+        let mut cut = at + self.last_piece_start(&text[at..end])?;
+        if cut == at {
+            cut = end;
+        }
+        for special in self.specials.iter() {
+            let from = text.floor_char_boundary(cut.saturating_sub(special.len() - 1));
+            let to = text.ceil_char_boundary((cut + special.len() - 1).min(text.len()));
+            if let Some(i) = text[from..to].find(special.as_str())
+                && from + i < cut
+                && from + i + special.len() > cut
+                && from + i > at
+            {
+                cut = from + i;
+            }
+        }
+        Ok(cut)
     }
 
     /// Ids to text, special tokens skipped.
@@ -233,6 +348,53 @@ impl StreamDecoder {
     /// All ids pushed so far.
     pub fn ids(&self) -> &[u32] {
         &self.ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::merging_tokenizer as merging;
+
+    #[test]
+    fn a_long_text_within_its_bound_has_the_ids_of_one_encoding() {
+        let t = merging();
+        let text = "Hello world, <|im_start|>Hello\n\n  Hello!".repeat(20_000);
+        assert!(text.len() > 10 * PIECE_BYTES);
+        let whole = t.encode(&text).unwrap();
+        assert_eq!(
+            t.encode_within(&text, whole.len()).unwrap(),
+            Ok(whole.clone())
+        );
+        assert_eq!(
+            t.encode_within(&text, whole.len() - 1).unwrap(),
+            Err(TooMany(whole.len()))
+        );
+        // Past a small bound it stops after a piece or two, not after the whole text.
+        let Err(TooMany(counted)) = t.encode_within(&text, 1000).unwrap() else {
+            panic!("fits")
+        };
+        assert!(counted > 1000 && counted < 2 * PIECE_BYTES, "{counted}");
+    }
+
+    #[test]
+    fn a_piece_never_ends_inside_a_special_tokens_text() {
+        let t = merging();
+        let mut text = "a ".repeat((PIECE_BYTES - 6) / 2);
+        let special = text.len();
+        assert_eq!(special, PIECE_BYTES - 6);
+        text.push_str("<|im_start|>");
+        text.push_str(&"b ".repeat(100));
+        assert_eq!(t.piece_end(&text, 0).unwrap(), special);
+    }
+
+    #[test]
+    fn a_text_too_long_to_fit_is_refused_before_it_is_tokenized() {
+        let t = merging();
+        // The longest entry is `<|endoftext|>`: 13 bytes.
+        assert_eq!(t.fewest_tokens(13_000), 1000);
+        let text = "x".repeat(13_013);
+        assert_eq!(t.encode_within(&text, 1000).unwrap(), Err(TooMany(1001)));
     }
 }
 

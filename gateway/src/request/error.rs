@@ -73,14 +73,27 @@ pub enum ValidationError {
         context: usize,
     },
     /// More prompt tokens than approxy tokenizes.
-    #[error("the prompt has {tokens} tokens; at most {max}")]
+    #[error("the prompt has more than {max} tokens (at least {tokens})")]
     PromptTooLong {
         /// Endpoint (names the field).
         endpoint: Endpoint,
-        /// Tokens in the prompt.
+        /// Tokens in the prompt, at least (tokenizing stops past `max`).
         tokens: usize,
         /// The most the approximate path takes.
         max: usize,
+    },
+    /// The prompt has more tokens than the target's context holds, known without all of them
+    /// counted (from its length, or tokenizing stopped past approxy's own limit).
+    #[error(
+        "the prompt has at least {at_least} tokens, more than this model's context of {context}"
+    )]
+    CannotFit {
+        /// Endpoint (names the field).
+        endpoint: Endpoint,
+        /// The fewest tokens the prompt can have.
+        at_least: usize,
+        /// The target's context.
+        context: usize,
     },
     /// A token id outside the vocabulary.
     #[error("token ids must be below {0}")]
@@ -112,9 +125,9 @@ impl ValidationError {
             Self::TooManyStops => Some("stop".into()),
             Self::UnknownRole { index, .. } => Some(format!("messages[{index}].role")),
             Self::Template(_) => Some("messages".into()),
-            Self::EmptyPrompt(e) | Self::PromptTooLong { endpoint: e, .. } => {
-                Some(e.prompt_field().into())
-            }
+            Self::EmptyPrompt(e)
+            | Self::PromptTooLong { endpoint: e, .. }
+            | Self::CannotFit { endpoint: e, .. } => Some(e.prompt_field().into()),
             Self::ContextTooLong { .. } => Some("max_tokens".into()),
             Self::TargetContextExceeded {
                 prompt, context, ..

@@ -1,8 +1,8 @@
 //! The limits every chat and completions request is held to, whichever path serves it. A
 //! client that sends a parameter approximate mode does not support (`logit_bias`, say) gets its
 //! request passed through, so these are checked on the request as sent, before the path is
-//! chosen: `max_tokens` bounds, `n`, stop strings, `top_logprobs` and `logprobs`, and the shapes
-//! of `tools`, `functions` and `tool_choice`. The approximate path checks its typed request
+//! chosen: `max_tokens` bounds, `n` (and prompts times `n`), stop strings, `top_logprobs` and
+//! `logprobs`, and the OpenAI shapes a target would answer with a 500 (`shapes`). The approximate path checks its typed request
 //! again on the way (`validate`), with the same bounds.
 //!
 //! One limit differs by path, and the policy says how: special-token text in a chat message.
@@ -65,6 +65,22 @@ pub fn check(
     {
         return Err(out_of_range("n", format!("integers 1..={}", gw.max_n)));
     }
+    // Each prompt of a completions request is answered `n` times: the product is what one
+    // request asks of the target, so it has `n`'s bound.
+    if endpoint == Endpoint::Completions {
+        let n = present(body, "n").and_then(Value::as_f64).unwrap_or(1.0) as usize;
+        let prompts = prompt_count(body);
+        if prompts.saturating_mul(n) > gw.max_n as usize {
+            return Err(ValidationError::Invalid {
+                param: "prompt".into(),
+                reason: format!(
+                    "{prompts} prompts with n = {n} ask for {} answers; at most {} (gateway.max_n)",
+                    prompts.saturating_mul(n),
+                    gw.max_n
+                ),
+            });
+        }
+    }
     if let Some(v) = present(body, "stop") {
         let stops: Vec<&Value> = match v {
             Value::String(_) => vec![v],
@@ -89,33 +105,6 @@ pub fn check(
             ));
         }
     }
-    // Shapes a target answers with a 500 rather than a 400 (llama-server does for `tools: "x"`):
-    // checked here, the client hears it is its mistake, and target-health alerts stay quiet.
-    let shaped = |field: &str, ok: fn(&Value) -> bool, what: &str| match present(body, field) {
-        Some(v) if !ok(v) => Err(ValidationError::Invalid {
-            param: field.into(),
-            reason: format!("must be {what}"),
-        }),
-        _ => Ok(()),
-    };
-    shaped(
-        "tools",
-        |v| {
-            v.as_array()
-                .is_some_and(|a| a.iter().all(|t| t["type"].is_string()))
-        },
-        "an array of tool objects, each with a type",
-    )?;
-    shaped(
-        "functions",
-        |v| v.as_array().is_some_and(|a| a.iter().all(Value::is_object)),
-        "an array of function objects",
-    )?;
-    shaped(
-        "tool_choice",
-        |v| v.is_string() || v.is_object(),
-        "a string or an object",
-    )?;
     if let Some(v) = present(body, "top_logprobs")
         && v.as_u64().is_none_or(|n| n > MAX_TOP_LOGPROBS)
     {
@@ -134,22 +123,50 @@ pub fn check(
             format!("integers 0..={MAX_COMPLETION_LOGPROBS}"),
         ));
     }
-    Ok(())
+    super::shapes::check(body)
 }
 
-/// Whether a chat message holds an image part (`image_url`, `input_image`).
-pub fn has_image(body: &Map<String, Value>) -> bool {
-    body.get("messages")
-        .and_then(Value::as_array)
-        .is_some_and(|ms| {
-            ms.iter().any(|m| {
-                m["content"].as_array().is_some_and(|parts| {
-                    parts
-                        .iter()
-                        .any(|p| matches!(p["type"].as_str(), Some("image_url" | "input_image")))
-                })
-            })
-        })
+/// The bytes of a request's prompt text: every string of its messages' contents (plain and
+/// part texts), or its longest completion prompt. A bound on its tokens before any tokenizer
+/// runs (`decide`).
+pub fn prompt_bytes(endpoint: Endpoint, body: &Map<String, Value>) -> usize {
+    match endpoint {
+        Endpoint::Chat => body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map_or(0, |ms| {
+                ms.iter()
+                    .map(|m| match &m["content"] {
+                        Value::String(s) => s.len(),
+                        Value::Array(parts) => parts
+                            .iter()
+                            .filter_map(|p| p["text"].as_str())
+                            .map(str::len)
+                            .sum(),
+                        _ => 0,
+                    })
+                    .sum()
+            }),
+        Endpoint::Completions => match present(body, "prompt") {
+            Some(Value::String(s)) => s.len(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::len)
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        },
+    }
+}
+
+/// How many prompts a completions body holds: an array of strings or of token arrays is one
+/// per item; a string or one array of token ids is one.
+fn prompt_count(body: &Map<String, Value>) -> usize {
+    match present(body, "prompt") {
+        Some(Value::Array(items)) if items.iter().all(|i| !i.is_number()) => items.len(),
+        _ => 1,
+    }
 }
 
 /// The first text of a chat request that holds one of `specials` (the tokenizer's
@@ -244,7 +261,7 @@ mod tests {
             (json!({"stop": 7}), "stop"),
             (json!({"top_logprobs": 100_000}), "top_logprobs"),
             (json!({"tools": "x"}), "tools"),
-            (json!({"tools": [{"function": {}}]}), "tools"),
+            (json!({"tools": [{"function": {}}]}), "tools[0].type"),
             (json!({"functions": "x"}), "functions"),
             (json!({"tool_choice": 3}), "tool_choice"),
         ] {
@@ -258,6 +275,31 @@ mod tests {
             refused(Endpoint::Completions, json!({"logprobs": 100})).as_deref(),
             Some("logprobs")
         );
+        // Prompts times n under max_n (16 here): 100 prompts were answered 100 times.
+        let many: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+        for (body, param) in [
+            (json!({"prompt": many}), Some("prompt")),
+            (
+                json!({"prompt": ["a", "b", "c", "d", "e"], "n": 4}),
+                Some("prompt"),
+            ),
+            (
+                json!({"prompt": [[1, 2], [3], [4]], "n": 6}),
+                Some("prompt"),
+            ),
+            (json!({"prompt": ["a", "b", "c", "d"], "n": 4}), None),
+            (
+                json!({"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], "n": 16}),
+                None,
+            ),
+            (json!({"prompt": "one", "n": 16}), None),
+        ] {
+            assert_eq!(
+                refused(Endpoint::Completions, body.clone()).as_deref(),
+                param,
+                "{body}"
+            );
+        }
         for body in [
             json!({"max_tokens": 1000, "n": 1.0, "stop": ["a", "b"], "top_logprobs": 20, "logprobs": true}),
             json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}),

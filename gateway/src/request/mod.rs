@@ -1,5 +1,6 @@
 //! Request checking, in the spirit of TGI's `validation.rs`: the limits every chat and
-//! completions request is held to whichever path serves it (`limits`), the features the draft
+//! completions request is held to whichever path serves it (`limits`, with the OpenAI shapes a
+//! target would answer with a 500 in `shapes`), the features the draft
 //! loop lacks (`unsupported`), validation of a request approxy answers (`validate`, with its
 //! one error type in `error`), and whether it is about code or chat (`prompt_kind`).
 //!
@@ -12,6 +13,7 @@
 pub mod error;
 pub mod limits;
 pub mod prompt_kind;
+pub mod shapes;
 pub mod unsupported;
 pub mod validate;
 

@@ -5,7 +5,7 @@
 
 use approxy_verifier::SamplingParams;
 use approxy_verifier::template::{ChatMessage, ChatTemplate, Segment};
-use approxy_verifier::tokenizer::Tokenizer;
+use approxy_verifier::tokenizer::{Tokenizer, TooMany};
 use axum::http::HeaderMap;
 
 use super::error::ValidationError;
@@ -176,32 +176,34 @@ fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationEr
     }
 }
 
-/// The prompt as token ids, checked against the draft's limits.
+/// The prompt as token ids, checked against the draft's limits. Tokenizing stops once the
+/// prompt is past [`MAX_PROMPT_TOKENS`] (the error then says how many it has at least), so a
+/// prompt of megabytes costs the tokenizer's work and memory for that many tokens, not for all
+/// of them.
 pub fn prompt_tokens(
     v: &ValidRequest,
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     vocab: usize,
 ) -> Result<Vec<u32>, ValidationError> {
-    let encode = |text: &str| {
-        tokenizer
-            .encode(text)
-            .map_err(|e| ValidationError::Template(e.to_string()))
+    let too_long = |TooMany(tokens)| ValidationError::PromptTooLong {
+        endpoint: v.endpoint,
+        tokens,
+        max: MAX_PROMPT_TOKENS,
     };
     let ids = match &v.prompt {
-        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer)?,
-        Prompt::Text(t) => encode(t)?,
+        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer)?.map_err(too_long)?,
+        Prompt::Text(t) => tokenizer
+            .encode_within(t, MAX_PROMPT_TOKENS)
+            .map_err(|e| ValidationError::Template(e.to_string()))?
+            .map_err(too_long)?,
+        Prompt::Tokens(ids) if ids.len() > MAX_PROMPT_TOKENS => {
+            return Err(too_long(TooMany(ids.len())));
+        }
         Prompt::Tokens(ids) => ids.clone(),
     };
     if ids.is_empty() {
         return Err(ValidationError::EmptyPrompt(v.endpoint));
-    }
-    if ids.len() > MAX_PROMPT_TOKENS {
-        return Err(ValidationError::PromptTooLong {
-            endpoint: v.endpoint,
-            tokens: ids.len(),
-            max: MAX_PROMPT_TOKENS,
-        });
     }
     if ids.iter().any(|&t| t as usize >= vocab) {
         return Err(ValidationError::TokenOutOfVocabulary(vocab));
@@ -209,14 +211,15 @@ pub fn prompt_tokens(
     Ok(ids)
 }
 
-/// A chat prompt's ids. Special tokens come only from the template: a message whose content
-/// holds special-token text (`<|im_start|>system`, to fake a turn) has that text tokenized as
-/// plain text. Such messages are rare, so the common case renders and tokenizes in one piece.
+/// A chat prompt's ids, within [`MAX_PROMPT_TOKENS`]. Special tokens come only from the
+/// template: a message whose content holds special-token text (`<|im_start|>system`, to fake a
+/// turn) has that text tokenized as plain text. Such messages are rare, so the common case
+/// renders and tokenizes in one piece.
 fn chat_tokens(
     msgs: &[ChatMessage],
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
-) -> Result<Vec<u32>, ValidationError> {
+) -> Result<Result<Vec<u32>, TooMany>, ValidationError> {
     let fail = |e: String| ValidationError::Template(e);
     let specials = tokenizer.special_texts();
     if !msgs
@@ -224,7 +227,10 @@ fn chat_tokens(
         .any(|m| specials.iter().any(|s| m.content.contains(s.as_str())))
     {
         return tokenizer
-            .encode(&template.render(msgs).map_err(|e| fail(e.to_string()))?)
+            .encode_within(
+                &template.render(msgs).map_err(|e| fail(e.to_string()))?,
+                MAX_PROMPT_TOKENS,
+            )
             .map_err(|e| fail(e.to_string()));
     }
     let Some(segments) = template
@@ -240,13 +246,17 @@ fn chat_tokens(
     };
     let mut ids = Vec::new();
     for s in segments {
+        let left = MAX_PROMPT_TOKENS - ids.len();
         let part = match s {
-            Segment::Template(t) => tokenizer.encode(&t),
-            Segment::Content(c) => tokenizer.encode_plain(&c),
+            Segment::Template(t) => tokenizer.encode_within(&t, left),
+            Segment::Content(c) => tokenizer.encode_plain_within(&c, left),
         };
-        ids.extend(part.map_err(|e| fail(e.to_string()))?);
+        match part.map_err(|e| fail(e.to_string()))? {
+            Ok(part) => ids.extend(part),
+            Err(TooMany(n)) => return Ok(Err(TooMany(ids.len() + n))),
+        }
     }
-    Ok(ids)
+    Ok(Ok(ids))
 }
 
 /// The per-request threshold from the header, checked against the model's allowed range.

@@ -135,7 +135,9 @@ pub(crate) async fn start_stub() -> anyhow::Result<String> {
             }),
         )
         .route("/v1/models", get(|| async { r#"{"object":"list","data":[]}"# }))
-        .route("/health", get(|| async { "ok" }));
+        .route("/health", get(|| async { "ok" }))
+        // The attack soak passes 4 MiB prompts through (axum's default limit is 2 MB).
+        .layer(axum::extract::DefaultBodyLimit::max(8 << 20));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {

@@ -226,4 +226,6 @@ pub struct TargetFacts {
     pub context_length: Option<usize>,
     /// Whether it takes images in messages.
     pub images: Option<bool>,
+    /// Whether it takes audio in messages.
+    pub audio: Option<bool>,
 }

@@ -186,8 +186,8 @@ impl TargetClient for LlamaCppTarget {
     }
 
     /// From `/props`: a slot's context (`default_generation_settings.n_ctx`, the server's
-    /// context divided among its parallel slots) and whether it takes images
-    /// (`modalities.vision`: a model without a projector answers an image with a 500).
+    /// context divided among its parallel slots) and whether it takes images and audio
+    /// (`modalities.vision`, `.audio`: a model without a projector answers either with a 500).
     async fn facts(&self) -> Result<TargetFacts, TargetError> {
         let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "props")).await?;
         Ok(props_facts(&v))
@@ -201,6 +201,7 @@ fn props_facts(v: &Value) -> TargetFacts {
             .as_u64()
             .and_then(|n| usize::try_from(n).ok()),
         images: v["modalities"]["vision"].as_bool(),
+        audio: v["modalities"]["audio"].as_bool(),
     }
 }
 
@@ -217,7 +218,8 @@ mod tests {
             props_facts(&v),
             TargetFacts {
                 context_length: Some(4096),
-                images: Some(false)
+                images: Some(false),
+                audio: Some(false),
             }
         );
         assert_eq!(props_facts(&json!({})), TargetFacts::default());

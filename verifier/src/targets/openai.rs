@@ -314,6 +314,7 @@ impl TargetClient for OpenAiCompletionsTarget {
                 Some(self.cfg.model.as_str()).filter(|m| !m.is_empty()),
             ),
             images: None,
+            audio: None,
         })
     }
 }

@@ -379,6 +379,7 @@ impl TargetClient for SglangTarget {
                 Some(self.cfg.model.as_str()).filter(|m| !m.is_empty()),
             ),
             images: None,
+            audio: None,
         })
     }
 }

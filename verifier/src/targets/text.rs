@@ -473,23 +473,7 @@ async fn token_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::tiny_tokenizer_spec;
-
-    /// Bytes, plus merges that make "Hello" one token and "Hel" two ("He", "l"): the
-    /// tokenization of "Hel" + "lo" differs from that of "Hel" followed by that of "lo".
-    fn merging_tokenizer() -> Tokenizer {
-        let mut spec = tiny_tokenizer_spec();
-        let mut vocab = spec["model"]["vocab"]
-            .as_object_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        for (i, t) in ["He", "ll", "Hell", "Hello"].iter().enumerate() {
-            vocab.insert((*t).to_string(), serde_json::json!(300 + i));
-        }
-        spec["model"]["vocab"] = serde_json::Value::Object(vocab);
-        spec["model"]["merges"] = serde_json::json!(["H e", "l l", "He ll", "Hell o"]);
-        Tokenizer::from_json(&spec.to_string()).unwrap_or_else(|e| unreachable!("{e}"))
-    }
+    use crate::testing::merging_tokenizer;
 
     fn ids(t: &Tokenizer, s: &str) -> Vec<u32> {
         t.encode(s).unwrap_or_default()
