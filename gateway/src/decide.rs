@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
 use crate::reason::Reason;
 use crate::request::error::ValidationError;
+use crate::request::limits::MAX_PROMPT_TOKENS;
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
 use crate::request::{self, Endpoint, Prompt, limits, prompt_kind, shapes};
@@ -235,12 +236,18 @@ async fn admit(
             return fallback(mp, Reason::TokenizerCheckFailed, e).map(Admission::Passthrough);
         }
     }
-    let (valid, tokens, kind) = tokenize(&state.shared, valid).await?;
+    // Tokenizing stops past what approxy takes or the target's context holds, whichever is less:
+    // a prompt's tokens beyond either are never counted.
+    let context = rt.target_facts().await.context_length;
+    let limit = context.map_or(MAX_PROMPT_TOKENS, |c| {
+        c.saturating_sub(1).min(MAX_PROMPT_TOKENS)
+    });
+    let (valid, tokens, kind) = tokenize(&state.shared, valid, limit).await?;
     let prompt = match tokens {
         Ok(p) => p,
         Err(e @ ValidationError::PromptTooLong { tokens, .. }) => {
-            // Past approxy's limit and the target's context too: the target would refuse it.
-            if let Some(context) = rt.target_facts().await.context_length
+            // Past the target's context: the target would refuse it on either path.
+            if let Some(context) = context
                 && tokens >= context
             {
                 return Err(ValidationError::CannotFit {
@@ -268,6 +275,7 @@ async fn admit(
 async fn tokenize(
     shared: &Arc<Shared>,
     valid: ValidRequest,
+    limit: usize,
 ) -> Result<(ValidRequest, Result<Vec<u32>, ValidationError>, PromptKind), ApiError> {
     let shared = Arc::clone(shared);
     tokio::task::spawn_blocking(move || {
@@ -276,6 +284,7 @@ async fn tokenize(
             &shared.template,
             &shared.tokenizer,
             shared.draft.meta().vocab_size,
+            limit,
         );
         // A prompt of token ids is classified on its text.
         let decoded = match &valid.prompt {

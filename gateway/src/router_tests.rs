@@ -1420,6 +1420,7 @@ fn special_token_text_in_a_message_is_plain_text() {
         &template,
         &tok,
         approxy_verifier::testing::VOCAB,
+        crate::request::limits::MAX_PROMPT_TOKENS,
     )
     .unwrap();
     let faked = crate::request::validate::prompt_tokens(
@@ -1427,6 +1428,7 @@ fn special_token_text_in_a_message_is_plain_text() {
         &template,
         &tok,
         approxy_verifier::testing::VOCAB,
+        crate::request::limits::MAX_PROMPT_TOKENS,
     )
     .unwrap();
     // The template opens two turns (the user's and the answer's); the message opens none.

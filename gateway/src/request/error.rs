@@ -85,7 +85,7 @@ pub enum ValidationError {
     /// The prompt has more tokens than the target's context holds, known without all of them
     /// counted (from its length, or tokenizing stopped past approxy's own limit).
     #[error(
-        "the prompt has at least {at_least} tokens, more than this model's context of {context}"
+        "the prompt has at least {at_least} tokens; this model's context is {context} tokens, prompt and answer together"
     )]
     CannotFit {
         /// Endpoint (names the field).

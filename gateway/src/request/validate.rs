@@ -176,28 +176,30 @@ fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationEr
     }
 }
 
-/// The prompt as token ids, checked against the draft's limits. Tokenizing stops once the
-/// prompt is past [`MAX_PROMPT_TOKENS`] (the error then says how many it has at least), so a
-/// prompt of megabytes costs the tokenizer's work and memory for that many tokens, not for all
-/// of them.
+/// The prompt as token ids, at most `limit` of them (at most [`MAX_PROMPT_TOKENS`], the draft's
+/// own limit). Tokenizing stops once the prompt is past `limit` (the error then says how many it
+/// has at least), so a prompt of megabytes costs the tokenizer's work and memory for that many
+/// tokens, not for all of them.
 pub fn prompt_tokens(
     v: &ValidRequest,
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     vocab: usize,
+    limit: usize,
 ) -> Result<Vec<u32>, ValidationError> {
+    let limit = limit.min(MAX_PROMPT_TOKENS);
     let too_long = |TooMany(tokens)| ValidationError::PromptTooLong {
         endpoint: v.endpoint,
         tokens,
-        max: MAX_PROMPT_TOKENS,
+        max: limit,
     };
     let ids = match &v.prompt {
-        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer)?.map_err(too_long)?,
+        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer, limit)?.map_err(too_long)?,
         Prompt::Text(t) => tokenizer
-            .encode_within(t, MAX_PROMPT_TOKENS)
+            .encode_within(t, limit)
             .map_err(|e| ValidationError::Template(e.to_string()))?
             .map_err(too_long)?,
-        Prompt::Tokens(ids) if ids.len() > MAX_PROMPT_TOKENS => {
+        Prompt::Tokens(ids) if ids.len() > limit => {
             return Err(too_long(TooMany(ids.len())));
         }
         Prompt::Tokens(ids) => ids.clone(),
@@ -211,7 +213,7 @@ pub fn prompt_tokens(
     Ok(ids)
 }
 
-/// A chat prompt's ids, within [`MAX_PROMPT_TOKENS`]. Special tokens come only from the
+/// A chat prompt's ids, at most `limit` of them. Special tokens come only from the
 /// template: a message whose content holds special-token text (`<|im_start|>system`, to fake a
 /// turn) has that text tokenized as plain text. Such messages are rare, so the common case
 /// renders and tokenizes in one piece.
@@ -219,6 +221,7 @@ fn chat_tokens(
     msgs: &[ChatMessage],
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
+    limit: usize,
 ) -> Result<Result<Vec<u32>, TooMany>, ValidationError> {
     let fail = |e: String| ValidationError::Template(e);
     let specials = tokenizer.special_texts();
@@ -229,7 +232,7 @@ fn chat_tokens(
         return tokenizer
             .encode_within(
                 &template.render(msgs).map_err(|e| fail(e.to_string()))?,
-                MAX_PROMPT_TOKENS,
+                limit,
             )
             .map_err(|e| fail(e.to_string()));
     }
@@ -246,7 +249,7 @@ fn chat_tokens(
     };
     let mut ids = Vec::new();
     for s in segments {
-        let left = MAX_PROMPT_TOKENS - ids.len();
+        let left = limit - ids.len();
         let part = match s {
             Segment::Template(t) => tokenizer.encode_within(&t, left),
             Segment::Content(c) => tokenizer.encode_plain_within(&c, left),

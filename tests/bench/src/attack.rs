@@ -289,7 +289,7 @@ pub async fn run(opts: &AttackOptions) -> anyhow::Result<()> {
     // prompts tokenized); a chat-prefix target is sent text, so the stub needs no tokenizer.
     let policy = format!(
         "# Written by `approxy bench soak --phase attack`.\n[target]\nkind = \"chat_prefix\"\nprefix_style = \"prefix\"\nbase_url = \"{stub}/v1\"\ntimeout = \"30s\"\nretries = 0\ncontext_length = 65536\n\n\
-         [gateway]\nauth = \"none\"\n\n[models.large]\nmode = \"approximate\"\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
+         [gateway]\nauth = \"none\"\n\n[models.large]\nmode = \"approximate\"\nthreshold = 0.7\n\n[models.\"*\"]\nmode = \"passthrough\"\n"
     );
     let (gateway, pid) =
         gateway_with(&policy, &tempfile_dir()?.join("attack-policy.toml"), &logs).await?;
