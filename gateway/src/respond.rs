@@ -131,6 +131,8 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             "overlap": d.overlap,
             "overlap_guesses": s.overlap_guesses,
             "overlap_guesses_used": s.overlap_guesses_used,
+            "lookup_tokens": s.lookup_tokens,
+            "lookup_tokens_used": s.lookup_tokens_used,
             "target_discarded_tokens": s.target_discarded_tokens,
             // Billed for streams closed before their end: generated after the close, unseen.
             "target_inflight_tokens": s.target_inflight_tokens,

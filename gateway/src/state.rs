@@ -204,6 +204,7 @@ impl Runtime {
                     max_target_calls: m.max_target_calls,
                     cache: policy.target.cache_rules,
                     overlap: m.overlap,
+                    prompt_lookup: m.prompt_lookup,
                 }),
             };
             models.insert(key.clone(), Arc::new(model));

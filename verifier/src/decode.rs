@@ -23,12 +23,14 @@ use crate::verify::{AcceptanceRule, Verifier};
 
 mod calls;
 mod cursor;
+mod lookup;
 mod pacing;
 mod run;
 
 pub use calls::{CallKind, CallRecord, TargetTime, target_time};
 use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
+use lookup::Lookup;
 use pacing::{RejectionWindow, WindowSize};
 use run::{Corrected, Run, WindowEnd};
 
@@ -162,6 +164,10 @@ pub struct DecodeSettings {
     /// worth during a window call, a resync's worth during a span); the work is kept where the
     /// target's answer agrees.
     pub overlap: bool,
+    /// Most tokens prompt lookup proposes at once (0: off): where the answer's last few tokens
+    /// occurred before, the draft computes what followed them there in the same pass as its
+    /// next token, and keeps each that it then picks itself (see `lookup`).
+    pub prompt_lookup: usize,
 }
 
 impl Default for DecodeSettings {
@@ -175,6 +181,7 @@ impl Default for DecodeSettings {
             max_target_calls: None,
             cache: CacheRules::default(),
             overlap: false,
+            prompt_lookup: 0,
         }
     }
 }
@@ -291,6 +298,10 @@ pub struct Stats {
     pub overlap_guesses: u64,
     /// Of those, guesses the answer then took, so their draft work was not repeated.
     pub overlap_guesses_used: u64,
+    /// Tokens prompt lookup proposed, computed by the draft in the pass of the token before.
+    pub lookup_tokens: u64,
+    /// Of those, tokens the draft then picked itself, so no pass of their own was needed.
+    pub lookup_tokens_used: u64,
     /// Time spent in draft inference (overlapped with target calls or not).
     #[serde(serialize_with = "secs")]
     pub draft_time: Duration,
@@ -440,6 +451,8 @@ impl Engine {
         let mut window = run.req.settings.bailout.map(RejectionWindow::new);
         let mut accepted_run = 0u32;
         let mut sizes = WindowSize::new();
+        let mut lookup = (run.req.settings.prompt_lookup > 0)
+            .then(|| Lookup::new(&run.req.prompt, run.req.settings.prompt_lookup));
         let result = loop {
             if run.remaining() == 0 {
                 break FinishReason::Length;
@@ -513,6 +526,15 @@ impl Engine {
                     Corrected::Finished(reason) => break reason,
                 }
             };
+            if let Some(l) = &mut lookup {
+                l.catch_up(run.req.prompt.len(), run.emitted());
+                let proposed = l.propose();
+                // Not over guesses of overlap's, which the cursor holds already.
+                if !proposed.is_empty() && cursor.is_clear() {
+                    let fed = [produced.as_slice(), proposed].concat();
+                    cursor.feed(&fed, proposed.len()).await?;
+                }
+            }
             out = cursor.commit(&produced).await?;
         };
         if accepted_run > 0 {
@@ -521,6 +543,8 @@ impl Engine {
         run.stats.draft_time += cursor.time;
         run.stats.overlap_guesses = cursor.guessed;
         run.stats.overlap_guesses_used = cursor.guesses_used;
+        run.stats.lookup_tokens = cursor.looked_up;
+        run.stats.lookup_tokens_used = cursor.looked_up_used;
         run.finish(result).await
     }
 }
@@ -559,6 +583,8 @@ mod spend_tests {
 }
 #[cfg(test)]
 mod context_tests;
+#[cfg(test)]
+mod lookup_tests;
 #[cfg(test)]
 mod overlap_tests;
 #[cfg(test)]

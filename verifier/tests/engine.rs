@@ -283,6 +283,57 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
     assert!(guessed > 0 && used > 0, "guessed {guessed}, used {used}");
 }
 
+/// Prompt lookup with the real draft: on prompts whose answers copy them, the draft picks many
+/// of the proposals it computed ahead, and the answers are those without lookup but where a
+/// near-tie tips another way (the proposals run in other batch shapes, which round
+/// differently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_lookup_gives_the_same_answers_and_saves_draft_passes() {
+    let pool = pool();
+    let engine = common::engine_with(Arc::new(common::llama_target()));
+    let copy = [
+        "Rename this function to `solution` and keep everything else exactly as it is:\n\n```python\ndef add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n    return a + b\n```",
+        "Quote this sentence word for word: \"The quick brown fox jumps over the lazy dog, and the dog does not mind at all.\"",
+    ];
+    let (mut proposed, mut used) = (0, 0);
+    for p in copy {
+        let prompt = common::chat_prompt(p);
+        let mut runs = Vec::new();
+        for lookup in [0, 8] {
+            let mut req = common::greedy(prompt.clone(), 48, 0.7);
+            req.settings_mut().prompt_lookup = lookup;
+            let (ids, _, stats) = common::run(&engine, &pool, req)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            runs.push((ids, stats));
+        }
+        let (off, on) = (&runs[0], &runs[1]);
+        eprintln!(
+            "{p:?}: lookup proposed {} tokens, {} used; draft time {:.2} s off, {:.2} s on",
+            on.1.lookup_tokens,
+            on.1.lookup_tokens_used,
+            off.1.draft_time.as_secs_f64(),
+            on.1.draft_time.as_secs_f64()
+        );
+        if on.0 != off.0 {
+            let at = on.0.iter().zip(&off.0).take_while(|(a, b)| a == b).count();
+            let why = near_tie(&pool, &prompt, &on.0[..at], 0.7).await;
+            assert!(
+                why.is_some(),
+                "prompt {p:?}: lookup changed the answer at {at} without a near tie:\n on  {:?}\n off {:?}",
+                on.0,
+                off.0
+            );
+        }
+        proposed += on.1.lookup_tokens;
+        used += on.1.lookup_tokens_used;
+    }
+    assert!(
+        used >= 10 && used <= proposed,
+        "proposed {proposed}, used {used}"
+    );
+}
+
 /// Where, up to and including the position after `answer`, a greedy decode at `threshold`
 /// could have gone either way by rounding alone: the draft's top-1 probability within 0.02 of
 /// the threshold (accept or call the target) or its top two within [`common::TIE_NATS`] (the

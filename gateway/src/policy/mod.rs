@@ -297,6 +297,8 @@ pub struct ModelPolicy {
     pub max_target_calls: Option<u32>,
     /// Keep drafting along the draft's guess while a target call is in flight.
     pub overlap: bool,
+    /// Most tokens prompt lookup proposes to the draft at once (0: off).
+    pub prompt_lookup: usize,
 }
 
 /// A validated policy.

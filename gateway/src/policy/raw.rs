@@ -235,6 +235,9 @@ pub struct RawModel {
     /// Keep drafting while a target call is in flight.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap: Option<bool>,
+    /// Most tokens prompt lookup proposes to the draft at once (0: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup: Option<u32>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -23,6 +23,12 @@ use super::{
 /// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
 
+/// Most tokens prompt lookup proposes at once unless the policy says (0: off).
+pub const DEFAULT_PROMPT_LOOKUP: u32 = 0;
+
+/// The most a policy may set: as many as a window's largest, a draft pass's worth.
+pub const MAX_PROMPT_LOOKUP: u32 = 16;
+
 /// What ends a span the draft has caught up with unless the policy says. The fixed rule until
 /// `approxy bench calls` shows the expected one better (tests/README.md, "What the budget guard saves").
 pub const DEFAULT_SPAN_CLOSE: SpanClose = SpanClose::Resync;
@@ -448,7 +454,19 @@ impl Validator {
             fallback_to_passthrough,
             max_target_calls: m.max_target_calls,
             overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
+            prompt_lookup: self.prompt_lookup(&f, m.prompt_lookup),
         }
+    }
+
+    fn prompt_lookup(&mut self, f: Field, n: Option<u32>) -> usize {
+        let n = n.unwrap_or(DEFAULT_PROMPT_LOOKUP);
+        if n > MAX_PROMPT_LOOKUP {
+            self.err(format!(
+                "{}: at most {MAX_PROMPT_LOOKUP}",
+                f("prompt_lookup")
+            ));
+        }
+        n.min(MAX_PROMPT_LOOKUP) as usize
     }
 
     fn mode(&mut self, f: Field, mode: &str) -> Mode {

@@ -47,6 +47,9 @@ pub enum Sample {
     Chat,
     /// The instruction-following set (`tests/bench/instructions/`); IFEval's checkers.
     Instructions,
+    /// The copy-heavy set (`tests/bench/copy/`): functions rewritten with one small change,
+    /// passages quoted; agreement with target-only. Where prompt lookup should pay.
+    Copy,
 }
 
 impl Sample {
@@ -55,6 +58,7 @@ impl Sample {
             Self::HumanEval => "humaneval",
             Self::Chat => "chat",
             Self::Instructions => "instructions",
+            Self::Copy => "copy",
         }
     }
 }
@@ -102,10 +106,16 @@ pub struct CallsOptions {
     /// The instruction-following set (its prompts and scorer).
     #[arg(long, default_value = "tests/bench/instructions")]
     pub instructions_dir: PathBuf,
+    /// The copy-heavy set (its prompts).
+    #[arg(long, default_value = "tests/bench/copy")]
+    pub copy_dir: PathBuf,
     /// Ignore saved runs.
     #[arg(long)]
     pub fresh: bool,
 }
+
+/// The most tokens prompt lookup proposes in the `default-lookup` configuration.
+pub const LOOKUP_TOKENS: u32 = 8;
 
 /// One configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +125,8 @@ pub enum CallConfig {
     TargetOnly,
     /// The shipped policy.
     Default,
+    /// The shipped policy with prompt lookup proposing up to [`LOOKUP_TOKENS`] tokens.
+    DefaultLookup,
     /// The shipped policy with the strict guard (the default until 2026-11-25).
     Strict,
     /// Spans, no cost guard.
@@ -135,9 +147,10 @@ pub enum CallConfig {
 }
 
 /// Every configuration, in report order.
-pub const ALL: [CallConfig; 10] = [
+pub const ALL: [CallConfig; 11] = [
     CallConfig::TargetOnly,
     CallConfig::Default,
+    CallConfig::DefaultLookup,
     CallConfig::Strict,
     CallConfig::Span,
     CallConfig::SpanOverlap,
@@ -154,6 +167,7 @@ impl CallConfig {
         match self {
             Self::TargetOnly => "target-only",
             Self::Default => "default",
+            Self::DefaultLookup => "default-lookup",
             Self::Strict => "strict",
             Self::Span => "span",
             Self::SpanOverlap => "span-overlap",
@@ -193,6 +207,7 @@ impl CallConfig {
         match self {
             Self::TargetOnly => "target only (passthrough)",
             Self::Default => "default policy (spans, budget guard)",
+            Self::DefaultLookup => "default policy with prompt lookup (8 tokens)",
             Self::Strict => "default policy, strict guard",
             Self::Span => "spans, no cost guard",
             Self::SpanOverlap => "spans, no cost guard, overlap",
@@ -265,8 +280,13 @@ fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task>> {
         }])?)
     };
     Ok(match sample {
-        Sample::Instructions => {
-            let path = opts.instructions_dir.join("prompts.jsonl");
+        Sample::Instructions | Sample::Copy => {
+            let dir = if sample == Sample::Copy {
+                &opts.copy_dir
+            } else {
+                &opts.instructions_dir
+            };
+            let path = dir.join("prompts.jsonl");
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
             text.lines()
@@ -335,7 +355,9 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         max_cost_ratio: Some(base.max_cost_ratio),
         guard: Some(
             match c {
-                CallConfig::Default | CallConfig::VllmDefault => base.guard.name(),
+                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault => {
+                    base.guard.name()
+                }
                 CallConfig::Strict => "strict",
                 _ => "off",
             }
@@ -343,15 +365,16 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         ),
         hard_cost_cap: match (c, base.guard) {
             (
-                CallConfig::Default | CallConfig::VllmDefault,
+                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault,
                 GuardPolicy::Budget { hard_cap, .. },
             ) => Some(hard_cap),
             _ => None,
         },
         budget_window: match (c, base.guard) {
-            (CallConfig::Default | CallConfig::VllmDefault, GuardPolicy::Budget { window, .. }) => {
-                Some(format!("{}ms", window.as_millis()))
-            }
+            (
+                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault,
+                GuardPolicy::Budget { window, .. },
+            ) => Some(format!("{}ms", window.as_millis())),
             _ => None,
         },
         overlap: Some(matches!(
@@ -359,6 +382,11 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             CallConfig::SpanOverlap | CallConfig::VllmExactOverlap
         )),
         max_target_calls: base.max_target_calls,
+        prompt_lookup: Some(if c == CallConfig::DefaultLookup {
+            LOOKUP_TOKENS
+        } else {
+            base.prompt_lookup as u32
+        }),
         bailout: base.bailout.map(|b| RawBailout {
             window: b.window,
             max_rejection_rate: b.max_rejection_rate,
@@ -468,7 +496,7 @@ async fn run_config(
     let completions = format!("{url}/v1/completions");
     let stop: &[&str] = match ctx.opts.sample {
         Sample::HumanEval => &humaneval::STOP,
-        Sample::Chat | Sample::Instructions => &[],
+        Sample::Chat | Sample::Instructions | Sample::Copy => &[],
     };
     let before = match account_url {
         Some(u) => Some(target_account::read(&ctx.http, u, SETTLE).await?),
@@ -806,6 +834,8 @@ pub struct Aggregates {
     pub cost_guard: usize,
     /// Overlap guesses drafted and used.
     pub guesses: (u64, u64),
+    /// Prompt lookup's proposals computed and used.
+    pub lookup: (u64, u64),
     /// Windows scored and the draft tokens they proposed.
     pub windows: (u64, u64),
     /// Tokens the target was sent, of them cacheable, and tokens it generated (paid for).
@@ -932,6 +962,10 @@ pub fn aggregate(run: &CallsRun) -> Aggregates {
         let generated: u64 = us.iter().map(|u| u.target_tokens).sum();
         a.target_per_100 = per100(generated);
         a.cost_guard = us.iter().filter(|u| u.cost_guard).count();
+        a.lookup = (
+            us.iter().map(|u| u.lookup_tokens).sum(),
+            us.iter().map(|u| u.lookup_tokens_used).sum(),
+        );
         a.guesses = (
             us.iter().map(|u| u.overlap_guesses).sum(),
             us.iter().map(|u| u.overlap_guesses_used).sum(),
@@ -1093,6 +1127,7 @@ fn runs_table(g: &TableKey, here: &[&CallsRun]) -> String {
             Sample::HumanEval => "HumanEval",
             Sample::Chat => "Held-out chat",
             Sample::Instructions => "Instruction following",
+            Sample::Copy => "Copy-heavy (functions rewritten, passages quoted)",
         }
     );
     // Runs of one table can come from different days and machines: each says its own.
@@ -1110,7 +1145,7 @@ fn runs_table(g: &TableKey, here: &[&CallsRun]) -> String {
     s.push_str(&format!("Run {}.\n\n", provenance.join("; ")));
     let quality = match sample {
         Sample::HumanEval => "pass@1",
-        Sample::Chat => "same as target / ROUGE-L",
+        Sample::Chat | Sample::Copy => "same as target / ROUGE-L",
         Sample::Instructions => "instructions followed (prompt / instruction, strict)",
     };
     s.push_str(&format!("| configuration | {quality} | tok/s | speed vs target | TTFT p50 | calls / 100 tok | target tok / 100 | windows (mean k) | overlap guesses used |"));
@@ -1138,7 +1173,7 @@ fn run_row(r: &CallsRun, here: &[&CallsRun], sample: Sample) -> String {
             a.passed,
             a.n
         ),
-        Sample::Chat => match base_run {
+        Sample::Chat | Sample::Copy => match base_run {
             Some(b) => {
                 let (e, rl) = agreement(r, b);
                 format!("{:.0} % / {:.2}", 100.0 * e, rl)
@@ -1341,6 +1376,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
             Sample::HumanEval => ("HumanEval", 0.6, 0.6, 0.3),
             Sample::Chat => ("held-out chat", 0.75, 0.75, 0.5),
             Sample::Instructions => ("instruction following", 0.75, 0.75, 0.5),
+            Sample::Copy => ("copy-heavy", 0.75, 0.75, 0.5),
         };
         let group = GoalGroup {
             runs,
@@ -1356,12 +1392,18 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         let mut lines = String::new();
         for c in [
             CallConfig::Default,
+            CallConfig::DefaultLookup,
             CallConfig::Strict,
             CallConfig::Span,
             CallConfig::SpanOverlap,
         ] {
             let Some(r) = find(0, c) else { continue };
             lines.push_str(&group.line(c, &aggregate(r)));
+            if c == CallConfig::DefaultLookup
+                && let Some(d) = find(0, CallConfig::Default)
+            {
+                lines.push_str(&lookup_goal(r, d));
+            }
             lines.push('\n');
         }
         if !lines.is_empty() {
@@ -1372,6 +1414,26 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         }
     }
     s
+}
+
+/// Prompt lookup against the default without it: its single-stream speed (at least 1.5x)
+/// and how many answers it left unchanged.
+fn lookup_goal(lookup: &CallsRun, default: &CallsRun) -> String {
+    let (l, d) = (aggregate(lookup), aggregate(default));
+    let speed = l.tok_s / d.tok_s.max(1e-9);
+    let same = lookup
+        .prompts
+        .iter()
+        .zip(&default.prompts)
+        .filter(|(a, b)| a.generation.text == b.generation.text)
+        .count();
+    format!(
+        "; against the default without lookup: {speed:.2}x its speed (≥ 1.5x: {}), answers identical {same} of {}, draft tokens proposed {} and used {}",
+        mark(speed >= 1.5),
+        lookup.prompts.len(),
+        l.lookup.0,
+        l.lookup.1
+    )
 }
 
 fn mark(ok: bool) -> &'static str {
@@ -1597,7 +1659,9 @@ mod tests {
                 assert_eq!(got.overlap, c.id().ends_with("overlap"), "{}", c.id());
                 assert_eq!(got.correction, m.correction);
                 let guard = match c {
-                    CallConfig::Default | CallConfig::VllmDefault => m.guard,
+                    CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault => {
+                        m.guard
+                    }
                     CallConfig::Strict => GuardPolicy::Strict,
                     _ => GuardPolicy::Off,
                 };

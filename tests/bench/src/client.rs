@@ -38,6 +38,12 @@ pub struct ApproxyUsage {
     /// Of those, guesses the answer took.
     #[serde(default)]
     pub overlap_guesses_used: u64,
+    /// Tokens prompt lookup proposed to the draft.
+    #[serde(default)]
+    pub lookup_tokens: u64,
+    /// Of those, tokens the draft then picked itself.
+    #[serde(default)]
+    pub lookup_tokens_used: u64,
     /// Target tokens generated but not used (a span cancelled mid-chunk); paid for.
     #[serde(default)]
     pub target_discarded_tokens: u64,

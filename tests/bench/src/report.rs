@@ -42,22 +42,37 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
         section.push_str(&calls);
     }
-    // Written by the runs of deploy/bench-busy.sh: the busy-priced default, the code threshold
-    // it was chosen against, and vLLM with its windows.
-    for (dir, title) in [
-        ("calls-busy", "The default priced by the target's time"),
+    // Written by the runs of deploy/bench-busy.sh (the busy-priced default, the thresholds it
+    // was chosen against, vLLM with its windows) and deploy/bench-lookup.sh.
+    for (dir, title, script) in [
+        (
+            "calls-busy",
+            "The default priced by the target's time",
+            "deploy/bench-busy.sh",
+        ),
         (
             "calls-busy-code-0.70",
             "The same at threshold 0.70 on code (the earlier default)",
+            "deploy/bench-busy.sh",
         ),
         (
             "calls-busy-chat-0.70",
             "The same at threshold 0.70 on chat (the earlier default)",
+            "deploy/bench-busy.sh",
         ),
-        ("calls-busy-vllm", "vLLM as the target, priced by its time"),
+        (
+            "calls-busy-vllm",
+            "vLLM as the target, priced by its time",
+            "deploy/bench-busy.sh",
+        ),
+        (
+            "calls-lookup",
+            "Prompt lookup on copy-heavy prompts and on HumanEval",
+            "deploy/bench-lookup.sh",
+        ),
     ] {
         if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
-            section.push_str(&format!("\n### {title} (`deploy/bench-busy.sh`)\n\n"));
+            section.push_str(&format!("\n### {title} (`{script}`)\n\n"));
             section.push_str(&md);
         }
     }

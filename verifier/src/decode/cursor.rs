@@ -17,13 +17,23 @@ use futures::future::Either;
 use crate::draft::{Draft, PositionOutput};
 use crate::error::EngineError;
 
+/// Why a position was fed beyond the committed sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// To be committed (a window's token, target tokens that arrived together).
+    Fed,
+    /// The draft's own guess while a target call was in flight (overlap).
+    Guess,
+    /// A prompt lookup's proposal (see `lookup`).
+    Lookup,
+}
+
 /// One position fed beyond the committed sequence.
 struct Ahead {
     token: u32,
     /// The draft's output after `token`.
     out: PositionOutput,
-    /// Drafted as a guess while a target call was in flight.
-    guess: bool,
+    origin: Origin,
 }
 
 /// See the module documentation.
@@ -36,6 +46,10 @@ pub(super) struct Cursor<'d> {
     pub(super) guessed: u64,
     /// Of those, guesses that the answer then took (their draft work was not wasted).
     pub(super) guesses_used: u64,
+    /// Tokens proposed by prompt lookup and fed ahead.
+    pub(super) looked_up: u64,
+    /// Of those, proposals the answer then took.
+    pub(super) looked_up_used: u64,
 }
 
 /// Most guesses ahead while a window call is in flight: the largest window, which the guesses
@@ -55,6 +69,18 @@ impl<'d> Cursor<'d> {
             time: Duration::ZERO,
             guessed: 0,
             guesses_used: 0,
+            looked_up: 0,
+            looked_up_used: 0,
+        }
+    }
+
+    /// A position ahead of this origin is taken (committed, or made a window's token): a guess
+    /// or a proposal used.
+    fn took(&mut self, origin: Origin) {
+        match origin {
+            Origin::Guess => self.guesses_used += 1,
+            Origin::Lookup => self.looked_up_used += 1,
+            Origin::Fed => {}
         }
     }
 
@@ -82,7 +108,7 @@ impl<'d> Cursor<'d> {
                 _ => break,
             }
             if let Some(a) = self.ahead.pop_front() {
-                self.guesses_used += u64::from(a.guess);
+                self.took(a.origin);
                 last = Some(a.out);
             }
             rest = tail;
@@ -101,7 +127,12 @@ impl<'d> Cursor<'d> {
     /// same order, in one draft call with an output at every position: committing them one by
     /// one afterwards costs nothing. One extend of k tokens reads the weights once where k
     /// single extends read them k times (target tokens that arrived together, a span's backlog).
-    pub(super) async fn feed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+    /// The last `proposed` of them are a prompt lookup's proposals.
+    pub(super) async fn feed(
+        &mut self,
+        tokens: &[u32],
+        proposed: usize,
+    ) -> Result<(), EngineError> {
         let have = self
             .ahead
             .iter()
@@ -124,11 +155,16 @@ impl<'d> Cursor<'d> {
                 rest.len()
             )));
         }
+        let from_lookup = tokens.len() - proposed.min(tokens.len());
         self.ahead
-            .extend(rest.iter().zip(outs).map(|(&token, out)| Ahead {
-                token,
-                out,
-                guess: false,
+            .extend(rest.iter().zip(outs).enumerate().map(|(i, (&token, out))| {
+                let lookup = have + i >= from_lookup;
+                self.looked_up += u64::from(lookup);
+                Ahead {
+                    token,
+                    out,
+                    origin: if lookup { Origin::Lookup } else { Origin::Fed },
+                }
             }));
         Ok(())
     }
@@ -142,12 +178,13 @@ impl<'d> Cursor<'d> {
         token: u32,
     ) -> Result<&PositionOutput, EngineError> {
         if self.ahead.get(i).is_some_and(|a| a.token == token) {
-            if let Some(a) = self.ahead.get_mut(i)
-                && a.guess
+            // Counted once: as a window token it is no longer a guess or a proposal.
+            if let Some(origin) = self
+                .ahead
+                .get_mut(i)
+                .map(|a| std::mem::replace(&mut a.origin, Origin::Fed))
             {
-                // Counted once: as a window token it is no longer a guess.
-                a.guess = false;
-                self.guesses_used += 1;
+                self.took(origin);
             }
         } else {
             self.truncate(i).await?;
@@ -157,7 +194,7 @@ impl<'d> Cursor<'d> {
             self.ahead.push_back(Ahead {
                 token,
                 out: output(out?)?,
-                guess: false,
+                origin: Origin::Fed,
             });
         }
         self.ahead
@@ -188,6 +225,11 @@ impl<'d> Cursor<'d> {
     #[cfg(test)]
     pub(super) fn ahead(&self) -> usize {
         self.ahead.len()
+    }
+
+    /// Whether nothing is fed beyond the committed sequence.
+    pub(super) fn is_clear(&self) -> bool {
+        self.ahead.is_empty()
     }
 
     /// Rolls back everything fed ahead.
@@ -235,7 +277,11 @@ impl<'d> Cursor<'d> {
                 Some(g) => g,
                 None => self.ahead.back().map_or(from, |a| &a.out).top1(),
             };
-            let guesses = self.ahead.iter().filter(|a| a.guess).count();
+            let guesses = self
+                .ahead
+                .iter()
+                .filter(|a| a.origin == Origin::Guess)
+                .count();
             if guesses >= max_guesses || stop_at.contains(&guess) {
                 return Ok(call.await);
             }
@@ -260,7 +306,7 @@ impl<'d> Cursor<'d> {
             self.ahead.push_back(Ahead {
                 token: guess,
                 out: output(stepped?)?,
-                guess: true,
+                origin: Origin::Guess,
             });
             if let Some(v) = answer {
                 return Ok(v);

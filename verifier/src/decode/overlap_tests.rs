@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::scripted_tests::{Outcome, request, run};
+use super::scripted_tests::{Outcome, request, run, text};
 use super::*;
 use crate::testing::{DraftScript, ScriptedTarget, TargetFault, property_cases};
 
@@ -151,14 +151,6 @@ async fn without_overlap_the_draft_waits() -> Result<(), EngineError> {
         (0, 0)
     );
     Ok(())
-}
-
-fn text(alphabet: &'static str, len: usize) -> impl Strategy<Value = String> {
-    proptest::collection::vec(
-        proptest::sample::select(alphabet.as_bytes().to_vec()),
-        1..len,
-    )
-    .prop_map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 proptest! {

@@ -178,6 +178,11 @@ impl<'a> Run<'a> {
             .map(|_| Record::new(out, token, entropy))
     }
 
+    /// Every token emitted so far.
+    pub(super) fn emitted(&self) -> &[u32] {
+        &self.emitted
+    }
+
     pub(super) fn remaining(&self) -> u32 {
         self.req
             .max_tokens
@@ -867,7 +872,7 @@ impl<'a> Run<'a> {
                     // could end the span (all confident), go to the draft in one call: cheaper
                     // than one call each, and none is fed that the span may not need.
                     let n = (resync.saturating_sub(agreeing) as usize + 1).min(batch.len() - i);
-                    cursor.feed(&batch[i..i + n]).await?;
+                    cursor.feed(&batch[i..i + n], 0).await?;
                 }
                 out = cursor.commit(&[token]).await?;
                 if agreeing >= resync && !self.keeps_span(end, max_span, &mut kept) {

@@ -22,6 +22,19 @@ pub(super) fn prompt() -> Vec<u32> {
     p
 }
 
+/// Texts of 1 to `len - 1` characters of `alphabet`, for property tests over scripted answers.
+pub(super) fn text(
+    alphabet: &'static str,
+    len: usize,
+) -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::strategy::Strategy;
+    proptest::collection::vec(
+        proptest::sample::select(alphabet.as_bytes().to_vec()),
+        1..len,
+    )
+    .prop_map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt(),
