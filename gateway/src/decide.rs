@@ -16,7 +16,6 @@ use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
 use crate::reason::Reason;
 use crate::request::error::ValidationError;
-use crate::request::limits::MAX_PROMPT_TOKENS;
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
 use crate::request::{self, Endpoint, Prompt, limits, prompt_kind, shapes};
@@ -236,12 +235,10 @@ async fn admit(
             return fallback(mp, Reason::TokenizerCheckFailed, e).map(Admission::Passthrough);
         }
     }
-    // Tokenizing stops past what approxy takes or the target's context holds, whichever is less:
-    // a prompt's tokens beyond either are never counted.
+    // Tokenizing stops past what the target's context holds (and past approxy's own limit,
+    // `prompt_tokens` sees to that): a prompt's tokens beyond it are never counted.
     let context = rt.target_facts().await.context_length;
-    let limit = context.map_or(MAX_PROMPT_TOKENS, |c| {
-        c.saturating_sub(1).min(MAX_PROMPT_TOKENS)
-    });
+    let limit = context.map_or(usize::MAX, |c| c.saturating_sub(1));
     let (valid, tokens, kind) = tokenize(&state.shared, valid, limit).await?;
     let prompt = match tokens {
         Ok(p) => p,

@@ -527,7 +527,7 @@ impl Engine {
                 }
             };
             if let Some(l) = &mut lookup {
-                l.catch_up(run.req.prompt.len(), run.emitted());
+                l.catch_up(run.emitted());
                 let proposed = l.propose();
                 // Not over guesses of overlap's, which the cursor holds already.
                 if !proposed.is_empty() && cursor.is_clear() {

@@ -264,18 +264,7 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
             // Overlap feeds the draft the same tokens in other batch shapes, which round
             // differently; where that tips a near-tie the two answers may part (and their
             // calls with them), but nowhere else.
-            let at = on.0.iter().zip(&off.0).take_while(|(a, b)| a == b).count();
-            let why = near_tie(&pool, &prompt, &on.0[..at], 0.7).await;
-            assert!(
-                why.is_some(),
-                "prompt {p:?}: overlap changed the answer at {at} without a near tie:\n on  {:?}\n off {:?}",
-                on.0,
-                off.0
-            );
-            eprintln!(
-                "{p:?}: the answers part at {at}, after {}",
-                why.unwrap_or_default()
-            );
+            parted_at_a_near_tie(&pool, &prompt, &on.0, &off.0, &format!("{p:?}: overlap")).await;
         }
         guessed += on.1.overlap_guesses;
         used += on.1.overlap_guesses_used;
@@ -316,14 +305,7 @@ async fn prompt_lookup_gives_the_same_answers_and_saves_draft_passes() {
             on.1.draft_time.as_secs_f64()
         );
         if on.0 != off.0 {
-            let at = on.0.iter().zip(&off.0).take_while(|(a, b)| a == b).count();
-            let why = near_tie(&pool, &prompt, &on.0[..at], 0.7).await;
-            assert!(
-                why.is_some(),
-                "prompt {p:?}: lookup changed the answer at {at} without a near tie:\n on  {:?}\n off {:?}",
-                on.0,
-                off.0
-            );
+            parted_at_a_near_tie(&pool, &prompt, &on.0, &off.0, &format!("{p:?}: lookup")).await;
         }
         proposed += on.1.lookup_tokens;
         used += on.1.lookup_tokens_used;
@@ -331,6 +313,28 @@ async fn prompt_lookup_gives_the_same_answers_and_saves_draft_passes() {
     assert!(
         used >= 10 && used <= proposed,
         "proposed {proposed}, used {used}"
+    );
+}
+
+/// Two greedy answers at threshold 0.7 to `prompt`, `on` with a setting that only moves draft
+/// work and `off` without it, part only where a near-tie could tip either way (`what` names
+/// the setting in the failure).
+async fn parted_at_a_near_tie(
+    pool: &Arc<DraftPool>,
+    prompt: &[u32],
+    on: &[u32],
+    off: &[u32],
+    what: &str,
+) {
+    let at = on.iter().zip(off).take_while(|(a, b)| a == b).count();
+    let why = near_tie(pool, prompt, &on[..at], 0.7).await;
+    assert!(
+        why.is_some(),
+        "{what} changed the answer at {at} without a near tie:\n on  {on:?}\n off {off:?}"
+    );
+    eprintln!(
+        "{what}: the answers part at {at}, after {}",
+        why.unwrap_or_default()
     );
 }
 

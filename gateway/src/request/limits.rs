@@ -2,8 +2,9 @@
 //! client that sends a parameter approximate mode does not support (`logit_bias`, say) gets its
 //! request passed through, so these are checked on the request as sent, before the path is
 //! chosen: `max_tokens` bounds, `n` (and prompts times `n`), stop strings, `top_logprobs` and
-//! `logprobs`, and the OpenAI shapes a target would answer with a 500 (`shapes`). The approximate path checks its typed request
-//! again on the way (`validate`), with the same bounds.
+//! `logprobs`, and the OpenAI shapes a target would answer with a 500 (`shapes`). The
+//! approximate path checks its typed request again on the way (`validate`), with the same
+//! bounds.
 //!
 //! One limit differs by path, and the policy says how: special-token text in a chat message.
 //! The approximate path tokenizes it as plain text; a target sent the message would read it as

@@ -30,22 +30,18 @@ fn present<'a>(v: &'a Value, field: &str) -> Option<&'a Value> {
 
 /// Checks every shape of the module documentation in a chat or completions body.
 pub fn check(body: &Map<String, Value>) -> Result<(), ValidationError> {
-    if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
-        let items = tools
-            .as_array()
-            .ok_or_else(|| invalid("tools".into(), "must be an array of tool objects"))?;
-        for (i, t) in items.iter().enumerate() {
-            tool(t, &format!("tools[{i}]"))?;
-        }
-    }
-    if let Some(functions) = body.get("functions").filter(|v| !v.is_null()) {
-        let items = functions
-            .as_array()
-            .ok_or_else(|| invalid("functions".into(), "must be an array of function objects"))?;
-        for (i, f) in items.iter().enumerate() {
-            function(f, &format!("functions[{i}]"))?;
-        }
-    }
+    each(
+        body.get("tools"),
+        "tools",
+        "must be an array of tool objects",
+        tool,
+    )?;
+    each(
+        body.get("functions"),
+        "functions",
+        "must be an array of function objects",
+        function,
+    )?;
     if let Some(choice) = body.get("tool_choice").filter(|v| !v.is_null()) {
         tool_choice(choice)?;
     }
@@ -55,6 +51,24 @@ pub fn check(body: &Map<String, Value>) -> Result<(), ValidationError> {
         }
     }
     Ok(())
+}
+
+/// Each item of the array `v`, named `at`, checked by `check`, where `v` is there and not null;
+/// `not_array` is the reason when it is not an array.
+fn each(
+    v: Option<&Value>,
+    at: &str,
+    not_array: &str,
+    check: fn(&Value, &str) -> Result<(), ValidationError>,
+) -> Result<(), ValidationError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let items = v.as_array().ok_or_else(|| invalid(at.into(), not_array))?;
+    items
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, item)| check(item, &format!("{at}[{i}]")))
 }
 
 /// `{"type": "function", "function": {...}}`, or a custom tool `{"type": "custom",
@@ -164,15 +178,12 @@ fn message(m: &Value, at: &str) -> Result<(), ValidationError> {
             part(p, &format!("{at}.content[{j}]"))?;
         }
     }
-    if let Some(calls) = present(m, "tool_calls") {
-        let items = calls
-            .as_array()
-            .ok_or_else(|| invalid(format!("{at}.tool_calls"), "must be an array of tool calls"))?;
-        for (j, c) in items.iter().enumerate() {
-            tool_call(c, &format!("{at}.tool_calls[{j}]"))?;
-        }
-    }
-    Ok(())
+    each(
+        m.get("tool_calls"),
+        &format!("{at}.tool_calls"),
+        "must be an array of tool calls",
+        tool_call,
+    )
 }
 
 /// A content part: `text`, `image_url`, `input_audio`, `file` or `refusal`, each with its

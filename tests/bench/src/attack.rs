@@ -206,13 +206,17 @@ async fn trickle_until_closed(s: tokio::net::TcpStream, limit: Duration) -> (Vec
     (got, closed)
 }
 
+/// An HTTP client whose connections come from the loopback address `from`.
+fn http_from(from: [u8; 4]) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .local_address(IpAddr::from(from))
+        .build()
+}
+
 /// Sends 4 MiB prompts one after another; each must be answered (passed through once the
 /// gateway's tokenizer stops past its limit) or refused with a 400, never fail otherwise.
 async fn large_prompt_client(url: String, stop: Arc<AtomicBool>, t: Arc<Tally>) {
-    let Ok(http) = reqwest::Client::builder()
-        .local_address(IpAddr::from([127, 0, 0, 5]))
-        .build()
-    else {
+    let Ok(http) = http_from([127, 0, 0, 5]) else {
         t.large_failed.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -241,10 +245,7 @@ async fn large_prompt_client(url: String, stop: Arc<AtomicBool>, t: Arc<Tally>) 
 }
 
 async fn normal_client(url: String, stop: Arc<AtomicBool>, t: Arc<Tally>) {
-    let Ok(http) = reqwest::Client::builder()
-        .local_address(IpAddr::from([127, 0, 0, 1]))
-        .build()
-    else {
+    let Ok(http) = http_from([127, 0, 0, 1]) else {
         t.normal_failed.fetch_add(1, Ordering::Relaxed);
         return;
     };

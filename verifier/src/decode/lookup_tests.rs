@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 
-use super::scripted_tests::{Outcome, request, run, text};
+use super::scripted_tests::{Outcome, off_and_on, request, text};
 use super::*;
 use crate::testing::{DraftScript, IM_START, ScriptedTarget, property_cases};
 
@@ -20,16 +20,13 @@ async fn both(
     req: GenerateRequest,
     most: usize,
 ) -> Result<(Outcome, Outcome), EngineError> {
-    let off = run(
-        draft.clone(),
-        ScriptedTarget::says(target, None),
-        req.clone(),
+    off_and_on(
+        draft,
+        || ScriptedTarget::says(target, None),
+        req,
+        |s| s.prompt_lookup = most,
     )
-    .await?;
-    let mut on = req;
-    on.settings_mut().prompt_lookup = most;
-    let on = run(draft, ScriptedTarget::says(target, None), on).await?;
-    Ok((off, on))
+    .await
 }
 
 fn same_answer_and_calls(off: &Outcome, on: &Outcome) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::scripted_tests::{Outcome, request, run, text};
+use super::scripted_tests::{Outcome, off_and_on, request, run, text};
 use super::*;
 use crate::testing::{DraftScript, ScriptedTarget, TargetFault, property_cases};
 
@@ -30,11 +30,7 @@ async fn both(
     target: impl Fn() -> ScriptedTarget,
     req: GenerateRequest,
 ) -> Result<(Outcome, Outcome), EngineError> {
-    let off = run(draft.clone(), target(), req.clone()).await?;
-    let mut on = req;
-    on.settings_mut().overlap = true;
-    let on = run(draft, target(), on).await?;
-    Ok((off, on))
+    off_and_on(draft, target, req, |s| s.overlap = true).await
 }
 
 fn same_answer_and_calls(off: &Outcome, on: &Outcome) {

@@ -35,6 +35,20 @@ pub(super) fn text(
     .prop_map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
+/// The same generation twice: as `req` asks, then with `on` changing its settings.
+pub(super) async fn off_and_on(
+    draft: DraftScript,
+    target: impl Fn() -> ScriptedTarget,
+    req: GenerateRequest,
+    on: impl FnOnce(&mut DecodeSettings),
+) -> Result<(Outcome, Outcome), EngineError> {
+    let off = run(draft.clone(), target(), req.clone()).await?;
+    let mut changed = req;
+    on(changed.settings_mut());
+    let on = run(draft, target(), changed).await?;
+    Ok((off, on))
+}
+
 pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt(),
