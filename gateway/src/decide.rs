@@ -347,7 +347,10 @@ async fn plan(
         return fallback(mp, Reason::PromptTooLong, e).map(Decision::Passthrough);
     }
     // Last, so a worker is held only by a request that will use it.
-    let Some(draft) = shared.draft.try_lease() else {
+    let Some(draft) = shared
+        .draft
+        .try_lease_for(prompt.len() + valid.max_tokens as usize)
+    else {
         return Ok(Decision::Passthrough(Reason::DraftSaturated));
     };
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));

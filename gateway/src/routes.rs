@@ -161,6 +161,8 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         "draft_loaded": state.shared.draft.started(),
         "request_slots_free": state.shared.inflight.available_permits(),
         "draft_workers_idle": state.shared.draft.idle(),
+        "draft_streams": state.shared.draft.streams(),
+        "draft_stream_limit": state.shared.draft.stream_limit(),
         "target_reachable": target.is_ok(),
         "target_error": target.as_ref().err(),
     });
@@ -197,6 +199,8 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .set(state.shared.inflight.available_permits() as f64);
     metrics::gauge!("approxy_draft_workers_idle").set(state.shared.draft.idle() as f64);
     metrics::gauge!("approxy_draft_workers").set(state.shared.draft.workers() as f64);
+    metrics::gauge!("approxy_draft_streams").set(state.shared.draft.streams() as f64);
+    metrics::gauge!("approxy_draft_stream_limit").set(state.shared.draft.stream_limit() as f64);
     state.shared.prometheus.render().into_response()
 }
 

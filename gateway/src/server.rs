@@ -51,6 +51,9 @@ pub fn build_state(
         workers: workers.unwrap_or(policy.draft.workers),
         threads_per_worker: policy.draft.threads_per_worker,
         spin_wait: policy.draft.spin_wait,
+        streams_per_worker: policy.draft.streams_per_worker,
+        min_stream_speed: policy.draft.min_stream_speed,
+        kv_bytes_per_worker: policy.draft.kv_memory_mb.saturating_mul(1 << 20),
     };
     if !model_dir.join("model.onnx").is_file() {
         anyhow::bail!(

@@ -110,12 +110,25 @@ fn describe_drafting() {
     );
     describe_gauge!(
         "approxy_draft_workers_idle",
-        "Draft workers not leased to a request"
+        "Draft workers drafting for no request"
+    );
+    describe_gauge!(
+        "approxy_draft_streams",
+        "Requests the draft workers are drafting for"
+    );
+    describe_gauge!(
+        "approxy_draft_stream_limit",
+        "Requests the draft workers may draft for at once (workers x streams_per_worker)"
+    );
+    describe_histogram!(
+        "approxy_draft_step_streams",
+        Unit::Count,
+        "Requests each batched draft step ran for"
     );
     describe_counter!(
         "approxy_draft_worker_panics_total",
         Unit::Count,
-        "Draft worker panics (the worker's session is reset and it carries on)"
+        "Draft worker panics (the worker's batch is reset and it carries on)"
     );
     describe_histogram!(
         "approxy_time_to_first_token_seconds",

@@ -116,6 +116,9 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         workers: 1,
         threads_per_worker: 2,
         spin_wait: false,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
     })?;
     anyhow::ensure!(
         a.target_kind.can_continue(),

@@ -101,6 +101,9 @@ async fn live_rows_follow_the_decode_loop() {
         workers: 1,
         threads_per_worker: 2,
         spin_wait: false,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
     })
     .unwrap();
     let cfg = TargetConfig {
@@ -188,6 +191,9 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
         workers: 1,
         threads_per_worker: 2,
         spin_wait: false,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
     })
     .unwrap();
     let cfg = |base: String| TargetConfig {

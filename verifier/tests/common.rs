@@ -28,6 +28,17 @@ pub fn draft_config(workers: usize) -> DraftConfig {
         workers,
         threads_per_worker: 2,
         spin_wait: false,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
+    }
+}
+
+/// One worker drafting for up to `streams` sequences at once.
+pub fn batched_config(streams: usize) -> DraftConfig {
+    DraftConfig {
+        streams_per_worker: streams,
+        ..draft_config(1)
     }
 }
 

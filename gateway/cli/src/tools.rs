@@ -42,6 +42,12 @@ pub(crate) enum TrainCmd {
 pub(crate) enum BenchCmd {
     /// Draft decode speed (prefill and ms per token) on this machine.
     Draft(bench::DraftBenchOptions),
+    /// The draft's batched decode across concurrent streams in one worker: throughput, each
+    /// stream's speed and the memory each adds.
+    Streams(bench::streams::StreamsOptions),
+    /// How many users one target serves through approxy: C concurrent clients through the
+    /// shipped policy and through passthrough, per core layout (resumable).
+    Concurrency(bench::concurrency::ConcurrencyOptions),
     /// Target calls, speed and cost of the engine's call structures (spans, overlap, exact
     /// windows on vLLM) against target-only, per core layout and injected per-call delay.
     Calls(bench::calls::CallsOptions),
@@ -98,6 +104,8 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
         },
         ToolCmd::Bench { what } => match what {
             BenchCmd::Draft(opts) => bench::draft(&opts),
+            BenchCmd::Streams(opts) => bench::streams::streams(&opts),
+            BenchCmd::Concurrency(opts) => block_on(bench::concurrency::run(&opts)),
             BenchCmd::DraftFidelity(opts) => block_on(bench::fidelity::run(&opts)),
             BenchCmd::Oracle(opts) => {
                 let opts = opts.parse_lists()?;

@@ -153,6 +153,12 @@ pub struct DraftPolicy {
     pub threads_per_worker: usize,
     /// Spin-wait between runs.
     pub spin_wait: bool,
+    /// Streams per worker, batched.
+    pub streams_per_worker: usize,
+    /// Each stream's draft speed floor, tokens a second (0: none).
+    pub min_stream_speed: f64,
+    /// MiB a worker's batch cache may reach.
+    pub kv_memory_mb: usize,
 }
 
 /// How a model is served.

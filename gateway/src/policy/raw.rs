@@ -202,6 +202,18 @@ pub struct RawDraft {
     /// Spin-wait between runs (only worth it when the draft has cores of its own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spin_wait: Option<bool>,
+    /// Streams one worker drafts for at once, in one batched step (default 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streams_per_worker: Option<usize>,
+    /// Tokens a second below which no stream's draft may fall: a worker that would draft
+    /// slower than this with one more stream takes no more, and the request passes through
+    /// (`draft_saturated`). 0 turns the floor off (default 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_stream_speed: Option<f64>,
+    /// MiB one worker's batch cache may reach (rows times the longest stream's prompt and
+    /// answer) before it takes no more streams; one stream alone is always taken (default 1024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_memory_mb: Option<usize>,
 }
 
 /// `[models."<id>"]`.

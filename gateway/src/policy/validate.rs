@@ -26,6 +26,15 @@ pub const DEFAULT_OVERLAP: bool = false;
 /// Most tokens prompt lookup proposes at once unless the policy says (0: off).
 pub const DEFAULT_PROMPT_LOOKUP: u32 = 0;
 
+/// Streams a draft worker batches by default.
+pub const DEFAULT_STREAMS_PER_WORKER: usize = 8;
+
+/// Each stream's draft speed floor by default, tokens a second.
+pub const DEFAULT_MIN_STREAM_SPEED: f64 = 10.0;
+
+/// MiB a draft worker's batch cache may reach by default.
+pub const DEFAULT_KV_MEMORY_MB: usize = 1024;
+
 /// The most a policy may set: as many as a window's largest, a draft pass's worth.
 pub const MAX_PROMPT_LOOKUP: u32 = 16;
 
@@ -383,7 +392,19 @@ impl Validator {
             workers: d.workers.unwrap_or(1),
             threads_per_worker: d.threads_per_worker.unwrap_or(2),
             spin_wait: d.spin_wait.unwrap_or(false),
+            streams_per_worker: d.streams_per_worker.unwrap_or(DEFAULT_STREAMS_PER_WORKER),
+            min_stream_speed: d.min_stream_speed.unwrap_or(DEFAULT_MIN_STREAM_SPEED),
+            kv_memory_mb: d.kv_memory_mb.unwrap_or(DEFAULT_KV_MEMORY_MB),
         };
+        if draft.streams_per_worker == 0 || draft.streams_per_worker > 64 {
+            self.err("draft.streams_per_worker: must be in 1..=64");
+        }
+        if !(draft.min_stream_speed.is_finite() && (0.0..=10_000.0).contains(&draft.min_stream_speed)) {
+            self.err("draft.min_stream_speed: must be in 0..=10000 tokens a second");
+        }
+        if draft.kv_memory_mb == 0 {
+            self.err("draft.kv_memory_mb: at least 1");
+        }
         if draft.workers == 0 || draft.workers > 64 {
             self.err("draft.workers: must be in 1..=64");
         }

@@ -264,13 +264,13 @@ pub struct CallsRun {
     pub instructions: Option<InstructionScores>,
 }
 
-struct Task {
-    id: String,
-    prompt: String,
-    problem: Option<approxy_training::corpus::HumanEvalProblem>,
+pub(crate) struct Task {
+    pub(crate) id: String,
+    pub(crate) prompt: String,
+    pub(crate) problem: Option<approxy_training::corpus::HumanEvalProblem>,
 }
 
-fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task>> {
+pub(crate) fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task>> {
     let (sample, n, corpus) = (opts.sample, opts.prompts, opts.corpus.as_path());
     let render = |content: &str| -> anyhow::Result<String> {
         let template = ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
@@ -398,7 +398,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
 
 /// The model a configuration's requests name: its id on llama-server, vLLM's served name on
 /// vLLM.
-fn model_name(c: CallConfig) -> &'static str {
+pub(crate) fn model_name(c: CallConfig) -> &'static str {
     if c.vllm() {
         servers::VLLM_MODEL
     } else {
@@ -413,7 +413,23 @@ fn policy_text(
     base: &ModelPolicy,
     configs: &[CallConfig],
 ) -> anyhow::Result<String> {
-    let policy = RawPolicy {
+    let policy = raw_policy(target_url, vllm, layout, base, configs);
+    Ok(format!(
+        "# Written by `approxy bench calls`.\n{}",
+        toml::to_string(&policy)?
+    ))
+}
+
+/// The policy of a benchmark's gateway: `configs` as models in front of the target at
+/// `target_url`, one draft worker with the layout's threads.
+pub(crate) fn raw_policy(
+    target_url: &str,
+    vllm: bool,
+    layout: Layout,
+    base: &ModelPolicy,
+    configs: &[CallConfig],
+) -> RawPolicy {
+    RawPolicy {
         passthrough: None,
         target: RawTarget {
             kind: if vllm { "vllm" } else { "llama_cpp" }.into(),
@@ -448,11 +464,7 @@ fn policy_text(
             .iter()
             .map(|&c| (model_name(c).to_string(), raw_model(base, c)))
             .collect(),
-    };
-    Ok(format!(
-        "# Written by `approxy bench calls`.\n{}",
-        toml::to_string(&policy)?
-    ))
+    }
 }
 
 fn raw_path(out: &Path, sample: Sample, layout: Layout, delay: u64, c: CallConfig) -> PathBuf {

@@ -130,6 +130,12 @@ pub struct Generation {
     pub draft_n_accepted: Option<u64>,
     /// Set when the call failed; the rest is what arrived before.
     pub error: Option<String>,
+    /// approxy's `x-approxy-mode` header (`approximate` or `passthrough`), when it sent one.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// approxy's `x-approxy-passthrough-reason` header, on a passthrough.
+    #[serde(default)]
+    pub passthrough_reason: Option<String>,
 }
 
 /// One completion request.
@@ -197,6 +203,14 @@ async fn stream_into(
         }
         Err(e) => return Err(e.to_string()),
     };
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    g.mode = header("x-approxy-mode");
+    g.passthrough_reason = header("x-approxy-passthrough-reason");
     let status = resp.status();
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();

@@ -303,6 +303,9 @@ pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
         workers: 1,
         threads_per_worker: opts.threads,
         spin_wait: opts.spin,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
     };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread()

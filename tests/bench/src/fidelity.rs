@@ -440,6 +440,9 @@ pub fn measure(opts: &MeasureOptions) -> anyhow::Result<()> {
             workers: 1,
             threads_per_worker: threads,
             spin_wait: false,
+            streams_per_worker: 1,
+            min_stream_speed: 0.0,
+            kv_bytes_per_worker: usize::MAX,
         })?;
         let (prefill, steps) =
             rt.block_on(decode_speed(&pool, &prompt, opts.decode_tokens, opts.runs))?;

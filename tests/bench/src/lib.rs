@@ -37,6 +37,7 @@ pub mod configs;
 mod delay;
 pub mod draft;
 pub mod fidelity;
+pub mod concurrency;
 pub mod gpu_projection;
 mod humaneval;
 mod instructions;
@@ -51,6 +52,7 @@ pub mod servers;
 pub mod soak;
 pub mod soak_cmd;
 mod stats;
+pub mod streams;
 pub mod summary;
 mod target_account;
 

@@ -722,6 +722,9 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
         workers: 1,
         threads_per_worker: 1,
         spin_wait: false,
+        streams_per_worker: 1,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
     })?;
     let logs = home.log("bench-oracle").with_extension("d");
     let server = servers::start_llama(&home, Layout::Shared, false, &logs).await?;

@@ -105,7 +105,20 @@ pub async fn start_llama(
     speculative: bool,
     logs: &Path,
 ) -> anyhow::Result<Server> {
+    start_llama_slots(home, layout, speculative, 1, logs).await
+}
+
+/// [`start_llama`] with `slots` parallel slots (`-np`), each with the one slot's 8,192
+/// positions.
+pub async fn start_llama_slots(
+    home: &Home,
+    layout: Layout,
+    speculative: bool,
+    slots: usize,
+    logs: &Path,
+) -> anyhow::Result<Server> {
     let port = free_port()?;
+    let (np, ctx) = (slots.max(1).to_string(), (8192 * slots.max(1)).to_string());
     let threads = layout.target_threads().to_string();
     let mut cmd = Command::new(home.llama_server());
     cmd.arg("-m").arg(home.target_gguf());
@@ -115,9 +128,9 @@ pub async fn start_llama(
         "--port",
         &port.to_string(),
         "-c",
-        "8192",
+        &ctx,
         "-np",
-        "1",
+        &np,
         "-t",
         &threads,
         "-tb",

@@ -3,10 +3,13 @@
 //! The ONNX export uses GroupQueryAttention, which updates its cache in place when the
 //! `past_key_values.*` input and the `present.*` output are the same buffer (what
 //! onnxruntime-genai calls `past_present_share_buffer`). So each layer's key and value live in
-//! one ONNX Runtime tensor of shape `[1, kv_heads, capacity, head_dim]`, bound as both input
-//! and output; the attention mask's length tells the model how many positions are real. A step
-//! copies nothing, and a rollback only shortens the valid length. The buffers grow by doubling
-//! when a sequence outgrows them (rows copied once), and shrink when an idle worker is trimmed.
+//! one ONNX Runtime tensor of shape `[rows, kv_heads, capacity, head_dim]`, bound as both input
+//! and output; each row is one sequence, and the attention mask's row says how many of its
+//! positions are real. A step copies nothing, and a rollback only shortens a valid length,
+//! which the owner keeps (a solo session's token list, the batch's per-row lengths). The
+//! buffers grow by doubling when a sequence outgrows them (rows copied once), and shrink when
+//! an idle worker is trimmed. Rows are the outermost dimension, so one row's positions are a
+//! contiguous block that moves between rows and caches with plain copies.
 
 use ort::memory::Allocator;
 use ort::value::Tensor;
@@ -14,17 +17,17 @@ use ort::value::Tensor;
 use crate::error::EngineError;
 
 /// Capacities are multiples of this (and at least this), so small prompts never reallocate.
-const CAPACITY_STEP: usize = 256;
+pub const CAPACITY_STEP: usize = 256;
 
-/// The cache for one sequence.
+/// The cache buffers of one or more sequences.
 #[derive(Debug)]
 pub struct KvCache {
     layers: usize,
     heads: usize,
     head_dim: usize,
-    /// Valid positions.
-    len: usize,
-    /// Positions the buffers hold room for.
+    /// Sequences the buffers hold room for.
+    rows: usize,
+    /// Positions each row has room for.
     capacity: usize,
     /// Per layer, the key and the value buffer; empty until the first run.
     buffers: Vec<(Tensor<f32>, Tensor<f32>)>,
@@ -39,24 +42,19 @@ impl KvCache {
             layers,
             heads,
             head_dim,
-            len: 0,
+            rows: 0,
             capacity: 0,
             buffers: Vec::new(),
             generation: 0,
         }
     }
 
-    /// Number of cached positions.
-    pub fn len(&self) -> usize {
-        self.len
+    /// Rows the buffers hold.
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Positions the buffers have room for.
+    /// Positions each row has room for.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -71,60 +69,42 @@ impl KvCache {
         &mut self.buffers
     }
 
-    /// Makes room for `total` positions, keeping what is cached.
-    pub fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
-        if total <= self.capacity {
+    /// Makes room for at least `rows` rows of `total` positions, keeping what is cached.
+    pub fn reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
+        if total <= self.capacity && rows <= self.rows {
             return Ok(());
         }
-        let want = total
-            .max(self.capacity * 2)
-            .max(CAPACITY_STEP)
-            .next_multiple_of(CAPACITY_STEP);
-        self.reallocate(want)
-    }
-
-    /// Records that a run appended positions up to `total` (the model wrote them in place).
-    pub fn set_len(&mut self, total: usize) {
-        debug_assert!(total <= self.capacity);
-        self.len = total.min(self.capacity);
-    }
-
-    /// Drops the newest `n` positions (all of them when `n >= len`); their rows are simply
-    /// written over later.
-    pub fn rollback(&mut self, n: usize) {
-        self.len = self.len.saturating_sub(n);
-    }
-
-    /// Empties the cache (keeps the buffers).
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    /// Gives back room beyond what is cached now, so an idle worker holds no more than it needs.
-    pub fn shrink(&mut self) -> Result<(), EngineError> {
-        let want = if self.len == 0 {
-            0
+        // A solo cache doubles (few copies over a long answer); a batch's copy moves every
+        // row, and each row's room is memory every stream pays, so it grows by an eighth.
+        let grown = if rows > 1 || self.rows > 1 {
+            total + total / 8
         } else {
-            self.len.next_multiple_of(CAPACITY_STEP)
+            total.max(self.capacity * 2)
         };
-        if want < self.capacity {
-            self.reallocate(want)
+        let capacity = if total <= self.capacity {
+            self.capacity
         } else {
-            Ok(())
+            grown.max(CAPACITY_STEP).next_multiple_of(CAPACITY_STEP)
+        };
+        self.resize(rows.max(self.rows), capacity)
+    }
+
+    /// Replaces the buffers with `rows` rows of `capacity` positions, copying the first rows'
+    /// first positions over (as many as both shapes hold; rows or positions beyond the new
+    /// shape are dropped, so the owner shrinks only below what is valid).
+    pub fn resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
+        if rows == self.rows && capacity == self.capacity {
+            return Ok(());
         }
-    }
-
-    /// Bytes the buffers hold.
-    pub fn capacity_bytes(&self) -> usize {
-        2 * self.layers * self.heads * self.capacity * self.head_dim * std::mem::size_of::<f32>()
-    }
-
-    /// Replaces the buffers with ones of `capacity` positions and copies the valid rows over.
-    fn reallocate(&mut self, capacity: usize) -> Result<(), EngineError> {
-        let mut fresh = Vec::with_capacity(if capacity == 0 { 0 } else { self.layers });
-        if capacity > 0 {
+        let mut fresh = Vec::new();
+        if rows > 0 && capacity > 0 {
             let allocator = Allocator::default();
-            let shape = [1, self.heads as i64, capacity as i64, self.head_dim as i64];
+            let shape = [
+                rows as i64,
+                self.heads as i64,
+                capacity as i64,
+                self.head_dim as i64,
+            ];
             for _ in 0..self.layers {
                 fresh.push((
                     Tensor::<f32>::new(&allocator, shape)?,
@@ -132,44 +112,120 @@ impl KvCache {
                 ));
             }
         }
-        let keep = self.len.min(capacity);
+        let keep = self.capacity.min(capacity);
+        let from = Block::new(self.heads, self.capacity, self.head_dim);
+        let to = Block::new(self.heads, capacity, self.head_dim);
         for ((old_k, old_v), (new_k, new_v)) in self.buffers.iter().zip(fresh.iter_mut()) {
             for (old, new) in [(old_k, new_k), (old_v, new_v)] {
                 let (_, src) = old.try_extract_tensor::<f32>()?;
                 let (_, dst) = new.try_extract_tensor_mut::<f32>()?;
-                copy_rows(
-                    src,
-                    self.capacity,
-                    dst,
-                    capacity,
-                    self.heads,
-                    keep,
-                    self.head_dim,
-                );
+                for row in 0..self.rows.min(rows) {
+                    copy_row(src, from, row, dst, to, row, keep);
+                }
             }
         }
         self.buffers = fresh;
-        self.capacity = capacity;
-        self.len = keep;
+        self.rows = if self.buffers.is_empty() { 0 } else { rows };
+        self.capacity = if self.buffers.is_empty() { 0 } else { capacity };
         self.generation += 1;
         Ok(())
     }
+
+    /// Copies the first `len` positions of `src`'s row `from` into this cache's row `to`.
+    pub fn copy_row_from(
+        &mut self,
+        to: usize,
+        src: &KvCache,
+        from: usize,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        if len > self.capacity.min(src.capacity) || to >= self.rows || from >= src.rows {
+            return Err(EngineError::Draft(format!(
+                "cannot copy {len} positions of row {from} into row {to}"
+            )));
+        }
+        let sb = Block::new(src.heads, src.capacity, src.head_dim);
+        let db = Block::new(self.heads, self.capacity, self.head_dim);
+        for ((sk, sv), (dk, dv)) in src.buffers.iter().zip(self.buffers.iter_mut()) {
+            for (s, d) in [(sk, dk), (sv, dv)] {
+                let (_, s) = s.try_extract_tensor::<f32>()?;
+                let (_, d) = d.try_extract_tensor_mut::<f32>()?;
+                copy_row(s, sb, from, d, db, to, len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the first `len` positions of row `from` into row `to` (a row leaving the batch
+    /// makes room by the last row moving into its place).
+    pub fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
+        if len > self.capacity || from >= self.rows || to >= self.rows {
+            return Err(EngineError::Draft(format!(
+                "cannot move {len} positions of row {from} to row {to}"
+            )));
+        }
+        let b = Block::new(self.heads, self.capacity, self.head_dim);
+        for (k, v) in &mut self.buffers {
+            for t in [k, v] {
+                let (_, d) = t.try_extract_tensor_mut::<f32>()?;
+                move_within(d, b, from, to, len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the buffers hold.
+    pub fn capacity_bytes(&self) -> usize {
+        2 * self.layers
+            * self.rows
+            * self.heads
+            * self.capacity
+            * self.head_dim
+            * std::mem::size_of::<f32>()
+    }
 }
 
-/// Copies the first `len` rows of every head from a `[heads, src_cap, hd]` buffer into a
-/// `[heads, dst_cap, hd]` one.
-fn copy_rows(
-    src: &[f32],
-    src_cap: usize,
-    dst: &mut [f32],
-    dst_cap: usize,
+/// The layout of one row: `heads` blocks of `capacity` positions of `head_dim` floats.
+#[derive(Debug, Clone, Copy)]
+struct Block {
     heads: usize,
-    len: usize,
-    hd: usize,
-) {
-    for h in 0..heads {
-        let (s, d) = (h * src_cap * hd, h * dst_cap * hd);
-        dst[d..d + len * hd].copy_from_slice(&src[s..s + len * hd]);
+    capacity: usize,
+    head_dim: usize,
+}
+
+impl Block {
+    fn new(heads: usize, capacity: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            capacity,
+            head_dim,
+        }
+    }
+
+    /// Where head `h` of row `row` starts.
+    fn at(self, row: usize, h: usize) -> usize {
+        (row * self.heads + h) * self.capacity * self.head_dim
+    }
+}
+
+/// Copies the first `len` positions of every head of `src`'s row `from` into `dst`'s row `to`.
+fn copy_row(src: &[f32], sb: Block, from: usize, dst: &mut [f32], db: Block, to: usize, len: usize) {
+    let n = len * sb.head_dim;
+    for h in 0..sb.heads {
+        let (s, d) = (sb.at(from, h), db.at(to, h));
+        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+}
+
+/// [`copy_row`] within one buffer.
+fn move_within(buf: &mut [f32], b: Block, from: usize, to: usize, len: usize) {
+    if from == to {
+        return;
+    }
+    let n = len * b.head_dim;
+    for h in 0..b.heads {
+        let s = b.at(from, h);
+        buf.copy_within(s..s + n, b.at(to, h));
     }
 }
 
@@ -177,32 +233,52 @@ fn copy_rows(
 mod tests {
     use super::*;
 
+    /// Value = row*1000 + head*100 + pos*10 + dim, in a `[rows, heads, cap, hd]` layout.
+    fn filled(rows: usize, heads: usize, cap: usize, hd: usize) -> Vec<f32> {
+        (0..rows)
+            .flat_map(|r| {
+                (0..heads).flat_map(move |h| {
+                    (0..cap).flat_map(move |p| {
+                        (0..hd).map(move |d| (r * 1000 + h * 100 + p * 10 + d) as f32)
+                    })
+                })
+            })
+            .collect()
+    }
+
     #[test]
     fn rows_move_between_capacities_head_by_head() {
-        // Two heads, capacity 3, head_dim 2; value = head*100 + pos*10 + dim.
-        let src: Vec<f32> = (0..2)
-            .flat_map(|h| {
-                (0..3).flat_map(move |p| (0..2).map(move |d| (h * 100 + p * 10 + d) as f32))
-            })
-            .collect();
+        // Two heads, capacity 3, head_dim 2.
+        let src = filled(1, 2, 3, 2);
         let mut dst = vec![-1.0; 2 * 5 * 2];
-        copy_rows(&src, 3, &mut dst, 5, 2, 2, 2);
+        copy_row(&src, Block::new(2, 3, 2), 0, &mut dst, Block::new(2, 5, 2), 0, 2);
         assert_eq!(&dst[..4], &[0.0, 1.0, 10.0, 11.0]);
         assert_eq!(&dst[4..10], &[-1.0; 6]);
         assert_eq!(&dst[10..14], &[100.0, 101.0, 110.0, 111.0]);
         let mut back = vec![0.0; 2 * 2 * 2];
-        copy_rows(&dst, 5, &mut back, 2, 2, 2, 2);
+        copy_row(&dst, Block::new(2, 5, 2), 0, &mut back, Block::new(2, 2, 2), 0, 2);
         assert_eq!(back, [0.0, 1.0, 10.0, 11.0, 100.0, 101.0, 110.0, 111.0]);
     }
 
     #[test]
-    fn rollback_only_shortens() {
-        let mut c = KvCache::new(2, 2, 3);
-        c.len = 5;
-        c.capacity = 256;
-        c.rollback(2);
-        assert_eq!(c.len(), 3);
-        c.rollback(10);
-        assert!(c.is_empty());
+    fn a_row_moves_into_another_and_leaves_the_rest() {
+        let b = Block::new(2, 3, 1);
+        let mut buf = filled(3, 2, 3, 1);
+        let before = buf.clone();
+        move_within(&mut buf, b, 2, 0, 2);
+        // Row 0 now starts with row 2's first two positions of each head.
+        assert_eq!(&buf[0..3], &[2000.0, 2010.0, 20.0]);
+        assert_eq!(&buf[3..6], &[2100.0, 2110.0, 120.0]);
+        // Rows 1 and 2 are untouched.
+        assert_eq!(&buf[6..], &before[6..]);
+    }
+
+    #[test]
+    fn a_row_goes_into_another_cache() {
+        let src = filled(1, 1, 4, 1);
+        let mut dst = vec![0.0; 12];
+        copy_row(&src, Block::new(1, 4, 1), 0, &mut dst, Block::new(1, 6, 1), 1, 3);
+        assert_eq!(&dst[..6], &[0.0; 6]);
+        assert_eq!(&dst[6..], &[0.0, 10.0, 20.0, 0.0, 0.0, 0.0]);
     }
 }

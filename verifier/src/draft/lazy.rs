@@ -37,6 +37,18 @@ impl DraftWorkers for LazyDraftPool {
         self.pool.get()?.try_lease()
     }
 
+    fn try_lease_for(&self, positions: usize) -> Option<Box<dyn Draft>> {
+        self.pool.get()?.try_lease_for(positions)
+    }
+
+    fn streams(&self) -> usize {
+        self.pool.get().map_or(0, |p| p.streams())
+    }
+
+    fn stream_limit(&self) -> usize {
+        self.pool.get().map_or(0, |p| p.stream_limit())
+    }
+
     fn meta(&self) -> &DraftMeta {
         &self.meta
     }
@@ -79,6 +91,9 @@ mod tests {
             workers: 2,
             threads_per_worker: 1,
             spin_wait: false,
+            streams_per_worker: 4,
+            min_stream_speed: 0.0,
+            kv_bytes_per_worker: 1 << 30,
         }
     }
 

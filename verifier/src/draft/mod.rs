@@ -3,6 +3,8 @@
 //! implementation is ONNX Runtime sessions owned by dedicated worker threads ([`pool`]);
 //! tests use the scripted one in `crate::testing`.
 
+pub mod batch;
+pub mod capacity;
 pub mod kv;
 pub mod lazy;
 pub mod pool;
@@ -99,6 +101,14 @@ pub struct DraftConfig {
     /// Let idle intra-op threads spin-wait (lower latency on dedicated cores; starves a
     /// target that shares the cores).
     pub spin_wait: bool,
+    /// Streams one worker drafts for at once, in one batch.
+    pub streams_per_worker: usize,
+    /// The draft speed, tokens a second, below which a worker takes no more streams (0: no
+    /// floor).
+    pub min_stream_speed: f64,
+    /// Bytes one worker's batch cache may grow to before it takes no more streams (one
+    /// stream alone is always taken).
+    pub kv_bytes_per_worker: usize,
 }
 
 /// The draft's output at one position.
@@ -149,16 +159,30 @@ pub trait Draft: Send + Sync {
     async fn rollback(&self, n: usize) -> Result<(), EngineError>;
 }
 
-/// Draft models a request can lease one of, for its whole generation.
+/// Draft models a request can lease a stream of, for its whole generation.
 pub trait DraftWorkers: Send + Sync {
-    /// An idle draft, or `None` at once when all are busy (the gateway then passes through
-    /// instead of queueing). Returned to the set when dropped.
+    /// A draft stream, or `None` at once when none can take one more (the gateway then passes
+    /// through instead of queueing). Returned to the set when dropped.
     fn try_lease(&self) -> Option<Box<dyn Draft>>;
+    /// [`DraftWorkers::try_lease`] for a stream that may reach `positions` positions (prompt
+    /// and answer), which a worker's memory bound counts.
+    fn try_lease_for(&self, positions: usize) -> Option<Box<dyn Draft>> {
+        let _ = positions;
+        self.try_lease()
+    }
+    /// Streams leased now.
+    fn streams(&self) -> usize {
+        self.workers() - self.idle()
+    }
+    /// The most streams the workers take at once.
+    fn stream_limit(&self) -> usize {
+        self.workers()
+    }
     /// Model shape facts.
     fn meta(&self) -> &DraftMeta;
     /// Number of drafts.
     fn workers(&self) -> usize;
-    /// Number of idle drafts.
+    /// Number of drafts with no stream.
     fn idle(&self) -> usize;
     /// Number of drafts whose worker is running (one whose thread ended is never leased).
     fn alive(&self) -> usize {

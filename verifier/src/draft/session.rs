@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use ort::session::{IoBinding, Session};
 use ort::value::Tensor;
 
-use super::kv::KvCache;
+use super::kv::{CAPACITY_STEP, KvCache};
 use super::{DraftMeta, PositionOutput};
 use crate::error::EngineError;
 
@@ -51,10 +51,45 @@ pub struct DraftSession {
     /// multiples of `PREFILL_CHUNK`: exactly what a cold prefill computes, so reusable.
     aligned_upto: usize,
     kv_names: Vec<(String, String, String, String)>,
-    /// Inputs and outputs bound to the session; the cache buffers stay bound between runs.
+    /// The solo cache's binding.
+    solo: Bound,
+    /// The batch: one row per sequence a worker drafts for (see `super::batch`), each filled
+    /// from the solo cache's prefill.
+    rows: KvCache,
+    /// The batch's binding.
+    rows_bound: Bound,
+}
+
+/// A binding of the model's inputs and outputs to one cache's buffers; the buffers stay bound
+/// between runs.
+struct Bound {
     binding: IoBinding,
     /// The cache generation whose buffers are bound.
-    bound_generation: Option<u64>,
+    generation: Option<u64>,
+}
+
+impl Bound {
+    fn new(session: &Session) -> Result<Self, EngineError> {
+        Ok(Self {
+            binding: session.create_binding()?,
+            generation: None,
+        })
+    }
+}
+
+/// One batched forward pass: `ids` holds `s` tokens for each row of the cache, run after that
+/// row's first `past[r]` positions; `want[r]` is the range of those `s` positions whose
+/// outputs come back. Rows with nothing to feed carry filler tokens whose keys and values
+/// land beyond their valid length, where they are later written over.
+pub struct RowsStep<'a> {
+    /// `rows x s` token ids, row by row.
+    pub ids: &'a [u32],
+    /// Tokens per row.
+    pub s: usize,
+    /// Valid positions of each row before the step.
+    pub past: &'a [usize],
+    /// Per row, the step positions whose outputs are wanted.
+    pub want: &'a [std::ops::Range<usize>],
 }
 
 impl DraftSession {
@@ -90,12 +125,15 @@ impl DraftSession {
                 )
             })
             .collect();
-        let kv = KvCache::new(
-            meta.num_hidden_layers,
-            meta.num_key_value_heads,
-            meta.head_dim,
-        );
-        let binding = session.create_binding()?;
+        let cache = || {
+            KvCache::new(
+                meta.num_hidden_layers,
+                meta.num_key_value_heads,
+                meta.head_dim,
+            )
+        };
+        let (kv, rows) = (cache(), cache());
+        let (solo, rows_bound) = (Bound::new(&session)?, Bound::new(&session)?);
         Ok(Self {
             session,
             meta,
@@ -104,8 +142,9 @@ impl DraftSession {
             last: None,
             aligned_upto: 0,
             kv_names,
-            binding,
-            bound_generation: None,
+            solo,
+            rows,
+            rows_bound,
         })
     }
 
@@ -116,9 +155,9 @@ impl DraftSession {
 
     /// Drops the newest `n` cached positions.
     pub fn rollback(&mut self, n: usize) {
-        self.kv.rollback(n);
-        self.tokens.truncate(self.kv.len());
-        self.aligned_upto = self.aligned_upto.min(self.kv.len());
+        let keep = self.tokens.len().saturating_sub(n);
+        self.tokens.truncate(keep);
+        self.aligned_upto = self.aligned_upto.min(keep);
         self.last = None;
     }
 
@@ -198,10 +237,20 @@ impl DraftSession {
     /// Keeps at most the first `max_positions` of the cache (the part a later prompt can reuse)
     /// and frees the rest: what an idle worker holds stays bounded.
     pub fn trim(&mut self, max_positions: usize) {
-        if self.kv.len() > max_positions {
-            self.rollback(self.kv.len() - max_positions);
+        if self.tokens.len() > max_positions {
+            self.rollback(self.tokens.len() - max_positions);
         }
-        if let Err(e) = self.kv.shrink() {
+        let want = if self.tokens.is_empty() {
+            0
+        } else {
+            self.tokens.len().next_multiple_of(CAPACITY_STEP)
+        };
+        let shrunk = if want < self.kv.capacity() {
+            self.kv.resize(usize::from(want > 0), want)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = shrunk {
             // Keeping the larger buffers is safe; only memory is not given back.
             tracing::warn!(error = %e, "could not shrink the draft's KV cache");
         }
@@ -212,10 +261,62 @@ impl DraftSession {
         self.kv.capacity_bytes()
     }
 
+    /// Bytes the batch's cache holds.
+    pub fn rows_bytes(&self) -> usize {
+        self.rows.capacity_bytes()
+    }
+
+    /// Rows and positions per row the batch's cache holds.
+    pub fn rows_shape(&self) -> (usize, usize) {
+        (self.rows.rows(), self.rows.capacity())
+    }
+
+    /// Makes the batch's cache `rows` rows of `capacity` positions (see [`KvCache::resize`]).
+    pub fn rows_resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
+        self.rows.resize(rows, capacity)
+    }
+
+    /// Makes room in the batch for `rows` rows of `total` positions (see [`KvCache::reserve`]).
+    pub fn rows_reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
+        self.rows.reserve(rows, total)
+    }
+
+    /// Prefills `prompt` in the solo cache as [`DraftSession::prefill`] does (so the result
+    /// depends on the prompt only, and a common prefix is reused across requests), then copies
+    /// its keys and values into batch row `row`.
+    pub fn rows_prefill(
+        &mut self,
+        row: usize,
+        prompt: &[u32],
+        gone: &dyn Fn() -> bool,
+    ) -> Result<PositionOutput, EngineError> {
+        let out = self.prefill(prompt, gone)?;
+        self.rows.reserve(row + 1, prompt.len())?;
+        self.rows.copy_row_from(row, &self.kv, 0, prompt.len())?;
+        Ok(out)
+    }
+
+    /// Moves the first `len` positions of batch row `from` into row `to`.
+    pub fn rows_move(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
+        self.rows.move_row(from, to, len)
+    }
+
+    /// One forward pass over every row of the batch (see [`RowsStep`]); the wanted outputs,
+    /// per row. The caller has reserved room for every row's `past + s` positions.
+    pub fn rows_step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
+        forward(
+            &mut self.session,
+            &self.kv_names,
+            &mut self.rows_bound,
+            &mut self.rows,
+            step,
+            self.meta.hidden_size,
+        )
+    }
+
     /// Forgets everything: an empty cache and token list, nothing aligned. After a failed step
     /// (the cache was moved into the run's inputs and not put back) the next prefill starts over.
     pub fn reset(&mut self) {
-        self.kv.clear();
         self.tokens.clear();
         self.last = None;
         self.aligned_upto = 0;
@@ -232,55 +333,109 @@ impl DraftSession {
     }
 
     fn run_inner(&mut self, chunk: &[u32], all: bool) -> Result<Vec<PositionOutput>, EngineError> {
-        let past = self.kv.len();
-        let total = past + chunk.len();
+        let past = self.tokens.len();
+        self.kv.reserve(1, past + chunk.len())?;
         let s = chunk.len();
-        self.kv.reserve(total)?;
-        if self.bound_generation != Some(self.kv.generation()) {
-            // New buffers: each layer's one buffer is both the past input and the present
-            // output, so the model appends in place.
-            for ((k, v), (kn, vn, pk, pv)) in self.kv.buffers_mut().iter_mut().zip(&self.kv_names) {
-                self.binding.bind_input(kn.as_str(), &*k)?;
-                self.binding.bind_input(vn.as_str(), &*v)?;
-                self.binding.bind_output(pk.as_str(), k)?;
-                self.binding.bind_output(pv.as_str(), v)?;
-            }
-            self.bound_generation = Some(self.kv.generation());
-        }
-        let ids: Vec<i64> = chunk.iter().map(|&t| i64::from(t)).collect();
-        self.binding.bind_input(
-            "input_ids",
-            &Tensor::from_array((vec![1i64, s as i64], ids))?,
-        )?;
-        // Its length is what tells the model how many cached positions are real.
-        self.binding.bind_input(
-            "attention_mask",
-            &Tensor::from_array((vec![1i64, total as i64], vec![1i64; total]))?,
-        )?;
-        // Their shapes change with the chunk, so they are bound afresh each run (a bound output
-        // otherwise keeps the previous run's buffer and shape).
-        let cpu = ort::memory::MemoryInfo::default();
-        self.binding.bind_output_to_device("logits", &cpu)?;
-        self.binding.bind_output_to_device("hidden_states", &cpu)?;
-        let outputs = self.session.run_binding(&self.binding)?;
-        let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
-        let vocab = usize::try_from(lshape[2])
-            .map_err(|_| EngineError::Draft("bad logits shape".into()))?;
-        let hs = self.meta.hidden_size;
-        let first = if all { 0 } else { s - 1 };
-        let outs: Vec<PositionOutput> = (first..s)
-            .map(|p| {
-                PositionOutput::new(
-                    logits[p * vocab..(p + 1) * vocab].to_vec(),
-                    hidden[p * hs..(p + 1) * hs].into(),
-                )
-            })
-            .collect();
-        drop(outputs);
+        let want = if all { 0..s } else { s - 1..s };
+        let step = RowsStep {
+            ids: chunk,
+            s,
+            past: &[past],
+            want: &[want],
+        };
+        let outs = forward(
+            &mut self.session,
+            &self.kv_names,
+            &mut self.solo,
+            &mut self.kv,
+            &step,
+            self.meta.hidden_size,
+        )?
+        .pop()
+        .unwrap_or_default();
         self.tokens.extend_from_slice(chunk);
-        self.kv.set_len(total);
         self.last = None;
         Ok(outs)
     }
+}
+
+/// One forward pass of `session` over `step`, with `kv`'s buffers as the past and the
+/// present (see `super::kv`).
+fn forward(
+    session: &mut Session,
+    kv_names: &[(String, String, String, String)],
+    bound: &mut Bound,
+    kv: &mut KvCache,
+    step: &RowsStep<'_>,
+    hidden_size: usize,
+) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
+    let rows = kv.rows();
+    let s = step.s;
+    if s == 0 || step.ids.len() != rows * s || step.past.len() != rows || step.want.len() != rows {
+        return Err(EngineError::Draft(format!(
+            "a step of {} tokens in {s} columns does not fit {rows} rows",
+            step.ids.len()
+        )));
+    }
+    let total = step.past.iter().map(|p| p + s).max().unwrap_or(s);
+    if total > kv.capacity() {
+        return Err(EngineError::Draft(format!(
+            "a step to {total} positions in a cache of {}",
+            kv.capacity()
+        )));
+    }
+    if bound.generation != Some(kv.generation()) {
+        // New buffers: each layer's one buffer is both the past input and the present
+        // output, so the model appends in place.
+        for ((k, v), (kn, vn, pk, pv)) in kv.buffers_mut().iter_mut().zip(kv_names) {
+            bound.binding.bind_input(kn.as_str(), &*k)?;
+            bound.binding.bind_input(vn.as_str(), &*v)?;
+            bound.binding.bind_output(pk.as_str(), k)?;
+            bound.binding.bind_output(pv.as_str(), v)?;
+        }
+        bound.generation = Some(kv.generation());
+    }
+    let ids: Vec<i64> = step.ids.iter().map(|&t| i64::from(t)).collect();
+    bound.binding.bind_input(
+        "input_ids",
+        &Tensor::from_array((vec![rows as i64, s as i64], ids))?,
+    )?;
+    // Each row's count of ones is what tells the model how many of its cached positions are
+    // real (and where its new keys and values go); the mask's width is the longest row's.
+    let mask: Vec<i64> = step
+        .past
+        .iter()
+        .flat_map(|&p| (0..total).map(move |i| i64::from(i < p + s)))
+        .collect();
+    bound.binding.bind_input(
+        "attention_mask",
+        &Tensor::from_array((vec![rows as i64, total as i64], mask))?,
+    )?;
+    // Their shapes change with the step, so they are bound afresh each run (a bound output
+    // otherwise keeps the previous run's buffer and shape).
+    let cpu = ort::memory::MemoryInfo::default();
+    bound.binding.bind_output_to_device("logits", &cpu)?;
+    bound.binding.bind_output_to_device("hidden_states", &cpu)?;
+    let outputs = session.run_binding(&bound.binding)?;
+    let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+    let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
+    let vocab = usize::try_from(lshape[2]).map_err(|_| EngineError::Draft("bad logits shape".into()))?;
+    let outs = step
+        .want
+        .iter()
+        .enumerate()
+        .map(|(r, want)| {
+            want.clone()
+                .filter(|&p| p < s)
+                .map(|p| {
+                    let at = r * s + p;
+                    PositionOutput::new(
+                        logits[at * vocab..(at + 1) * vocab].to_vec(),
+                        hidden[at * hidden_size..(at + 1) * hidden_size].into(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    Ok(outs)
 }

@@ -1,0 +1,186 @@
+//! `approxy bench streams`: the draft's batched decode across concurrent streams in one worker
+//! (issue 47's draft goals). C streams, each after its own prompt at a set context length,
+//! decode greedily together; for each C: all streams' tokens a second, each stream's (p50 and
+//! p10), the ratio to one stream alone, and the memory each stream adds (the process's
+//! resident memory and the batch cache's size, read with the C streams at their longest).
+//! A benchmark, not a test: the goals are reported, never asserted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use approxy_verifier::sampling::argmax;
+use approxy_verifier::{Draft, DraftConfig, DraftPool, DraftWorkers, Tokenizer};
+use serde_json::json;
+
+use approxy_setup::Home;
+
+use crate::servers::rss_bytes;
+
+/// Options for the streams benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StreamsOptions {
+    /// Concurrent stream counts, comma-separated.
+    #[arg(long, default_value = "1,2,4,8,16")]
+    pub streams: String,
+    /// Tokens each stream decodes (after a warm-up of 8).
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Prompt tokens before decoding: the context each stream's cache holds.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Intra-op threads of the worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Write the JSON report here as well as to stdout.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// Distinct prompts of `context` tokens: the i-th stream's.
+fn prompt(tok: &Tokenizer, i: usize, context: usize) -> anyhow::Result<Vec<u32>> {
+    let text = format!(
+        "<|im_start|>user\nStream {i}. {}<|im_end|>\n<|im_start|>assistant\n",
+        "Summarise the following notes on hash maps, trees and queues in order. ".repeat(context / 12 + 1)
+    );
+    let ids = tok.encode(&text)?;
+    let tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n")?;
+    let keep = context.saturating_sub(tail.len()).min(ids.len());
+    Ok(ids[..keep].iter().chain(&tail).copied().collect())
+}
+
+/// One stream: prefill, 8 warm-up steps, then `tokens` timed greedy steps after `start`'s
+/// barrier; its tokens a second.
+async fn stream(
+    lease: Box<dyn Draft>,
+    prompt: Vec<u32>,
+    tokens: usize,
+    ready: Arc<tokio::sync::Barrier>,
+) -> anyhow::Result<f64> {
+    let mut out = lease.prefill(prompt).await?;
+    let step = async |out: &approxy_verifier::draft::PositionOutput| {
+        let next = argmax(&out.logits).0 as u32;
+        lease
+            .extend(vec![next], false)
+            .await?
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("no output"))
+    };
+    for _ in 0..8 {
+        out = step(&out).await?;
+    }
+    ready.wait().await;
+    let t = Instant::now();
+    for _ in 0..tokens {
+        out = step(&out).await?;
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64())
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(((s.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// Runs the benchmark and prints (and writes) a JSON report.
+pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
+    let counts: Vec<usize> = opts
+        .streams
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let most = counts.iter().copied().max().unwrap_or(1);
+    let home = Home::from_env()?;
+    let cfg = DraftConfig {
+        model_dir: home.draft_onnx_dir(),
+        onnxruntime_lib: home.onnxruntime_lib(),
+        workers: 1,
+        threads_per_worker: opts.threads,
+        spin_wait: false,
+        streams_per_worker: most,
+        min_stream_speed: 0.0,
+        kv_bytes_per_worker: usize::MAX,
+    };
+    let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let pool = DraftPool::start(&cfg)?;
+    let prompts: Vec<Vec<u32>> = (0..most)
+        .map(|i| prompt(&tok, i, opts.context))
+        .collect::<Result<_, _>>()?;
+    let pid = std::process::id();
+    let mut rows = Vec::new();
+    let mut alone = None;
+    for &c in &counts {
+        let before = rss_bytes(pid).unwrap_or(0);
+        let ready = Arc::new(tokio::sync::Barrier::new(c));
+        let speeds: Vec<f64> = rt.block_on(async {
+            let tasks: Vec<_> = (0..c)
+                .map(|i| {
+                    let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no stream free"))?;
+                    Ok(tokio::spawn(stream(
+                        lease,
+                        prompts[i].clone(),
+                        opts.tokens,
+                        Arc::clone(&ready),
+                    )))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let mut v = Vec::new();
+            for t in tasks {
+                v.push(t.await??);
+            }
+            anyhow::Ok(v)
+        })?;
+        let after = rss_bytes(pid).unwrap_or(0);
+        let total: f64 = speeds.iter().sum();
+        let p50 = quantile(&speeds, 0.5);
+        let one = *alone.get_or_insert(p50);
+        eprintln!("{c} streams: {total:.1} tokens/s in all, {p50:.1} each (p50)");
+        rows.push(json!({
+            "streams": c,
+            "tokens_per_second_all": total,
+            "stream_tokens_per_second_p50": p50,
+            "stream_tokens_per_second_p10": quantile(&speeds, 0.1),
+            "all_vs_one_alone": total / one,
+            "stream_vs_alone_p50": p50 / one,
+            "rss_mib_before": before as f64 / (1 << 20) as f64,
+            "rss_mib_streaming": after as f64 / (1 << 20) as f64,
+        }));
+    }
+    let at = |c: usize, key: &str| {
+        rows.iter()
+            .find(|r| r["streams"] == c)
+            .and_then(|r| r[key].as_f64())
+    };
+    let per_stream_mib = match (at(1, "rss_mib_streaming"), at(8, "rss_mib_streaming")) {
+        (Some(a), Some(b)) => Some((b - a) / 7.0),
+        _ => None,
+    };
+    let report = json!({
+        "benchmark": "draft_streams",
+        "date": crate::machine::utc_now(),
+        "machine": crate::machine::Machine::read().line(),
+        "threads": opts.threads,
+        "context_tokens": opts.context,
+        "tokens_per_stream": opts.tokens,
+        "results": rows,
+        "kv_bytes_per_position": 2 * pool.meta().num_hidden_layers * pool.meta().num_key_value_heads * pool.meta().head_dim * 4,
+        "goals": {
+            "all_at_8_vs_one_alone": { "goal": ">= 3.0", "measured": at(8, "all_vs_one_alone") },
+            "stream_at_4_vs_alone": { "goal": ">= 0.6", "measured": at(4, "stream_vs_alone_p50") },
+            "mib_per_stream_at_context": { "goal": "<= 30 (28.6 MiB)", "measured": per_stream_mib },
+        },
+        "command": format!("approxy bench streams --streams {} --tokens {} --context {} --threads {}", opts.streams, opts.tokens, opts.context, opts.threads),
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &opts.out {
+        std::fs::write(p, &text)?;
+    }
+    println!("{text}");
+    Ok(())
+}

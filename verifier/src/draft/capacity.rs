@@ -1,0 +1,105 @@
+//! How many streams a draft worker can take: its measured step times per batch width, and the
+//! admission rule on them. A worker that would draft each of its streams slower than the
+//! policy's floor once one more joins takes no more: the request passes through at once
+//! (`draft_saturated`), as one that finds every worker full does.
+
+use std::time::Duration;
+
+use super::batch::rows_for;
+
+/// Widths measured: 1, 2, 4, ... up to this many rows.
+const WIDTHS: usize = 8;
+
+/// Weight of the newest step in the running mean.
+const ALPHA: f64 = 0.2;
+
+/// Mean step time per batch width, in milliseconds, for steps of one token a row (the decode
+/// steps that set a stream's speed).
+#[derive(Debug, Clone, Default)]
+pub struct StepTimes {
+    ms: [Option<f64>; WIDTHS],
+}
+
+impl StepTimes {
+    /// Records one step of `width` rows that took `took`.
+    pub fn record(&mut self, width: usize, took: Duration) {
+        let Some(slot) = self.ms.get_mut(width.max(1).trailing_zeros() as usize) else {
+            return;
+        };
+        let ms = took.as_secs_f64() * 1e3;
+        *slot = Some(slot.map_or(ms, |m| m + ALPHA * (ms - m)));
+    }
+
+    /// The mean step time at `width` rows: measured, or from the nearest narrower width
+    /// measured, as if each row cost as much as a whole step there (the most it can cost,
+    /// since the weights are read once a step whatever the width). `None` when nothing is
+    /// measured yet.
+    pub fn predict(&self, width: usize) -> Option<f64> {
+        let at = width.max(1).next_power_of_two().trailing_zeros() as usize;
+        if let Some(Some(ms)) = self.ms.get(at) {
+            return Some(*ms);
+        }
+        (0..at.min(WIDTHS))
+            .rev()
+            .find_map(|i| self.ms[i].map(|ms| ms * (1usize << (at - i)) as f64))
+    }
+
+    /// Each stream's draft speed, tokens a second, with `live` streams stepping together.
+    pub fn speed(&self, live: usize) -> Option<f64> {
+        self.predict(rows_for(live)).map(|ms| 1e3 / ms.max(1e-3))
+    }
+
+    /// Whether one more stream may join `live` ones without any of them drafting slower than
+    /// `floor` tokens a second (a floor of 0 admits up to the stream limit; an unmeasured
+    /// width is admitted, and its first steps measure it).
+    pub fn admits(&self, live: usize, floor: f64) -> bool {
+        floor <= 0.0 || self.speed(live + 1).is_none_or(|s| s >= floor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_width_is_measured_as_a_running_mean() {
+        let mut t = StepTimes::default();
+        t.record(4, ms(100));
+        assert_eq!(t.predict(4), Some(100.0));
+        t.record(4, ms(200));
+        assert_eq!(t.predict(4), Some(120.0));
+        // Widths in between use the power of two that holds them.
+        assert_eq!(t.predict(3), Some(120.0));
+    }
+
+    #[test]
+    fn an_unmeasured_width_is_priced_at_a_whole_step_a_row() {
+        let mut t = StepTimes::default();
+        assert_eq!(t.predict(2), None);
+        t.record(1, ms(25));
+        assert_eq!(t.predict(4), Some(100.0));
+        t.record(2, ms(30));
+        assert_eq!(t.predict(8), Some(120.0));
+    }
+
+    #[test]
+    fn admission_keeps_every_stream_above_the_floor() {
+        let mut t = StepTimes::default();
+        // Nothing known: admitted (the first steps measure it).
+        assert!(t.admits(0, 20.0));
+        t.record(1, ms(25));
+        t.record(2, ms(30));
+        t.record(4, ms(40));
+        t.record(8, ms(80));
+        // A fifth stream makes eight rows: 12.5 tokens/s each.
+        assert!(t.admits(3, 20.0));
+        assert!(!t.admits(4, 20.0));
+        assert!(t.admits(4, 12.0));
+        // No floor: only the stream limit counts.
+        assert!(t.admits(100, 0.0));
+    }
+}
