@@ -18,10 +18,10 @@ PROMPTS = [
 ]
 
 
-def stream_one(client, prompt):
+def stream_one(client, prompt, headers):
     raw = client.chat.completions.with_streaming_response.create(
         model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=64, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        stream=True, stream_options={"include_usage": True}, extra_headers=headers)
     with raw as resp:
         mode = resp.headers["x-approxy-mode"]
         text, finish, usage = "", None, None
@@ -34,13 +34,10 @@ def stream_one(client, prompt):
     return mode, text, finish, usage
 
 
-def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):
-    # The speed floor is the admission's business (its own tests); here every stream must be
-    # admitted, so that the eight share one worker's batch.
-    g = start_gateway(policy_text(min_stream_speed="0", streams_per_worker="8", workers="1"))
+def run_eight(g, headers):
     client = g.client()
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        results = list(pool.map(lambda p: stream_one(client, p), PROMPTS))
+        results = list(pool.map(lambda p: stream_one(client, p, headers), PROMPTS))
     for prompt, (mode, text, finish, usage) in zip(PROMPTS, results):
         assert mode == "approximate", prompt
         assert finish in ("stop", "length"), (prompt, finish)
@@ -49,7 +46,14 @@ def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):
         assert u["mode"] == "approximate", u
         assert u["draft_tokens"] + u["target_tokens"] == usage.completion_tokens, u
         assert len(text) > 10, (prompt, text)
-    # Steps ran for several streams at once.
+
+
+def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):
+    # The speed floor is the admission's business (its own tests); here every stream must be
+    # admitted, so that the eight share one worker's batch.
+    g = start_gateway(policy_text(min_stream_speed="0", streams_per_worker="8", workers="1"))
+    # Draft only: every stream drafts all the time, so the worker's steps must hold several.
+    run_eight(g, {"x-approxy-threshold": "0"})
     metrics = urllib.request.urlopen(g.url + "/metrics", timeout=10).read().decode()
     counts = {}
     for line in metrics.splitlines():
@@ -60,3 +64,5 @@ def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):
     assert counts["approxy_draft_step_streams_sum"] / steps > 1.5, counts
     health = json.loads(urllib.request.urlopen(g.url + "/ready", timeout=10).read())
     assert (health["draft_streams"], health["draft_stream_limit"]) == (0, 8), health
+    # With the target: streams leave the batch for its calls and come back, none cut.
+    run_eight(g, {})

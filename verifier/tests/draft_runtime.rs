@@ -315,7 +315,11 @@ async fn a_batch_of_four_matches_four_runs_alone() {
         let b = t.await.unwrap();
         let same = a.iter().zip(&b).take_while(|(x, y)| x.0 == y.0).count();
         for (x, y) in a.iter().zip(&b).take(same + 1).take(N) {
-            let d = x.2.iter().zip(&y.2).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+            let d =
+                x.2.iter()
+                    .zip(&y.2)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0.0, f32::max);
             noise = noise.max(d);
         }
         if same < N {
@@ -328,6 +332,8 @@ async fn a_batch_of_four_matches_four_runs_alone() {
             );
         }
     }
-    eprintln!("batched against alone: {parted} of 4 streams parted in {N} tokens; largest logit difference {noise:.4}");
+    eprintln!(
+        "batched against alone: {parted} of 4 streams parted in {N} tokens; largest logit difference {noise:.4}"
+    );
     assert!(noise < 2.0, "the batch moved a logit by {noise}");
 }

@@ -399,7 +399,9 @@ impl Validator {
         if draft.streams_per_worker == 0 || draft.streams_per_worker > 64 {
             self.err("draft.streams_per_worker: must be in 1..=64");
         }
-        if !(draft.min_stream_speed.is_finite() && (0.0..=10_000.0).contains(&draft.min_stream_speed)) {
+        if !(draft.min_stream_speed.is_finite()
+            && (0.0..=10_000.0).contains(&draft.min_stream_speed))
+        {
             self.err("draft.min_stream_speed: must be in 0..=10000 tokens a second");
         }
         if draft.kv_memory_mb == 0 {

@@ -216,29 +216,30 @@ async fn run_one(
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let model = calls::model_name(config(mode));
-    let results: Vec<Vec<(usize, Generation)>> = futures::future::join_all((0..clients).map(|_| {
-        let next = Arc::clone(&next);
-        let (http, url) = (ctx.http.clone(), url.clone());
-        async move {
-            let mut mine = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(t) = ctx.tasks.get(i) else { break };
-                let ask = Ask {
-                    url: &url,
-                    model,
-                    prompt: &t.prompt,
-                    max_tokens: ctx.opts.max_tokens,
-                    stop,
-                    threshold: None,
-                    timeout: Duration::from_secs(1800),
-                };
-                mine.push((i, client::complete(&http, &ask).await));
+    let results: Vec<Vec<(usize, Generation)>> =
+        futures::future::join_all((0..clients).map(|_| {
+            let next = Arc::clone(&next);
+            let (http, url) = (ctx.http.clone(), url.clone());
+            async move {
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(t) = ctx.tasks.get(i) else { break };
+                    let ask = Ask {
+                        url: &url,
+                        model,
+                        prompt: &t.prompt,
+                        max_tokens: ctx.opts.max_tokens,
+                        stop,
+                        threshold: None,
+                        timeout: Duration::from_secs(1800),
+                    };
+                    mine.push((i, client::complete(&http, &ask).await));
+                }
+                mine
             }
-            mine
-        }
-    }))
-    .await;
+        }))
+        .await;
     let wall_seconds = started.elapsed().as_secs_f64();
     let after = target_account::read(&ctx.http, target_url, Duration::from_secs(10)).await?;
     let pid = gateway.pid().context("the gateway has no pid")?;
@@ -259,8 +260,14 @@ async fn run_one(
         let verdict = match &t.problem {
             Some(_) if g.error.is_some() => Some(Verdict::Failed),
             Some(p) => Some(
-                humaneval::check(ctx.sandbox, p, &g.text, &ctx.scratch, Duration::from_secs(10))
-                    .await?,
+                humaneval::check(
+                    ctx.sandbox,
+                    p,
+                    &g.text,
+                    &ctx.scratch,
+                    Duration::from_secs(10),
+                )
+                .await?,
             ),
             None => None,
         };
@@ -353,9 +360,9 @@ pub async fn run(opts: &ConcurrencyOptions) -> anyhow::Result<()> {
         if todo.is_empty() {
             continue;
         }
-        let target = servers::start_llama_slots(&home, layout, false, SLOTS, &logs).await?;
+        // The target's address is set per run.
         let mut policy = calls::raw_policy(
-            target.url.as_str(),
+            "",
             false,
             layout,
             &base_model,
@@ -370,14 +377,19 @@ pub async fn run(opts: &ConcurrencyOptions) -> anyhow::Result<()> {
             .work("bench")
             .join(format!("concurrency-{}.toml", layout.name()));
         std::fs::create_dir_all(home.work("bench"))?;
-        std::fs::write(
-            &path,
-            format!(
-                "# Written by `approxy bench concurrency`.\n{}",
-                toml::to_string(&policy)?
-            ),
-        )?;
         for (mode, clients) in todo {
+            // A fresh target per run: its slots keep the prompts they processed, which would
+            // serve a later run's prompts from cache.
+            let target = servers::start_llama_slots(&home, layout, false, SLOTS, &logs).await?;
+            let mut policy = policy.clone();
+            policy.target.base_url = target.url.clone();
+            std::fs::write(
+                &path,
+                format!(
+                    "# Written by `approxy bench concurrency`.\n{}",
+                    toml::to_string(&policy)?
+                ),
+            )?;
             // A fresh gateway per run: its memory figures are the run's own.
             let gateway = servers::start_gateway(&exe, &path, layout, &logs).await?;
             // One answer first, so the draft's and the target's first-run costs are not timed.
@@ -409,8 +421,8 @@ pub async fn run(opts: &ConcurrencyOptions) -> anyhow::Result<()> {
                 serde_json::to_vec_pretty(&run)?,
             )?;
             drop(gateway);
+            drop(target);
         }
-        drop(target);
     }
     let runs = load_all(&opts.out)?;
     std::fs::write(opts.out.join("concurrency.md"), markdown(&runs))?;
@@ -456,7 +468,8 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
          with 16 slots; C clients share the prompts, each taking the next one free; approxy runs \
          the shipped policy, passthrough the same gateway with the model passed through.\n",
     );
-    let mut keys: Vec<(Sample, String)> = runs.iter().map(|r| (r.sample, r.layout.clone())).collect();
+    let mut keys: Vec<(Sample, String)> =
+        runs.iter().map(|r| (r.sample, r.layout.clone())).collect();
     keys.dedup();
     for (sample, layout) in keys {
         let here: Vec<&ConcurrencyRun> = runs
@@ -471,7 +484,10 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
             first.answers.len(),
             first.max_tokens,
             first.machine,
-            here.iter().map(|r| r.finished_at.as_str()).max().unwrap_or("")
+            here.iter()
+                .map(|r| r.finished_at.as_str())
+                .max()
+                .unwrap_or("")
         ));
         md.push_str("| mode | clients | answers/min | tokens/s | stream tokens/s p50 / p10 | TTFT p50 / p99 (s) | passed through, saturated | target s per answer | gateway RSS / peak (MiB) | quality |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &here {

@@ -40,7 +40,8 @@ pub struct StreamsOptions {
 fn prompt(tok: &Tokenizer, i: usize, context: usize) -> anyhow::Result<Vec<u32>> {
     let text = format!(
         "<|im_start|>user\nStream {i}. {}<|im_end|>\n<|im_start|>assistant\n",
-        "Summarise the following notes on hash maps, trees and queues in order. ".repeat(context / 12 + 1)
+        "Summarise the following notes on hash maps, trees and queues in order. "
+            .repeat(context / 12 + 1)
     );
     let ids = tok.encode(&text)?;
     let tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n")?;
@@ -121,7 +122,9 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         let speeds: Vec<f64> = rt.block_on(async {
             let tasks: Vec<_> = (0..c)
                 .map(|i| {
-                    let lease = pool.try_lease().ok_or_else(|| anyhow::anyhow!("no stream free"))?;
+                    let lease = pool
+                        .try_lease()
+                        .ok_or_else(|| anyhow::anyhow!("no stream free"))?;
                     Ok(tokio::spawn(stream(
                         lease,
                         prompts[i].clone(),

@@ -1,15 +1,14 @@
-//! Continuous batching of one worker's sequences. Every sequence a worker drafts for owns one
-//! row of the batch's cache; the rows of live sequences are `0..live`, in no particular
-//! order, and the cache holds a power of two of rows at least that many, so the shapes a
-//! step runs in (and with them ONNX Runtime's kernels and numbers) change only when the
-//! count of sequences crosses a power of two. One alone runs exactly as a solo session does.
-//!
-//! A step feeds the same number of tokens to every row: the sequences with work get theirs
-//! (padded with filler when shorter than the step), the others only filler, whose keys and
-//! values land beyond their valid length and are written over later. A sequence that leaves
-//! hands its row to the last row's sequence, so rows stay packed. A prompt is prefilled
-//! alone in the solo cache (its numbers then depend on the prompt only, and a prefix shared
-//! with the previous prompt is reused) and its keys and values are copied into the row.
+//! Continuous batching of one worker's sequences. The sequences a step runs for each own one
+//! row of the batch's cache, and a step feeds every row the same number of tokens: the
+//! sequences with work get theirs (padded with filler when shorter than the step), the others
+//! only filler, whose keys and values land beyond their valid length and are written over
+//! later. On this machine's CPUs a row costs about as much compute as any other, filler or
+//! not, so a sequence that has sat out [`PARK_AFTER`] steps (it is waiting on the target) is
+//! parked: its keys and values are copied out to a cache of its own, and the batch is laid out
+//! anew without it; it is copied back in when it next asks for a step. One sequence alone runs
+//! exactly as a solo session does. A prompt is prefilled alone in the solo cache (its numbers
+//! then depend on the prompt only, and a prefix shared with the previous prompt is reused) and
+//! its keys and values become the sequence's parked cache.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -18,27 +17,47 @@ use super::PositionOutput;
 use super::session::{DraftSession, RowsStep};
 use crate::error::EngineError;
 
-/// What the batch needs of a model: a cache of rows it steps together, and a solo prefill
-/// copied into a row. [`DraftSession`] is the real one; tests script one.
+/// A sequence of the batch's new layout: where its keys and values are now (a row of the old
+/// layout, or its parked cache), and how many positions are valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    /// Whose.
+    pub seq: SeqId,
+    /// Its row in the old layout, if it has one.
+    pub row: Option<usize>,
+    /// Valid positions.
+    pub len: usize,
+}
+
+/// What the batch needs of a model: a cache of rows it steps together, caches of their own for
+/// the sequences parked, and a solo prefill. [`DraftSession`] is the real one; tests script one.
 pub trait Rows {
-    /// Rows and positions per row the cache holds.
+    /// Rows and positions per row the batch's cache holds.
     fn shape(&self) -> (usize, usize);
-    /// Makes room for `rows` rows of `total` positions, keeping what is cached.
-    fn reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError>;
-    /// Makes the cache exactly `rows` rows of `capacity` positions, keeping the first rows.
-    fn resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError>;
-    /// Prefills `prompt` and puts its keys and values in row `row`; the output at its last
-    /// position.
+    /// Prefills `prompt` alone and keeps its keys and values as `seq`'s parked cache; the
+    /// output at its last position.
     fn prefill(
         &mut self,
-        row: usize,
+        seq: SeqId,
         prompt: &[u32],
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError>;
+    /// Lays the batch's cache out anew: first each of `park` is copied out of its old row to a
+    /// parked cache of its own, then row `i` of a cache of `capacity` positions gets
+    /// `members[i]`'s valid positions, from its old row or its parked cache (which is freed).
+    /// No members: the batch's cache is freed.
+    fn arrange(
+        &mut self,
+        members: &[Member],
+        park: &[Member],
+        capacity: usize,
+    ) -> Result<(), EngineError>;
+    /// Makes room for `total` positions in every row, keeping what is cached.
+    fn reserve(&mut self, total: usize) -> Result<(), EngineError>;
     /// One forward pass over every row.
     fn step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError>;
-    /// Moves row `from`'s first `len` positions into row `to`.
-    fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError>;
+    /// Frees `seq`'s parked cache, if it has one.
+    fn forget(&mut self, seq: SeqId);
     /// Bounds what the solo cache keeps while the worker is idle.
     fn trim_solo(&mut self, keep: usize);
     /// Forgets everything (after a failure left the caches unknown).
@@ -49,34 +68,37 @@ impl Rows for DraftSession {
     fn shape(&self) -> (usize, usize) {
         self.rows_shape()
     }
-    fn reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
-        self.rows_reserve(rows, total)
-    }
-    fn resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
-        self.rows_resize(rows, capacity)
-    }
     fn prefill(
         &mut self,
-        row: usize,
+        seq: SeqId,
         prompt: &[u32],
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
-        self.rows_prefill(row, prompt, gone)
+        self.rows_prefill(seq, prompt, gone)
+    }
+    fn arrange(
+        &mut self,
+        members: &[Member],
+        park: &[Member],
+        capacity: usize,
+    ) -> Result<(), EngineError> {
+        self.rows_arrange(members, park, capacity)
+    }
+    fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        self.rows_reserve(total)
     }
     fn step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
         self.rows_step(step)
     }
-    fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
-        self.rows_move(from, to, len)
+    fn forget(&mut self, seq: SeqId) {
+        self.rows_forget(seq);
     }
     fn trim_solo(&mut self, keep: usize) {
         self.trim(keep);
     }
     fn reset(&mut self) {
         DraftSession::reset(self);
-        if let Err(e) = self.rows_resize(0, 0) {
-            tracing::warn!(error = %e, "could not free the draft's batch cache");
-        }
+        self.rows_clear();
     }
 }
 
@@ -101,80 +123,94 @@ pub struct Extend<'a> {
     pub all: bool,
 }
 
+/// Steps a sequence may sit out before it is parked: one that is only verifying its last
+/// token is back within the worker's gather window, one waiting on the target is not.
+pub const PARK_AFTER: usize = 2;
+
+/// A live sequence: its valid positions, and the steps it has sat out in a row.
+#[derive(Debug, Clone, Copy)]
+struct Seq {
+    len: usize,
+    missed: usize,
+}
+
 /// The batch of one worker.
 pub struct Batch<M: Rows> {
     model: M,
-    /// The sequence in each live row.
-    rows: Vec<SeqId>,
-    /// Each live sequence's row and valid length.
-    seqs: HashMap<SeqId, (usize, usize)>,
-    /// The most rows the cache may hold.
-    max_rows: usize,
+    /// The sequence in each row of the model's batch cache (`None`: one that left).
+    layout: Vec<Option<SeqId>>,
+    /// Every live sequence, in the batch or parked.
+    seqs: HashMap<SeqId, Seq>,
+    /// The most sequences it holds.
+    max_seqs: usize,
 }
 
 impl<M: Rows> Batch<M> {
-    /// A batch of at most `max_rows` sequences, none yet.
-    pub fn new(model: M, max_rows: usize) -> Self {
+    /// A batch of at most `max_seqs` sequences, none yet.
+    pub fn new(model: M, max_seqs: usize) -> Self {
         Self {
             model,
-            rows: Vec::new(),
+            layout: Vec::new(),
             seqs: HashMap::new(),
-            max_rows: max_rows.max(1),
+            max_seqs: max_seqs.max(1),
         }
     }
 
-    /// Sequences with a row.
+    /// Live sequences, in the batch or parked.
     pub fn live(&self) -> usize {
-        self.rows.len()
+        self.seqs.len()
     }
 
-    /// Whether `seq` has a row.
+    /// Whether `seq` is live.
     pub fn holds(&self, seq: SeqId) -> bool {
         self.seqs.contains_key(&seq)
     }
 
-    /// Forgets every sequence and everything cached: their next calls fail.
-    pub fn reset(&mut self) {
-        self.rows.clear();
-        self.seqs.clear();
-        self.model.reset();
-    }
-
-    /// Rows a step runs: the cache's.
+    /// Rows a step runs: the batch cache's.
     pub fn width(&self) -> usize {
-        self.model.shape().0
+        self.layout.len()
     }
 
-    /// The model (its cache's size, for the worker's reports).
+    /// The model (its caches, for the worker's reports).
     pub fn model(&self) -> &M {
         &self.model
     }
 
-    /// Makes `seq`'s row hold exactly `prompt`; the output at its last position.
+    /// Forgets every sequence and everything cached: their next calls fail.
+    pub fn reset(&mut self) {
+        self.layout.clear();
+        self.seqs.clear();
+        self.model.reset();
+    }
+
+    /// Makes `seq` hold exactly `prompt` (parked until its first step); the output at the
+    /// prompt's last position.
     pub fn prefill(
         &mut self,
         seq: SeqId,
         prompt: &[u32],
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
-        let row = match self.seqs.get(&seq) {
-            Some(&(row, _)) => row,
-            None if self.rows.len() >= self.max_rows => return Err(EngineError::Saturated),
-            None => {
-                let row = self.rows.len();
-                let (_, capacity) = self.model.shape();
-                self.model
-                    .reserve(rows_for(row + 1), capacity.max(prompt.len()))?;
-                self.rows.push(seq);
-                self.seqs.insert(seq, (row, 0));
-                row
-            }
-        };
-        let out = self.model.prefill(row, prompt, gone);
+        if !self.seqs.contains_key(&seq) && self.seqs.len() >= self.max_seqs {
+            return Err(EngineError::Saturated);
+        }
+        self.leave_row(seq);
+        let out = self.model.prefill(seq, prompt, gone);
         match &out {
-            Ok(_) => self.set_len(seq, prompt.len()),
-            // What the row holds is unknown: nothing valid.
-            Err(_) => self.set_len(seq, 0),
+            Ok(_) => {
+                self.seqs.insert(
+                    seq,
+                    Seq {
+                        len: prompt.len(),
+                        missed: 0,
+                    },
+                );
+            }
+            Err(_) => {
+                // What it holds is unknown: it is gone, and its next call fails.
+                self.seqs.remove(&seq);
+                self.model.forget(seq);
+            }
         }
         out
     }
@@ -183,39 +219,22 @@ impl<M: Rows> Batch<M> {
     /// drop; its rollback empties the worker's prompt cache instead, so that its prefill runs
     /// from scratch (as timing it, or a reference computation, wants).
     pub fn rollback(&mut self, seq: SeqId, n: usize) -> Result<(), EngineError> {
-        match self.seqs.get(&seq) {
-            Some(&(_, len)) => self.set_len(seq, len.saturating_sub(n)),
+        match self.seqs.get_mut(&seq) {
+            Some(s) => s.len = s.len.saturating_sub(n),
             None => self.model.trim_solo(0),
         }
         Ok(())
     }
 
-    /// `seq` is done: its row goes to the last row's sequence, and the cache shrinks when far
-    /// fewer rows are live than it holds (all of it when none is).
+    /// `seq` is done: its row is dropped at the next layout, its parked cache now; with no
+    /// sequence left the batch's cache is freed.
     pub fn close(&mut self, seq: SeqId) -> Result<(), EngineError> {
-        let Some((row, _)) = self.seqs.remove(&seq) else {
-            return Ok(());
-        };
-        let last = self.rows.len() - 1;
-        if row != last {
-            let moved = self.rows[last];
-            let len = self.seqs.get(&moved).map_or(0, |&(_, l)| l);
-            if let Err(e) = self.model.move_row(last, row, len) {
-                // No row holds anything known any more: every sequence's next call fails.
-                self.rows.clear();
-                self.seqs.clear();
-                let _ = self.model.resize(0, 0);
-                return Err(e);
-            }
-            self.rows[row] = moved;
-            self.seqs.insert(moved, (row, len));
-        }
-        self.rows.pop();
-        let (held, capacity) = self.model.shape();
-        if self.rows.is_empty() {
-            self.model.resize(0, 0)?;
-        } else if rows_for(self.rows.len()) * 4 <= held {
-            self.model.resize(rows_for(self.rows.len()), capacity)?;
+        self.seqs.remove(&seq);
+        self.leave_row(seq);
+        self.model.forget(seq);
+        if self.seqs.is_empty() && !self.layout.is_empty() {
+            self.layout.clear();
+            self.model.arrange(&[], &[], 0)?;
         }
         Ok(())
     }
@@ -223,6 +242,14 @@ impl<M: Rows> Batch<M> {
     /// Bounds what an idle worker keeps for the next prompt.
     pub fn trim(&mut self, keep: usize) {
         self.model.trim_solo(keep);
+    }
+
+    fn leave_row(&mut self, seq: SeqId) {
+        for r in &mut self.layout {
+            if *r == Some(seq) {
+                *r = None;
+            }
+        }
     }
 
     /// Runs every extend in `work` together, in steps of at most [`STEP_TOKENS`] tokens a
@@ -238,6 +265,20 @@ impl<M: Rows> Batch<M> {
                 }
             })
             .collect();
+        let first = work
+            .iter()
+            .map(|w| w.tokens.len().min(STEP_TOKENS))
+            .max()
+            .unwrap_or(0);
+        if first > 0
+            && let Err(e) = self.lay_out(work, first)
+        {
+            let e = e.to_string();
+            for r in &mut results {
+                *r = Err(EngineError::Draft(e.clone()));
+            }
+            return results;
+        }
         let mut done = vec![0usize; work.len()];
         loop {
             let left: Vec<usize> = (0..work.len())
@@ -278,6 +319,67 @@ impl<M: Rows> Batch<M> {
         results
     }
 
+    /// Before a step of `s` tokens for `work`: the sequences that sat out too long are parked,
+    /// the parked ones with work come back, rows of sequences gone are dropped, and every row
+    /// has room for the step.
+    fn lay_out(&mut self, work: &[Extend<'_>], s: usize) -> Result<(), EngineError> {
+        let asked = |seq: SeqId| work.iter().any(|w| w.seq == seq);
+        let mut park = Vec::new();
+        let mut members = Vec::new();
+        for (row, slot) in self.layout.iter().enumerate() {
+            let Some(seq) = *slot else { continue };
+            let Some(st) = self.seqs.get_mut(&seq) else {
+                continue;
+            };
+            let m = Member {
+                seq,
+                row: Some(row),
+                len: st.len,
+            };
+            if asked(seq) {
+                st.missed = 0;
+                members.push(m);
+            } else {
+                st.missed += 1;
+                if st.missed >= PARK_AFTER {
+                    park.push(m);
+                } else {
+                    members.push(m);
+                }
+            }
+        }
+        for w in work {
+            let fresh =
+                !self.layout.contains(&Some(w.seq)) && !members.iter().any(|m| m.seq == w.seq);
+            if fresh && let Some(st) = self.seqs.get_mut(&w.seq) {
+                st.missed = 0;
+                members.push(Member {
+                    seq: w.seq,
+                    row: None,
+                    len: st.len,
+                });
+            }
+        }
+        let total = members.iter().map(|m| m.len).max().unwrap_or(0) + s;
+        let same = park.is_empty()
+            && members.len() == self.layout.len()
+            && members.iter().all(|m| m.row.is_some());
+        if same {
+            return self.model.reserve(total);
+        }
+        let capacity = grown(total);
+        let r = self.model.arrange(&members, &park, capacity);
+        if r.is_err() {
+            // Nothing cached is known any more: every sequence's next call fails.
+            self.layout.clear();
+            self.seqs.clear();
+            self.model.reset();
+        } else {
+            self.layout = members.iter().map(|m| Some(m.seq)).collect();
+        }
+        r
+    }
+
     /// One step: `s` tokens from each of `left`'s extends (from `done` on), filler elsewhere.
     /// The outputs of each of `left`, in order.
     fn run_step(
@@ -287,17 +389,21 @@ impl<M: Rows> Batch<M> {
         done: &[usize],
         s: usize,
     ) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
-        let width = self.width();
+        let width = self.layout.len();
         let mut ids = vec![FILLER; width * s];
         let mut past = vec![0usize; width];
         let mut want: Vec<Range<usize>> = vec![0..0; width];
-        for (r, seq) in self.rows.iter().enumerate() {
-            past[r] = self.seqs.get(seq).map_or(0, |&(_, l)| l);
+        for (r, seq) in self.layout.iter().enumerate() {
+            past[r] = seq.and_then(|q| self.seqs.get(&q)).map_or(0, |st| st.len);
         }
         let mut fed = Vec::with_capacity(left.len());
         for &i in left {
             let w = &work[i];
-            let &(row, _) = self.seqs.get(&w.seq).ok_or_else(not_prefilled)?;
+            let row = self
+                .layout
+                .iter()
+                .position(|r| *r == Some(w.seq))
+                .ok_or_else(not_prefilled)?;
             let n = s.min(w.tokens.len() - done[i]);
             ids[row * s..row * s + n].copy_from_slice(&w.tokens[done[i]..done[i] + n]);
             let finishes = done[i] + n == w.tokens.len();
@@ -311,7 +417,7 @@ impl<M: Rows> Batch<M> {
             fed.push((w.seq, row, n));
         }
         let total = past.iter().max().copied().unwrap_or(0) + s;
-        self.model.reserve(width, total)?;
+        self.model.reserve(total)?;
         let step = RowsStep {
             ids: &ids,
             s,
@@ -321,22 +427,19 @@ impl<M: Rows> Batch<M> {
         let mut outs = self.model.step(&step)?;
         let mut taken = Vec::with_capacity(fed.len());
         for (seq, row, n) in fed {
-            self.set_len(seq, past[row] + n);
+            if let Some(st) = self.seqs.get_mut(&seq) {
+                st.len = past[row] + n;
+            }
             taken.push(std::mem::take(&mut outs[row]));
         }
         Ok(taken)
     }
-
-    fn set_len(&mut self, seq: SeqId, len: usize) {
-        if let Some(e) = self.seqs.get_mut(&seq) {
-            e.1 = len;
-        }
-    }
 }
 
-/// Rows the cache holds for `live` sequences.
-pub fn rows_for(live: usize) -> usize {
-    live.max(1).next_power_of_two()
+/// Positions to lay a batch out with for `total`: an eighth to spare, so that a few more
+/// steps do not copy every row again.
+fn grown(total: usize) -> usize {
+    (total + total / 8).next_multiple_of(super::kv::CAPACITY_STEP)
 }
 
 fn not_prefilled() -> EngineError {

@@ -11,17 +11,24 @@ use super::*;
 pub(crate) struct Scripted {
     rows: Vec<Vec<Option<u32>>>,
     capacity: usize,
+    parked: HashMap<SeqId, Vec<Option<u32>>>,
     /// Rows each step ran.
     pub(crate) widths: Vec<usize>,
+    /// Layouts made.
+    pub(crate) arranged: usize,
 }
 
 /// The output after `seen`: its tokens folded into the logits.
 pub(crate) fn output_of(seen: &[u32]) -> PositionOutput {
-    let h = seen
-        .iter()
-        .fold(1469598103934665603u64, |h, &t| (h ^ u64::from(t)).wrapping_mul(1099511628211));
+    let h = seen.iter().fold(1469598103934665603u64, |h, &t| {
+        (h ^ u64::from(t)).wrapping_mul(1099511628211)
+    });
     PositionOutput::new(
-        vec![(h & 0xffff) as f32, (h >> 16 & 0xffff) as f32, seen.len() as f32],
+        vec![
+            (h & 0xffff) as f32,
+            (h >> 16 & 0xffff) as f32,
+            seen.len() as f32,
+        ],
         vec![0.0].into(),
     )
 }
@@ -39,30 +46,56 @@ impl Rows for Scripted {
     fn shape(&self) -> (usize, usize) {
         (self.rows.len(), self.capacity)
     }
-    fn reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
-        let rows = rows.max(self.rows.len());
-        let cap = self.capacity.max(total);
-        self.resize(rows, cap)
-    }
-    fn resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
-        self.rows.resize(rows, Vec::new());
-        for r in &mut self.rows {
-            r.resize(capacity, None);
-        }
-        self.capacity = capacity;
-        Ok(())
-    }
     fn prefill(
         &mut self,
-        row: usize,
+        seq: SeqId,
         prompt: &[u32],
         _gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
-        self.reserve(row + 1, prompt.len())?;
-        for (i, &t) in prompt.iter().enumerate() {
-            self.rows[row][i] = Some(t);
-        }
+        self.parked
+            .insert(seq, prompt.iter().map(|&t| Some(t)).collect());
         Ok(output_of(prompt))
+    }
+    fn arrange(
+        &mut self,
+        members: &[Member],
+        park: &[Member],
+        capacity: usize,
+    ) -> Result<(), EngineError> {
+        self.arranged += 1;
+        for p in park {
+            let row = p.row.ok_or_else(|| EngineError::Draft("no row".into()))?;
+            self.parked.insert(p.seq, self.rows[row][..p.len].to_vec());
+        }
+        let mut fresh = Vec::new();
+        for m in members {
+            // Only the valid positions travel: anything read past them is a hole.
+            let mut row: Vec<Option<u32>> = match m.row {
+                Some(r) => self.rows[r][..m.len].to_vec(),
+                None => {
+                    let p = self
+                        .parked
+                        .remove(&m.seq)
+                        .ok_or_else(|| EngineError::Draft("not parked".into()))?;
+                    p[..m.len].to_vec()
+                }
+            };
+            assert!(m.len <= capacity);
+            row.resize(capacity, None);
+            fresh.push(row);
+        }
+        self.rows = fresh;
+        self.capacity = if members.is_empty() { 0 } else { capacity };
+        Ok(())
+    }
+    fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        if total > self.capacity {
+            self.capacity = total;
+            for r in &mut self.rows {
+                r.resize(total, None);
+            }
+        }
+        Ok(())
     }
     fn step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
         assert_eq!(step.ids.len(), self.rows.len() * step.s);
@@ -84,18 +117,13 @@ impl Rows for Scripted {
         }
         Ok(outs)
     }
-    fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
-        let moved: Vec<Option<u32>> = self.rows[from][..len].to_vec();
-        self.rows[to][..len].copy_from_slice(&moved);
-        // What follows in the old row is not valid there any more.
-        for p in &mut self.rows[to][len..] {
-            *p = None;
-        }
-        Ok(())
+    fn forget(&mut self, seq: SeqId) {
+        self.parked.remove(&seq);
     }
     fn trim_solo(&mut self, _keep: usize) {}
     fn reset(&mut self) {
         self.rows.clear();
+        self.parked.clear();
         self.capacity = 0;
     }
 }
@@ -116,8 +144,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..6usize, 1..90usize).prop_map(|(i, n)| Op::Prefill(i, n)),
-        prop::collection::vec((0..6usize, 1..80usize, any::<bool>()), 1..5)
-            .prop_map(Op::Extend),
+        prop::collection::vec((0..6usize, 1..80usize, any::<bool>()), 1..5).prop_map(Op::Extend),
         (0..6usize, 0..10usize).prop_map(|(i, n)| Op::Rollback(i, n)),
         (0..6usize).prop_map(Op::Close),
     ]
@@ -164,7 +191,9 @@ fn check(ops: &[Op]) -> Result<Batch<Scripted>, TestCaseError> {
                     .collect();
                 for ((i, tokens, all), got) in work.iter().zip(batch.extend(&asks)) {
                     let got = got.map_err(|e| TestCaseError::fail(e.to_string()))?;
-                    let seq = alone.get_mut(i).ok_or_else(|| TestCaseError::fail("gone"))?;
+                    let seq = alone
+                        .get_mut(i)
+                        .ok_or_else(|| TestCaseError::fail("gone"))?;
                     let mut want = Vec::new();
                     for &t in tokens {
                         seq.push(t);
@@ -193,7 +222,7 @@ fn check(ops: &[Op]) -> Result<Batch<Scripted>, TestCaseError> {
             }
         }
         prop_assert_eq!(batch.live(), alone.len());
-        prop_assert!(batch.width() >= batch.live());
+        prop_assert_eq!(batch.model().shape().0, batch.width());
     }
     Ok(batch)
 }
@@ -223,20 +252,44 @@ fn a_sequence_alone_steps_in_one_row() {
 }
 
 #[test]
-fn rows_come_in_powers_of_two_and_shrink_when_most_leave() {
+fn a_sequence_that_sits_out_is_parked_and_comes_back() {
     let mut b = Batch::new(Scripted::default(), 8);
-    for s in 0..5 {
-        b.prefill(s, &[7, 8], &|| false).unwrap();
+    for s in 0..3 {
+        b.prefill(s, &[7, 8, s as u32], &|| false).unwrap();
     }
-    assert_eq!(b.width(), 8);
+    let step = |b: &mut Batch<Scripted>, seqs: &[u64]| {
+        let asks: Vec<Extend<'_>> = seqs
+            .iter()
+            .map(|&seq| Extend {
+                seq,
+                tokens: &[5],
+                all: false,
+            })
+            .collect();
+        for r in b.extend(&asks) {
+            r.unwrap();
+        }
+        b.width()
+    };
+    assert_eq!(step(&mut b, &[0, 1, 2]), 3);
+    // Sequence 2 waits on the target: it rides one step as filler, then is parked.
+    assert_eq!(step(&mut b, &[0, 1]), 3);
+    assert_eq!(step(&mut b, &[0, 1]), 2);
+    assert_eq!(step(&mut b, &[0, 1]), 2);
+    // Back with its next token, where it left off.
+    assert_eq!(step(&mut b, &[0, 1, 2]), 3);
+    let asks = [Extend {
+        seq: 2,
+        tokens: &[6],
+        all: false,
+    }];
+    let out = b.extend(&asks).pop().unwrap().unwrap();
+    assert_eq!(out[0].logits, output_of(&[7, 8, 2, 5, 5, 6]).logits);
+    assert_eq!(b.live(), 3);
     for s in 0..3 {
         b.close(s).unwrap();
     }
-    // Two left of eight rows: a quarter, so the cache halves twice.
-    assert_eq!((b.live(), b.width()), (2, 2));
-    b.close(3).unwrap();
-    b.close(4).unwrap();
-    assert_eq!(b.width(), 0);
+    assert_eq!((b.live(), b.width(), b.model().shape()), (0, 0, (0, 0)));
 }
 
 #[test]
@@ -270,5 +323,8 @@ fn extending_an_unknown_sequence_fails_alone() {
     ];
     let r = b.extend(&asks);
     assert!(r[0].is_err());
-    assert_eq!(r[1].as_ref().unwrap()[0].logits, output_of(&[1, 2, 3]).logits);
+    assert_eq!(
+        r[1].as_ref().unwrap()[0].logits,
+        output_of(&[1, 2, 3]).logits
+    );
 }

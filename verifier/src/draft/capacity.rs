@@ -1,29 +1,34 @@
 //! How many streams a draft worker can take: its measured step times per batch width, and the
 //! admission rule on them. A worker that would draft each of its streams slower than the
 //! policy's floor once one more joins takes no more: the request passes through at once
-//! (`draft_saturated`), as one that finds every worker full does.
+//! (`draft_saturated`), as one that finds every worker full does. A width is the rows a step
+//! ran: the streams in the batch, not those parked.
 
 use std::time::Duration;
 
-use super::batch::rows_for;
-
-/// Widths measured: 1, 2, 4, ... up to this many rows.
-const WIDTHS: usize = 8;
+/// Widths measured: 1 to this many rows (the most streams a worker may take).
+const WIDTHS: usize = 64;
 
 /// Weight of the newest step in the running mean.
 const ALPHA: f64 = 0.2;
 
 /// Mean step time per batch width, in milliseconds, for steps of one token a row (the decode
 /// steps that set a stream's speed).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StepTimes {
     ms: [Option<f64>; WIDTHS],
+}
+
+impl Default for StepTimes {
+    fn default() -> Self {
+        Self { ms: [None; WIDTHS] }
+    }
 }
 
 impl StepTimes {
     /// Records one step of `width` rows that took `took`.
     pub fn record(&mut self, width: usize, took: Duration) {
-        let Some(slot) = self.ms.get_mut(width.max(1).trailing_zeros() as usize) else {
+        let Some(slot) = self.ms.get_mut(width.max(1) - 1) else {
             return;
         };
         let ms = took.as_secs_f64() * 1e3;
@@ -35,18 +40,18 @@ impl StepTimes {
     /// since the weights are read once a step whatever the width). `None` when nothing is
     /// measured yet.
     pub fn predict(&self, width: usize) -> Option<f64> {
-        let at = width.max(1).next_power_of_two().trailing_zeros() as usize;
+        let at = width.max(1) - 1;
         if let Some(Some(ms)) = self.ms.get(at) {
             return Some(*ms);
         }
         (0..at.min(WIDTHS))
             .rev()
-            .find_map(|i| self.ms[i].map(|ms| ms * (1usize << (at - i)) as f64))
+            .find_map(|i| self.ms[i].map(|ms| ms * (at + 1) as f64 / (i + 1) as f64))
     }
 
     /// Each stream's draft speed, tokens a second, with `live` streams stepping together.
     pub fn speed(&self, live: usize) -> Option<f64> {
-        self.predict(rows_for(live)).map(|ms| 1e3 / ms.max(1e-3))
+        self.predict(live).map(|ms| 1e3 / ms.max(1e-3))
     }
 
     /// Whether one more stream may join `live` ones without any of them drafting slower than
@@ -72,8 +77,6 @@ mod tests {
         assert_eq!(t.predict(4), Some(100.0));
         t.record(4, ms(200));
         assert_eq!(t.predict(4), Some(120.0));
-        // Widths in between use the power of two that holds them.
-        assert_eq!(t.predict(3), Some(120.0));
     }
 
     #[test]
@@ -83,6 +86,7 @@ mod tests {
         t.record(1, ms(25));
         assert_eq!(t.predict(4), Some(100.0));
         t.record(2, ms(30));
+        assert_eq!(t.predict(3), Some(45.0));
         assert_eq!(t.predict(8), Some(120.0));
     }
 
@@ -94,8 +98,8 @@ mod tests {
         t.record(1, ms(25));
         t.record(2, ms(30));
         t.record(4, ms(40));
-        t.record(8, ms(80));
-        // A fifth stream makes eight rows: 12.5 tokens/s each.
+        t.record(5, ms(80));
+        // A fifth stream: 12.5 tokens/s each.
         assert!(t.admits(3, 20.0));
         assert!(!t.admits(4, 20.0));
         assert!(t.admits(4, 12.0));

@@ -11,6 +11,8 @@
 //! an idle worker is trimmed. Rows are the outermost dimension, so one row's positions are a
 //! contiguous block that moves between rows and caches with plain copies.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use ort::memory::Allocator;
 use ort::value::Tensor;
 
@@ -18,6 +20,10 @@ use crate::error::EngineError;
 
 /// Capacities are multiples of this (and at least this), so small prompts never reallocate.
 pub const CAPACITY_STEP: usize = 256;
+
+/// Generations are unique across caches: a binding that held one cache's buffers is never
+/// taken to hold another's.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
 /// The cache buffers of one or more sequences.
 #[derive(Debug)]
@@ -45,7 +51,7 @@ impl KvCache {
             rows: 0,
             capacity: 0,
             buffers: Vec::new(),
-            generation: 0,
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -127,7 +133,7 @@ impl KvCache {
         self.buffers = fresh;
         self.rows = if self.buffers.is_empty() { 0 } else { rows };
         self.capacity = if self.buffers.is_empty() { 0 } else { capacity };
-        self.generation += 1;
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -209,7 +215,15 @@ impl Block {
 }
 
 /// Copies the first `len` positions of every head of `src`'s row `from` into `dst`'s row `to`.
-fn copy_row(src: &[f32], sb: Block, from: usize, dst: &mut [f32], db: Block, to: usize, len: usize) {
+fn copy_row(
+    src: &[f32],
+    sb: Block,
+    from: usize,
+    dst: &mut [f32],
+    db: Block,
+    to: usize,
+    len: usize,
+) {
     let n = len * sb.head_dim;
     for h in 0..sb.heads {
         let (s, d) = (sb.at(from, h), db.at(to, h));
@@ -251,12 +265,28 @@ mod tests {
         // Two heads, capacity 3, head_dim 2.
         let src = filled(1, 2, 3, 2);
         let mut dst = vec![-1.0; 2 * 5 * 2];
-        copy_row(&src, Block::new(2, 3, 2), 0, &mut dst, Block::new(2, 5, 2), 0, 2);
+        copy_row(
+            &src,
+            Block::new(2, 3, 2),
+            0,
+            &mut dst,
+            Block::new(2, 5, 2),
+            0,
+            2,
+        );
         assert_eq!(&dst[..4], &[0.0, 1.0, 10.0, 11.0]);
         assert_eq!(&dst[4..10], &[-1.0; 6]);
         assert_eq!(&dst[10..14], &[100.0, 101.0, 110.0, 111.0]);
         let mut back = vec![0.0; 2 * 2 * 2];
-        copy_row(&dst, Block::new(2, 5, 2), 0, &mut back, Block::new(2, 2, 2), 0, 2);
+        copy_row(
+            &dst,
+            Block::new(2, 5, 2),
+            0,
+            &mut back,
+            Block::new(2, 2, 2),
+            0,
+            2,
+        );
         assert_eq!(back, [0.0, 1.0, 10.0, 11.0, 100.0, 101.0, 110.0, 111.0]);
     }
 
@@ -277,7 +307,15 @@ mod tests {
     fn a_row_goes_into_another_cache() {
         let src = filled(1, 1, 4, 1);
         let mut dst = vec![0.0; 12];
-        copy_row(&src, Block::new(1, 4, 1), 0, &mut dst, Block::new(1, 6, 1), 1, 3);
+        copy_row(
+            &src,
+            Block::new(1, 4, 1),
+            0,
+            &mut dst,
+            Block::new(1, 6, 1),
+            1,
+            3,
+        );
         assert_eq!(&dst[..6], &[0.0; 6]);
         assert_eq!(&dst[6..], &[0.0, 10.0, 20.0, 0.0, 0.0, 0.0]);
     }

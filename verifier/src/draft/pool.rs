@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use async_trait::async_trait;
 
-use super::batch::{Batch, Extend, Rows, SeqId, rows_for};
+use super::batch::{Batch, Extend, Rows, SeqId};
 use super::capacity::StepTimes;
 use super::session::DraftSession;
 use super::{Draft, DraftConfig, DraftMeta, DraftWorkers, PositionOutput};
@@ -171,13 +171,7 @@ impl DraftPool {
     /// Each stream's draft speed, tokens a second, that worker `i` has measured with `live`
     /// streams stepping together (see [`StepTimes::speed`]).
     pub fn speed(&self, i: usize, live: usize) -> Option<f64> {
-        self.workers
-            .get(i)?
-            .load
-            .times
-            .lock()
-            .ok()?
-            .speed(live)
+        self.workers.get(i)?.load.times.lock().ok()?.speed(live)
     }
 
     /// Whether worker `w` can take one more stream reaching `positions` positions.
@@ -186,19 +180,15 @@ impl DraftPool {
         if !w.load.alive.load(Ordering::SeqCst) || live >= l.streams {
             return false;
         }
-        let fast_enough = w
-            .load
-            .times
-            .lock()
-            .is_ok_and(|t| t.admits(live, l.floor));
-        // The cache holds a power of two of rows, each as long as the longest stream's.
+        let fast_enough = w.load.times.lock().is_ok_and(|t| t.admits(live, l.floor));
+        // The batch's cache holds a row per stream, each as long as the longest stream's.
         let longest = w
             .load
             .reserved
             .lock()
             .map(|r| r.values().copied().max().unwrap_or(0))
             .unwrap_or(usize::MAX);
-        let bytes = rows_for(live + 1)
+        let bytes = (live + 1)
             .saturating_mul(longest.max(positions))
             .saturating_mul(l.bytes_per_position);
         // One stream alone is always let in: the cache would hold it without the batch.
@@ -417,7 +407,9 @@ fn run_cheap<M: Rows>(batch: &mut Batch<M>, queue: &mut VecDeque<Job>) {
     while let Some(job) = queue.pop_front() {
         match job.op {
             Op::Rollback(n) => {
-                let _ = job.reply.send(batch.rollback(job.seq, n).map(|()| Vec::new()));
+                let _ = job
+                    .reply
+                    .send(batch.rollback(job.seq, n).map(|()| Vec::new()));
             }
             Op::Close => {
                 if let Err(e) = batch.close(job.seq) {
@@ -461,7 +453,8 @@ fn run_step<M: Rows>(
     let mut jobs = Vec::new();
     let mut rest = VecDeque::with_capacity(queue.len());
     while let Some(job) = queue.pop_front() {
-        let first = matches!(job.op, Op::Extend(..)) && !jobs.iter().any(|j: &Job| j.seq == job.seq);
+        let first =
+            matches!(job.op, Op::Extend(..)) && !jobs.iter().any(|j: &Job| j.seq == job.seq);
         if first {
             jobs.push(job);
         } else {

@@ -51,19 +51,24 @@ impl Rows for Timed {
     fn shape(&self) -> (usize, usize) {
         self.0.shape()
     }
-    fn reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
-        self.0.reserve(rows, total)
-    }
-    fn resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
-        self.0.resize(rows, capacity)
-    }
     fn prefill(
         &mut self,
-        row: usize,
+        seq: SeqId,
         prompt: &[u32],
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
-        self.0.prefill(row, prompt, gone)
+        self.0.prefill(seq, prompt, gone)
+    }
+    fn arrange(
+        &mut self,
+        members: &[super::super::batch::Member],
+        park: &[super::super::batch::Member],
+        capacity: usize,
+    ) -> Result<(), EngineError> {
+        self.0.arrange(members, park, capacity)
+    }
+    fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        self.0.reserve(total)
     }
     fn step(
         &mut self,
@@ -75,8 +80,8 @@ impl Rows for Timed {
         }
         self.0.step(step)
     }
-    fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
-        self.0.move_row(from, to, len)
+    fn forget(&mut self, seq: SeqId) {
+        self.0.forget(seq);
     }
     fn trim_solo(&mut self, keep: usize) {
         self.0.trim_solo(keep);
@@ -157,7 +162,10 @@ async fn a_worker_too_slow_for_the_floor_takes_no_more_streams() {
     let _ = decode(d, 1, 3).await;
     let one = pool.try_lease().unwrap();
     assert!(pool.speed(0, 1).is_some_and(|s| s < 26.0));
-    assert!(pool.try_lease().is_none(), "a second stream would draft under the floor");
+    assert!(
+        pool.try_lease().is_none(),
+        "a second stream would draft under the floor"
+    );
     drop(one);
 }
 

@@ -1,12 +1,14 @@
 //! One ONNX Runtime session of the draft model plus the KV cache of the sequence it is
 //! working on. Not thread-safe by design: a worker thread owns it (see `pool`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
 use ort::session::{IoBinding, Session};
 use ort::value::Tensor;
 
+use super::batch::Member;
 use super::kv::{CAPACITY_STEP, KvCache};
 use super::{DraftMeta, PositionOutput};
 use crate::error::EngineError;
@@ -58,6 +60,8 @@ pub struct DraftSession {
     rows: KvCache,
     /// The batch's binding.
     rows_bound: Bound,
+    /// The caches of sequences out of the batch, by sequence.
+    parked: HashMap<u64, KvCache>,
 }
 
 /// A binding of the model's inputs and outputs to one cache's buffers; the buffers stay bound
@@ -145,6 +149,7 @@ impl DraftSession {
             solo,
             rows,
             rows_bound,
+            parked: HashMap::new(),
         })
     }
 
@@ -261,9 +266,14 @@ impl DraftSession {
         self.kv.capacity_bytes()
     }
 
-    /// Bytes the batch's cache holds.
+    /// Bytes the batch's cache and the parked ones hold.
     pub fn rows_bytes(&self) -> usize {
         self.rows.capacity_bytes()
+            + self
+                .parked
+                .values()
+                .map(KvCache::capacity_bytes)
+                .sum::<usize>()
     }
 
     /// Rows and positions per row the batch's cache holds.
@@ -271,39 +281,88 @@ impl DraftSession {
         (self.rows.rows(), self.rows.capacity())
     }
 
-    /// Makes the batch's cache `rows` rows of `capacity` positions (see [`KvCache::resize`]).
-    pub fn rows_resize(&mut self, rows: usize, capacity: usize) -> Result<(), EngineError> {
-        self.rows.resize(rows, capacity)
+    /// A cache of this model's shape, empty.
+    fn cache(&self) -> KvCache {
+        KvCache::new(
+            self.meta.num_hidden_layers,
+            self.meta.num_key_value_heads,
+            self.meta.head_dim,
+        )
     }
 
-    /// Makes room in the batch for `rows` rows of `total` positions (see [`KvCache::reserve`]).
-    pub fn rows_reserve(&mut self, rows: usize, total: usize) -> Result<(), EngineError> {
+    /// Makes room in every batch row for `total` positions (see [`KvCache::reserve`]).
+    pub fn rows_reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        let rows = self.rows.rows();
         self.rows.reserve(rows, total)
     }
 
     /// Prefills `prompt` in the solo cache as [`DraftSession::prefill`] does (so the result
     /// depends on the prompt only, and a common prefix is reused across requests), then copies
-    /// its keys and values into batch row `row`.
+    /// its keys and values into `seq`'s own parked cache.
     pub fn rows_prefill(
         &mut self,
-        row: usize,
+        seq: u64,
         prompt: &[u32],
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
         let out = self.prefill(prompt, gone)?;
-        self.rows.reserve(row + 1, prompt.len())?;
-        self.rows.copy_row_from(row, &self.kv, 0, prompt.len())?;
+        let mut own = self.parked.remove(&seq).unwrap_or_else(|| self.cache());
+        own.resize(1, prompt.len().next_multiple_of(CAPACITY_STEP))?;
+        own.copy_row_from(0, &self.kv, 0, prompt.len())?;
+        self.parked.insert(seq, own);
         Ok(out)
     }
 
-    /// Moves the first `len` positions of batch row `from` into row `to`.
-    pub fn rows_move(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
-        self.rows.move_row(from, to, len)
+    /// Lays the batch out anew (see `super::batch::Rows::arrange`).
+    pub fn rows_arrange(
+        &mut self,
+        members: &[Member],
+        park: &[Member],
+        capacity: usize,
+    ) -> Result<(), EngineError> {
+        for p in park {
+            let row = p
+                .row
+                .ok_or_else(|| EngineError::Draft("parking a sequence with no row".into()))?;
+            let mut own = self.cache();
+            own.resize(1, p.len.max(1).next_multiple_of(CAPACITY_STEP))?;
+            own.copy_row_from(0, &self.rows, row, p.len)?;
+            self.parked.insert(p.seq, own);
+        }
+        let mut fresh = self.cache();
+        fresh.resize(members.len(), if members.is_empty() { 0 } else { capacity })?;
+        for (i, m) in members.iter().enumerate() {
+            match m.row {
+                Some(row) => fresh.copy_row_from(i, &self.rows, row, m.len)?,
+                None => {
+                    let own = self.parked.remove(&m.seq).ok_or_else(|| {
+                        EngineError::Draft(format!("sequence {} has no cache", m.seq))
+                    })?;
+                    fresh.copy_row_from(i, &own, 0, m.len)?;
+                }
+            }
+        }
+        self.rows = fresh;
+        Ok(())
+    }
+
+    /// Frees `seq`'s parked cache.
+    pub fn rows_forget(&mut self, seq: u64) {
+        self.parked.remove(&seq);
+    }
+
+    /// Frees the batch's cache and every parked one.
+    pub fn rows_clear(&mut self) {
+        self.rows = self.cache();
+        self.parked.clear();
     }
 
     /// One forward pass over every row of the batch (see [`RowsStep`]); the wanted outputs,
     /// per row. The caller has reserved room for every row's `past + s` positions.
-    pub fn rows_step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
+    pub fn rows_step(
+        &mut self,
+        step: &RowsStep<'_>,
+    ) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
         forward(
             &mut self.session,
             &self.kv_names,
@@ -419,7 +478,8 @@ fn forward(
     let outputs = session.run_binding(&bound.binding)?;
     let (lshape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
     let (_, hidden) = outputs["hidden_states"].try_extract_tensor::<f32>()?;
-    let vocab = usize::try_from(lshape[2]).map_err(|_| EngineError::Draft("bad logits shape".into()))?;
+    let vocab =
+        usize::try_from(lshape[2]).map_err(|_| EngineError::Draft("bad logits shape".into()))?;
     let outs = step
         .want
         .iter()
