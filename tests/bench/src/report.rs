@@ -76,6 +76,25 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             section.push_str(&md);
         }
     }
+    // Written by deploy/bench-concurrency.sh: `approxy bench concurrency` and `approxy bench
+    // streams`.
+    let conc = out.join("concurrency");
+    let sweep = std::fs::read_to_string(conc.join("concurrency.md")).ok();
+    let streams: Option<serde_json::Value> = std::fs::read(conc.join("streams.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if sweep.is_some() || streams.is_some() {
+        section.push_str(
+            "\n### How many users one target serves through approxy (`deploy/bench-concurrency.sh`)\n\n",
+        );
+        if let Some(md) = sweep {
+            section.push_str(&md);
+        }
+        if let Some(s) = streams {
+            section.push_str("\n#### The draft's batched decode (`approxy bench streams`)\n\n");
+            section.push_str(&super::streams::markdown(&s));
+        }
+    }
     // Written by `approxy bench draft-fidelity` (deploy/bench-draft-fidelity.sh).
     if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
         section.push_str(

@@ -187,3 +187,56 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     println!("{text}");
     Ok(())
 }
+
+/// The report of `streams.json` as a Markdown table, with where each goal stands.
+pub fn markdown(report: &serde_json::Value) -> String {
+    let mut md = format!(
+        "The draft alone, one worker on one core (`{}`), {} prompt tokens a stream, {} tokens timed; {}, {}.\n\n\
+         | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | resident MiB |\n|---|---|---|---|---|---|\n",
+        report["command"].as_str().unwrap_or(""),
+        report["context_tokens"],
+        report["tokens_per_stream"],
+        report["machine"].as_str().unwrap_or(""),
+        report["date"].as_str().unwrap_or(""),
+    );
+    for r in report["results"].as_array().into_iter().flatten() {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        md.push_str(&format!(
+            "| {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {:.0} |\n",
+            r["streams"],
+            f("tokens_per_second_all"),
+            f("stream_tokens_per_second_p50"),
+            f("stream_tokens_per_second_p10"),
+            f("all_vs_one_alone"),
+            f("stream_vs_alone_p50"),
+            f("rss_mib_streaming"),
+        ));
+    }
+    let g = &report["goals"];
+    let line = |name: &str, goal: &serde_json::Value, met: fn(f64) -> bool| {
+        let m = goal["measured"].as_f64();
+        format!(
+            "- {name}: goal {}, measured {}: {}.\n",
+            goal["goal"].as_str().unwrap_or(""),
+            m.map_or("-".into(), |v| format!("{v:.2}")),
+            if m.is_some_and(met) { "met" } else { "not met" }
+        )
+    };
+    md.push('\n');
+    md.push_str(&line(
+        "all streams at 8 against one alone",
+        &g["all_at_8_vs_one_alone"],
+        |v| v >= 3.0,
+    ));
+    md.push_str(&line(
+        "each stream at 4 against alone",
+        &g["stream_at_4_vs_alone"],
+        |v| v >= 0.6,
+    ));
+    md.push_str(&line(
+        "MiB each stream adds (8 against 1)",
+        &g["mib_per_stream_at_context"],
+        |v| v <= 28.6,
+    ));
+    md
+}

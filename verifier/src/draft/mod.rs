@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod kv;
 pub mod lazy;
 pub mod pool;
+pub mod rows;
 pub mod session;
 
 use std::path::{Path, PathBuf};

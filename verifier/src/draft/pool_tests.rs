@@ -72,7 +72,7 @@ impl Rows for Timed {
     }
     fn step(
         &mut self,
-        step: &super::super::session::RowsStep<'_>,
+        step: &super::super::rows::RowsStep<'_>,
     ) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
         std::thread::sleep(self.1);
         if let Ok(mut w) = self.2.lock() {

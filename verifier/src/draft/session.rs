@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use ort::session::{IoBinding, Session};
 use ort::value::Tensor;
 
-use super::batch::Member;
 use super::kv::{CAPACITY_STEP, KvCache};
+use super::rows::{Member, Rows, RowsStep, SeqId};
 use super::{DraftMeta, PositionOutput};
 use crate::error::EngineError;
 
@@ -79,21 +79,6 @@ impl Bound {
             generation: None,
         })
     }
-}
-
-/// One batched forward pass: `ids` holds `s` tokens for each row of the cache, run after that
-/// row's first `past[r]` positions; `want[r]` is the range of those `s` positions whose
-/// outputs come back. Rows with nothing to feed carry filler tokens whose keys and values
-/// land beyond their valid length, where they are later written over.
-pub struct RowsStep<'a> {
-    /// `rows x s` token ids, row by row.
-    pub ids: &'a [u32],
-    /// Tokens per row.
-    pub s: usize,
-    /// Valid positions of each row before the step.
-    pub past: &'a [usize],
-    /// Per row, the step positions whose outputs are wanted.
-    pub want: &'a [std::ops::Range<usize>],
 }
 
 impl DraftSession {
@@ -498,4 +483,42 @@ fn forward(
         })
         .collect();
     Ok(outs)
+}
+
+impl Rows for DraftSession {
+    fn shape(&self) -> (usize, usize) {
+        self.rows_shape()
+    }
+    fn prefill(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        gone: &dyn Fn() -> bool,
+    ) -> Result<PositionOutput, EngineError> {
+        self.rows_prefill(seq, prompt, gone)
+    }
+    fn arrange(
+        &mut self,
+        members: &[Member],
+        park: &[Member],
+        capacity: usize,
+    ) -> Result<(), EngineError> {
+        self.rows_arrange(members, park, capacity)
+    }
+    fn reserve(&mut self, total: usize) -> Result<(), EngineError> {
+        self.rows_reserve(total)
+    }
+    fn step(&mut self, step: &RowsStep<'_>) -> Result<Vec<Vec<PositionOutput>>, EngineError> {
+        self.rows_step(step)
+    }
+    fn forget(&mut self, seq: SeqId) {
+        self.rows_forget(seq);
+    }
+    fn trim_solo(&mut self, keep: usize) {
+        self.trim(keep);
+    }
+    fn reset(&mut self) {
+        DraftSession::reset(self);
+        self.rows_clear();
+    }
 }
