@@ -53,9 +53,10 @@ def test_target_that_cannot_continue_passes_everything_through(start_gateway):
     assert httpx.get(g.url + "/ready", timeout=30).json()["target_reachable"] is True
 
 
-def test_saturated_draft_degrades_to_passthrough(gateway):
-    c = gateway.client()
-    # Hold the only draft worker with an open approximate stream...
+def test_saturated_draft_degrades_to_passthrough(start_gateway):
+    # One worker taking one stream: the second request finds no draft stream free.
+    c = start_gateway(policy_text(workers="1", streams_per_worker="1")).client()
+    # Hold the only draft stream with an open approximate stream...
     stream = c.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Write a long story about a dragon."}], max_tokens=300,
         stream=True, extra_headers={"x-approxy-threshold": "0"})
