@@ -110,16 +110,12 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         });
     }
     let eos = tok.end_of_sequence_ids();
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: dir,
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 2,
-        spin_wait: false,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
-    })?;
+    let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+        dir,
+        home.onnxruntime_lib(),
+        1,
+        2,
+    ))?;
     anyhow::ensure!(
         a.target_kind.can_continue(),
         "a {} target cannot continue a prefix: nothing to collect",

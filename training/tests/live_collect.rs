@@ -95,16 +95,12 @@ async fn live_rows_follow_the_decode_loop() {
     .enumerate()
     .map(|(i, p)| item(&tok, i as u32, p))
     .collect();
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: dir,
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 2,
-        spin_wait: false,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
-    })
+    let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+        dir,
+        home.onnxruntime_lib(),
+        1,
+        2,
+    ))
     .unwrap();
     let cfg = TargetConfig {
         base_url: url,
@@ -185,16 +181,12 @@ async fn collection_through_the_text_level_kinds_matches_the_native_one() {
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let user = "Write a Python function that returns the sum of a list of integers.";
     let items = vec![item(&tok, 0, user)];
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: dir,
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 2,
-        spin_wait: false,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
-    })
+    let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+        dir,
+        home.onnxruntime_lib(),
+        1,
+        2,
+    ))
     .unwrap();
     let cfg = |base: String| TargetConfig {
         base_url: base,

@@ -22,16 +22,7 @@ pub fn home() -> Home {
 /// Draft pool settings for tests: `workers` sessions of 2 threads, no spinning.
 pub fn draft_config(workers: usize) -> DraftConfig {
     let h = home();
-    DraftConfig {
-        model_dir: h.draft_onnx_dir(),
-        onnxruntime_lib: h.onnxruntime_lib(),
-        workers,
-        threads_per_worker: 2,
-        spin_wait: false,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
-    }
+    DraftConfig::one_stream_per_worker(h.draft_onnx_dir(), h.onnxruntime_lib(), workers, 2)
 }
 
 /// One worker drafting for up to `streams` sequences at once.

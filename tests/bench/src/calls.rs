@@ -53,7 +53,8 @@ pub enum Sample {
 }
 
 impl Sample {
-    fn name(self) -> &'static str {
+    /// Its name in file names and reports.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::HumanEval => "humaneval",
             Self::Chat => "chat",

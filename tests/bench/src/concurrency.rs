@@ -165,18 +165,9 @@ impl ConcurrencyRun {
 fn raw_path(out: &Path, sample: Sample, layout: Layout, mode: &str, clients: usize) -> PathBuf {
     out.join("raw").join(format!(
         "{}-{}-{mode}-c{clients}.json",
-        sample_name(sample),
+        sample.name(),
         layout.name()
     ))
-}
-
-fn sample_name(s: Sample) -> &'static str {
-    match s {
-        Sample::HumanEval => "humaneval",
-        Sample::Chat => "chat",
-        Sample::Instructions => "instructions",
-        Sample::Copy => "copy",
-    }
 }
 
 /// The mode's configuration and the model its requests name.
@@ -460,8 +451,8 @@ pub fn load_all(out: &Path) -> anyhow::Result<Vec<ConcurrencyRun>> {
         }
     }
     runs.sort_by(|a: &ConcurrencyRun, b| {
-        (sample_name(a.sample), &a.layout, &a.mode, a.clients).cmp(&(
-            sample_name(b.sample),
+        (a.sample.name(), &a.layout, &a.mode, a.clients).cmp(&(
+            b.sample.name(),
             &b.layout,
             &b.mode,
             b.clients,
@@ -491,7 +482,7 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
         let Some(first) = here.first() else { continue };
         md.push_str(&format!(
             "\n#### {} prompts, {} cores ({} prompts a run, {} tokens at most; {}, finished {})\n\n",
-            sample_name(sample),
+            sample.name(),
             layout,
             first.answers.len(),
             first.max_tokens,

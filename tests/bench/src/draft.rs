@@ -298,14 +298,13 @@ fn learned_verifier(path: &std::path::Path) -> anyhow::Result<LearnedVerifier> {
 pub fn draft(opts: &DraftBenchOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
     let cfg = DraftConfig {
-        model_dir: home.draft_onnx_dir(),
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: opts.threads,
         spin_wait: opts.spin,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
+        ..DraftConfig::one_stream_per_worker(
+            home.draft_onnx_dir(),
+            home.onnxruntime_lib(),
+            1,
+            opts.threads,
+        )
     };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread()

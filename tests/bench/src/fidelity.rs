@@ -434,16 +434,12 @@ pub fn measure(opts: &MeasureOptions) -> anyhow::Result<()> {
     let most = opts.threads.iter().copied().max().unwrap_or(2);
     let mut m = Measured::default();
     for &threads in &opts.threads {
-        let pool = DraftPool::start(&DraftConfig {
-            model_dir: opts.model_dir.clone(),
-            onnxruntime_lib: home.onnxruntime_lib(),
-            workers: 1,
-            threads_per_worker: threads,
-            spin_wait: false,
-            streams_per_worker: 1,
-            min_stream_speed: 0.0,
-            kv_bytes_per_worker: usize::MAX,
-        })?;
+        let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+            opts.model_dir.clone(),
+            home.onnxruntime_lib(),
+            1,
+            threads,
+        ))?;
         let (prefill, steps) =
             rt.block_on(decode_speed(&pool, &prompt, opts.decode_tokens, opts.runs))?;
         // decode_speed returns at least one run.

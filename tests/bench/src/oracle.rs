@@ -716,16 +716,12 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
     let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"))?;
-    let pool = DraftPool::start(&DraftConfig {
-        model_dir: dir,
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: 1,
-        spin_wait: false,
-        streams_per_worker: 1,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
-    })?;
+    let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+        dir,
+        home.onnxruntime_lib(),
+        1,
+        1,
+    ))?;
     let logs = home.log("bench-oracle").with_extension("d");
     let server = servers::start_llama(&home, Layout::Shared, false, &logs).await?;
     let target = servers::llama_client(&server.url, "target")?;

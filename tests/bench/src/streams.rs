@@ -15,6 +15,7 @@ use serde_json::json;
 use approxy_setup::Home;
 
 use crate::servers::rss_bytes;
+use crate::stats::quantile;
 
 /// Options for the streams benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,14 +78,6 @@ async fn stream(
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(((s.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(0.0)
-}
-
 /// Runs the benchmark and prints (and writes) a JSON report.
 pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     let counts: Vec<usize> = opts
@@ -95,14 +88,13 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     let most = counts.iter().copied().max().unwrap_or(1);
     let home = Home::from_env()?;
     let cfg = DraftConfig {
-        model_dir: home.draft_onnx_dir(),
-        onnxruntime_lib: home.onnxruntime_lib(),
-        workers: 1,
-        threads_per_worker: opts.threads,
-        spin_wait: false,
         streams_per_worker: most,
-        min_stream_speed: 0.0,
-        kv_bytes_per_worker: usize::MAX,
+        ..DraftConfig::one_stream_per_worker(
+            home.draft_onnx_dir(),
+            home.onnxruntime_lib(),
+            1,
+            opts.threads,
+        )
     };
     let tok = Tokenizer::from_file(&cfg.model_dir.join("tokenizer.json"))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -141,14 +133,14 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         })?;
         let after = rss_bytes(pid).unwrap_or(0);
         let total: f64 = speeds.iter().sum();
-        let p50 = quantile(&speeds, 0.5);
+        let p50 = quantile(&speeds, 0.5).unwrap_or(0.0);
         let one = *alone.get_or_insert(p50);
         eprintln!("{c} streams: {total:.1} tokens/s in all, {p50:.1} each (p50)");
         rows.push(json!({
             "streams": c,
             "tokens_per_second_all": total,
             "stream_tokens_per_second_p50": p50,
-            "stream_tokens_per_second_p10": quantile(&speeds, 0.1),
+            "stream_tokens_per_second_p10": quantile(&speeds, 0.1).unwrap_or(0.0),
             "all_vs_one_alone": total / one,
             "stream_vs_alone_p50": p50 / one,
             "rss_mib_before": before as f64 / (1 << 20) as f64,

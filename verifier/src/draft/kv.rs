@@ -9,7 +9,7 @@
 //! which the owner keeps (a solo session's token list, the batch's per-row lengths). The
 //! buffers grow by doubling when a sequence outgrows them (rows copied once), and shrink when
 //! an idle worker is trimmed. Rows are the outermost dimension, so one row's positions are a
-//! contiguous block that moves between rows and caches with plain copies.
+//! contiguous block that moves between caches with plain copies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -162,24 +162,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// Moves the first `len` positions of row `from` into row `to` (a row leaving the batch
-    /// makes room by the last row moving into its place).
-    pub fn move_row(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
-        if len > self.capacity || from >= self.rows || to >= self.rows {
-            return Err(EngineError::Draft(format!(
-                "cannot move {len} positions of row {from} to row {to}"
-            )));
-        }
-        let b = Block::new(self.heads, self.capacity, self.head_dim);
-        for (k, v) in &mut self.buffers {
-            for t in [k, v] {
-                let (_, d) = t.try_extract_tensor_mut::<f32>()?;
-                move_within(d, b, from, to, len);
-            }
-        }
-        Ok(())
-    }
-
     /// Bytes the buffers hold.
     pub fn capacity_bytes(&self) -> usize {
         2 * self.layers
@@ -231,18 +213,6 @@ fn copy_row(
     }
 }
 
-/// [`copy_row`] within one buffer.
-fn move_within(buf: &mut [f32], b: Block, from: usize, to: usize, len: usize) {
-    if from == to {
-        return;
-    }
-    let n = len * b.head_dim;
-    for h in 0..b.heads {
-        let s = b.at(from, h);
-        buf.copy_within(s..s + n, b.at(to, h));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,19 +258,6 @@ mod tests {
             2,
         );
         assert_eq!(back, [0.0, 1.0, 10.0, 11.0, 100.0, 101.0, 110.0, 111.0]);
-    }
-
-    #[test]
-    fn a_row_moves_into_another_and_leaves_the_rest() {
-        let b = Block::new(2, 3, 1);
-        let mut buf = filled(3, 2, 3, 1);
-        let before = buf.clone();
-        move_within(&mut buf, b, 2, 0, 2);
-        // Row 0 now starts with row 2's first two positions of each head.
-        assert_eq!(&buf[0..3], &[2000.0, 2010.0, 20.0]);
-        assert_eq!(&buf[3..6], &[2100.0, 2110.0, 120.0]);
-        // Rows 1 and 2 are untouched.
-        assert_eq!(&buf[6..], &before[6..]);
     }
 
     #[test]

@@ -112,6 +112,28 @@ pub struct DraftConfig {
     pub kv_bytes_per_worker: usize,
 }
 
+impl DraftConfig {
+    /// `workers` workers of `threads` threads, one stream each and no floor or memory bound:
+    /// what a caller that leases drafts for itself wants (training, benchmarks, tests).
+    pub fn one_stream_per_worker(
+        model_dir: PathBuf,
+        onnxruntime_lib: PathBuf,
+        workers: usize,
+        threads: usize,
+    ) -> Self {
+        Self {
+            model_dir,
+            onnxruntime_lib,
+            workers,
+            threads_per_worker: threads,
+            spin_wait: false,
+            streams_per_worker: 1,
+            min_stream_speed: 0.0,
+            kv_bytes_per_worker: usize::MAX,
+        }
+    }
+}
+
 /// The draft's output at one position.
 #[derive(Debug, Clone)]
 pub struct PositionOutput {

@@ -275,6 +275,15 @@ impl DraftSession {
         )
     }
 
+    /// A one-row cache holding the first `len` positions of `src`'s row `row`: a sequence's
+    /// own, while it is out of the batch.
+    fn own_copy(&self, src: &KvCache, row: usize, len: usize) -> Result<KvCache, EngineError> {
+        let mut own = self.cache();
+        own.resize(1, len.max(1).next_multiple_of(CAPACITY_STEP))?;
+        own.copy_row_from(0, src, row, len)?;
+        Ok(own)
+    }
+
     /// Makes room in every batch row for `total` positions (see [`KvCache::reserve`]).
     pub fn rows_reserve(&mut self, total: usize) -> Result<(), EngineError> {
         let rows = self.rows.rows();
@@ -291,9 +300,7 @@ impl DraftSession {
         gone: &dyn Fn() -> bool,
     ) -> Result<PositionOutput, EngineError> {
         let out = self.prefill(prompt, gone)?;
-        let mut own = self.parked.remove(&seq).unwrap_or_else(|| self.cache());
-        own.resize(1, prompt.len().next_multiple_of(CAPACITY_STEP))?;
-        own.copy_row_from(0, &self.kv, 0, prompt.len())?;
+        let own = self.own_copy(&self.kv, 0, prompt.len())?;
         self.parked.insert(seq, own);
         Ok(out)
     }
@@ -309,9 +316,7 @@ impl DraftSession {
             let row = p
                 .row
                 .ok_or_else(|| EngineError::Draft("parking a sequence with no row".into()))?;
-            let mut own = self.cache();
-            own.resize(1, p.len.max(1).next_multiple_of(CAPACITY_STEP))?;
-            own.copy_row_from(0, &self.rows, row, p.len)?;
+            let own = self.own_copy(&self.rows, row, p.len)?;
             self.parked.insert(p.seq, own);
         }
         let mut fresh = self.cache();
