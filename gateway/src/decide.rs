@@ -10,12 +10,14 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::{Draft, GenerateRequest};
+use approxy_verifier::grammar::{Constraint, GrammarSpec};
+use approxy_verifier::{Draft, GenerateRequest, Verification};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
 use crate::reason::Reason;
 use crate::request::error::ValidationError;
+use crate::request::format::{self, Format};
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
 use crate::request::{self, Endpoint, Prompt, limits, prompt_kind, shapes};
@@ -166,6 +168,8 @@ struct Admitted {
     kind: PromptKind,
     /// The threshold its header asks for, within the policy's range.
     requested: Option<f32>,
+    /// The grammar its answer follows (structured output).
+    constraint: Option<Constraint>,
 }
 
 /// Whether approxy takes the request on.
@@ -258,13 +262,42 @@ async fn admit(
         }
         Err(e) => return Err(e.into()),
     };
+    // Structured output: the schema is compiled before any draft work, and one the grammar
+    // engine cannot take passes through; it is never answered unconstrained.
+    let constraint = match format::read(map) {
+        Format::Structured(_) if m.decode.verification.target_scores_every_token() => {
+            // The target scores every token: its own constrained answer is what the policy
+            // asks for.
+            return Ok(Admission::Passthrough(Reason::ResponseFormat));
+        }
+        Format::Structured(spec) => match compile(&state.shared, spec).await {
+            Ok(c) => Some(c),
+            Err(why) => {
+                tracing::info!(%why, "schema passed through");
+                return Ok(Admission::Passthrough(Reason::SchemaUnsupported));
+            }
+        },
+        Format::Text | Format::Unknown => None,
+    };
     Ok(Admission::Admitted(Box::new(Admitted {
         model: Arc::clone(m),
         valid,
         prompt,
         kind,
         requested,
+        constraint,
     })))
+}
+
+/// The grammar for a structured answer, compiled off the async runtime (or from the cache).
+async fn compile(shared: &Shared, spec: GrammarSpec) -> Result<Constraint, String> {
+    let grammars = shared.grammars().await?;
+    let started = std::time::Instant::now();
+    let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec))
+        .await
+        .map_err(|e| format!("grammar compilation: {e}"))?;
+    metrics::histogram!("approxy_grammar_compile_seconds").record(started.elapsed().as_secs_f64());
+    compiled.map_err(|e| e.to_string())
 }
 
 /// The prompt's token ids and its kind. Rendering and tokenizing a prompt of megabytes takes
@@ -309,6 +342,7 @@ async fn plan(
         prompt,
         kind,
         requested,
+        constraint,
     } = *a;
     let mp = &model.policy;
     // The target's context, before any draft work: a prompt it cannot hold would keep a draft
@@ -358,7 +392,7 @@ async fn plan(
     let (guard, account) = shared
         .ledgers
         .guard(mp, price, &model.key, kind, model.decode.cache);
-    let generation = GenerateRequest {
+    let mut generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
         sampling: valid.sampling,
@@ -371,7 +405,15 @@ async fn plan(
             Prompt::Text(_) | Prompt::Tokens(_) => None,
         },
         settings: Arc::clone(&model.decode),
+        constraint,
     };
+    if generation.constraint.is_some()
+        && generation.settings.verification == Verification::ApproximateWindows
+    {
+        // Windows are scored on the draft's free run ahead, which no grammar checks: a
+        // structured answer is corrected by the model's spans or fixed corrections instead.
+        generation.settings_mut().verification = Verification::Approximate;
+    }
     Ok(Decision::Approximate(Box::new(Approximate {
         request: valid,
         prompt_kind: kind,

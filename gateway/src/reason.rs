@@ -19,8 +19,11 @@ pub enum Reason {
     Logprobs,
     /// `logit_bias`.
     LogitBias,
-    /// `response_format` (JSON mode, schemas).
+    /// A `response_format` type approxy does not constrain to (neither text, JSON mode nor a
+    /// JSON Schema), or one under a policy whose target scores every token.
     ResponseFormat,
+    /// A JSON Schema the grammar engine cannot compile, or not within its size and time limits.
+    SchemaUnsupported,
     /// `echo`.
     Echo,
     /// `suffix` (fill in the middle).
@@ -59,6 +62,7 @@ impl Reason {
             Reason::Logprobs => "logprobs",
             Reason::LogitBias => "logit_bias",
             Reason::ResponseFormat => "response_format",
+            Reason::SchemaUnsupported => "schema_unsupported",
             Reason::Echo => "echo",
             Reason::Suffix => "suffix",
             Reason::BestOf => "best_of",
@@ -91,6 +95,7 @@ mod tests {
             Logprobs,
             LogitBias,
             ResponseFormat,
+            SchemaUnsupported,
             Echo,
             Suffix,
             BestOf,

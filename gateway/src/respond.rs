@@ -151,6 +151,10 @@ fn usage(p: &Priced, a: &Answer) -> Value {
         }
     });
     // Every call's work, for anyone to check against the target's own account.
+    // Of the draft's tokens, those the answer's grammar forced (structured output), and the
+    // target tokens it refused.
+    u["approxy"]["forced_tokens"] = json!(s.forced_tokens);
+    u["approxy"]["grammar_refusals"] = json!(s.grammar_refusals);
     u["approxy"]["target_call_records"] = json!(s.calls);
     u["approxy"]["price_class"] = json!(m.policy.price.class());
     u["approxy"]["cost_unit"] = json!(p.unit.name());
@@ -195,6 +199,7 @@ fn record_metrics(p: &Priced, outcome: &'static str) {
         .increment(u64::from(s.draft_tokens));
     metrics::counter!("approxy_tokens_total", "source" => "target")
         .increment(u64::from(s.target_tokens));
+    metrics::counter!("approxy_forced_tokens_total").increment(u64::from(s.forced_tokens));
     metrics::counter!("approxy_target_calls_total").increment(u64::from(s.target_calls));
     metrics::counter!("approxy_verifier_rejections_total")
         .increment(u64::from(s.verifier_rejections));

@@ -258,7 +258,8 @@ fn chat(model: &str, extra: Value) -> Value {
 fn error_of(b: &Bytes) -> (Value, Value) {
     let e = &json_of(b)["error"];
     let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["code", "message", "param", "type"], "{e}");
+    // OpenAI's own order.
+    assert_eq!(keys, ["message", "type", "param", "code"], "{e}");
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
     (e["param"].clone(), e["code"].clone())
 }
@@ -428,6 +429,40 @@ async fn streamed_answer_is_framed_as_openai_sse() {
 }
 
 #[tokio::test]
+async fn structured_requests_are_answered_under_their_grammar() {
+    // The scripted draft says "hello": under a schema its letters are refused, and the grammar
+    // and the draft's allowed choices write the answer.
+    let state = Setup::new("hello", 0.95, "").state().await;
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
+    for format in [
+        json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}),
+        json!({"type": "json_object"}),
+    ] {
+        let body = chat("m", json!({"response_format": format, "max_tokens": 24}));
+        let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["x-approxy-mode"], "approximate", "{format}");
+        let v = json_of(&bytes);
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('{'), "{format}: {text}");
+        assert!(v["usage"]["approxy"]["forced_tokens"].as_u64().unwrap() >= 1);
+        if v["choices"][0]["finish_reason"] == "stop" {
+            let parsed: Value = serde_json::from_str(text).unwrap();
+            assert!(parsed.is_object(), "{text}");
+        }
+    }
+    // `text` is the API's default: an ordinary answer.
+    let body = chat(
+        "m",
+        json!({"response_format": {"type": "text"}, "max_tokens": 5}),
+    );
+    let (_, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    assert_eq!(json_of(&bytes)["choices"][0]["message"]["content"], "hello");
+}
+
+#[tokio::test]
 async fn completions_endpoint_answers_text_completions() {
     let state = Setup::new("world", 0.95, "").state().await;
     let (status, _, body) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hello <|im_start|>", "max_tokens": 3, "temperature": 0}))).await;
@@ -451,6 +486,18 @@ async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
         ),
         (chat("m", json!({"logprobs": true})), "logprobs"),
         (chat("m", json!({"n": 3})), "n_greater_than_1"),
+        (
+            chat("m", json!({"response_format": {"type": "grammar"}})),
+            "response_format",
+        ),
+        (
+            chat(
+                "m",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}}),
+            ),
+            "schema_unsupported",
+        ),
         (chat("pt", json!({})), "policy_passthrough"),
         (chat("unknown-model", json!({})), "model_without_policy"),
         // Beyond the limits every path has (`limits_hold_on_every_path`), the target judges a
@@ -895,6 +942,7 @@ fn shared_parts(
         policy_path: "/tests/policy.toml".into(),
         ledgers: Default::default(),
         meters: Default::default(),
+        grammars: Default::default(),
     })
 }
 

@@ -85,6 +85,7 @@ fn engine_could_be_bypassed(e: &EngineError) -> bool {
         | EngineError::Tokenizer(_)
         | EngineError::Artifact(_)
         | EngineError::TokenizerMismatch(_)
+        | EngineError::Grammar(_)
         | EngineError::WorkerGone => true,
     }
 }

@@ -89,6 +89,7 @@ pub fn build_state(
         policy_path: policy_path.to_path_buf(),
         ledgers: Default::default(),
         meters: Default::default(),
+        grammars: Default::default(),
     });
     let runtime = Runtime::build(policy, &shared)?;
     Ok(AppState::new(shared, runtime))

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use approxy_verifier::grammar::Grammars;
 use approxy_verifier::targets::{TargetFacts, TextSettings};
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{
@@ -43,6 +44,32 @@ pub struct Shared {
     pub ledgers: crate::budget::Ledgers,
     /// What each target's time costs, as learned (kept across policy reloads).
     pub meters: crate::meters::Meters,
+    /// The grammar compiler for structured output, built by the first request that needs it
+    /// (its token trie takes a fraction of a second), or why it could not be.
+    pub grammars: OnceCell<Result<Arc<Grammars>, String>>,
+}
+
+impl Shared {
+    /// The grammar compiler, built off the async runtime on first use.
+    pub async fn grammars(&self) -> Result<Arc<Grammars>, String> {
+        self.grammars
+            .get_or_init(|| async {
+                let tokenizer = self.tokenizer.clone();
+                let width = self.draft.meta().vocab_size;
+                let eos = self.eos.clone();
+                let built = tokio::task::spawn_blocking(move || {
+                    Grammars::new(&tokenizer, width, &eos).map(Arc::new)
+                })
+                .await;
+                match built {
+                    Ok(Ok(g)) => Ok(g),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(e) => Err(format!("grammar compiler: {e}")),
+                }
+            })
+            .await
+            .clone()
+    }
 }
 
 /// Outcome of the draft/target tokenizer comparison, done once per runtime.

@@ -89,6 +89,16 @@ fn describe_drafting() {
         Unit::Count,
         "Draft tokens the verifier rejected"
     );
+    describe_counter!(
+        "approxy_forced_tokens_total",
+        Unit::Count,
+        "Tokens a structured answer's grammar forced (no verifier, no target call)"
+    );
+    describe_histogram!(
+        "approxy_grammar_compile_seconds",
+        Unit::Seconds,
+        "Compiling a structured request's schema, or finding it in the cache"
+    );
     describe_histogram!(
         "approxy_accepted_run_length",
         Unit::Count,

@@ -271,10 +271,25 @@ impl Calibration {
         Ok(c)
     }
 
-    /// The file's text. Written through a JSON map, which orders keys and widens each `f32` to
-    /// `f64`, so a refit on the same rows reproduces the committed file byte for byte.
+    /// The file's text. Written through a JSON value with its keys sorted (serde_json keeps
+    /// insertion order here: llguidance turns on `preserve_order`), which also widens each
+    /// `f32` to `f64`, so a refit on the same rows reproduces the committed file byte for byte.
     pub fn to_json_pretty(&self) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec_pretty(&serde_json::to_value(self)?)
+        serde_json::to_vec_pretty(&sorted(serde_json::to_value(self)?))
+    }
+}
+
+/// `v` with every object's keys in order.
+fn sorted(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let by_key: std::collections::BTreeMap<String, Value> =
+                m.into_iter().map(|(k, x)| (k, sorted(x))).collect();
+            Value::Object(by_key.into_iter().collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+        other => other,
     }
 }
 

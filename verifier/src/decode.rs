@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::cost::{CacheRules, Guard, GuardReason, Segment, Spend};
 use crate::draft::Draft;
 use crate::error::EngineError;
+use crate::grammar::Constraint;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::targets::TargetClient;
 use crate::template::ChatMessage;
@@ -32,7 +33,7 @@ use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
 use lookup::Lookup;
 use pacing::{RejectionWindow, WindowSize};
-use run::{Corrected, Run, WindowEnd};
+use run::{Corrected, GrammarTurn, Run, WindowEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,6 +43,8 @@ pub enum Source {
     Draft,
     /// The remote target.
     Target,
+    /// The answer's grammar, where it allows one token only (structured output).
+    Grammar,
 }
 
 /// One streamed token.
@@ -209,6 +212,10 @@ pub struct GenerateRequest {
     pub messages: Option<Arc<Vec<ChatMessage>>>,
     /// The model's settings.
     pub settings: Arc<DecodeSettings>,
+    /// The grammar the answer follows (structured output): the draft chooses only among the
+    /// tokens it allows, what it forces is emitted as is, and a target token it refuses ends
+    /// the target's part there. Windows are not scored under one.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateRequest {
@@ -227,8 +234,13 @@ pub struct Stats {
     pub prompt_tokens: u32,
     /// Generated tokens (end-of-sequence not counted).
     pub completion_tokens: u32,
-    /// Draft tokens accepted and emitted.
+    /// Draft tokens accepted and emitted (forced tokens included).
     pub draft_tokens: u32,
+    /// Of those, tokens the answer's grammar forced: no verifier and no target saw them.
+    pub forced_tokens: u32,
+    /// Target tokens the grammar refused (each ended the target's part; the draft wrote the
+    /// position instead).
+    pub grammar_refusals: u32,
     /// Target tokens emitted.
     pub target_tokens: u32,
     /// Calls made to the target.
@@ -457,16 +469,34 @@ impl Engine {
             if run.remaining() == 0 {
                 break FinishReason::Length;
             }
+            // What the grammar forces is emitted at once; the draft takes it and the loop
+            // comes back to the grammar at its next position.
+            out = match run.grammar_turn(out)? {
+                GrammarTurn::Choose(masked) => masked,
+                GrammarTurn::End => break FinishReason::Stop,
+                GrammarTurn::Forced(tokens) => {
+                    if let Some(reason) = run.emit(&tokens, Source::Grammar, None).await? {
+                        break reason;
+                    }
+                    out = cursor.commit(&tokens).await?;
+                    continue;
+                }
+            };
             let proposal = sampler.pick_at(&out);
             let exact = run.req.settings.verification.target_scores_every_token();
+            let owned = run.take_draft_turn();
             // The verifier judges the token that would be emitted: at temperature > 0 the
-            // sampled one, which need not be the draft's top-1.
-            let (accepted, entropy) = if exact {
+            // sampled one, which need not be the draft's top-1. Where the grammar refused the
+            // target's token, the draft's is taken unjudged.
+            let (accepted, entropy) = if owned {
+                (true, None)
+            } else if exact {
                 (false, None)
             } else {
                 run.judge(verifier, &out, proposal)
             };
-            let mut over_budget = !exact && window.as_mut().is_some_and(|w| w.push(!accepted));
+            let mut over_budget =
+                !exact && !owned && window.as_mut().is_some_and(|w| w.push(!accepted));
             // The last call a request may make writes the rest of the answer.
             let at_call_cap = !accepted
                 && run
@@ -583,6 +613,8 @@ mod spend_tests {
 }
 #[cfg(test)]
 mod context_tests;
+#[cfg(test)]
+mod grammar_tests;
 #[cfg(test)]
 mod lookup_tests;
 #[cfg(test)]

@@ -55,6 +55,10 @@ pub enum EngineError {
     /// The draft worker went away (its thread ended).
     #[error("draft worker stopped")]
     WorkerGone,
+    /// The answer's grammar failed (its engine's error, not the client's schema: a schema it
+    /// cannot compile passes through before any work).
+    #[error("grammar: {0}")]
+    Grammar(String),
 }
 
 impl From<ort::Error> for EngineError {

@@ -12,6 +12,8 @@
 //!   ([`TargetKind`]), and the HTTP transport they and passthrough share (TLS, retries).
 //! - `cost`: what a generation costs as its target is priced ([`cost::Pricing`], one class per
 //!   file), and the cost guards.
+//! - `grammar`: structured output: a request's JSON schema compiled by llguidance against the
+//!   draft's vocabulary, and the per-answer constraint the decode loop follows.
 //! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
 //! - `template`: chat messages to prompt text with the model's own chat template.
 //! - `tokenizer`, `stop`, `sampling`: token ids to streamed text, stop strings, the sampler.
@@ -25,6 +27,7 @@ pub mod cost;
 pub mod decode;
 pub mod draft;
 pub mod error;
+pub mod grammar;
 pub mod home;
 pub mod logits;
 pub mod sampling;

@@ -278,6 +278,17 @@ impl Tokenizer {
             .collect()
     }
 
+    /// The tokenizer as `tokenizer.json` holds it (what the grammar engine reads each token's
+    /// bytes from).
+    pub fn spec_json(&self) -> Result<serde_json::Value, EngineError> {
+        let text = self
+            .inner
+            .to_string(false)
+            .map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))?;
+        serde_json::from_str(&text)
+            .map_err(|e| EngineError::Tokenizer(format!("tokenizer JSON: {e}")))
+    }
+
     /// Tokens in the vocabulary, added tokens included: every valid id is below this.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size

@@ -193,6 +193,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: u32, threshold: f32) -> GenerateRequ
         model: None,
         messages: None,
         settings: Default::default(),
+        constraint: None,
     }
 }
 

@@ -48,6 +48,9 @@ pub(crate) enum BenchCmd {
     /// How many users one target serves through approxy: C concurrent clients through the
     /// shipped policy and through passthrough, per core layout (resumable).
     Concurrency(bench::concurrency::ConcurrencyOptions),
+    /// Structured output (JSON Schemas, JSON mode) through the shipped policy against
+    /// target-only: validity, field agreement, forced and target tokens, compile times.
+    Structured(bench::structured::StructuredOptions),
     /// Target calls, speed and cost of the engine's call structures (spans, overlap, exact
     /// windows on vLLM) against target-only, per core layout and injected per-call delay.
     Calls(bench::calls::CallsOptions),
@@ -88,6 +91,7 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
             | ToolCmd::Bench {
                 what: BenchCmd::Quality(_)
                     | BenchCmd::Calls(_)
+                    | BenchCmd::Structured(_)
                     | BenchCmd::DraftFidelity(_)
                     | BenchCmd::Oracle(_)
                     | BenchCmd::Overhead(_)
@@ -106,6 +110,7 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
             BenchCmd::Draft(opts) => bench::draft(&opts),
             BenchCmd::Streams(opts) => bench::streams::streams(&opts),
             BenchCmd::Concurrency(opts) => block_on(bench::concurrency::run(&opts)),
+            BenchCmd::Structured(opts) => block_on(bench::structured::run(&opts)),
             BenchCmd::DraftFidelity(opts) => block_on(bench::fidelity::run(&opts)),
             BenchCmd::Oracle(opts) => {
                 let opts = opts.parse_lists()?;

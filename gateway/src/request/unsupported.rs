@@ -23,13 +23,15 @@ pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Opt
         ("logprobs", Reason::Logprobs),
         ("top_logprobs", Reason::Logprobs),
         ("logit_bias", Reason::LogitBias),
-        ("response_format", Reason::ResponseFormat),
         ("echo", Reason::Echo),
         ("suffix", Reason::Suffix),
         ("best_of", Reason::BestOf),
     ];
     if let Some((_, r)) = features.iter().find(|(f, _)| used(body, f)) {
         return Some(*r);
+    }
+    if super::format::unconstrained_type(body) {
+        return Some(Reason::ResponseFormat);
     }
     // One answer is what approxy writes, asked for as 1 or 1.0 (clients that send numbers as
     // floats); anything else goes to the target, which judges it.

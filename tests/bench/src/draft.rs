@@ -196,6 +196,7 @@ async fn engine_speed(
                 },
                 ..DecodeSettings::default()
             }),
+            constraint: None,
         };
         let (tx, mut rx) =
             tokio::sync::mpsc::channel::<approxy_verifier::decode::TokenEvent>(tokens + 8);

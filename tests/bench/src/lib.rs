@@ -14,6 +14,8 @@
 //!   cheapest call plan for those answers would cost (`call_floor`).
 //! - `gpu_projection`: approxy's calls and passthrough's priced in a GPU target's time, a
 //!   projection from a measured table (`deploy/gpu/window_cost.json`).
+//! - `structured`: structured output (JSON Schemas, JSON mode) through approxy against
+//!   target-only: validity, field agreement, who wrote the tokens, and compile times.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.
 //! - `soak`: long passthrough and approximate runs with clients leaving, for leaks and hangs;
 //!   `attack`: the gateway under idle, slow-body and normal clients at once; `soak_cmd`:
@@ -53,6 +55,7 @@ pub mod soak;
 pub mod soak_cmd;
 mod stats;
 pub mod streams;
+pub mod structured;
 pub mod summary;
 mod target_account;
 

@@ -95,6 +95,11 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             section.push_str(&super::streams::markdown(&s));
         }
     }
+    // Written by `approxy bench structured` (deploy/bench-structured.sh).
+    if let Some(md) = super::structured::load_markdown(&out.join("structured")) {
+        section.push_str("\n### Structured output (`deploy/bench-structured.sh`)\n\n");
+        section.push_str(&md);
+    }
     // Written by `approxy bench draft-fidelity` (deploy/bench-draft-fidelity.sh).
     if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
         section.push_str(

@@ -16,6 +16,7 @@ use super::{
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
+use crate::grammar::{Constraint, Next};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::targets::{
@@ -133,15 +134,40 @@ pub(super) struct Run<'a> {
     call_reported: bool,
     /// The answer's context, kept when the verifier reads it.
     pub(super) context: Option<Context>,
+    /// The grammar the answer follows (structured output), if any.
+    grammar: Option<Constraint>,
+    /// Set when the grammar refused the target's next token: the draft writes that position
+    /// under the grammar, unjudged, so every round makes progress.
+    draft_owns_next: bool,
+}
+
+/// What the grammar says before the draft proposes a token.
+pub(super) enum GrammarTurn {
+    /// The draft chooses, from `out` as masked to what the grammar allows.
+    Choose(PositionOutput),
+    /// The grammar forces these tokens.
+    Forced(Vec<u32>),
+    /// The answer is complete.
+    End,
+}
+
+/// How a hand-off ended.
+pub(super) enum HandOff {
+    /// The answer ended.
+    Finished(FinishReason),
+    /// The grammar refused a target token: these target tokens were emitted before it, and
+    /// the draft goes on from there.
+    Refused(Vec<u32>),
 }
 
 impl<'a> Run<'a> {
     pub(super) fn new(
         engine: &'a Engine,
-        req: GenerateRequest,
+        mut req: GenerateRequest,
         tx: mpsc::Sender<TokenEvent>,
         keep_context: bool,
     ) -> Self {
+        let grammar = req.constraint.take();
         let stats = Stats {
             prompt_tokens: req.prompt.len() as u32,
             ..Stats::default()
@@ -157,11 +183,55 @@ impl<'a> Run<'a> {
             started: Instant::now(),
             last_prefix_len: 0,
             last_target_tokens: Vec::new(),
-            windows_unsupported: false,
             last_source: Source::Draft,
             hit_stop_sequence: false,
             call_reported: false,
             context: keep_context.then(Context::new),
+            // Windows are scored on the draft's free run ahead, which no grammar checks.
+            windows_unsupported: grammar.is_some(),
+            grammar,
+            draft_owns_next: false,
+        }
+    }
+
+    /// The grammar's say at the draft's output `out`: masked to the allowed tokens, forced
+    /// tokens, or the end. Without a grammar the draft chooses from `out` as it is.
+    pub(super) fn grammar_turn(&mut self, out: PositionOutput) -> Result<GrammarTurn, EngineError> {
+        let Some(g) = &mut self.grammar else {
+            return Ok(GrammarTurn::Choose(out));
+        };
+        Ok(match g.next()? {
+            Next::End => GrammarTurn::End,
+            Next::Forced(tokens) => GrammarTurn::Forced(tokens),
+            Next::Choose(mask) => {
+                let mut logits = out.logits.clone();
+                mask.apply(&mut logits);
+                GrammarTurn::Choose(PositionOutput::new(logits, out.hidden.clone()))
+            }
+        })
+    }
+
+    /// True once, after the grammar refused a target token (see `draft_owns_next`).
+    pub(super) fn take_draft_turn(&mut self) -> bool {
+        std::mem::take(&mut self.draft_owns_next)
+    }
+
+    /// Whether the grammar refuses the target's `token` here (an end-of-sequence id: ending
+    /// here). A refused token ends the target's part; the draft writes the position instead.
+    fn refuses(&mut self, token: u32) -> bool {
+        let refused = self.grammar.as_mut().is_some_and(|g| !g.allows(token));
+        if refused {
+            self.stats.grammar_refusals += 1;
+            self.draft_owns_next = true;
+        }
+        refused
+    }
+
+    /// Whether the grammar refuses to end the answer here (the target ended its part).
+    fn refuses_end(&mut self) -> bool {
+        match self.engine.eos.first() {
+            Some(&eos) => self.refuses(eos),
+            None => false,
         }
     }
 
@@ -214,6 +284,9 @@ impl<'a> Run<'a> {
             if self.emitted.is_empty() {
                 self.stats.time_to_first_token = self.started.elapsed();
             }
+            if let Some(g) = &mut self.grammar {
+                g.consume(id)?;
+            }
             self.emitted.push(id);
             self.last_source = source;
             self.stats.completion_tokens += 1;
@@ -221,6 +294,10 @@ impl<'a> Run<'a> {
             // emitted) is counted by neither and the three always add up.
             match source {
                 Source::Draft => self.stats.draft_tokens += 1,
+                Source::Grammar => {
+                    self.stats.draft_tokens += 1;
+                    self.stats.forced_tokens += 1;
+                }
                 Source::Target => self.stats.target_tokens += 1,
             }
             let delta = self.decoder.push(id)?;
@@ -434,15 +511,23 @@ impl<'a> Run<'a> {
         if cont.tokens.is_empty() && !cont.stopped_on_eos {
             return Err(TargetError::Protocol("target returned no tokens".into()).into());
         }
-        self.last_target_tokens = cont.tokens.clone();
-        let seen = cont
-            .tokens
-            .first()
-            .and_then(|&t| self.record(from, t, None));
-        if let Some(r) = self.emit(&cont.tokens, Source::Target, seen).await? {
-            return Ok(Some(r));
+        self.last_target_tokens.clear();
+        for (i, &t) in cont.tokens.iter().enumerate() {
+            if self.refuses(t) {
+                self.stats.target_discarded_tokens += (cont.tokens.len() - i) as u64;
+                return Ok(None);
+            }
+            let seen = if i == 0 {
+                self.record(from, t, None)
+            } else {
+                None
+            };
+            self.last_target_tokens.push(t);
+            if let Some(r) = self.emit(&[t], Source::Target, seen).await? {
+                return Ok(Some(r));
+            }
         }
-        if cont.stopped_on_eos {
+        if cont.stopped_on_eos && !self.refuses_end() {
             return Ok(Some(FinishReason::Stop));
         }
         Ok(None)
@@ -482,7 +567,13 @@ impl<'a> Run<'a> {
         if let Some(reason) = self.guard_judges(window.len(), 1) {
             self.stats.cost_guard = true;
             self.stats.cost_guard_reason = Some(reason);
-            return Ok(WindowEnd::Finished(self.hand_off().await?));
+            return match self.hand_off().await? {
+                HandOff::Finished(reason) => Ok(WindowEnd::Finished(reason)),
+                // Windows are off under a grammar, the one thing that refuses.
+                HandOff::Refused(_) => Err(EngineError::Grammar(
+                    "a grammar refused a token of a window's hand-off".into(),
+                )),
+            };
         }
         let wreq = WindowRequest {
             prefix,
@@ -706,12 +797,15 @@ impl<'a> Run<'a> {
     /// Lets the target write the rest of the answer in one streamed call. Streamed, so that a
     /// stop string or the token limit ends it (and the upstream generation with it) as soon
     /// as it appears, as passthrough would.
-    pub(super) async fn hand_off(&mut self) -> Result<FinishReason, EngineError> {
-        self.stats.handed_off_at = Some(self.stats.so_far());
+    pub(super) async fn hand_off(&mut self) -> Result<HandOff, EngineError> {
+        if self.stats.handed_off_at.is_none() {
+            self.stats.handed_off_at = Some(self.stats.so_far());
+        }
         let n = self.remaining();
         let Some(mut stream) = self.open_stream(n).await? else {
-            return Ok(FinishReason::Cancelled);
+            return Ok(HandOff::Finished(FinishReason::Cancelled));
         };
+        let mut taken = Vec::new();
         let mut received = 0usize;
         // A text-level target ends on end-of-sequence without a token for it.
         let mut ended = false;
@@ -719,7 +813,7 @@ impl<'a> Run<'a> {
             let Some(chunk) =
                 unless_client_gone(&self.tx, &mut self.stats.target_wait, stream.next()).await
             else {
-                return Ok(FinishReason::Cancelled);
+                return Ok(HandOff::Finished(FinishReason::Cancelled));
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
@@ -727,6 +821,12 @@ impl<'a> Run<'a> {
             received += chunk.tokens.len();
             self.last_prefix_len += chunk.tokens.len() as u64;
             for (i, &token) in chunk.tokens.iter().enumerate() {
+                if self.refuses(token) {
+                    self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
+                    self.count_unread(&mut stream);
+                    return Ok(HandOff::Refused(taken));
+                }
+                taken.push(token);
                 if let Some(reason) = self.emit(&[token], Source::Target, None).await? {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
                     if self.upstream_is_done(reason, received as u64, u64::from(n)) {
@@ -734,7 +834,7 @@ impl<'a> Run<'a> {
                     } else {
                         self.count_unread(&mut stream);
                     }
-                    return Ok(reason);
+                    return Ok(HandOff::Finished(reason));
                 }
             }
             if chunk.stopped_on_eos {
@@ -742,14 +842,20 @@ impl<'a> Run<'a> {
                 break;
             }
         }
+        // A target that ended where the grammar says the answer goes on (or that stopped
+        // short of it) leaves the rest to the draft.
+        if self.remaining() > 0 && self.refuses_end() {
+            self.drain_usage(&mut stream).await;
+            return Ok(HandOff::Refused(taken));
+        }
         if received == 0 && !ended && self.remaining() > 0 {
             return Err(TargetError::Protocol("target streamed no tokens".into()).into());
         }
-        Ok(if self.remaining() == 0 {
+        Ok(HandOff::Finished(if self.remaining() == 0 {
             FinishReason::Length
         } else {
             FinishReason::Stop
-        })
+        }))
     }
 
     /// Corrects a rejection as the model's settings say: the target writes the rest in one
@@ -779,11 +885,16 @@ impl<'a> Run<'a> {
             self.stats.bailed_out = over_budget && !at_call_cap;
             self.stats.cost_guard = guarded.is_some();
             self.stats.cost_guard_reason = guarded;
-            return Ok(Corrected::Finished(self.hand_off().await?));
+            return Ok(match self.hand_off().await? {
+                HandOff::Finished(reason) => Corrected::Finished(reason),
+                HandOff::Refused(taken) if taken.is_empty() => Corrected::Resume(out),
+                HandOff::Refused(taken) => Corrected::Produced(taken),
+            });
         }
         Ok(match correction {
             Correction::Fixed { .. } => match self.call_target(cursor, &out, asked).await? {
                 Some(reason) => Corrected::Finished(reason),
+                None if self.last_target_tokens.is_empty() => Corrected::Resume(out),
                 None => Corrected::Produced(self.last_target_tokens.clone()),
             },
             Correction::Span { resync, end, .. } => {
@@ -854,6 +965,13 @@ impl<'a> Run<'a> {
                 } else {
                     (false, None)
                 };
+                if self.refuses(token) {
+                    self.stats.target_discarded_tokens += unused + 1;
+                    if !ended {
+                        self.count_unread(&mut stream);
+                    }
+                    return Ok(SpanEnd::Resume(out));
+                }
                 agreeing = if confident { agreeing + 1 } else { 0 };
                 let seen = self.record(&out, token, entropy);
                 if let Some(reason) = self.emit(&[token], Source::Target, seen).await? {
@@ -887,8 +1005,11 @@ impl<'a> Run<'a> {
             if let Some(e) = failed {
                 return Err(e.into());
             }
-            if eos {
+            if eos && !self.refuses_end() {
                 return Ok(SpanEnd::Finished(FinishReason::Stop));
+            }
+            if eos {
+                return Ok(SpanEnd::Resume(out));
             }
         }
         if received == 0 {

@@ -64,6 +64,7 @@ pub(super) fn request(threshold: f32, max_tokens: u32) -> GenerateRequest {
         model: None,
         messages: None,
         settings: Default::default(),
+        constraint: None,
     }
 }
 

@@ -1,0 +1,448 @@
+//! `approxy bench structured`: structured output (issue 48) on the hand-written sample in
+//! `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode),
+//! through the shipped policy and through target-only (llama-server constraining its own
+//! answer to the same `response_format`), one llama-server, cores pinned. Per answer: valid
+//! JSON, valid for its schema (the `jsonschema` crate, not the grammar engine that wrote it),
+//! fields that agree with target-only's, and who wrote the tokens (the grammar, the draft, the
+//! target). Then what compiling a schema costs: each of the sample's schemas and synthetic ones
+//! of 10 to 50 properties, compiled afresh and from the cache against the draft's vocabulary.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use approxy_gateway::policy::Policy;
+use approxy_setup::Home;
+use approxy_verifier::Tokenizer;
+use approxy_verifier::grammar::{GrammarSpec, Grammars};
+
+use super::calls::{self, CallConfig};
+use super::servers::{self, Layout};
+use super::stats::quantile;
+
+/// Options for `approxy bench structured`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StructuredOptions {
+    /// The sample (one JSON object a line: id, kind, messages, response_format).
+    #[arg(long, default_value = "tests/bench/structured/prompts.jsonl")]
+    pub sample: PathBuf,
+    /// Prompts (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub prompts: usize,
+    /// Output limit per answer.
+    #[arg(long, default_value_t = 300)]
+    pub max_tokens: u32,
+    /// Results directory.
+    #[arg(long, default_value = "deploy/results/structured")]
+    pub out: PathBuf,
+    /// Policy whose "*" model is approxy's configuration.
+    #[arg(long, default_value = "policies/default.toml")]
+    pub base_policy: PathBuf,
+}
+
+/// One prompt of the sample.
+#[derive(Debug, Clone, Deserialize)]
+struct Prompt {
+    id: String,
+    kind: String,
+    messages: Value,
+    response_format: Value,
+}
+
+impl Prompt {
+    /// The schema an answer is checked against (`{"type": "object"}` for JSON mode).
+    fn schema(&self) -> Value {
+        self.response_format
+            .pointer("/json_schema/schema")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object"}))
+    }
+}
+
+/// One answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Answer {
+    content: String,
+    finish_reason: String,
+    mode: String,
+    passthrough_reason: Option<String>,
+    completion_tokens: u64,
+    forced_tokens: u64,
+    draft_tokens: u64,
+    target_tokens: u64,
+    target_calls: u64,
+    grammar_refusals: u64,
+    seconds: f64,
+    /// Parses as JSON.
+    json: bool,
+    /// Valid for the prompt's schema.
+    valid: bool,
+}
+
+/// One prompt's two answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Row {
+    id: String,
+    kind: String,
+    target_only: Answer,
+    approxy: Answer,
+    /// Of target-only's leaf fields, the share approxy's answer has with the same value.
+    field_agreement: Option<f64>,
+}
+
+/// Compile times, milliseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CompileTimes {
+    /// Building the compiler for the draft's vocabulary (once per process).
+    vocabulary_ms: f64,
+    /// Each of the sample's schemas, first time (p50, p99, max).
+    sample_ms: [f64; 3],
+    /// Synthetic schemas of this many string properties, first time: (properties, ms).
+    by_properties: Vec<(usize, f64)>,
+    /// The same schema again, from the cache (p99 over the sample).
+    cached_p99_ms: f64,
+}
+
+/// The whole result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Report {
+    finished_at: String,
+    machine: String,
+    policy: String,
+    rows: Vec<Row>,
+    compile: CompileTimes,
+}
+
+/// Leaf values of a JSON value by path (`/people/0/name`).
+fn leaves(v: &Value, path: String, out: &mut BTreeMap<String, Value>) {
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .for_each(|(k, x)| leaves(x, format!("{path}/{k}"), out)),
+        Value::Array(a) if !a.is_empty() => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, x)| leaves(x, format!("{path}/{i}"), out)),
+        _ => {
+            out.insert(path, v.clone());
+        }
+    }
+}
+
+/// Of `reference`'s leaf fields, the share `other` has with the same value; `None` when either
+/// is not JSON or the reference has no fields.
+fn agreement(reference: &str, other: &str) -> Option<f64> {
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(reference).ok()?,
+        serde_json::from_str(other).ok()?,
+    );
+    let (mut la, mut lb) = (BTreeMap::new(), BTreeMap::new());
+    leaves(&a, String::new(), &mut la);
+    leaves(&b, String::new(), &mut lb);
+    (!la.is_empty())
+        .then(|| la.iter().filter(|(k, v)| lb.get(*k) == Some(v)).count() as f64 / la.len() as f64)
+}
+
+/// Asks the gateway for one answer as `model`.
+async fn ask(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    p: &Prompt,
+    max_tokens: u32,
+) -> anyhow::Result<Answer> {
+    let body = json!({
+        "model": model,
+        "messages": p.messages,
+        "response_format": p.response_format,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    });
+    let t = Instant::now();
+    let resp = http
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await?;
+    let header = |k: &str| {
+        resp.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (mode, reason) = (
+        header("x-approxy-mode").unwrap_or_default(),
+        header("x-approxy-passthrough-reason"),
+    );
+    let status = resp.status();
+    let v: Value = resp.json().await?;
+    anyhow::ensure!(status.is_success(), "{} on {}: {v}", status, p.id);
+    let seconds = t.elapsed().as_secs_f64();
+    let choice = &v["choices"][0];
+    let content = choice["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let u = &v["usage"];
+    let a = &u["approxy"];
+    let n = |x: &Value| x.as_u64().unwrap_or(0);
+    let parsed: Option<Value> = serde_json::from_str(&content).ok();
+    let valid = parsed
+        .as_ref()
+        .is_some_and(|x| jsonschema::is_valid(&p.schema(), x));
+    Ok(Answer {
+        finish_reason: choice["finish_reason"].as_str().unwrap_or_default().into(),
+        mode,
+        passthrough_reason: reason,
+        completion_tokens: n(&u["completion_tokens"]),
+        forced_tokens: n(&a["forced_tokens"]),
+        draft_tokens: n(&a["draft_tokens"]),
+        target_tokens: n(&a["target_tokens"]),
+        target_calls: n(&a["target_calls"]),
+        grammar_refusals: n(&a["grammar_refusals"]),
+        seconds,
+        json: parsed.is_some(),
+        valid,
+        content,
+    })
+}
+
+/// A schema of `n` required string properties.
+fn wide_schema(n: usize) -> Value {
+    let props: Map<String, Value> = (0..n)
+        .map(|i| (format!("field_{i}"), json!({"type": "string"})))
+        .collect();
+    let required: Vec<String> = props.keys().cloned().collect();
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Compile times against the draft's vocabulary: a new compiler for every schema, so each is
+/// compiled afresh.
+fn compile_times(home: &Home, prompts: &[Prompt]) -> anyhow::Result<CompileTimes> {
+    let tok = Tokenizer::from_file(&home.draft_onnx_dir().join("tokenizer.json"))?;
+    let meta = approxy_verifier::DraftMeta::load(&home.draft_onnx_dir())?;
+    let eos = tok.end_of_sequence_ids();
+    let t = Instant::now();
+    let grammars = Grammars::new(&tok, meta.vocab_size, &eos)?;
+    let vocabulary_ms = ms(t.elapsed());
+    let spec = |p: &Prompt| match p.response_format["type"].as_str() {
+        Some("json_object") => GrammarSpec::JsonObject,
+        _ => GrammarSpec::JsonSchema(p.schema()),
+    };
+    let (mut first, mut again) = (Vec::new(), Vec::new());
+    for p in prompts {
+        let fresh = Grammars::new(&tok, meta.vocab_size, &eos)?;
+        let t = Instant::now();
+        fresh
+            .constraint(&spec(p))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.id))?;
+        first.push(ms(t.elapsed()));
+        let t = Instant::now();
+        let _ = fresh.constraint(&spec(p));
+        again.push(ms(t.elapsed()));
+    }
+    let mut by_properties = Vec::new();
+    for n in [10, 25, 50] {
+        let t = Instant::now();
+        grammars
+            .constraint(&GrammarSpec::JsonSchema(wide_schema(n)))
+            .map_err(|e| anyhow::anyhow!("{n} properties: {e}"))?;
+        by_properties.push((n, ms(t.elapsed())));
+    }
+    let q = |xs: &[f64], p: f64| quantile(xs, p).unwrap_or(0.0);
+    Ok(CompileTimes {
+        vocabulary_ms,
+        sample_ms: [q(&first, 0.5), q(&first, 0.99), q(&first, 1.0)],
+        by_properties,
+        cached_p99_ms: q(&again, 0.99),
+    })
+}
+
+/// Runs the benchmark: answers, then compile times; writes `structured.json` and
+/// `structured.md` under `--out`.
+pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
+    let home = Home::from_env()?;
+    let text = std::fs::read_to_string(&opts.sample)
+        .with_context(|| format!("reading {}", opts.sample.display()))?;
+    let mut prompts: Vec<Prompt> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    if opts.prompts > 0 {
+        prompts.truncate(opts.prompts);
+    }
+    let base = Policy::load(&opts.base_policy)?;
+    let base_model = base
+        .models
+        .get("*")
+        .ok_or_else(|| anyhow::anyhow!("the base policy has no \"*\" model"))?;
+    let layout = Layout::Pinned;
+    let logs = home.log("bench-structured").with_extension("d");
+    std::fs::create_dir_all(&logs)?;
+    std::fs::create_dir_all(home.work("bench"))?;
+    let target = servers::start_llama(&home, layout, false, &logs).await?;
+    let configs = [CallConfig::TargetOnly, CallConfig::Default];
+    let policy = calls::raw_policy(&target.url, false, layout, base_model, &configs);
+    let path = home.work("bench").join("structured.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "# Written by `approxy bench structured`.\n{}",
+            toml::to_string(&policy)?
+        ),
+    )?;
+    let exe = std::env::current_exe()?;
+    let gateway = servers::start_gateway(&exe, &path, layout, &logs).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(900))
+        .build()?;
+    let (target_only, approxy) = (
+        calls::model_name(CallConfig::TargetOnly),
+        calls::model_name(CallConfig::Default),
+    );
+    let mut rows = Vec::new();
+    for p in &prompts {
+        let t = ask(&http, &gateway.url, target_only, p, opts.max_tokens).await?;
+        let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens).await?;
+        let field_agreement = if t.valid {
+            agreement(&t.content, &a.content)
+        } else {
+            None
+        };
+        eprintln!(
+            "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
+            p.id,
+            t.valid,
+            a.mode,
+            a.valid,
+            a.forced_tokens,
+            a.draft_tokens,
+            a.target_tokens,
+            a.completion_tokens,
+            field_agreement
+        );
+        rows.push(Row {
+            id: p.id.clone(),
+            kind: p.kind.clone(),
+            target_only: t,
+            approxy: a,
+            field_agreement,
+        });
+    }
+    drop(gateway);
+    drop(target);
+    let compile = compile_times(&home, &prompts)?;
+    let report = Report {
+        finished_at: super::machine::utc_now(),
+        machine: super::machine::Machine::read().line(),
+        policy: opts.base_policy.display().to_string(),
+        rows,
+        compile,
+    };
+    std::fs::create_dir_all(&opts.out)?;
+    std::fs::write(
+        opts.out.join("structured.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let md = markdown(&report);
+    std::fs::write(opts.out.join("structured.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// Share as "12/40 (30 %)".
+fn share(k: usize, n: usize) -> String {
+    format!("{k}/{n} ({:.0} %)", 100.0 * k as f64 / n.max(1) as f64)
+}
+
+/// The results as a Markdown section.
+fn markdown(r: &Report) -> String {
+    let mut s = format!(
+        "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode), \
+         `{}` against target-only (llama-server constraining its own answer), temperature 0, cores pinned; {}, finished {}.\n\n",
+        r.rows.len(),
+        r.policy,
+        r.machine,
+        r.finished_at
+    );
+    s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut kinds: Vec<&str> = r.rows.iter().map(|x| x.kind.as_str()).collect();
+    kinds.dedup();
+    kinds.push("all");
+    for kind in kinds {
+        let rows: Vec<&Row> = r
+            .rows
+            .iter()
+            .filter(|x| kind == "all" || x.kind == kind)
+            .collect();
+        let n = rows.len();
+        let agree: Vec<f64> = rows.iter().filter_map(|x| x.field_agreement).collect();
+        let sum = |f: fn(&Answer) -> u64| rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
+        let total = sum(|a| a.completion_tokens).max(1) as f64;
+        let forced = sum(|a| a.forced_tokens) as f64;
+        let draft = sum(|a| a.draft_tokens) as f64 - forced;
+        let target = sum(|a| a.target_tokens) as f64;
+        s.push_str(&format!(
+            "| {kind} | {n} | {} | {} | {} | {:.1} % (of {} answers) | {:.0} % | {:.0} % | {:.0} % |\n",
+            share(rows.iter().filter(|x| x.target_only.valid).count(), n),
+            share(rows.iter().filter(|x| x.approxy.valid).count(), n),
+            share(rows.iter().filter(|x| x.approxy.mode == "approximate").count(), n),
+            100.0 * agree.iter().sum::<f64>() / agree.len().max(1) as f64,
+            agree.len(),
+            100.0 * forced / total,
+            100.0 * draft / total,
+            100.0 * target / total,
+        ));
+    }
+    let secs = |f: fn(&Row) -> f64| r.rows.iter().map(f).sum::<f64>();
+    s.push_str(&format!(
+        "\nWall time for all answers: target-only {:.0} s, approxy {:.0} s. Answers cut by the token limit (not valid by construction): target-only {}, approxy {}.\n",
+        secs(|x| x.target_only.seconds),
+        secs(|x| x.approxy.seconds),
+        r.rows.iter().filter(|x| x.target_only.finish_reason == "length").count(),
+        r.rows.iter().filter(|x| x.approxy.finish_reason == "length").count(),
+    ));
+    let c = &r.compile;
+    s.push_str(&format!(
+        "\nCompiling a schema against the draft's vocabulary (llguidance): the sample's schemas p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {}; again from the cache p99 {:.2} ms. The compiler itself, once per process: {:.0} ms.\n",
+        c.sample_ms[0],
+        c.sample_ms[1],
+        c.sample_ms[2],
+        c.by_properties
+            .iter()
+            .map(|(n, t)| format!("{n} string properties {t:.1} ms"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        c.cached_p99_ms,
+        c.vocabulary_ms,
+    ));
+    s
+}
+
+/// The saved section, for the README's results.
+pub fn load_markdown(dir: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("structured.md")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_counts_the_references_leaf_fields() {
+        let t = r#"{"name": "Alice", "tags": ["a", "b"], "n": {"x": 1}}"#;
+        assert_eq!(agreement(t, t), Some(1.0));
+        let a = r#"{"name": "Alice", "tags": ["a", "c"], "n": {"x": 2}, "extra": 1}"#;
+        assert_eq!(agreement(t, a), Some(0.5));
+        assert_eq!(agreement(t, "not json"), None);
+    }
+}

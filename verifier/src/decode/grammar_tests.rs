@@ -1,0 +1,193 @@
+//! The decode loop under a grammar (structured output), against the scripted draft and target:
+//! whatever the draft proposes and the target writes, the answer follows its schema; forced
+//! tokens cost no verifier and no target call; a refused target token hands the position to
+//! the draft.
+
+use serde_json::{Value, json};
+
+use super::scripted_tests::{request, run};
+use super::*;
+use crate::grammar::{GrammarSpec, Grammars};
+use crate::testing::{DraftScript, END_OF_TEXT, IM_END, ScriptedTarget, VOCAB, tiny_tokenizer};
+
+fn person() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["age", "ok"],
+        "additionalProperties": false
+    })
+}
+
+fn constrained(spec: GrammarSpec, threshold: f32, max_tokens: u32) -> GenerateRequest {
+    let grammars =
+        Grammars::new(&tiny_tokenizer(), VOCAB, &[IM_END, END_OF_TEXT]).expect("tiny vocabulary");
+    GenerateRequest {
+        constraint: Some(grammars.constraint(&spec).expect("compiles")),
+        ..request(threshold, max_tokens)
+    }
+}
+
+/// The answer parsed, and checked against the person schema (an integer's value is integral:
+/// `-0` is one).
+fn person_of(text: &str) -> (f64, bool) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("{text:?} is not an object"));
+    assert_eq!(o.len(), 2, "{text:?}");
+    (
+        o["age"]
+            .as_f64()
+            .filter(|a| a.fract() == 0.0)
+            .unwrap_or_else(|| panic!("{text:?}: age")),
+        o["ok"].as_bool().unwrap_or_else(|| panic!("{text:?}: ok")),
+    )
+}
+
+#[tokio::test]
+async fn a_confident_draft_writes_the_free_tokens_and_the_grammar_the_rest()
+-> Result<(), EngineError> {
+    let o = run(
+        DraftScript::says("{\"age\": 42, \"ok\": true}", 0.95),
+        ScriptedTarget::says("unused", None),
+        constrained(GrammarSpec::JsonSchema(person()), 0.5, 64),
+    )
+    .await?;
+    assert_eq!(o.text, "{\"age\": 42, \"ok\": true}");
+    // `{"age": `, `, "ok": `, `rue` and `}`: the free tokens are `4`, `2`, `,` and `t`.
+    assert_eq!(o.stats.forced_tokens, 19);
+    assert_eq!(o.stats.draft_tokens, 23);
+    assert_eq!(o.stats.target_calls, 0);
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    assert!(o.events.iter().any(|e| e.source == Source::Grammar));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_draft_that_would_write_anything_else_still_writes_the_schema() -> Result<(), EngineError>
+{
+    let o = run(
+        DraftScript::says("Sure! Here is a person.", 0.95),
+        ScriptedTarget::says("unused", None),
+        constrained(GrammarSpec::JsonSchema(person()), 0.5, 64),
+    )
+    .await?;
+    person_of(&o.text);
+    Ok(())
+}
+
+#[tokio::test]
+async fn target_tokens_the_grammar_refuses_end_its_part_and_the_draft_writes_there()
+-> Result<(), EngineError> {
+    // Free draft tokens are rejected (unless masking makes them confident); the target writes
+    // a number that turns into text.
+    for correction in [
+        Correction::Fixed { tokens: 4 },
+        Correction::Span {
+            max_span: 8,
+            resync: 2,
+            end: SpanClose::Resync,
+        },
+    ] {
+        let mut req = constrained(GrammarSpec::JsonSchema(person()), 0.99, 64);
+        req.settings_mut().correction = correction;
+        let o = run(
+            DraftScript::says("{\"age\": 42, \"ok\": true}", 0.3),
+            ScriptedTarget::says("{\"age\": 7x, \"ok\": maybe}", None),
+            req,
+        )
+        .await?;
+        let (age, ok) = person_of(&o.text);
+        assert!(
+            o.text.starts_with("{\"age\": 7"),
+            "{correction:?}: {}",
+            o.text
+        );
+        assert!(
+            age >= 70.0,
+            "{correction:?}: the target's 7 stays: {}",
+            o.text
+        );
+        // The draft's `true`, masked to `true` or `false`, is confident enough on its own.
+        assert!(ok, "{correction:?}: {}", o.text);
+        assert!(
+            o.stats.grammar_refusals >= 1,
+            "{correction:?}: x: {} ({} refusals)",
+            o.text,
+            o.stats.grammar_refusals
+        );
+        assert!(o.stats.target_tokens >= 1);
+        assert_eq!(
+            o.stats.draft_tokens + o.stats.target_tokens,
+            o.stats.completion_tokens
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_target_that_ends_inside_the_object_leaves_the_rest_to_the_draft()
+-> Result<(), EngineError> {
+    let mut req = constrained(GrammarSpec::JsonSchema(person()), 0.99, 64);
+    req.settings_mut().correction = Correction::Span {
+        max_span: 32,
+        resync: 3,
+        end: SpanClose::Resync,
+    };
+    let o = run(
+        DraftScript::says("{\"age\": 42, \"ok\": false}", 0.3),
+        ScriptedTarget::says("{\"age\": 5", None),
+        req,
+    )
+    .await?;
+    let (age, ok) = person_of(&o.text);
+    assert!(o.text.starts_with("{\"age\": 5"), "{}", o.text);
+    assert!(age >= 5.0 && !ok, "{}", o.text);
+    assert!(o.stats.grammar_refusals >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hand_off_under_a_grammar_keeps_the_answer_valid() -> Result<(), EngineError> {
+    let mut req = constrained(GrammarSpec::JsonSchema(person()), 0.99, 64);
+    req.settings_mut().bailout = Some(BailoutBudget {
+        window: 1,
+        max_rejection_rate: 0.0,
+    });
+    let o = run(
+        DraftScript::says("{\"age\": 42, \"ok\": true}", 0.3),
+        ScriptedTarget::says("{\"age\": 3, \"ok\": nope}", None),
+        req,
+    )
+    .await?;
+    let (age, _) = person_of(&o.text);
+    assert_eq!(age, 3.0, "{}", o.text);
+    assert!(o.stats.bailed_out);
+    assert!(o.stats.grammar_refusals >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn json_mode_gives_an_object() -> Result<(), EngineError> {
+    let o = run(
+        DraftScript::says("{\"a\": [1, 2]}", 0.95),
+        ScriptedTarget::says("unused", None),
+        constrained(GrammarSpec::JsonObject, 0.5, 32),
+    )
+    .await?;
+    assert_eq!(o.text, "{\"a\": [1, 2]}");
+    assert!(
+        o.stats.forced_tokens >= 2,
+        "the opening brace and the colon's space"
+    );
+    // A draft that would write an array gets the grammar's `{` first.
+    let o = run(
+        DraftScript::says("[1, 2]", 0.95),
+        ScriptedTarget::says("unused", None),
+        constrained(GrammarSpec::JsonObject, 0.5, 8),
+    )
+    .await?;
+    assert!(o.text.starts_with('{'), "{}", o.text);
+    Ok(())
+}

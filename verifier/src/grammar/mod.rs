@@ -1,0 +1,296 @@
+//! Structured output: the grammar a request's answer must follow (any JSON object, or a JSON
+//! Schema), compiled by llguidance against the draft's vocabulary, and the per-request
+//! [`Constraint`] the decode loop consults at every position: which tokens it allows, which it
+//! forces, and whether a target's token keeps the answer valid.
+//!
+//! Compiled grammars are cached by their schema's text, so a client that sends the same schema
+//! with every request pays for compiling it once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::earley::SlicedBiasComputer;
+use llguidance::toktrie::{InferenceCapabilities, SimpleVob};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+
+use crate::error::EngineError;
+use crate::tokenizer::Tokenizer;
+
+mod vocab;
+
+/// Largest schema text compiled; a larger one is refused as unsupported.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Longest a compilation may take; a schema that took longer is refused (and stays refused:
+/// the refusal is cached too).
+pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(1);
+
+/// Compiled grammars kept.
+const CACHED_GRAMMARS: usize = 256;
+
+/// How JSON is written under a grammar: no free whitespace, and the separators the chat
+/// models write (and `json.dumps` does). Free whitespace would leave every separator to the
+/// draft's choice; fixed, the grammar forces it and no verifier or target sees it.
+fn compact(mut schema: Value) -> Value {
+    if let Value::Object(m) = &mut schema {
+        m.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    schema
+}
+
+/// What a request's answer must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON Schema (`response_format: {"type": "json_schema"}`).
+    JsonSchema(Value),
+}
+
+impl GrammarSpec {
+    /// The schema llguidance compiles.
+    fn schema(&self) -> Value {
+        match self {
+            GrammarSpec::JsonObject => compact(json!({"type": "object"})),
+            GrammarSpec::JsonSchema(s) => compact(s.clone()),
+        }
+    }
+}
+
+/// Why a grammar was not compiled: the request passes through (`schema_unsupported`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unsupported {
+    /// The schema's text is over [`MAX_SCHEMA_BYTES`].
+    #[error("the schema is {0} bytes, over the {MAX_SCHEMA_BYTES} compiled")]
+    TooLarge(usize),
+    /// llguidance refused it (an unsupported keyword, an unsatisfiable schema, its limits).
+    #[error("the schema cannot be compiled: {0}")]
+    Refused(String),
+    /// It compiled, slower than [`COMPILE_TIME_LIMIT`].
+    #[error("the schema took {0:?} to compile")]
+    TooSlow(Duration),
+}
+
+/// Compiled grammars, FIFO-bounded.
+#[derive(Default)]
+struct Cache {
+    map: HashMap<String, Result<Matcher, Unsupported>>,
+    order: VecDeque<String>,
+}
+
+/// The grammar compiler for one draft vocabulary, with its cache.
+pub struct Grammars {
+    factory: ParserFactory,
+    cache: Mutex<Cache>,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").field("eos", &self.eos).finish()
+    }
+}
+
+impl Grammars {
+    /// A compiler for the draft's vocabulary: `width` logits, `eos` ending an answer. Builds
+    /// the token trie and its slices once (a fraction of a second for 152k tokens).
+    pub fn new(tokenizer: &Tokenizer, width: usize, eos: &[u32]) -> Result<Self, EngineError> {
+        let env = vocab::tok_env(tokenizer, width, eos)?;
+        let caps = InferenceCapabilities {
+            ff_tokens: true,
+            ..InferenceCapabilities::default()
+        };
+        let mut factory = ParserFactory::new(&env, caps, &SlicedBiasComputer::general_slices())
+            .map_err(|e| EngineError::Grammar(format!("grammar engine: {e}")))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            cache: Mutex::new(Cache::default()),
+            eos: eos.to_vec(),
+        })
+    }
+
+    /// The constraint for one answer under `spec`, compiled or from the cache. Takes up to
+    /// [`COMPILE_TIME_LIMIT`] on a new schema: call it off the async runtime.
+    pub fn constraint(&self, spec: &GrammarSpec) -> Result<Constraint, Unsupported> {
+        let schema = spec.schema();
+        let key = schema.to_string();
+        if let Some(found) = self.cached(&key) {
+            return found.map(|m| self.wrap(m));
+        }
+        let compiled = self.compile(schema, key.len());
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if !cache.map.contains_key(&key) {
+            if cache.order.len() >= CACHED_GRAMMARS
+                && let Some(old) = cache.order.pop_front()
+            {
+                cache.map.remove(&old);
+            }
+            cache.order.push_back(key.clone());
+            cache.map.insert(key, compiled.clone());
+        }
+        compiled.map(|m| self.wrap(m.deep_clone()))
+    }
+
+    fn cached(&self, key: &str) -> Option<Result<Matcher, Unsupported>> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.map.get(key).map(|r| match r {
+            Ok(m) => Ok(m.deep_clone()),
+            Err(e) => Err(e.clone()),
+        })
+    }
+
+    fn compile(&self, schema: Value, bytes: usize) -> Result<Matcher, Unsupported> {
+        if bytes > MAX_SCHEMA_BYTES {
+            return Err(Unsupported::TooLarge(bytes));
+        }
+        let started = Instant::now();
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_json_schema(schema));
+        let mut matcher = Matcher::new(parser);
+        // The first mask builds the lexer's start: a schema that compiles but cannot give
+        // one is as unsupported as one that does not compile.
+        let first = matcher.compute_mask();
+        if let Some(e) = matcher.get_error() {
+            return Err(Unsupported::Refused(e));
+        }
+        if let Err(e) = first {
+            return Err(Unsupported::Refused(e.to_string()));
+        }
+        let took = started.elapsed();
+        if took > COMPILE_TIME_LIMIT {
+            return Err(Unsupported::TooSlow(took));
+        }
+        Ok(matcher)
+    }
+
+    fn wrap(&self, matcher: Matcher) -> Constraint {
+        Constraint {
+            matcher,
+            eos: self.eos.clone(),
+        }
+    }
+}
+
+/// What the grammar says of the next position.
+#[derive(Debug)]
+pub enum Next {
+    /// These tokens, and only these, come next: emitted without the verifier or the target.
+    Forced(Vec<u32>),
+    /// The answer is complete and only its end is allowed.
+    End,
+    /// The draft chooses among the allowed tokens (at least two, or one and the end).
+    Choose(Mask),
+}
+
+/// The tokens allowed at one position.
+#[derive(Debug)]
+pub struct Mask(SimpleVob);
+
+impl Mask {
+    /// Sets every token the grammar forbids to −∞.
+    pub fn apply(&self, logits: &mut [f32]) {
+        let n = logits.len();
+        self.0.iter_unset_entries(|i| {
+            if i < n {
+                logits[i] = f32::NEG_INFINITY;
+            }
+        });
+        // Logits past the mask's width (none for the draft it was built for) stay allowed
+        // only if the mask says so: it does not, so they go too.
+        for l in logits.iter_mut().skip(self.0.len()) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+
+    /// Whether the token is allowed.
+    pub fn allows(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
+    }
+}
+
+/// One answer's grammar state. Every token the answer takes goes through
+/// [`Constraint::consume`]; a token from elsewhere (the target) is checked first with
+/// [`Constraint::allows`].
+pub struct Constraint {
+    matcher: Matcher,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").finish_non_exhaustive()
+    }
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            eos: self.eos.clone(),
+        }
+    }
+}
+
+impl Constraint {
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> EngineError {
+        let detail = self.matcher.get_error().unwrap_or_else(|| e.to_string());
+        EngineError::Grammar(format!("{what}: {detail}"))
+    }
+
+    /// What comes next.
+    pub fn next(&mut self) -> Result<Next, EngineError> {
+        if self.matcher.is_stopped() {
+            return Ok(Next::End);
+        }
+        let forced = self.matcher.compute_ff_tokens();
+        if self.matcher.is_error() {
+            return Err(self.failed("forced tokens", "error"));
+        }
+        if !forced.is_empty() {
+            return Ok(Next::Forced(forced));
+        }
+        let mask = self
+            .matcher
+            .compute_mask()
+            .map_err(|e| self.failed("token mask", e))?;
+        let allowed = mask.to_list();
+        let ends = allowed.iter().filter(|t| self.eos.contains(t)).count();
+        match (allowed.len() - ends, ends) {
+            (0, 0) => Err(self.failed("token mask", "no token is allowed")),
+            (0, _) => Ok(Next::End),
+            (1, 0) => Ok(Next::Forced(allowed)),
+            _ => Ok(Next::Choose(Mask(mask))),
+        }
+    }
+
+    /// Whether `token` may come next (an end-of-sequence id: whether the answer may end here).
+    pub fn allows(&mut self, token: u32) -> bool {
+        if self.eos.contains(&token) {
+            return self.accepting();
+        }
+        matches!(self.matcher.validate_tokens(&[token]), Ok(1))
+    }
+
+    /// Whether the answer may end here.
+    pub fn accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Takes `token` into the answer.
+    pub fn consume(&mut self, token: u32) -> Result<(), EngineError> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| self.failed("token", e))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,104 @@
+use serde_json::json;
+
+use super::*;
+use crate::testing::{END_OF_TEXT, IM_END, VOCAB, tiny_tokenizer};
+
+fn grammars() -> Grammars {
+    let tok = tiny_tokenizer();
+    Grammars::new(&tok, VOCAB, &[IM_END, END_OF_TEXT]).expect("tiny vocabulary")
+}
+
+fn bytes(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+/// Takes whatever the grammar forces; `None` at a free choice.
+fn forced(c: &mut Constraint) -> Vec<u32> {
+    let mut out = Vec::new();
+    while let Ok(Next::Forced(ts)) = c.next() {
+        for t in ts {
+            c.consume(t).expect("a forced token is allowed");
+            out.push(t);
+        }
+    }
+    out
+}
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["age", "ok"],
+        "additionalProperties": false
+    })
+}
+
+#[test]
+fn a_schema_forces_its_keys_and_separators_and_allows_only_legal_values() {
+    let g = grammars();
+    let mut c = g
+        .constraint(&GrammarSpec::JsonSchema(schema()))
+        .expect("compiles");
+    assert_eq!(forced(&mut c), bytes("{\"age\": "));
+    assert!(c.allows(u32::from(b'4')));
+    assert!(!c.allows(u32::from(b'x')));
+    assert!(!c.allows(u32::from(b'"')));
+    assert!(!c.allows(IM_END), "the answer cannot end inside the object");
+    let Ok(Next::Choose(mask)) = c.next() else {
+        panic!("a number is the draft's to choose")
+    };
+    let mut logits = vec![1.0f32; VOCAB];
+    mask.apply(&mut logits);
+    assert!(logits[usize::from(b'7')].is_finite());
+    assert_eq!(logits[usize::from(b'a')], f32::NEG_INFINITY);
+    for t in bytes("42") {
+        c.consume(t).expect("digits");
+    }
+    c.consume(u32::from(b',')).expect("the integer ends");
+    assert_eq!(forced(&mut c), bytes(" \"ok\": "));
+    for t in bytes("true}") {
+        c.consume(t).expect("a boolean and the end");
+    }
+    assert!(c.accepting());
+    assert!(c.allows(IM_END));
+    assert!(matches!(c.next(), Ok(Next::End)));
+}
+
+#[test]
+fn json_mode_allows_any_object_and_nothing_else() {
+    let g = grammars();
+    let mut c = g.constraint(&GrammarSpec::JsonObject).expect("compiles");
+    assert_eq!(forced(&mut c), bytes("{"));
+    assert!(c.allows(u32::from(b'"')));
+    assert!(c.allows(u32::from(b'}')));
+    assert!(!c.allows(u32::from(b'[')));
+}
+
+#[test]
+fn schemas_it_cannot_compile_are_refused_and_the_refusal_is_kept() {
+    let g = grammars();
+    let bad = GrammarSpec::JsonSchema(
+        json!({"type": "object", "properties": {"a": {"type": "nonsense"}}}),
+    );
+    assert!(matches!(g.constraint(&bad), Err(Unsupported::Refused(_))));
+    assert!(matches!(g.constraint(&bad), Err(Unsupported::Refused(_))));
+    let huge: serde_json::Map<String, Value> = (0..4000)
+        .map(|i| (format!("property_number_{i}"), json!({"type": "string"})))
+        .collect();
+    let huge = GrammarSpec::JsonSchema(json!({"type": "object", "properties": huge}));
+    assert!(matches!(g.constraint(&huge), Err(Unsupported::TooLarge(_))));
+}
+
+#[test]
+fn a_cached_grammar_starts_every_answer_afresh() {
+    let g = grammars();
+    let spec = GrammarSpec::JsonSchema(schema());
+    let mut first = g.constraint(&spec).expect("compiles");
+    forced(&mut first);
+    first.consume(u32::from(b'1')).expect("a digit");
+    let mut second = g.constraint(&spec).expect("cached");
+    assert_eq!(forced(&mut second), bytes("{\"age\": "));
+    // The first one's state is its own.
+    assert!(first.allows(u32::from(b'2')));
+    assert!(!first.allows(u32::from(b'"')));
+}
