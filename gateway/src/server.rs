@@ -109,6 +109,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
     tokio::spawn(watch_counters(state.clone()));
+    if state.runtime().policy.needs_draft() {
+        // The grammar compiler (half a second for the draft's vocabulary) is built now, beside
+        // the first requests, so the first structured request does not wait for it.
+        let shared = Arc::clone(&state.shared);
+        tokio::spawn(async move {
+            if let Err(e) = shared.grammars().await {
+                tracing::warn!(error = %e, "no grammar compiler: structured requests pass through");
+            }
+        });
+    }
     let gw = state.runtime().policy.gateway.clone();
     accept_loop(listener, router(state), &gw, shutdown_signal()).await;
     tracing::info!("drained; bye");

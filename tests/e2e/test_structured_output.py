@@ -78,9 +78,10 @@ def test_json_mode_and_text_are_answered_approximately(gateway):
         max_tokens=60, temperature=0, response_format={"type": "json_object"})
     assert raw.headers["x-approxy-mode"] == "approximate"
     choice = raw.parse().choices[0]
-    if choice.finish_reason == "stop":
-        assert isinstance(json.loads(choice.message.content), dict), choice.message.content
-    assert approxy_usage(raw)["forced_tokens"] >= 1
+    assert choice.finish_reason == "stop", choice
+    # Any object: its keys are free, so little is forced (with Qwen's tokens, `{` itself can
+    # merge with what follows); what counts is that the answer is one.
+    assert isinstance(json.loads(choice.message.content), dict), choice.message.content
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
         temperature=0, response_format={"type": "text"})
@@ -89,15 +90,16 @@ def test_json_mode_and_text_are_answered_approximately(gateway):
 
 
 def test_a_schema_the_grammar_engine_refuses_passes_through_with_its_reason(gateway):
-    body = {"model": MODEL, "messages": ask("Anything."), "max_tokens": 4,
+    # What Pydantic writes for a `set[str]`: llguidance does not implement `uniqueItems` (and
+    # llama-server ignores it), so approxy could not keep the answer to the schema.
+    tags = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    body = {"model": MODEL, "messages": ask("Tag: red, blue."), "max_tokens": 16,
             "response_format": {"type": "json_schema", "json_schema": {
-                "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}}
+                "name": "x", "schema": {"type": "object", "properties": {"tags": tags}, "required": ["tags"]}}}}
     r = raw_post(gateway.url, "/v1/chat/completions", body)
-    assert r.headers["x-approxy-mode"] == "passthrough", r.text
+    assert r.headers.get("x-approxy-mode") == "passthrough", (r.status_code, r.text)
     assert r.headers["x-approxy-passthrough-reason"] == "schema_unsupported"
-    body["response_format"] = {"type": "grammar", "grammar": "root ::= \"x\""}
-    r = raw_post(gateway.url, "/v1/chat/completions", body)
-    assert r.headers["x-approxy-passthrough-reason"] == "response_format"
+    assert r.status_code == 200, r.text
 
 
 def test_langchain_with_structured_output(gateway):

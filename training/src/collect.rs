@@ -293,6 +293,7 @@ async fn live_decode(
         model: None,
         messages: Some(Arc::clone(&item.messages)),
         settings: Default::default(),
+        constraint: None,
     };
     let drain = async move {
         let mut v = Vec::new();

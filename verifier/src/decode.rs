@@ -238,9 +238,12 @@ pub struct Stats {
     pub draft_tokens: u32,
     /// Of those, tokens the answer's grammar forced: no verifier and no target saw them.
     pub forced_tokens: u32,
-    /// Target tokens the grammar refused (each ended the target's part; the draft wrote the
-    /// position instead).
+    /// Target tokens the grammar refused (each ended the target's part; the target's best
+    /// allowed alternative, or else the draft, wrote the position instead).
     pub grammar_refusals: u32,
+    /// Of those, positions the target's best allowed alternative wrote (counted in
+    /// `target_tokens`).
+    pub grammar_alternatives: u32,
     /// Target tokens emitted.
     pub target_tokens: u32,
     /// Calls made to the target.
@@ -471,8 +474,9 @@ impl Engine {
             }
             // What the grammar forces is emitted at once; the draft takes it and the loop
             // comes back to the grammar at its next position.
-            out = match run.grammar_turn(out)? {
-                GrammarTurn::Choose(masked) => masked,
+            let masked = match run.grammar_turn(&out)? {
+                GrammarTurn::Free => None,
+                GrammarTurn::Masked(m) => Some(m),
                 GrammarTurn::End => break FinishReason::Stop,
                 GrammarTurn::Forced(tokens) => {
                     if let Some(reason) = run.emit(&tokens, Source::Grammar, None).await? {
@@ -482,12 +486,20 @@ impl Engine {
                     continue;
                 }
             };
+            // The draft picks among the tokens the grammar allows, and the verifier judges that
+            // pick on the masked distribution: on the structured sample it agreed with
+            // target-only as often as judging on the unmasked one, with fewer target tokens
+            // (tests/README.md, "Structured output").
+            if let Some(m) = masked {
+                out = m;
+            }
             let proposal = sampler.pick_at(&out);
             let exact = run.req.settings.verification.target_scores_every_token();
-            let owned = run.take_draft_turn();
+            let owned = run.take_draft_turn() || run.calls_exhausted();
             // The verifier judges the token that would be emitted: at temperature > 0 the
             // sampled one, which need not be the draft's top-1. Where the grammar refused the
-            // target's token, the draft's is taken unjudged.
+            // target's token, or refused part of the last call the request may make, the
+            // draft's is taken unjudged.
             let (accepted, entropy) = if owned {
                 (true, None)
             } else if exact {

@@ -323,6 +323,9 @@ pub struct ScriptedTarget {
     windows_cached: bool,
     timings: bool,
     alternative: f32,
+    /// Its second choice at each answer position, reported where top log-probabilities are
+    /// asked for.
+    second: Vec<u32>,
     eager: bool,
     facts: TargetFacts,
     /// `None`: it says `facts`; otherwise it fails to say anything, counting the asks here.
@@ -344,6 +347,7 @@ impl ScriptedTarget {
             windows_cached: true,
             timings: false,
             alternative: 0.0,
+            second: Vec::new(),
             eager: false,
             facts: TargetFacts::default(),
             facts_fail: None,
@@ -381,6 +385,13 @@ impl ScriptedTarget {
     /// judges.
     pub fn with_alternatives(mut self, p: f32) -> Self {
         self.alternative = p;
+        self
+    }
+
+    /// The same target with `text`'s byte at each answer position as its second choice there,
+    /// reported (with its own) where a continuation asks for top log-probabilities.
+    pub fn with_second_choices(mut self, text: &str) -> Self {
+        self.second = text.bytes().map(u32::from).collect();
         self
     }
 
@@ -480,9 +491,14 @@ impl TargetClient for ScriptedTarget {
             timings: Some(t),
             ..StreamChunk::default()
         });
+        let alternatives = all.top_logprobs;
         let chunk = move |i: usize, token: u32| StreamChunk {
             tokens: vec![token],
             stopped_on_eos: eos && i + 1 == last,
+            top_logprobs: alternatives
+                .get(i)
+                .map(|a| vec![a.clone()])
+                .unwrap_or_default(),
             ..StreamChunk::default()
         };
         if self.eager {
@@ -500,10 +516,11 @@ impl TargetClient for ScriptedTarget {
         let chunks =
             futures::stream::iter(all.tokens.into_iter().enumerate()).then(move |(i, token)| {
                 let generated = generated.clone();
+                let c = chunk(i, token);
                 async move {
                     tokio::time::sleep(delay).await;
                     generated.fetch_add(1, Ordering::SeqCst);
-                    Ok(chunk(i, token))
+                    Ok(c)
                 }
             });
         // The usage event comes after the tokens, as llama-server's last event does.
@@ -542,10 +559,23 @@ impl TargetClient for ScriptedTarget {
             predicted_tokens: tokens.len() as u64,
             predicted_ms: 10.0 * tokens.len() as f64,
         });
+        let top_logprobs = if req.top_logprobs > 0 && !self.second.is_empty() {
+            (start..)
+                .zip(&tokens)
+                .map(|(i, &t)| {
+                    let mut top = vec![(t, -0.1)];
+                    top.extend(self.second.get(i).map(|&s| (s, -2.5)));
+                    top
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(Continuation {
             tokens,
             stopped_on_eos,
             timings,
+            top_logprobs,
             ..Continuation::default()
         })
     }

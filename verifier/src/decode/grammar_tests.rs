@@ -80,8 +80,8 @@ async fn a_draft_that_would_write_anything_else_still_writes_the_schema() -> Res
 #[tokio::test]
 async fn target_tokens_the_grammar_refuses_end_its_part_and_the_draft_writes_there()
 -> Result<(), EngineError> {
-    // Free draft tokens are rejected (unless masking makes them confident); the target writes
-    // a number that turns into text.
+    // Unconfident free draft tokens are rejected; the target writes a number that turns into
+    // text.
     for correction in [
         Correction::Fixed { tokens: 4 },
         Correction::Span {
@@ -109,7 +109,8 @@ async fn target_tokens_the_grammar_refuses_end_its_part_and_the_draft_writes_the
             "{correction:?}: the target's 7 stays: {}",
             o.text
         );
-        // The draft's `true`, masked to `true` or `false`, is confident enough on its own.
+        // The draft's `true` (masked to `true` or `false`, confident enough; or written where
+        // the target's `maybe` is refused).
         assert!(ok, "{correction:?}: {}", o.text);
         assert!(
             o.stats.grammar_refusals >= 1,
@@ -189,5 +190,42 @@ async fn json_mode_gives_an_object() -> Result<(), EngineError> {
     )
     .await?;
     assert!(o.text.starts_with('{'), "{}", o.text);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refused_target_token_gives_way_to_the_targets_best_allowed_one()
+-> Result<(), EngineError> {
+    // The target would write `"Yes"` where the schema's enum has `"yes"` and `"no"`: its second
+    // choice there is `y`, which the grammar allows, and which a target constraining its own
+    // answer would have written.
+    let label = json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": false
+    });
+    for correction in [
+        Correction::Fixed { tokens: 8 },
+        Correction::Span {
+            max_span: 8,
+            resync: 2,
+            end: SpanClose::Resync,
+        },
+    ] {
+        let mut req = constrained(GrammarSpec::JsonSchema(label.clone()), 0.99, 32);
+        req.settings_mut().correction = correction;
+        let o = run(
+            // Its `maybe` is not a label: masked, it is torn between the two.
+            DraftScript::says("{\"answer\": \"maybe\"}", 0.3),
+            ScriptedTarget::says("{\"answer\": \"Yes\"}", None)
+                .with_second_choices("{\"answer\": \"yes\"}"),
+            req,
+        )
+        .await?;
+        assert_eq!(o.text, "{\"answer\": \"yes\"}", "{correction:?}");
+        assert_eq!(o.stats.grammar_alternatives, 1, "{correction:?}");
+        assert!(o.target.calls().iter().all(|c| c.top_logprobs > 0));
+    }
     Ok(())
 }

@@ -29,6 +29,10 @@ use crate::verify::{AcceptanceRule, Context, Features, Record, TargetProbs, Veri
 /// collection and the oracle study use).
 const RELAXED_TOP_LOGPROBS: u32 = 20;
 
+/// The target's top entries asked for at each token under a grammar: where it writes a token
+/// the grammar refuses, the best of these the grammar allows is its answer there.
+const GRAMMAR_ALTERNATIVES: u32 = 8;
+
 /// Longest wait for the last event of a stream whose tokens have all arrived.
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
@@ -143,12 +147,26 @@ pub(super) struct Run<'a> {
 
 /// What the grammar says before the draft proposes a token.
 pub(super) enum GrammarTurn {
-    /// The draft chooses, from `out` as masked to what the grammar allows.
-    Choose(PositionOutput),
+    /// No grammar: the draft chooses freely.
+    Free,
+    /// The draft chooses from its output masked to what the grammar allows.
+    Masked(PositionOutput),
     /// The grammar forces these tokens.
     Forced(Vec<u32>),
     /// The answer is complete.
     End,
+}
+
+/// What a span's stream had delivered when it was read (see [`Run::take_arrived`]).
+struct Arrived {
+    /// The tokens, in order.
+    tokens: Vec<u32>,
+    /// The target's top entries at each of them (empty where it gave none).
+    alternatives: Vec<Vec<(u32, f32)>>,
+    /// One of them ended on end-of-sequence.
+    eos: bool,
+    /// The error that broke the stream, after them.
+    failed: Option<TargetError>,
 }
 
 /// How a hand-off ended.
@@ -195,20 +213,32 @@ impl<'a> Run<'a> {
     }
 
     /// The grammar's say at the draft's output `out`: masked to the allowed tokens, forced
-    /// tokens, or the end. Without a grammar the draft chooses from `out` as it is.
-    pub(super) fn grammar_turn(&mut self, out: PositionOutput) -> Result<GrammarTurn, EngineError> {
+    /// tokens, or the end.
+    pub(super) fn grammar_turn(
+        &mut self,
+        out: &PositionOutput,
+    ) -> Result<GrammarTurn, EngineError> {
         let Some(g) = &mut self.grammar else {
-            return Ok(GrammarTurn::Choose(out));
+            return Ok(GrammarTurn::Free);
         };
-        Ok(match g.next()? {
+        Ok(match g.step()? {
             Next::End => GrammarTurn::End,
             Next::Forced(tokens) => GrammarTurn::Forced(tokens),
             Next::Choose(mask) => {
                 let mut logits = out.logits.clone();
                 mask.apply(&mut logits);
-                GrammarTurn::Choose(PositionOutput::new(logits, out.hidden.clone()))
+                GrammarTurn::Masked(PositionOutput::new(logits, out.hidden.clone()))
             }
         })
+    }
+
+    /// True when the request has made every target call it may: only after a grammar refused
+    /// part of the last one (without a grammar that call writes the rest of the answer).
+    pub(super) fn calls_exhausted(&self) -> bool {
+        self.req
+            .settings
+            .max_target_calls
+            .is_some_and(|cap| self.stats.target_calls >= cap)
     }
 
     /// True once, after the grammar refused a target token (see `draft_owns_next`).
@@ -351,8 +381,33 @@ impl<'a> Run<'a> {
             max_tokens: n,
             sampling: self.req.sampling,
             model: self.req.model.clone(),
-            top_logprobs: 0,
+            top_logprobs: if self.grammar.is_some() {
+                GRAMMAR_ALTERNATIVES
+            } else {
+                0
+            },
         }
+    }
+
+    /// The target's most likely token among `alternatives` (its top entries where it wrote a
+    /// token the grammar refused) that the grammar allows: what a target constraining its own
+    /// answer would have written there, when it is among them.
+    fn best_allowed(&mut self, alternatives: Option<&Vec<(u32, f32)>>) -> Option<u32> {
+        let g = self.grammar.as_mut()?;
+        let mut ranked: Vec<(u32, f32)> = alternatives?.clone();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let eos = &self.engine.eos;
+        let best = ranked
+            .into_iter()
+            .map(|(t, _)| t)
+            .find(|&t| (t as usize) < self.engine.tokenizer.vocab_size() && g.allows(t))?;
+        if eos.contains(&best) {
+            // Ending is the draft's call too: it sees the grammar's end itself.
+            return None;
+        }
+        self.stats.grammar_alternatives += 1;
+        self.draft_owns_next = false;
+        Some(best)
     }
 
     /// Counts a call that sends `sent` tokens, `cacheable` of which the cache can serve.
@@ -515,6 +570,10 @@ impl<'a> Run<'a> {
         for (i, &t) in cont.tokens.iter().enumerate() {
             if self.refuses(t) {
                 self.stats.target_discarded_tokens += (cont.tokens.len() - i) as u64;
+                if let Some(alt) = self.best_allowed(cont.top_logprobs.get(i)) {
+                    self.last_target_tokens.push(alt);
+                    return self.emit(&[alt], Source::Target, None).await;
+                }
                 return Ok(None);
             }
             let seen = if i == 0 {
@@ -824,6 +883,12 @@ impl<'a> Run<'a> {
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
                     self.count_unread(&mut stream);
+                    if let Some(alt) = self.best_allowed(chunk.top_logprobs.get(i)) {
+                        taken.push(alt);
+                        if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
+                            return Ok(HandOff::Finished(reason));
+                        }
+                    }
                     return Ok(HandOff::Refused(taken));
                 }
                 taken.push(token);
@@ -955,7 +1020,12 @@ impl<'a> Run<'a> {
                 return Ok(SpanEnd::Finished(FinishReason::Cancelled));
             };
             let Some(first) = first else { break };
-            let (batch, eos, failed) = self.take_arrived(first, &mut stream, &mut ended);
+            let Arrived {
+                tokens: batch,
+                alternatives,
+                eos,
+                failed,
+            } = self.take_arrived(first, &mut stream, &mut ended);
             for (i, &token) in batch.iter().enumerate() {
                 received += 1;
                 self.last_prefix_len += 1;
@@ -969,6 +1039,14 @@ impl<'a> Run<'a> {
                     self.stats.target_discarded_tokens += unused + 1;
                     if !ended {
                         self.count_unread(&mut stream);
+                    }
+                    // The target's best allowed token, when it said, is its answer here; the
+                    // draft goes on after it.
+                    if let Some(alt) = self.best_allowed(alternatives.get(i)) {
+                        if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
+                            return Ok(SpanEnd::Finished(reason));
+                        }
+                        out = cursor.commit(&[alt]).await?;
                     }
                     return Ok(SpanEnd::Resume(out));
                 }
@@ -1019,15 +1097,16 @@ impl<'a> Run<'a> {
     }
 
     /// The tokens of a streamed chunk and of whatever else has arrived meanwhile (a fast
-    /// target's backlog), so that the draft can be fed several tokens in one call; whether
-    /// one of them ended on end-of-sequence, and the error that broke the stream, if one did
-    /// (the tokens before it are emitted first). `ended` is set when the stream ended.
+    /// target's backlog), so that the draft can be fed several tokens in one call, with the
+    /// target's top entries at each where it gave them; whether one of them ended on
+    /// end-of-sequence, and the error that broke the stream, if one did (the tokens before it
+    /// are emitted first). `ended` is set when the stream ended.
     fn take_arrived(
         &mut self,
         first: Result<StreamChunk, TargetError>,
         stream: &mut TokenStream,
         ended: &mut bool,
-    ) -> (Vec<u32>, bool, Option<TargetError>) {
+    ) -> Arrived {
         let mut chunks = vec![first];
         while chunks
             .last()
@@ -1042,18 +1121,29 @@ impl<'a> Run<'a> {
                 None => break,
             }
         }
-        let (mut batch, mut eos, mut failed) = (Vec::new(), false, None);
+        let (mut batch, mut alternatives, mut eos, mut failed) =
+            (Vec::new(), Vec::new(), false, None);
         for c in chunks {
             match c {
                 Ok(c) => {
                     self.absorb(c.cached_prompt_tokens, c.timings, c.extra_calls);
+                    // One entry a token, so that the batch's indices find them (empty where
+                    // none were asked for or given).
+                    let mut alts = c.top_logprobs;
+                    alts.resize(c.tokens.len(), Vec::new());
+                    alternatives.extend(alts);
                     batch.extend(c.tokens);
                     eos |= c.stopped_on_eos;
                 }
                 Err(e) => failed = Some(e),
             }
         }
-        (batch, eos, failed)
+        Arrived {
+            tokens: batch,
+            alternatives,
+            eos,
+            failed,
+        }
     }
 
     /// Whether a span the draft has caught up with goes on: under `SpanClose::Expected`, when

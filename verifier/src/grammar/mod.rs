@@ -246,7 +246,7 @@ impl Constraint {
     }
 
     /// What comes next.
-    pub fn next(&mut self) -> Result<Next, EngineError> {
+    pub fn step(&mut self) -> Result<Next, EngineError> {
         if self.matcher.is_stopped() {
             return Ok(Next::End);
         }

@@ -15,7 +15,7 @@ fn bytes(s: &str) -> Vec<u32> {
 /// Takes whatever the grammar forces; `None` at a free choice.
 fn forced(c: &mut Constraint) -> Vec<u32> {
     let mut out = Vec::new();
-    while let Ok(Next::Forced(ts)) = c.next() {
+    while let Ok(Next::Forced(ts)) = c.step() {
         for t in ts {
             c.consume(t).expect("a forced token is allowed");
             out.push(t);
@@ -44,7 +44,7 @@ fn a_schema_forces_its_keys_and_separators_and_allows_only_legal_values() {
     assert!(!c.allows(u32::from(b'x')));
     assert!(!c.allows(u32::from(b'"')));
     assert!(!c.allows(IM_END), "the answer cannot end inside the object");
-    let Ok(Next::Choose(mask)) = c.next() else {
+    let Ok(Next::Choose(mask)) = c.step() else {
         panic!("a number is the draft's to choose")
     };
     let mut logits = vec![1.0f32; VOCAB];
@@ -61,7 +61,7 @@ fn a_schema_forces_its_keys_and_separators_and_allows_only_legal_values() {
     }
     assert!(c.accepting());
     assert!(c.allows(IM_END));
-    assert!(matches!(c.next(), Ok(Next::End)));
+    assert!(matches!(c.step(), Ok(Next::End)));
 }
 
 #[test]

@@ -170,6 +170,9 @@ pub struct StreamChunk {
     /// The whole call's compute, in the last chunk, when the target reports it (a stream
     /// closed before its end never gets it).
     pub timings: Option<TargetTimings>,
+    /// When [`ContinuationRequest::top_logprobs`] asked for them and the target gives them: at
+    /// each of `tokens`, the target's top (token, log-probability) entries.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// A continuation arriving as the target generates it. Dropping it closes the connection,
@@ -193,6 +196,7 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
             cached_prompt_tokens: c.cached_prompt_tokens,
             extra_calls: c.extra_calls,
             timings: c.timings,
+            top_logprobs: c.top_logprobs,
         };
         Ok(Box::pin(futures::stream::once(async move { Ok(chunk) })))
     }

@@ -132,6 +132,7 @@ impl TargetClient for LlamaCppTarget {
     }
 
     async fn stream_tokens(&self, req: &ContinuationRequest) -> Result<TokenStream, TargetError> {
+        let alternatives = req.top_logprobs > 0;
         let events = post_sse(
             &self.http,
             &self.cfg,
@@ -142,7 +143,7 @@ impl TargetClient for LlamaCppTarget {
         .await?;
         // Each event carries the tokens of its piece of text (`return_tokens`); the last one
         // says `stop` and why. A piece may hold no token (text held back at a stop string).
-        Ok(Box::pin(events.map(|ev| {
+        Ok(Box::pin(events.map(move |ev| {
             let v = ev?;
             let tokens = if v["tokens"].is_null() {
                 Vec::new()
@@ -153,7 +154,13 @@ impl TargetClient for LlamaCppTarget {
                 .as_u64()
                 .and_then(|x| u32::try_from(x).ok());
             let last = v["stop"].as_bool() == Some(true);
+            let top_logprobs = if alternatives {
+                top_logprobs_of(&v)?
+            } else {
+                Vec::new()
+            };
             Ok(StreamChunk {
+                top_logprobs,
                 tokens,
                 stopped_on_eos: last && v["stop_type"].as_str() == Some("eos"),
                 cached_prompt_tokens: cached,

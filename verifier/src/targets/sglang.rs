@@ -225,6 +225,7 @@ fn chunk_of(v: &Value, delivered: &mut Delivered) -> Result<StreamChunk, TargetE
         // arrival to finish, queueing included) and, under `--enable-metrics`, timestamps, but
         // no prompt and decode times, so there are no timings to report.
         timings: None,
+        top_logprobs: Vec::new(),
     })
 }
 

@@ -387,6 +387,7 @@ impl Streaming {
                     extra_calls: std::mem::take(&mut self.extra_calls),
                     // Text-level providers report no compute.
                     timings: None,
+                    top_logprobs: Vec::new(),
                 }),
             });
         };
