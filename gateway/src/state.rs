@@ -44,8 +44,9 @@ pub struct Shared {
     pub ledgers: crate::budget::Ledgers,
     /// What each target's time costs, as learned (kept across policy reloads).
     pub meters: crate::meters::Meters,
-    /// The grammar compiler for structured output, built by the first request that needs it
-    /// (its token trie takes a fraction of a second), or why it could not be.
+    /// The grammar compiler for structured output (its token trie takes half a second), built
+    /// at start-up beside the first requests, or by the first request that needs it if that
+    /// comes first; or why it could not be.
     pub grammars: OnceCell<Result<Arc<Grammars>, String>>,
 }
 

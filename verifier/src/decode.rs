@@ -33,7 +33,7 @@ use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
 use lookup::Lookup;
 use pacing::{RejectionWindow, WindowSize};
-use run::{Corrected, GrammarTurn, Run, WindowEnd};
+use run::{Corrected, GrammarStep, Run, WindowEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -472,27 +472,14 @@ impl Engine {
             if run.remaining() == 0 {
                 break FinishReason::Length;
             }
-            // What the grammar forces is emitted at once; the draft takes it and the loop
-            // comes back to the grammar at its next position.
-            let masked = match run.grammar_turn(&out)? {
-                GrammarTurn::Free => None,
-                GrammarTurn::Masked(m) => Some(m),
-                GrammarTurn::End => break FinishReason::Stop,
-                GrammarTurn::Forced(tokens) => {
-                    if let Some(reason) = run.emit(&tokens, Source::Grammar, None).await? {
-                        break reason;
-                    }
-                    out = cursor.commit(&tokens).await?;
+            out = match run.grammar_step(&mut cursor, out).await? {
+                GrammarStep::Draft(o) => o,
+                GrammarStep::Again(next) => {
+                    out = next;
                     continue;
                 }
+                GrammarStep::Finished(reason) => break reason,
             };
-            // The draft picks among the tokens the grammar allows, and the verifier judges that
-            // pick on the masked distribution: on the structured sample it agreed with
-            // target-only as often as judging on the unmasked one, with fewer target tokens
-            // (tests/README.md, "Structured output").
-            if let Some(m) = masked {
-                out = m;
-            }
             let proposal = sampler.pick_at(&out);
             let exact = run.req.settings.verification.target_scores_every_token();
             let owned = run.take_draft_turn() || run.calls_exhausted();
@@ -509,13 +496,7 @@ impl Engine {
             };
             let mut over_budget =
                 !exact && !owned && window.as_mut().is_some_and(|w| w.push(!accepted));
-            // The last call a request may make writes the rest of the answer.
-            let at_call_cap = !accepted
-                && run
-                    .req
-                    .settings
-                    .max_target_calls
-                    .is_some_and(|cap| run.stats.target_calls + 1 >= cap);
+            let at_call_cap = !accepted && run.next_call_is_the_last();
             if at_call_cap {
                 run.stats.call_cap = true;
                 over_budget = true;

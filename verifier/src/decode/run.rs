@@ -145,16 +145,15 @@ pub(super) struct Run<'a> {
     draft_owns_next: bool,
 }
 
-/// What the grammar says before the draft proposes a token.
-pub(super) enum GrammarTurn {
-    /// No grammar: the draft chooses freely.
-    Free,
-    /// The draft chooses from its output masked to what the grammar allows.
-    Masked(PositionOutput),
-    /// The grammar forces these tokens.
-    Forced(Vec<u32>),
-    /// The answer is complete.
-    End,
+/// What the grammar did before the draft proposes a token.
+pub(super) enum GrammarStep {
+    /// The draft chooses, from this output (masked to what a grammar allows).
+    Draft(PositionOutput),
+    /// The grammar forced tokens, emitted; the draft's output after them, where the grammar
+    /// has its say again.
+    Again(PositionOutput),
+    /// The answer ended (complete, or it hit a stop).
+    Finished(FinishReason),
 }
 
 /// What a span's stream had delivered when it was read (see [`Run::take_arrived`]).
@@ -212,24 +211,41 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The grammar's say at the draft's output `out`: masked to the allowed tokens, forced
-    /// tokens, or the end.
-    pub(super) fn grammar_turn(
+    /// The grammar's say at the draft's output `out`: what it forces is emitted at once (no
+    /// verifier, no target) and the draft takes it; where the draft chooses, its output is
+    /// masked to the allowed tokens. The verifier then judges the draft's pick on the masked
+    /// distribution: on the structured sample that agreed with target-only as often as
+    /// judging on the unmasked one, with fewer target tokens (tests/README.md, "Structured
+    /// output"). Without a grammar the draft chooses from `out` as it is.
+    pub(super) async fn grammar_step(
         &mut self,
-        out: &PositionOutput,
-    ) -> Result<GrammarTurn, EngineError> {
+        cursor: &mut Cursor<'_>,
+        out: PositionOutput,
+    ) -> Result<GrammarStep, EngineError> {
         let Some(g) = &mut self.grammar else {
-            return Ok(GrammarTurn::Free);
+            return Ok(GrammarStep::Draft(out));
         };
         Ok(match g.step()? {
-            Next::End => GrammarTurn::End,
-            Next::Forced(tokens) => GrammarTurn::Forced(tokens),
+            Next::End => GrammarStep::Finished(FinishReason::Stop),
+            Next::Forced(tokens) => match self.emit(&tokens, Source::Grammar, None).await? {
+                Some(reason) => GrammarStep::Finished(reason),
+                None => GrammarStep::Again(cursor.commit(&tokens).await?),
+            },
             Next::Choose(mask) => {
                 let mut logits = out.logits.clone();
                 mask.apply(&mut logits);
-                GrammarTurn::Masked(PositionOutput::new(logits, out.hidden.clone()))
+                GrammarStep::Draft(PositionOutput::new(logits, out.hidden.clone()))
             }
         })
+    }
+
+    /// True when the next target call is the last the request may make (it then writes the
+    /// rest of the answer).
+    pub(super) fn next_call_is_the_last(&self) -> bool {
+        self.req
+            .settings
+            .max_target_calls
+            .is_some_and(|cap| self.stats.target_calls + 1 >= cap)
     }
 
     /// True when the request has made every target call it may: only after a grammar refused
