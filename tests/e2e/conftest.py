@@ -200,6 +200,18 @@ def raw_post(url, path, body=None, content=None, headers=None, timeout=300):
     return httpx.post(url + path, json=body, content=content, headers=headers or {}, timeout=timeout)
 
 
+def read_stream(stream):
+    """The text, finish reason and usage of a streamed chat answer (openai client chunks)."""
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    return text, finish, usage
+
+
 def approxy_usage(raw):
     """`usage.approxy` from a raw openai response."""
     return json.loads(raw.http_response.text)["usage"]["approxy"]

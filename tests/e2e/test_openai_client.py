@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from conftest import MODEL, TARGET, TARGET_KIND, approxy_usage, policy_text
+from conftest import MODEL, TARGET, TARGET_KIND, approxy_usage, policy_text, read_stream
 
 CHAT = [{"role": "user", "content": "Explain what a Python list comprehension is, with an example."}]
 
@@ -60,13 +60,7 @@ def test_a_threshold_per_prompt_kind(start_gateway):
 def test_chat_streaming_with_usage(gateway):
     stream = gateway.client().chat.completions.create(
         model=MODEL, messages=CHAT, max_tokens=48, temperature=0, stream=True, stream_options={"include_usage": True})
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
-        if chunk.usage:
-            usage = chunk.usage
+    text, finish, usage = read_stream(stream)
     assert len(text) > 20 and finish in ("stop", "length")
     assert usage is not None and usage.completion_tokens > 0
     assert usage.model_extra["approxy"]["mode"] == "approximate"

@@ -9,7 +9,7 @@ import jsonschema
 import pydantic
 import pytest
 
-from conftest import MODEL, approxy_usage, raw_post
+from conftest import MODEL, approxy_usage, raw_post, read_stream
 
 TEXT = ("Alice Martin is 31 years old, works as a nurse and lives in Lyon. "
         "Her brother Paul, 27, is a baker in Paris.")
@@ -58,13 +58,7 @@ def test_a_streamed_schema_answer_is_valid_and_every_token_is_accounted_for(gate
         temperature=0, stream=True, stream_options={"include_usage": True},
         response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}},
         extra_headers={"x-approxy-threshold": "0.9"})
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
-        if chunk.usage:
-            usage = chunk.usage
+    text, finish, usage = read_stream(stream)
     assert finish == "stop", text
     jsonschema.validate(json.loads(text), schema)
     u = usage.model_extra["approxy"]

@@ -261,12 +261,16 @@ impl Constraint {
             .matcher
             .compute_mask()
             .map_err(|e| self.failed("token mask", e))?;
-        let allowed = mask.to_list();
-        let ends = allowed.iter().filter(|t| self.eos.contains(t)).count();
-        match (allowed.len() - ends, ends) {
+        // Counted on the bits: a free position allows most of the vocabulary, which listing
+        // would copy at every token.
+        let ends = self.eos.iter().filter(|&&t| mask.is_allowed(t)).count();
+        match (mask.num_set() - ends, ends) {
             (0, 0) => Err(self.failed("token mask", "no token is allowed")),
             (0, _) => Ok(Next::End),
-            (1, 0) => Ok(Next::Forced(allowed)),
+            (1, 0) => match mask.first_bit_set() {
+                Some(t) => Ok(Next::Forced(vec![t as u32])),
+                None => Err(self.failed("token mask", "no token is allowed")),
+            },
             _ => Ok(Next::Choose(Mask(mask))),
         }
     }
