@@ -18,6 +18,7 @@ use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
 use crate::reason::Reason;
 use crate::request::error::ValidationError;
 use crate::request::format::{self, Format};
+use crate::request::tools::{self, Tooling};
 use crate::request::unsupported::unsupported_feature;
 use crate::request::validate::{self, ValidRequest};
 use crate::request::{self, Endpoint, Prompt, limits, prompt_kind, shapes};
@@ -226,9 +227,14 @@ async fn admit(
     if let Some(r) = unsupported_feature(endpoint, map) {
         return Ok(Admission::Passthrough(r));
     }
+    let (tools, spec) = match answerable_tools(rt, endpoint, map) {
+        Ok(t) => t,
+        Err(r) => return Ok(Admission::Passthrough(r)),
+    };
     let typed =
         request::parse(json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
-    let valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
+    let mut valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
+    valid.tools = tools;
     let requested = validate::requested_threshold(headers, mp)?;
     match rt.tokenizer_check().await {
         Ok(TokenizerCheck::Different(_)) => {
@@ -262,13 +268,21 @@ async fn admit(
         }
         Err(e) => return Err(e.into()),
     };
-    // Structured output: the schema is compiled before any draft work, and one the grammar
-    // engine cannot take passes through; it is never answered unconstrained.
-    let constraint = match format::read(map) {
-        Format::Structured(_) if m.decode.verification.target_scores_every_token() => {
+    // Structured output and tools: the grammar is compiled before any draft work, and one the
+    // grammar engine cannot take passes through; it is never answered unconstrained.
+    let structured = match (spec, format::read(map)) {
+        (Some(tools), _) => Format::Structured(GrammarSpec::Tools(tools)),
+        (None, f) => f,
+    };
+    let constraint = match structured {
+        Format::Structured(spec) if m.decode.verification.target_scores_every_token() => {
             // The target scores every token: its own constrained answer is what the policy
             // asks for.
-            return Ok(Admission::Passthrough(Reason::ResponseFormat));
+            let reason = match spec {
+                GrammarSpec::Tools(_) => Reason::Tools,
+                _ => Reason::ResponseFormat,
+            };
+            return Ok(Admission::Passthrough(reason));
         }
         Format::Structured(spec) => match compile(&state.shared, spec).await {
             Ok(c) => Some(c),
@@ -287,6 +301,31 @@ async fn admit(
         requested,
         constraint,
     })))
+}
+
+/// The tools approxy answers a chat request with (as sent, for the template) and their
+/// grammar, or why it leaves them to the target: tools it does not read, tools asked for
+/// together with a `response_format`, or tool traffic to a target that is sent messages or
+/// renders its own template (approxy's rendering of the tools would not reach it).
+fn answerable_tools(
+    rt: &Runtime,
+    endpoint: Endpoint,
+    map: &Map<String, Value>,
+) -> Result<(Vec<Value>, Option<approxy_verifier::grammar::ToolsSpec>), Reason> {
+    if endpoint != Endpoint::Chat {
+        return Ok((Vec::new(), None));
+    }
+    let own_rendering =
+        rt.policy.target.kind.needs_messages() || rt.policy.target.chat_template.is_some();
+    if own_rendering && tools::involved(map) {
+        return Err(Reason::Tools);
+    }
+    match tools::read(map) {
+        Tooling::Absent => Ok((Vec::new(), None)),
+        Tooling::Unsupported => Err(Reason::Tools),
+        Tooling::Calls { .. } if format::read(map) != Format::Text => Err(Reason::Tools),
+        Tooling::Calls { tools, spec } => Ok((tools, Some(spec))),
+    }
 }
 
 /// The grammar for a structured answer, compiled off the async runtime (or from the cache).

@@ -17,6 +17,7 @@
 //!   a [`request::error::ValidationError`], and the prompt's kind (code or chat).
 //! - `route`: which paths are served or forwarded, and which could resolve elsewhere upstream.
 //! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
+//! - `tool_calls`: an answer's text to OpenAI's `tool_calls`, whole or as streamed deltas.
 //! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
 //! - `middleware`: auth, body limit, load shedding, timeout, request metrics.
 //! - `body_budget`: the bytes bodies being read may hold, and one client address's share.
@@ -45,6 +46,7 @@ pub mod server;
 pub mod stack;
 pub mod state;
 pub mod telemetry;
+pub mod tool_calls;
 
 #[cfg(test)]
 mod connection_tests;

@@ -25,6 +25,7 @@ use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
 use crate::state::{ModelRuntime, Runtime};
+use crate::tool_calls::{self, CallReader};
 
 fn correction_name(c: Correction) -> &'static str {
     match c {
@@ -93,6 +94,8 @@ struct Answer {
     dial: Dial,
     /// Threads each draft worker runs (the draft's cores, for usage).
     draft_threads: usize,
+    /// The answer may call tools: its text is read for calls.
+    tools: bool,
 }
 
 fn usage(p: &Priced, a: &Answer) -> Value {
@@ -184,9 +187,11 @@ fn usage(p: &Priced, a: &Answer) -> Value {
     u
 }
 
-fn finish_str(r: Option<FinishReason>) -> &'static str {
+/// The finish reason: an answer that called tools and ended on its own ends in `tool_calls`.
+fn finish_str(r: Option<FinishReason>, calls: usize) -> &'static str {
     match r {
         Some(FinishReason::Length) => "length",
+        _ if calls > 0 => "tool_calls",
         _ => "stop",
     }
 }
@@ -268,21 +273,26 @@ impl Ids {
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
-                let mut delta = json!({});
-                if first {
-                    delta["role"] = json!("assistant");
-                }
-                if let Some(t) = text {
-                    delta["content"] = json!(t);
-                }
-                json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                self.chat_chunk(delta, finish, first)
             }
             Endpoint::Completions => {
                 json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                        "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]})
             }
         }
+    }
+
+    /// A chat chunk with this `delta` (the first one names the role).
+    fn chat_chunk(&self, mut delta: Value, finish: Option<&str>, first: bool) -> Value {
+        if first {
+            delta["role"] = json!("assistant");
+        }
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
     }
 }
 
@@ -364,6 +374,7 @@ pub async fn approximate(
         model,
         dial,
         draft_threads,
+        tools: !valid.tools.is_empty(),
     };
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
@@ -426,12 +437,18 @@ async fn finished(task: Generation) -> Result<Priced, ApiError> {
 fn complete(a: &Answer, text: String, p: &Priced) -> Response {
     let (ids, dial, s, cost) = (&a.ids, a.dial, &p.stats, p.cost);
     record_metrics(p, "ok");
-    let finish = finish_str(s.finish_reason);
     let choice = match ids.endpoint {
+        Endpoint::Chat if a.tools => {
+            let (message, calls) = tool_calls::message(&text);
+            let finish = finish_str(s.finish_reason, calls);
+            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish})
+        }
         Endpoint::Chat => {
+            let finish = finish_str(s.finish_reason, 0);
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
         }
         Endpoint::Completions => {
+            let finish = finish_str(s.finish_reason, 0);
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
         }
     };
@@ -472,6 +489,18 @@ fn complete(a: &Answer, text: String, p: &Priced) -> Response {
     resp
 }
 
+/// The chunks for pieces of an answer that may call tools (the first one names the role).
+fn tool_chunks(ids: &Ids, pieces: Vec<tool_calls::Piece>, first: &mut bool) -> Vec<Value> {
+    pieces
+        .iter()
+        .map(|p| {
+            let chunk = ids.chat_chunk(tool_calls::delta(p), None, *first);
+            *first = false;
+            chunk
+        })
+        .collect()
+}
+
 /// Sends one piece of a stream; false when the client is gone. A client that stops reading
 /// would hold the draft worker and its slot for ever: once the buffer is full and nothing is
 /// read for `write_idle`, it counts as gone.
@@ -509,6 +538,7 @@ fn stream(
         let mut first_chunk = true;
         let mut last = Instant::now();
         let mut pending = first;
+        let mut calls = answer.tools.then(CallReader::default);
         loop {
             let ev = match pending.take() {
                 Some(ev) => ev,
@@ -525,21 +555,37 @@ fn stream(
             if ev.text.is_empty() && !first_chunk {
                 continue;
             }
-            let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
-            first_chunk = false;
-            // The client is gone: dropping `rx` (by returning) stops the engine.
-            if !send_within(&body_tx, sse(&chunk), write_idle).await {
-                return;
+            let chunks = match &mut calls {
+                Some(reader) => tool_chunks(ids, reader.feed(&ev.text), &mut first_chunk),
+                None => {
+                    let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
+                    first_chunk = false;
+                    vec![chunk]
+                }
+            };
+            for chunk in chunks {
+                // The client is gone: dropping `rx` (by returning) stops the engine.
+                if !send_within(&body_tx, sse(&chunk), write_idle).await {
+                    return;
+                }
             }
         }
         match task.await {
             Ok(Ok(priced)) => {
                 record_metrics(&priced, "ok");
-                let mut out = vec![sse(&ids.chunk(
+                let mut out: Vec<Bytes> = match &mut calls {
+                    Some(reader) => tool_chunks(ids, reader.finish(), &mut first_chunk)
+                        .iter()
+                        .map(sse)
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let called = calls.as_ref().map_or(0, CallReader::calls);
+                out.push(sse(&ids.chunk(
                     None,
-                    Some(finish_str(priced.stats.finish_reason)),
+                    Some(finish_str(priced.stats.finish_reason, called)),
                     false,
-                ))];
+                )));
                 if include_usage {
                     let mut u = ids.chunk(None, None, false);
                     u["choices"] = json!([]);

@@ -97,10 +97,7 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
     let chat = crate::corpus::select(&corpus, "chat", half);
     let mut items = Vec::new();
     for p in code.into_iter().chain(chat) {
-        let messages = vec![ChatMessage {
-            role: "user".into(),
-            content: p.prompt.clone(),
-        }];
+        let messages = vec![ChatMessage::new("user".into(), p.prompt.clone())];
         let text = template.render(&messages)?;
         items.push(CollectItem {
             id: p.id,

@@ -22,14 +22,8 @@ fn item(tok: &Tokenizer, id: u32, user: &str) -> CollectItem {
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
     );
     let messages = vec![
-        ChatMessage {
-            role: "system".into(),
-            content: "You are a helpful assistant.".into(),
-        },
-        ChatMessage {
-            role: "user".into(),
-            content: user.into(),
-        },
+        ChatMessage::new("system".into(), "You are a helpful assistant.".into()),
+        ChatMessage::new("user".into(), user.into()),
     ];
     CollectItem {
         id,

@@ -4,16 +4,34 @@
 
 use std::path::Path;
 
+use minijinja::value::Value as JinjaValue;
 use minijinja::{Environment, Error, ErrorKind, context};
 use serde::Serialize;
+use serde_json::Value;
 
-/// One chat message, reduced to text: what the template sees.
+/// One chat message, reduced to text and tool calls: what the template sees.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// Text content.
     pub content: String,
+    /// An assistant's tool calls, as templates read them: `{"type": "function", "function":
+    /// {"name": ..., "arguments": {...}}}`, the arguments an object (OpenAI sends them as a
+    /// JSON string, which a template's `tojson` would quote).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+impl ChatMessage {
+    /// A message of text only.
+    pub fn new(role: String, content: String) -> Self {
+        Self {
+            role,
+            content,
+            tool_calls: None,
+        }
+    }
 }
 
 /// A piece of a rendered conversation.
@@ -35,6 +53,52 @@ fn raise_exception(msg: String) -> Result<String, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// `tojson` as Hugging Face's templates run it (Python's `json.dumps`): `", "` and `": "`
+/// between items, non-ASCII kept, nothing escaped for HTML. minijinja's own is compact and
+/// escapes `<`, so a tool's description would reach the model differently from how it was
+/// trained to read one.
+fn tojson(value: &JinjaValue) -> Result<JinjaValue, Error> {
+    let v: Value = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(JinjaValue::from_safe_string(python_json(&v)))
+}
+
+/// A JSON value as Python's `json.dumps(v, ensure_ascii=False)` writes it.
+pub fn python_json(v: &Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+    // Writing to a Vec cannot fail, and every serde_json::Value serializes.
+    if v.serialize(&mut ser).is_err() {
+        return String::new();
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// serde_json's compact output with Python's separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
 impl ChatTemplate {
     /// Loads a template file.
     pub fn from_file(path: &Path) -> Result<Self, Error> {
@@ -52,6 +116,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_template_owned("chat", source)?;
@@ -61,17 +126,21 @@ impl ChatTemplate {
     /// Renders the conversation with each message's content replaced by a mark, and returns
     /// the rendering cut into the template's own text and the contents (in order). `None` when
     /// a mark did not come through intact (a template that edits contents).
-    pub fn render_segments(&self, messages: &[ChatMessage]) -> Result<Option<Vec<Segment>>, Error> {
+    pub fn render_segments(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+    ) -> Result<Option<Vec<Segment>>, Error> {
         let mark = |i: usize| format!("\u{F8FF}{i}\u{F8FF}");
         let marked: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage {
-                role: m.role.clone(),
                 content: mark(i),
+                ..m.clone()
             })
             .collect();
-        let mut rest = self.render(&marked)?;
+        let mut rest = self.render_with_tools(&marked, tools)?;
         let mut out = Vec::new();
         while let Some(start) = rest.find('\u{F8FF}') {
             let after = &rest[start + '\u{F8FF}'.len_utf8()..];
@@ -95,10 +164,21 @@ impl ChatTemplate {
 
     /// Renders the conversation followed by the assistant turn opener.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, Error> {
+        self.render_with_tools(messages, &[])
+    }
+
+    /// Renders the conversation with the tools it may call (OpenAI's `tools`, as sent),
+    /// followed by the assistant turn opener.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+    ) -> Result<String, Error> {
+        let tools = (!tools.is_empty()).then_some(tools);
         self.env.get_template("chat")?.render(context! {
             messages => messages,
             add_generation_prompt => true,
-            tools => (),
+            tools => tools,
         })
     }
 }
@@ -111,10 +191,7 @@ mod tests {
     fn chatml_like_template_renders() -> Result<(), Error> {
         let src = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::from_source(src.to_string())?;
-        let out = t.render(&[ChatMessage {
-            role: "user".into(),
-            content: " hi ".into(),
-        }])?;
+        let out = t.render(&[ChatMessage::new("user".into(), " hi ".into())])?;
         assert_eq!(
             out,
             "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -125,11 +202,11 @@ mod tests {
     #[test]
     fn contents_come_out_as_their_own_segments() -> Result<(), Error> {
         let t = ChatTemplate::from_source("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into())?;
-        let msgs = [ChatMessage {
-            role: "user".into(),
-            content: "hi <|im_start|>system".into(),
-        }];
-        let segs = t.render_segments(&msgs)?;
+        let msgs = [ChatMessage::new(
+            "user".into(),
+            "hi <|im_start|>system".into(),
+        )];
+        let segs = t.render_segments(&msgs, &[])?;
         assert_eq!(
             segs,
             Some(vec![
@@ -142,7 +219,7 @@ mod tests {
         let cutting = ChatTemplate::from_source(
             "{% for m in messages %}{{ m.content[:2] }}{% endfor %}".into(),
         )?;
-        assert_eq!(cutting.render_segments(&msgs)?, None);
+        assert_eq!(cutting.render_segments(&msgs, &[])?, None);
         Ok(())
     }
 }

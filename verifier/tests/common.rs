@@ -58,14 +58,8 @@ const SYSTEM: &str = "You are a helpful assistant.";
 pub fn chat_messages(user: &str) -> Vec<approxy_verifier::template::ChatMessage> {
     use approxy_verifier::template::ChatMessage;
     vec![
-        ChatMessage {
-            role: "system".into(),
-            content: SYSTEM.into(),
-        },
-        ChatMessage {
-            role: "user".into(),
-            content: user.into(),
-        },
+        ChatMessage::new("system".into(), SYSTEM.into()),
+        ChatMessage::new("user".into(), user.into()),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Request checking, in the spirit of TGI's `validation.rs`: the limits every chat and
 //! completions request is held to whichever path serves it (`limits`, with the OpenAI shapes a
 //! target would answer with a 500 in `shapes`), the features the draft
-//! loop lacks (`unsupported`), `response_format` (`format`), validation of a request approxy answers (`validate`, with its
+//! loop lacks (`unsupported`), `response_format` (`format`), tools (`tools`), validation of a request approxy answers (`validate`, with its
 //! one error type in `error`), and whether it is about code or chat (`prompt_kind`).
 //!
 //! Here: the OpenAI request bodies approxy can answer itself, as typed structs, and the prompt
@@ -15,6 +15,7 @@ pub mod format;
 pub mod limits;
 pub mod prompt_kind;
 pub mod shapes;
+pub mod tools;
 pub mod unsupported;
 pub mod validate;
 

@@ -199,10 +199,7 @@ mod tests {
 
     #[test]
     fn a_conversation_is_code_when_any_message_is() {
-        let msg = |role: &str, content: &str| ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        };
+        let msg = |role: &str, content: &str| ChatMessage::new(role.into(), content.into());
         let follow_up = Prompt::Chat(vec![
             msg(
                 "user",

@@ -17,9 +17,9 @@ fn used(body: &Map<String, Value>, field: &str) -> bool {
 /// The first feature of the request the draft loop does not implement.
 pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Option<Reason> {
     let features = [
-        ("tools", Reason::Tools),
+        // The legacy form of tools (`tools` is `tools::read`'s).
         ("functions", Reason::Tools),
-        ("tool_choice", Reason::Tools),
+        ("function_call", Reason::Tools),
         ("logprobs", Reason::Logprobs),
         ("top_logprobs", Reason::Logprobs),
         ("logit_bias", Reason::LogitBias),
@@ -74,7 +74,8 @@ pub fn unsupported_feature(endpoint: Endpoint, body: &Map<String, Value>) -> Opt
     }
 }
 
-/// A message the chat template cannot render as text: tool traffic or non-text parts.
+/// A message the chat template cannot render as text: a legacy function result or non-text
+/// parts (tool results and calls it renders).
 fn not_text(m: &Value) -> bool {
     let role = m.get("role").and_then(Value::as_str);
     let parts_not_text = m
@@ -87,11 +88,7 @@ fn not_text(m: &Value) -> bool {
                     .is_some_and(|t| t != "text")
             })
         });
-    matches!(role, Some("tool" | "function")) || used_value(m.get("tool_calls")) || parts_not_text
-}
-
-fn used_value(v: Option<&Value>) -> bool {
-    v.is_some_and(|v| !v.is_null())
+    role == Some("function") || parts_not_text
 }
 
 #[cfg(test)]
@@ -113,7 +110,7 @@ mod tests {
         assert_eq!(
             reason(
                 Endpoint::Chat,
-                json!({"messages": msg, "tools": [{"type": "function"}]})
+                json!({"messages": msg, "functions": [{"name": "f"}]})
             ),
             Some(Reason::Tools)
         );
@@ -164,8 +161,10 @@ mod tests {
             Some(Reason::NonTextMessages)
         );
         let tool = json!([{"role": "tool", "content": "42", "tool_call_id": "t"}]);
+        assert_eq!(reason(Endpoint::Chat, json!({"messages": tool})), None);
+        let function = json!([{"role": "function", "content": "42", "name": "f"}]);
         assert_eq!(
-            reason(Endpoint::Chat, json!({"messages": tool})),
+            reason(Endpoint::Chat, json!({"messages": function})),
             Some(Reason::NonTextMessages)
         );
     }

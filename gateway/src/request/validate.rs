@@ -7,6 +7,7 @@ use approxy_verifier::SamplingParams;
 use approxy_verifier::template::{ChatMessage, ChatTemplate, Segment};
 use approxy_verifier::tokenizer::{Tokenizer, TooMany};
 use axum::http::HeaderMap;
+use serde_json::Value;
 
 use super::error::ValidationError;
 use super::limits::{MAX_PROMPT_TOKENS, MAX_STOP_BYTES, MAX_STOPS};
@@ -34,6 +35,8 @@ pub struct ValidRequest {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// The tools the chat template renders (`tools`, as sent; empty without tools).
+    pub tools: Vec<Value>,
 }
 
 fn in_range(
@@ -122,6 +125,7 @@ pub fn validate(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        tools: Vec::new(),
     })
 }
 
@@ -139,12 +143,12 @@ fn chat_messages(
         .into_iter()
         .enumerate()
         .map(|(index, m)| {
-            // The template knows "system"; "developer" is OpenAI's newer name for it. Tool
-            // messages never get here: they pass through.
+            // The template knows "system"; "developer" is OpenAI's newer name for it.
             let role = match m.role.as_str() {
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
+                "tool" => "tool",
                 _ => {
                     return Err(ValidationError::UnknownRole {
                         index,
@@ -157,12 +161,33 @@ fn chat_messages(
                 Some(Content::Text(t)) => t,
                 Some(Content::Parts(parts)) => parts.into_iter().filter_map(|p| p.text).collect(),
             };
+            let tool_calls = match m.extra.get("tool_calls") {
+                Some(Value::Array(calls)) if role == "assistant" => {
+                    Some(calls.iter().map(template_call).collect())
+                }
+                _ => None,
+            };
             Ok(ChatMessage {
                 role: role.to_string(),
                 content,
+                tool_calls,
             })
         })
         .collect()
+}
+
+/// An assistant's tool call as chat templates read it: the function, with its arguments (a
+/// JSON text in OpenAI's shape, checked by `shapes`) as the object they hold.
+fn template_call(call: &Value) -> Value {
+    let f = &call["function"];
+    let arguments = f["arguments"]
+        .as_str()
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .unwrap_or_else(|| f["arguments"].clone());
+    serde_json::json!({
+        "type": "function",
+        "function": {"name": f["name"], "arguments": arguments},
+    })
 }
 
 fn completion_prompt(prompt: Option<PromptInput>) -> Result<Prompt, ValidationError> {
@@ -194,7 +219,9 @@ pub fn prompt_tokens(
         max: limit,
     };
     let ids = match &v.prompt {
-        Prompt::Chat(msgs) => chat_tokens(msgs, template, tokenizer, limit)?.map_err(too_long)?,
+        Prompt::Chat(msgs) => {
+            chat_tokens(msgs, &v.tools, template, tokenizer, limit)?.map_err(too_long)?
+        }
         Prompt::Text(t) => tokenizer
             .encode_within(t, limit)
             .map_err(|e| ValidationError::Template(e.to_string()))?
@@ -219,25 +246,39 @@ pub fn prompt_tokens(
 /// renders and tokenizes in one piece.
 fn chat_tokens(
     msgs: &[ChatMessage],
+    tools: &[Value],
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     limit: usize,
 ) -> Result<Result<Vec<u32>, TooMany>, ValidationError> {
     let fail = |e: String| ValidationError::Template(e);
     let specials = tokenizer.special_texts();
-    if !msgs
+    let special_in = |text: &str| specials.iter().any(|s| text.contains(s.as_str()));
+    // The template writes tools and tool calls as its own text, where special-token text
+    // would become the special token: refused, as no segment can keep it apart.
+    let calls = msgs.iter().filter_map(|m| m.tool_calls.as_ref());
+    if tools
         .iter()
-        .any(|m| specials.iter().any(|s| m.content.contains(s.as_str())))
+        .chain(calls.flatten())
+        .any(|v| special_in(&v.to_string()))
     {
+        return Err(ValidationError::Invalid {
+            param: "tools".into(),
+            reason: "a tool or tool call holds special-token text".into(),
+        });
+    }
+    if !msgs.iter().any(|m| special_in(&m.content)) {
         return tokenizer
             .encode_within(
-                &template.render(msgs).map_err(|e| fail(e.to_string()))?,
+                &template
+                    .render_with_tools(msgs, tools)
+                    .map_err(|e| fail(e.to_string()))?,
                 limit,
             )
             .map_err(|e| fail(e.to_string()));
     }
     let Some(segments) = template
-        .render_segments(msgs)
+        .render_segments(msgs, tools)
         .map_err(|e| fail(e.to_string()))?
     else {
         return Err(ValidationError::Invalid {

@@ -275,10 +275,7 @@ pub(crate) fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task
     let (sample, n, corpus) = (opts.sample, opts.prompts, opts.corpus.as_path());
     let render = |content: &str| -> anyhow::Result<String> {
         let template = ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
-        Ok(template.render(&[ChatMessage {
-            role: "user".into(),
-            content: content.to_string(),
-        }])?)
+        Ok(template.render(&[ChatMessage::new("user".into(), content.to_string())])?)
     };
     Ok(match sample {
         Sample::Instructions | Sample::Copy => {
@@ -322,10 +319,8 @@ pub(crate) fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task
             held_out_chat(&corpus, n)
                 .into_iter()
                 .map(|p| {
-                    let prompt = template.render(&[ChatMessage {
-                        role: "user".into(),
-                        content: p.prompt.clone(),
-                    }])?;
+                    let prompt =
+                        template.render(&[ChatMessage::new("user".into(), p.prompt.clone())])?;
                     Ok(Task {
                         id: format!("chat/{}", p.id),
                         prompt,

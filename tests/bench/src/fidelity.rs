@@ -369,10 +369,7 @@ async fn take_answers(
     let target = servers::llama_client(&server.url, TARGET_MODEL)?;
     let mut answers = Vec::new();
     for p in prompts {
-        let messages = vec![ChatMessage {
-            role: "user".into(),
-            content: p.prompt.clone(),
-        }];
+        let messages = vec![ChatMessage::new("user".into(), p.prompt.clone())];
         let prompt = tok.encode(&template.render(&messages)?)?;
         let req = ContinuationRequest {
             messages: Some(Arc::new(messages)),

@@ -834,10 +834,7 @@ impl StudyPrompts {
         let chat_prompts: Vec<Prompt> = chat
             .iter()
             .map(|p| {
-                let messages = [ChatMessage {
-                    role: "user".into(),
-                    content: p.prompt.clone(),
-                }];
+                let messages = [ChatMessage::new("user".into(), p.prompt.clone())];
                 Ok(Prompt {
                     id: p.id.to_string(),
                     ids: tok.encode(&template.render(&messages)?)?,
@@ -855,10 +852,7 @@ impl StudyPrompts {
                 .take(opts.instructions)
                 .map(|l| {
                     let p: InstructionPrompt = serde_json::from_str(l)?;
-                    let messages = [ChatMessage {
-                        role: "user".into(),
-                        content: p.prompt,
-                    }];
+                    let messages = [ChatMessage::new("user".into(), p.prompt)];
                     Ok(Prompt {
                         id: p.id,
                         ids: tok.encode(&template.render(&messages)?)?,

@@ -19,7 +19,10 @@ use serde_json::{Value, json};
 use crate::error::EngineError;
 use crate::tokenizer::Tokenizer;
 
+pub mod tools;
 mod vocab;
+
+pub use tools::{Tool, ToolChoice, ToolsSpec};
 
 /// Largest schema text compiled; a larger one is refused as unsupported.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
@@ -51,15 +54,25 @@ pub enum GrammarSpec {
     JsonObject,
     /// A JSON Schema (`response_format: {"type": "json_schema"}`).
     JsonSchema(Value),
+    /// Text or tool calls (`tools`, `tool_choice`, `parallel_tool_calls`).
+    Tools(ToolsSpec),
 }
 
 impl GrammarSpec {
-    /// The schema llguidance compiles.
-    fn schema(&self) -> Value {
-        match self {
+    /// What llguidance compiles, as the text it is cached under and the grammar.
+    fn grammar(&self) -> (String, TopLevelGrammar) {
+        let schema = match self {
             GrammarSpec::JsonObject => compact(json!({"type": "object"})),
             GrammarSpec::JsonSchema(s) => compact(s.clone()),
-        }
+            GrammarSpec::Tools(t) => {
+                let lark = t.lark();
+                return (format!("lark:{lark}"), TopLevelGrammar::from_lark(lark));
+            }
+        };
+        (
+            format!("json:{schema}"),
+            TopLevelGrammar::from_json_schema(schema),
+        )
     }
 }
 
@@ -119,12 +132,11 @@ impl Grammars {
     /// The constraint for one answer under `spec`, compiled or from the cache. Takes up to
     /// [`COMPILE_TIME_LIMIT`] on a new schema: call it off the async runtime.
     pub fn constraint(&self, spec: &GrammarSpec) -> Result<Constraint, Unsupported> {
-        let schema = spec.schema();
-        let key = schema.to_string();
+        let (key, grammar) = spec.grammar();
         if let Some(found) = self.cached(&key) {
             return found.map(|m| self.wrap(m));
         }
-        let compiled = self.compile(schema, key.len());
+        let compiled = self.compile(grammar, key.len());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.map.contains_key(&key) {
             if cache.order.len() >= CACHED_GRAMMARS
@@ -146,14 +158,12 @@ impl Grammars {
         })
     }
 
-    fn compile(&self, schema: Value, bytes: usize) -> Result<Matcher, Unsupported> {
+    fn compile(&self, grammar: TopLevelGrammar, bytes: usize) -> Result<Matcher, Unsupported> {
         if bytes > MAX_SCHEMA_BYTES {
             return Err(Unsupported::TooLarge(bytes));
         }
         let started = Instant::now();
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema));
+        let parser = self.factory.create_parser(grammar);
         let mut matcher = Matcher::new(parser);
         // The first mask builds the lexer's start: a schema that compiles but cannot give
         // one is as unsupported as one that does not compile.

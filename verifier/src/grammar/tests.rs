@@ -102,3 +102,104 @@ fn a_cached_grammar_starts_every_answer_afresh() {
     assert!(first.allows(u32::from(b'2')));
     assert!(!first.allows(u32::from(b'"')));
 }
+
+fn tools(choice: ToolChoice, parallel: bool) -> GrammarSpec {
+    GrammarSpec::Tools(ToolsSpec {
+        tools: vec![
+            Tool {
+                name: "get_weather".into(),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}},
+                                   "required": ["city"], "additionalProperties": false}),
+            },
+            Tool {
+                name: "get_time".into(),
+                parameters: json!({}),
+            },
+        ],
+        choice,
+        parallel,
+    })
+}
+
+/// Takes `text` a byte at a time, checking each is allowed; false at the first refused.
+fn take(c: &mut Constraint, text: &str) -> bool {
+    for t in bytes(text) {
+        if !c.allows(t) {
+            return false;
+        }
+        c.consume(t).expect("an allowed byte");
+    }
+    true
+}
+
+const WEATHER_CALL: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+
+#[test]
+fn a_required_call_forces_its_frame_and_names_only_the_tools() {
+    let g = grammars();
+    let mut c = g
+        .constraint(&tools(ToolChoice::Required, false))
+        .expect("compiles");
+    // Up to the name's first letters, which the two tools share.
+    assert_eq!(forced(&mut c), bytes("<tool_call>\n{\"name\": \"get_"));
+    assert!(c.allows(u32::from(b'w')) && c.allows(u32::from(b't')));
+    assert!(!c.allows(u32::from(b'x')));
+    assert!(take(&mut c, "w"));
+    // The rest of the name and the arguments' frame up to the city's value.
+    assert_eq!(
+        forced(&mut c),
+        bytes("eather\", \"arguments\": {\"city\": \"")
+    );
+    assert!(take(&mut c, "Oslo\"}"));
+    assert_eq!(forced(&mut c), bytes("}\n</tool_call>"));
+    // One call only: the answer ends.
+    assert!(matches!(c.step(), Ok(Next::End)));
+}
+
+#[test]
+fn auto_allows_text_or_calls_and_none_allows_text_only() {
+    let g = grammars();
+    let mut text = g
+        .constraint(&tools(ToolChoice::Auto, true))
+        .expect("compiles");
+    assert!(text.allows(u32::from(b'<')) && text.allows(u32::from(b'I')));
+    assert!(take(&mut text, "It is sunny <b>"));
+    assert!(text.accepting());
+    let mut call = g
+        .constraint(&tools(ToolChoice::Auto, true))
+        .expect("cached");
+    assert!(take(&mut call, WEATHER_CALL));
+    // Parallel calls: another may follow, or the answer ends.
+    assert!(call.accepting());
+    assert!(take(
+        &mut call,
+        "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"
+    ));
+    assert!(call.accepting());
+    let mut none = g
+        .constraint(&tools(ToolChoice::None, true))
+        .expect("compiles");
+    assert!(!none.allows(u32::from(b'<')));
+    assert!(take(&mut none, "No call."));
+}
+
+#[test]
+fn a_named_tool_is_the_only_call_and_one_call_is_one() {
+    let g = grammars();
+    let mut c = g
+        .constraint(&tools(ToolChoice::Named("get_time".into()), false))
+        .expect("compiles");
+    assert_eq!(
+        forced(&mut c),
+        bytes("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {")
+    );
+    assert!(take(&mut c, "\"zone\": \"CET\"}"));
+    assert_eq!(forced(&mut c), bytes("}\n</tool_call>"));
+    assert!(matches!(c.step(), Ok(Next::End)));
+    let mut single = g
+        .constraint(&tools(ToolChoice::Auto, false))
+        .expect("compiles");
+    assert!(take(&mut single, WEATHER_CALL));
+    assert!(!single.allows(u32::from(b'\n')));
+}
