@@ -188,7 +188,7 @@ fn auto_allows_text_or_calls_and_none_allows_text_only() {
 fn a_named_tool_is_the_only_call_and_one_call_is_one() {
     let g = grammars();
     let mut c = g
-        .constraint(&tools(ToolChoice::Named("get_time".into()), false))
+        .constraint(&tools(ToolChoice::Named("get_time".into()), true))
         .expect("compiles");
     assert_eq!(
         forced(&mut c),

@@ -3,7 +3,7 @@
 //! `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, several separated by a
 //! newline. The names are the request's tools, each with its parameters' schema for `ARGS`.
 //! `tool_choice` picks what the answer may be: text or calls (`auto`), calls only
-//! (`required`), calls of one tool (a named tool), or text only (`none`).
+//! (`required`), one call of one tool (a named tool), or text only (`none`).
 
 use serde_json::Value;
 
@@ -30,7 +30,7 @@ pub enum ToolChoice {
     Auto,
     /// Calls only.
     Required,
-    /// Calls of this tool only.
+    /// One call of this tool.
     Named(String),
     /// Text only.
     None,
@@ -70,7 +70,9 @@ impl ToolsSpec {
             ToolChoice::Auto => "start: TEXT | calls\n",
             _ => "start: calls\n",
         };
-        let calls = if self.parallel {
+        // A named tool is one call of it, as OpenAI and vLLM read the choice.
+        let several = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
+        let calls = if several {
             "calls: call (\"\\n\" call)*\n"
         } else {
             "calls: call\n"
