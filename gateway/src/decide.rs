@@ -34,8 +34,8 @@ pub struct Approximate {
     pub generation: GenerateRequest,
     /// The model's policy entry: its policy, verifier and decode settings.
     pub model: Arc<ModelRuntime>,
-    /// The leased draft worker (free again when dropped).
-    pub draft: Box<dyn Draft>,
+    /// The leased draft streams, one per answer asked for (`n`; free again when dropped).
+    pub drafts: Vec<Box<dyn Draft>>,
     /// Where its spend is recorded (budget guard).
     pub account: Option<crate::budget::Account>,
     /// Whether it may be passed through as sent if the engine fails before its first token
@@ -419,13 +419,23 @@ async fn plan(
         };
         return fallback(mp, Reason::PromptTooLong, e).map(Decision::Passthrough);
     }
-    // Last, so a worker is held only by a request that will use it.
-    let Some(draft) = shared
-        .draft
-        .try_lease_for(prompt.len() + valid.max_tokens as usize)
-    else {
-        return Ok(Decision::Passthrough(Reason::DraftSaturated));
-    };
+    // Last, so a worker is held only by a request that will use it; `n` answers take `n`
+    // streams, all or none.
+    let n = map
+        .get("n")
+        .and_then(Value::as_f64)
+        .map_or(1, |n| n as usize)
+        .max(1);
+    let mut drafts = Vec::with_capacity(n);
+    for _ in 0..n {
+        match shared
+            .draft
+            .try_lease_for(prompt.len() + valid.max_tokens as usize)
+        {
+            Some(d) => drafts.push(d),
+            None => return Ok(Decision::Passthrough(Reason::DraftSaturated)),
+        }
+    }
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
     let price = mp.price.at(|| rt.meter.rates());
     let (guard, account) = shared
@@ -458,7 +468,7 @@ async fn plan(
         prompt_kind: kind,
         generation,
         model,
-        draft,
+        drafts,
         account,
         passable: passable(rt, &state.shared, map).is_ok(),
     })))

@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 
 use approxy_verifier::cost::{CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost};
 use approxy_verifier::decode::TargetTime;
-use approxy_verifier::{Correction, FinishReason, Stats, TokenEvent, Verification};
+use approxy_verifier::{
+    Correction, FinishReason, GenerateRequest, Stats, TokenEvent, Verification,
+};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
@@ -52,7 +54,10 @@ struct Dial {
 
 /// A finished generation and what it cost at its model's prices, computed once when it ends.
 struct Priced {
+    /// All the request's answers together (`n > 1`: summed).
     stats: Stats,
+    /// Why each answer ended, in order.
+    finishes: Vec<Option<FinishReason>>,
     /// In the model's price class's unit (busy: the target's seconds, as `time` counts them).
     cost: CostEstimate,
     /// The target's time on it, and passthrough's, at the rates learned so far.
@@ -62,7 +67,12 @@ struct Priced {
 
 impl Priced {
     /// Prices `stats` under `price`, first teaching `meter` what the target reported.
-    fn new(stats: Stats, price: &Pricing, meter: &TargetMeter) -> Self {
+    fn new(
+        stats: Stats,
+        finishes: Vec<Option<FinishReason>>,
+        price: &Pricing,
+        meter: &TargetMeter,
+    ) -> Self {
         meter.learn(&stats);
         let time = stats.target_time(&meter.rates());
         let cost = match price {
@@ -76,6 +86,7 @@ impl Priced {
         };
         Self {
             stats,
+            finishes,
             cost,
             time,
             unit: price.unit(),
@@ -96,6 +107,8 @@ struct Answer {
     draft_threads: usize,
     /// The answer may call tools: its text is read for calls.
     tools: bool,
+    /// Answers asked for (`n`).
+    n: usize,
 }
 
 fn usage(p: &Priced, a: &Answer) -> Value {
@@ -270,29 +283,36 @@ impl Ids {
         }
     }
 
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+    /// A chunk of answer `index`.
+    fn chunk(&self, index: usize, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
                 let delta = match text {
                     Some(t) => json!({"content": t}),
                     None => json!({}),
                 };
-                self.chat_chunk(delta, finish, first)
+                self.chat_chunk(index, delta, finish, first)
             }
             Endpoint::Completions => {
                 json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                       "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]})
+                       "choices": [{"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]})
             }
         }
     }
 
-    /// A chat chunk with this `delta` (the first one names the role).
-    fn chat_chunk(&self, mut delta: Value, finish: Option<&str>, first: bool) -> Value {
+    /// A chat chunk of answer `index` with this `delta` (its first one names the role).
+    fn chat_chunk(
+        &self,
+        index: usize,
+        mut delta: Value,
+        finish: Option<&str>,
+        first: bool,
+    ) -> Value {
         if first {
             delta["role"] = json!("assistant");
         }
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+               "choices": [{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish}]})
     }
 }
 
@@ -315,7 +335,10 @@ impl From<ApiError> for Failed {
     }
 }
 
-/// Runs the generation and answers the client.
+/// One event of one of the request's answers: its index among the `n`, and the event.
+type Event = (usize, TokenEvent);
+
+/// Runs the generation (`n` answers, one per draft lease) and answers the client.
 /// `trace` is the client's W3C trace context, sent on every target call made for it.
 pub async fn approximate(
     rt: Arc<Runtime>,
@@ -327,7 +350,7 @@ pub async fn approximate(
         prompt_kind,
         generation: request,
         model,
-        draft: lease,
+        drafts,
         account,
         // Read by the caller, which decides on a fallback.
         passable: _,
@@ -336,15 +359,10 @@ pub async fn approximate(
         threshold: request.threshold,
         kind: prompt_kind,
     };
-    let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
-    let engine = rt.engine.clone();
-    let m2 = Arc::clone(&model);
+    let n = drafts.len();
+    let (tx, mut rx) = mpsc::channel::<Event>(256);
     let meter = Arc::clone(&rt.meter);
     let draft_threads = rt.draft_threads;
-    // The engine runs in its own task holding the draft lease; it stops as soon as `rx` is
-    // dropped (client gone), which also frees the worker. Watched here rather than left to the
-    // engine's next send: during a long prefill or a target call there is no send for seconds.
-    let watch = tx.clone();
     // A non-streamed answer is the response head, which the request's deadline bounds, so its
     // target calls wait for no retry past it. A stream's head goes out with its first token,
     // after which that deadline no longer runs; its calls keep their own.
@@ -353,17 +371,32 @@ pub async fn approximate(
     } else {
         approxy_verifier::targets::retry::current_deadline()
     };
+    let runs: Vec<_> = drafts
+        .into_iter()
+        .enumerate()
+        .map(|(i, lease)| run(&rt, &model, lease, seeded_apart(&request, i), i, tx.clone()))
+        .collect();
+    drop(tx);
+    let m2 = Arc::clone(&model);
     let generation = async move {
-        let r = tokio::select! {
-            r = engine.generate(lease.as_ref(), m2.verifier.as_ref(), request, tx) => r,
-            () = watch.closed() => Err(approxy_verifier::EngineError::Draft("the client left".into())),
-        };
-        let priced = r.map(|stats| Priced::new(stats, &m2.policy.price, &meter));
-        // Recorded as soon as the generation ends, however the response then goes.
-        if let (Ok(p), Some(account)) = (&priced, &account) {
-            account.record(&p.stats, p.cost);
+        // In this task, not spawned: the trace context and the deadline are the task's.
+        let mut merged: Option<Stats> = None;
+        let mut finishes = Vec::with_capacity(n);
+        for r in futures::future::join_all(runs).await {
+            let stats = r?;
+            finishes.push(stats.finish_reason);
+            match &mut merged {
+                Some(m) => m.absorb(stats),
+                None => merged = Some(stats),
+            }
         }
-        priced
+        let stats = merged.unwrap_or_default();
+        let priced = Priced::new(stats, finishes, &m2.policy.price, &meter);
+        // Recorded as soon as the generation ends, however the response then goes.
+        if let Some(account) = &account {
+            account.record(&priced.stats, priced.cost);
+        }
+        Ok(priced)
     };
     let task = tokio::spawn(approxy_verifier::targets::trace::scope(
         trace,
@@ -375,6 +408,7 @@ pub async fn approximate(
         dial,
         draft_threads,
         tools: !valid.tools.is_empty(),
+        n,
     };
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
@@ -398,7 +432,7 @@ pub async fn approximate(
                 rt.policy.gateway.write_idle_timeout,
             ));
         }
-        return Ok(complete(&answer, String::new(), &priced));
+        return Ok(complete(&answer, vec![String::new(); n], &priced));
     }
     if valid.stream {
         Ok(stream(
@@ -410,19 +444,70 @@ pub async fn approximate(
             rt.policy.gateway.write_idle_timeout,
         ))
     } else {
-        let mut text = String::new();
+        let mut texts = vec![String::new(); n];
         let mut last = Instant::now();
-        if let Some(ev) = first {
-            text.push_str(&ev.text);
+        if let Some((i, ev)) = first {
+            texts[i].push_str(&ev.text);
         }
-        while let Some(ev) = rx.recv().await {
+        while let Some((i, ev)) = rx.recv().await {
             metrics::histogram!("approxy_inter_token_latency_seconds")
                 .record(last.elapsed().as_secs_f64());
             last = Instant::now();
-            text.push_str(&ev.text);
+            texts[i].push_str(&ev.text);
         }
         let priced = finished(task).await?;
-        Ok(complete(&answer, text, &priced))
+        Ok(complete(&answer, texts, &priced))
+    }
+}
+
+/// Answer `i`'s request: the first as sent, the others seeded apart (`seed + i`), so `n`
+/// answers with a seed are `n` repeatable, different answers.
+fn seeded_apart(request: &GenerateRequest, i: usize) -> GenerateRequest {
+    let mut r = request.clone();
+    r.sampling.seed = r.sampling.seed.map(|s| s.wrapping_add(i as u64));
+    r
+}
+
+/// One answer's generation on its own draft lease, its events tagged with its index. It stops
+/// as soon as the client is gone (`out` closed), which also frees the lease. Watched here
+/// rather than left to the engine's next send: during a long prefill or a target call there
+/// is no send for seconds.
+fn run(
+    rt: &Runtime,
+    model: &Arc<ModelRuntime>,
+    lease: Box<dyn approxy_verifier::Draft>,
+    request: GenerateRequest,
+    index: usize,
+    out: mpsc::Sender<Event>,
+) -> impl std::future::Future<Output = Result<Stats, approxy_verifier::EngineError>> + use<> {
+    let engine = rt.engine.clone();
+    let model = Arc::clone(model);
+    async move {
+        let left = || {
+            Err(approxy_verifier::EngineError::Draft(
+                "the client left".into(),
+            ))
+        };
+        let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
+        // `tx` goes with the engine's future and is dropped when it ends, which ends `rx`.
+        let generate = engine.generate(lease.as_ref(), model.verifier.as_ref(), request, tx);
+        tokio::pin!(generate);
+        let mut result = None;
+        loop {
+            tokio::select! {
+                r = &mut generate, if result.is_none() => result = Some(r),
+                ev = rx.recv() => match ev {
+                    Some(ev) => {
+                        if out.send((index, ev)).await.is_err() {
+                            return left();
+                        }
+                    }
+                    // Everything it sent is out, in order.
+                    None => return result.unwrap_or_else(left),
+                },
+                () = out.closed() => return left(),
+            }
+        }
     }
 }
 
@@ -434,31 +519,38 @@ async fn finished(task: Generation) -> Result<Priced, ApiError> {
     })
 }
 
-fn complete(a: &Answer, text: String, p: &Priced) -> Response {
+fn complete(a: &Answer, texts: Vec<String>, p: &Priced) -> Response {
     let (ids, dial, s, cost) = (&a.ids, a.dial, &p.stats, p.cost);
     record_metrics(p, "ok");
-    let choice = match ids.endpoint {
-        Endpoint::Chat if a.tools => {
-            let (message, calls) = tool_calls::message(&text);
-            let finish = finish_str(s.finish_reason, calls);
-            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish})
-        }
-        Endpoint::Chat => {
-            let finish = finish_str(s.finish_reason, 0);
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
-        }
-        Endpoint::Completions => {
-            let finish = finish_str(s.finish_reason, 0);
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
-        }
-    };
+    let choices: Vec<Value> = texts
+        .into_iter()
+        .enumerate()
+        .map(|(index, text)| {
+            let ended = p.finishes.get(index).copied().flatten();
+            match ids.endpoint {
+                Endpoint::Chat if a.tools => {
+                    let (message, calls) = tool_calls::message(&text);
+                    let finish = finish_str(ended, calls);
+                    json!({"index": index, "message": message, "logprobs": null, "finish_reason": finish})
+                }
+                Endpoint::Chat => {
+                    let finish = finish_str(ended, 0);
+                    json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+                }
+                Endpoint::Completions => {
+                    let finish = finish_str(ended, 0);
+                    json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
+                }
+            }
+        })
+        .collect();
     let object = if ids.endpoint == Endpoint::Chat {
         "chat.completion"
     } else {
         "text_completion"
     };
     let body = json!({"id": ids.id, "object": object, "created": ids.created, "model": ids.model,
-                      "choices": [choice], "usage": usage(p, a)});
+                      "choices": choices, "usage": usage(p, a)});
     let mut resp = axum::Json(body).into_response();
     let h = resp.headers_mut();
     let mut put = |k: &'static str, v: String| {
@@ -489,12 +581,17 @@ fn complete(a: &Answer, text: String, p: &Priced) -> Response {
     resp
 }
 
-/// The chunks for pieces of an answer that may call tools (the first one names the role).
-fn tool_chunks(ids: &Ids, pieces: Vec<tool_calls::Piece>, first: &mut bool) -> Vec<Value> {
+/// The chunks for pieces of answer `index`, which may call tools (its first names the role).
+fn tool_chunks(
+    ids: &Ids,
+    index: usize,
+    pieces: Vec<tool_calls::Piece>,
+    first: &mut bool,
+) -> Vec<Value> {
     pieces
         .iter()
         .map(|p| {
-            let chunk = ids.chat_chunk(tool_calls::delta(p), None, *first);
+            let chunk = ids.chat_chunk(index, tool_calls::delta(p), None, *first);
             *first = false;
             chunk
         })
@@ -523,10 +620,48 @@ async fn send_within(
     }
 }
 
+/// One answer's place in a stream: whether its first chunk (which names the role) is still to
+/// go, and, when it may call tools, the reader of its calls.
+struct Streamed {
+    first: bool,
+    calls: Option<CallReader>,
+}
+
+impl Streamed {
+    /// The chunks for more of answer `index`'s text.
+    fn chunks(&mut self, ids: &Ids, index: usize, text: &str) -> Vec<Value> {
+        match &mut self.calls {
+            Some(reader) => {
+                let pieces = reader.feed(text);
+                tool_chunks(ids, index, pieces, &mut self.first)
+            }
+            None => {
+                let chunk = ids.chunk(index, Some(text), None, self.first);
+                self.first = false;
+                vec![chunk]
+            }
+        }
+    }
+
+    /// The chunks that end answer `index`: what its reader still held, then its finish.
+    fn finish(&mut self, ids: &Ids, index: usize, ended: Option<FinishReason>) -> Vec<Value> {
+        let mut out = match &mut self.calls {
+            Some(reader) => {
+                let pieces = reader.finish();
+                tool_chunks(ids, index, pieces, &mut self.first)
+            }
+            None => Vec::new(),
+        };
+        let called = self.calls.as_ref().map_or(0, CallReader::calls);
+        out.push(ids.chunk(index, None, Some(finish_str(ended, called)), self.first));
+        out
+    }
+}
+
 fn stream(
     answer: Answer,
-    first: Option<TokenEvent>,
-    mut rx: mpsc::Receiver<TokenEvent>,
+    first: Option<Event>,
+    mut rx: mpsc::Receiver<Event>,
     task: Generation,
     include_usage: bool,
     write_idle: Duration,
@@ -535,12 +670,16 @@ fn stream(
     let dial = answer.dial;
     tokio::spawn(async move {
         let ids = &answer.ids;
-        let mut first_chunk = true;
         let mut last = Instant::now();
         let mut pending = first;
-        let mut calls = answer.tools.then(CallReader::default);
+        let mut answers: Vec<Streamed> = (0..answer.n)
+            .map(|_| Streamed {
+                first: true,
+                calls: answer.tools.then(CallReader::default),
+            })
+            .collect();
         loop {
-            let ev = match pending.take() {
+            let (i, ev) = match pending.take() {
                 Some(ev) => ev,
                 None => match rx.recv().await {
                     Some(ev) => {
@@ -552,18 +691,13 @@ fn stream(
                     None => break,
                 },
             };
-            if ev.text.is_empty() && !first_chunk {
+            let Some(a) = answers.get_mut(i) else {
+                continue;
+            };
+            if ev.text.is_empty() && !a.first {
                 continue;
             }
-            let chunks = match &mut calls {
-                Some(reader) => tool_chunks(ids, reader.feed(&ev.text), &mut first_chunk),
-                None => {
-                    let chunk = ids.chunk(Some(&ev.text), None, first_chunk);
-                    first_chunk = false;
-                    vec![chunk]
-                }
-            };
-            for chunk in chunks {
+            for chunk in a.chunks(ids, i, &ev.text) {
                 // The client is gone: dropping `rx` (by returning) stops the engine.
                 if !send_within(&body_tx, sse(&chunk), write_idle).await {
                     return;
@@ -573,21 +707,13 @@ fn stream(
         match task.await {
             Ok(Ok(priced)) => {
                 record_metrics(&priced, "ok");
-                let mut out: Vec<Bytes> = match &mut calls {
-                    Some(reader) => tool_chunks(ids, reader.finish(), &mut first_chunk)
-                        .iter()
-                        .map(sse)
-                        .collect(),
-                    None => Vec::new(),
-                };
-                let called = calls.as_ref().map_or(0, CallReader::calls);
-                out.push(sse(&ids.chunk(
-                    None,
-                    Some(finish_str(priced.stats.finish_reason, called)),
-                    false,
-                )));
+                let mut out: Vec<Bytes> = Vec::new();
+                for (i, a) in answers.iter_mut().enumerate() {
+                    let ended = priced.finishes.get(i).copied().flatten();
+                    out.extend(a.finish(ids, i, ended).iter().map(sse));
+                }
                 if include_usage {
-                    let mut u = ids.chunk(None, None, false);
+                    let mut u = ids.chunk(0, None, None, false);
                     u["choices"] = json!([]);
                     u["usage"] = usage(&priced, &answer);
                     out.push(sse(&u));

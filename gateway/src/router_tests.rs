@@ -463,6 +463,104 @@ async fn structured_requests_are_answered_under_their_grammar() {
 }
 
 #[tokio::test]
+async fn tool_requests_are_answered_as_tool_calls() {
+    let state = Setup::new("hello", 0.95, "").state().await;
+    let tool = json!({"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 3}},
+                       "required": ["zone"], "additionalProperties": false}}});
+    let body = chat(
+        "m",
+        json!({"tools": [tool], "tool_choice": "required", "max_tokens": 120, "temperature": 0}),
+    );
+    let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    let v = json_of(&bytes);
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], Value::Null, "{v}");
+    let first = &message["tool_calls"][0];
+    assert_eq!(first["function"]["name"], "get_time", "{v}");
+    let args: Value =
+        serde_json::from_str(first["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["zone"].is_string(), "{args}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    // Streamed: the call's name first, then its arguments, and the same finish.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
+    let chunks: Vec<Value> = String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(deltas[0]["function"]["name"], "get_time");
+    let args: String = deltas
+        .iter()
+        .filter_map(|d| d["function"]["arguments"].as_str())
+        .collect();
+    assert!(serde_json::from_str::<Value>(&args).is_ok(), "{args}");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    // `none`: text, no call.
+    let body = chat(
+        "m",
+        json!({"tools": [tool], "tool_choice": "none", "max_tokens": 5, "temperature": 0}),
+    );
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    let v = json_of(&bytes);
+    assert_eq!(v["choices"][0]["message"]["content"], "hello");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+}
+
+#[tokio::test]
+async fn n_answers_are_n_draft_runs_with_their_usage_summed() {
+    let mut setup = Setup::new("hello", 0.95, "");
+    setup.workers = 2;
+    let state = setup.state().await;
+    let body = chat("m", json!({"n": 2, "max_tokens": 4, "temperature": 0}));
+    let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    let v = json_of(&bytes);
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], "hell");
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["usage"]["approxy"]["draft_tokens"], 8);
+    // Streamed: each answer's chunks carry its index, each ends with its finish.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
+    let mut texts = [String::new(), String::new()];
+    let mut finishes = 0;
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        let Some(data) = line.strip_prefix("data: {") else {
+            continue;
+        };
+        let c: Value = serde_json::from_str(&format!("{{{data}")).unwrap();
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        texts[i].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        finishes += usize::from(choice["finish_reason"] == "length");
+    }
+    assert_eq!(texts, ["hell", "hell"]);
+    assert_eq!(finishes, 2);
+    // More answers than the draft has streams: all or none, so the target answers.
+    let body = chat("m", json!({"n": 3, "max_tokens": 4}));
+    let (_, headers, _) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(headers["x-approxy-passthrough-reason"], "draft_saturated");
+}
+
+#[tokio::test]
 async fn completions_endpoint_answers_text_completions() {
     let state = Setup::new("world", 0.95, "").state().await;
     let (status, _, body) = call(&state, post("/v1/completions", &json!({"model": "m", "prompt": "hello <|im_start|>", "max_tokens": 3, "temperature": 0}))).await;
@@ -477,15 +575,8 @@ async fn completions_endpoint_answers_text_completions() {
 async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
     let state = Setup::new("hello", 0.95, "hello").state().await;
     let cases = [
-        (
-            chat(
-                "m",
-                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-            ),
-            "tools",
-        ),
+        (chat("m", json!({"functions": [{"name": "f"}]})), "tools"),
         (chat("m", json!({"logprobs": true})), "logprobs"),
-        (chat("m", json!({"n": 3})), "n_greater_than_1"),
         (
             chat("m", json!({"response_format": {"type": "grammar"}})),
             "response_format",
@@ -502,7 +593,10 @@ async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
         (chat("unknown-model", json!({})), "model_without_policy"),
         // Beyond the limits every path has (`limits_hold_on_every_path`), the target judges a
         // request that passes through.
-        (chat("m", json!({"tools": [], "temperature": 9})), "tools"),
+        (
+            chat("m", json!({"functions": [{"name": "f"}], "temperature": 9})),
+            "tools",
+        ),
         (
             chat(
                 "m",

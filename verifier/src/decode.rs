@@ -341,6 +341,98 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Adds another answer to the same prompt (`n > 1`): its work is summed, its prompt counted
+    /// once, as the API bills `n` answers; the finish reason stays this answer's.
+    pub fn absorb(&mut self, o: Stats) {
+        // Destructured, so a new field cannot be forgotten here.
+        let Stats {
+            prompt_tokens: _,
+            finish_reason: _,
+            near_ties,
+            accepted_runs,
+            calls,
+            completion_tokens,
+            draft_tokens,
+            forced_tokens,
+            grammar_refusals,
+            grammar_alternatives,
+            target_tokens,
+            target_calls,
+            verifier_rejections,
+            bailed_out,
+            cost_guard,
+            cost_guard_reason,
+            handed_off_at,
+            call_cap,
+            resyncs,
+            spans_kept,
+            target_discarded_tokens,
+            target_inflight_tokens,
+            windows,
+            window_tokens,
+            window_accepted,
+            window_relaxed_accepts,
+            target_input_tokens,
+            target_cacheable_input_tokens,
+            target_reported_cached_tokens,
+            target_calls_reporting_cache,
+            heal_retries,
+            target_busy,
+            target_prompt_processed,
+            target_predicted,
+            target_calls_timed,
+            overlap_guesses,
+            overlap_guesses_used,
+            lookup_tokens,
+            lookup_tokens_used,
+            draft_time,
+            target_wait,
+            verifier_time,
+            time_to_first_token,
+        } = o;
+        self.completion_tokens += completion_tokens;
+        self.draft_tokens += draft_tokens;
+        self.forced_tokens += forced_tokens;
+        self.grammar_refusals += grammar_refusals;
+        self.grammar_alternatives += grammar_alternatives;
+        self.target_tokens += target_tokens;
+        self.target_calls += target_calls;
+        self.verifier_rejections += verifier_rejections;
+        self.bailed_out |= bailed_out;
+        self.cost_guard |= cost_guard;
+        self.cost_guard_reason = self.cost_guard_reason.or(cost_guard_reason);
+        self.handed_off_at = self.handed_off_at.take().or(handed_off_at);
+        self.call_cap |= call_cap;
+        self.resyncs += resyncs;
+        self.spans_kept += spans_kept;
+        self.target_discarded_tokens += target_discarded_tokens;
+        self.target_inflight_tokens += target_inflight_tokens;
+        self.windows += windows;
+        self.window_tokens += window_tokens;
+        self.window_accepted += window_accepted;
+        self.window_relaxed_accepts += window_relaxed_accepts;
+        self.target_input_tokens += target_input_tokens;
+        self.target_cacheable_input_tokens += target_cacheable_input_tokens;
+        self.target_reported_cached_tokens += target_reported_cached_tokens;
+        self.target_calls_reporting_cache += target_calls_reporting_cache;
+        self.heal_retries += heal_retries;
+        self.target_busy += target_busy;
+        self.target_prompt_processed += target_prompt_processed;
+        self.target_predicted += target_predicted;
+        self.target_calls_timed += target_calls_timed;
+        self.overlap_guesses += overlap_guesses;
+        self.overlap_guesses_used += overlap_guesses_used;
+        self.lookup_tokens += lookup_tokens;
+        self.lookup_tokens_used += lookup_tokens_used;
+        self.draft_time += draft_time;
+        self.target_wait += target_wait;
+        self.verifier_time += verifier_time;
+        self.time_to_first_token = self.time_to_first_token.min(time_to_first_token);
+        self.near_ties.extend(near_ties);
+        self.accepted_runs.extend(accepted_runs);
+        self.calls.extend(calls);
+    }
+
     /// The cached prompt tokens the target reported, when every call reported them (then they
     /// replace the estimate under the cache rules).
     pub fn reported_cached_tokens(&self) -> Option<u64> {
