@@ -1,11 +1,15 @@
 //! `approxy bench structured`: structured output (issue 48) on the hand-written sample in
-//! `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode),
-//! through the shipped policy and through target-only (llama-server constraining its own
-//! answer to the same `response_format`), one llama-server, cores pinned. Per answer: valid
-//! JSON, valid for its schema (the `jsonschema` crate, not the grammar engine that wrote it),
-//! fields that agree with target-only's, and who wrote the tokens (the grammar, the draft, the
-//! target). Then what compiling a schema costs: each of the sample's schemas and synthetic ones
-//! of 10 to 50 properties, compiled afresh and from the cache against the draft's vocabulary.
+//! `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode,
+//! tool calls), through the shipped policy and through target-only (llama-server constraining
+//! its own answer to the same `response_format`, or parsing its own tool calls), one
+//! llama-server, cores pinned. Tool prompts are also answered by the target under approxy's
+//! grammar (threshold 1: the target writes every token the grammar leaves free), the target's
+//! own rate with the same rendering. Per answer: valid JSON, valid for its schema (the
+//! `jsonschema` crate, not the grammar engine that wrote it), the right tools called with
+//! valid arguments, fields that agree with target-only's, and who wrote the tokens (the
+//! grammar, the draft, the target). Then what compiling a schema costs: each of the sample's
+//! schemas and synthetic ones of 10 to 50 properties, compiled afresh and from the cache
+//! against the draft's vocabulary.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,7 +54,18 @@ struct Prompt {
     id: String,
     kind: String,
     messages: Value,
+    #[serde(default)]
     response_format: Value,
+    /// Tool prompts: the tools, `tool_choice`, `parallel_tool_calls`, and the tools the right
+    /// answer calls (empty: text).
+    #[serde(default)]
+    tools: Value,
+    #[serde(default)]
+    tool_choice: Value,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    expected_tools: Option<Vec<String>>,
 }
 
 impl Prompt {
@@ -60,6 +75,24 @@ impl Prompt {
             .pointer("/json_schema/schema")
             .cloned()
             .unwrap_or_else(|| json!({"type": "object"}))
+    }
+
+    fn is_tools(&self) -> bool {
+        self.expected_tools.is_some()
+    }
+
+    /// A tool's parameters' schema, by name.
+    fn tool_schema(&self, name: &str) -> Option<Value> {
+        self.tools.as_array()?.iter().find_map(|t| {
+            (t.pointer("/function/name")?.as_str()? == name)
+                .then(|| t.pointer("/function/parameters").cloned())
+                .flatten()
+        })
+    }
+
+    /// Whether a call is asked for whatever the model thinks (`required` or a named tool).
+    fn call_required(&self) -> bool {
+        self.tool_choice.is_object() || self.tool_choice == "required"
     }
 }
 
@@ -79,17 +112,27 @@ struct Answer {
     seconds: f64,
     /// Parses as JSON.
     json: bool,
-    /// Valid for the prompt's schema.
+    /// Valid for the prompt's schema; tool prompts: every call names a tool and its arguments
+    /// are valid for that tool's schema, and a call came where one was required.
     valid: bool,
+    /// Tool prompts: the calls, as `{"name", "arguments"}` with the arguments parsed.
+    #[serde(default)]
+    calls: Vec<Value>,
+    /// Tool prompts: the expected tools called (as a multiset), with valid arguments.
+    #[serde(default)]
+    right_tools: Option<bool>,
 }
 
-/// One prompt's two answers.
+/// One prompt's answers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Row {
     id: String,
     kind: String,
     target_only: Answer,
     approxy: Answer,
+    /// Tool prompts: the target writing every free token under approxy's grammar.
+    #[serde(default)]
+    target_grammar: Option<Answer>,
     /// Of target-only's leaf fields, the share approxy's answer has with the same value.
     field_agreement: Option<f64>,
 }
@@ -147,27 +190,39 @@ fn agreement(reference: &str, other: &str) -> Option<f64> {
         .then(|| la.iter().filter(|(k, v)| lb.get(*k) == Some(v)).count() as f64 / la.len() as f64)
 }
 
-/// Asks the gateway for one answer as `model`.
+/// Asks the gateway for one answer as `model`, at `threshold` when given.
 async fn ask(
     http: &reqwest::Client,
     url: &str,
     model: &str,
     p: &Prompt,
     max_tokens: u32,
+    threshold: Option<f32>,
 ) -> anyhow::Result<Answer> {
-    let body = json!({
+    let mut body = json!({
         "model": model,
         "messages": p.messages,
-        "response_format": p.response_format,
         "max_tokens": max_tokens,
         "temperature": 0,
     });
+    for (k, v) in [
+        ("response_format", &p.response_format),
+        ("tools", &p.tools),
+        ("tool_choice", &p.tool_choice),
+    ] {
+        if !v.is_null() {
+            body[k] = v.clone();
+        }
+    }
+    if let Some(parallel) = p.parallel_tool_calls {
+        body["parallel_tool_calls"] = json!(parallel);
+    }
     let t = Instant::now();
-    let resp = http
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await?;
+    let mut req = http.post(format!("{url}/v1/chat/completions")).json(&body);
+    if let Some(th) = threshold {
+        req = req.header("x-approxy-threshold", th.to_string());
+    }
+    let resp = req.send().await?;
     let header = |k: &str| {
         resp.headers()
             .get(k)
@@ -191,10 +246,17 @@ async fn ask(
     let a = &u["approxy"];
     let n = |x: &Value| x.as_u64().unwrap_or(0);
     let parsed: Option<Value> = serde_json::from_str(&content).ok();
-    let valid = parsed
-        .as_ref()
-        .is_some_and(|x| jsonschema::is_valid(&p.schema(), x));
+    let (calls, valid, right_tools) = if p.is_tools() {
+        tool_answer(p, &choice["message"])
+    } else {
+        let valid = parsed
+            .as_ref()
+            .is_some_and(|x| jsonschema::is_valid(&p.schema(), x));
+        (Vec::new(), valid, None)
+    };
     Ok(Answer {
+        calls,
+        right_tools,
         finish_reason: choice["finish_reason"].as_str().unwrap_or_default().into(),
         mode,
         passthrough_reason: reason,
@@ -209,6 +271,53 @@ async fn ask(
         valid,
         content,
     })
+}
+
+/// A tool prompt's answer: its calls (arguments parsed), whether they are valid (each names a
+/// tool and its arguments are valid for it; one came where one was required), and whether the
+/// expected tools were called with valid arguments.
+fn tool_answer(p: &Prompt, message: &Value) -> (Vec<Value>, bool, Option<bool>) {
+    let raw = message["tool_calls"].as_array().cloned().unwrap_or_default();
+    let mut valid = !(raw.is_empty() && p.call_required());
+    let mut calls = Vec::new();
+    for c in &raw {
+        let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+        let args: Option<Value> = c
+            .pointer("/function/arguments")
+            .and_then(Value::as_str)
+            .and_then(|a| serde_json::from_str(a).ok());
+        let ok = match (p.tool_schema(name), &args) {
+            (Some(schema), Some(a)) => jsonschema::is_valid(&schema, a),
+            _ => false,
+        };
+        valid &= ok;
+        calls.push(json!({"name": name, "arguments": args.unwrap_or(Value::Null)}));
+    }
+    let mut called: Vec<&str> = calls.iter().filter_map(|c| c["name"].as_str()).collect();
+    called.sort_unstable();
+    let mut expected: Vec<&str> = p
+        .expected_tools
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    expected.sort_unstable();
+    let right = valid && called == expected;
+    (calls, valid, Some(right))
+}
+
+/// Of the reference answer's leaf fields (its JSON, or its calls), the share the other has.
+fn row_agreement(reference: &Answer, other: &Answer) -> Option<f64> {
+    if !reference.valid {
+        return None;
+    }
+    if reference.calls.is_empty() {
+        return agreement(&reference.content, &other.content);
+    }
+    agreement(
+        &Value::Array(reference.calls.clone()).to_string(),
+        &Value::Array(other.calls.clone()).to_string(),
+    )
 }
 
 /// A schema of `n` required string properties.
@@ -238,7 +347,7 @@ fn compile_times(home: &Home, prompts: &[Prompt]) -> anyhow::Result<CompileTimes
         _ => GrammarSpec::JsonSchema(p.schema()),
     };
     let (mut first, mut again) = (Vec::new(), Vec::new());
-    for p in prompts {
+    for p in prompts.iter().filter(|p| !p.is_tools()) {
         let fresh = Grammars::new(&tok, meta.vocab_size, &eos)?;
         let t = Instant::now();
         fresh
@@ -291,7 +400,14 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(home.work("bench"))?;
     let target = servers::start_llama(&home, layout, false, &logs).await?;
     let configs = [CallConfig::TargetOnly, CallConfig::Default];
-    let policy = calls::raw_policy(&target.url, false, layout, base_model, &configs);
+    let mut policy = calls::raw_policy(&target.url, false, layout, base_model, &configs);
+    // Threshold 1 on request: the target under approxy's grammar, for tool prompts.
+    if let Some(m) = policy
+        .models
+        .get_mut(calls::model_name(CallConfig::Default))
+    {
+        m.threshold_override = Some([0.0, 1.0]);
+    }
     let path = home.work("bench").join("structured.toml");
     std::fs::write(
         &path,
@@ -311,13 +427,14 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for p in &prompts {
-        let t = ask(&http, &gateway.url, target_only, p, opts.max_tokens).await?;
-        let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens).await?;
-        let field_agreement = if t.valid {
-            agreement(&t.content, &a.content)
+        let t = ask(&http, &gateway.url, target_only, p, opts.max_tokens, None).await?;
+        let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens, None).await?;
+        let target_grammar = if p.is_tools() {
+            Some(ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?)
         } else {
             None
         };
+        let field_agreement = row_agreement(&t, &a);
         eprintln!(
             "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
             p.id,
@@ -335,6 +452,7 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
             kind: p.kind.clone(),
             target_only: t,
             approxy: a,
+            target_grammar,
             field_agreement,
         });
     }
@@ -367,22 +485,45 @@ fn share(k: usize, n: usize) -> String {
 /// The results as a Markdown section.
 fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode), \
-         `{}` against target-only (llama-server constraining its own answer), temperature 0, cores pinned; {}, finished {}.\n\n",
+        "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode, tool calls), \
+         `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}.\n\n",
         r.rows.len(),
         r.policy,
         r.machine,
         r.finished_at
     );
     s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|\n");
-    let mut kinds: Vec<&str> = r.rows.iter().map(|x| x.kind.as_str()).collect();
+    let is_tool = |x: &Row| x.target_grammar.is_some() || x.kind.starts_with("tool");
+    let mut kinds: Vec<&str> = r
+        .rows
+        .iter()
+        .filter(|x| !is_tool(x))
+        .map(|x| x.kind.as_str())
+        .collect();
     kinds.dedup();
-    kinds.push("all");
+    kinds.push("schemas and JSON mode");
+    let mut tool_kinds: Vec<&str> = r
+        .rows
+        .iter()
+        .filter(|x| is_tool(x))
+        .map(|x| x.kind.as_str())
+        .collect();
+    tool_kinds.dedup();
+    if !tool_kinds.is_empty() {
+        kinds.extend(tool_kinds.iter().copied());
+        kinds.push("tools");
+        kinds.push("all");
+    }
     for kind in kinds {
         let rows: Vec<&Row> = r
             .rows
             .iter()
-            .filter(|x| kind == "all" || x.kind == kind)
+            .filter(|x| match kind {
+                "all" => true,
+                "schemas and JSON mode" => !is_tool(x),
+                "tools" => is_tool(x),
+                k => x.kind == k,
+            })
             .collect();
         let n = rows.len();
         let agree: Vec<f64> = rows.iter().filter_map(|x| x.field_agreement).collect();
@@ -403,6 +544,7 @@ fn markdown(r: &Report) -> String {
             100.0 * target / total,
         ));
     }
+    s.push_str(&tool_table(r));
     let secs = |f: fn(&Row) -> f64| r.rows.iter().map(f).sum::<f64>();
     s.push_str(&format!(
         "\nWall time for all answers: target-only {:.0} s, approxy {:.0} s. Answers cut by the token limit (not valid by construction): target-only {}, approxy {}.\n",
@@ -425,6 +567,41 @@ fn markdown(r: &Report) -> String {
         c.cached_p99_ms,
         c.vocabulary_ms,
     ));
+    s
+}
+
+/// The tool prompts: the right tools called with valid arguments, by each of target-only
+/// (llama-server's own tool calling), the target under approxy's grammar and approxy.
+fn tool_table(r: &Report) -> String {
+    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.target_grammar.is_some()).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\nTool prompts: the expected tools called, with arguments valid for their schemas (text where no tool applies); valid: every call names a tool with valid arguments, and one came where `tool_choice` required it.\n\n\
+         | kind | prompts | right: target-only (llama-server) | right: target under approxy's grammar | right: approxy | valid: target-only | valid: target under grammar | valid: approxy |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut kinds: Vec<&str> = rows.iter().map(|x| x.kind.as_str()).collect();
+    kinds.dedup();
+    kinds.push("all");
+    for kind in kinds {
+        let rs: Vec<&&Row> = rows
+            .iter()
+            .filter(|x| kind == "all" || x.kind == kind)
+            .collect();
+        let n = rs.len();
+        let count = |f: &dyn Fn(&Row) -> bool| rs.iter().filter(|x| f(x)).count();
+        let right = |a: Option<&Answer>| a.and_then(|a| a.right_tools).unwrap_or(false);
+        s.push_str(&format!(
+            "| {kind} | {n} | {} | {} | {} | {} | {} | {} |\n",
+            share(count(&|x| right(Some(&x.target_only))), n),
+            share(count(&|x| right(x.target_grammar.as_ref())), n),
+            share(count(&|x| right(Some(&x.approxy))), n),
+            share(count(&|x| x.target_only.valid), n),
+            share(count(&|x| x.target_grammar.as_ref().is_some_and(|a| a.valid)), n),
+            share(count(&|x| x.approxy.valid), n),
+        ));
+    }
     s
 }
 

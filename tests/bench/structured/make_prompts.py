@@ -9,6 +9,11 @@ JSON mode; written by hand, no downloads.
   (sentiment, ticket priority, topic, language, spam, ...), some with a short "reason".
 - 10 JSON mode prompts: `response_format.type == "json_object"`, the keys named in the user
   message.
+- 18 tool prompts over six function tools (weather, stock price, e-mail, currency, calendar,
+  flights), each with the tools it should call written down (`expected_tools`, empty when the
+  right answer is text): single calls with `tool_choice` auto and required, a named tool,
+  parallel calls, questions no tool answers, and multi-turn conversations that carry a tool's
+  result (answered in text, or by a second call).
 
 Every schema is an object with all its properties required and `additionalProperties: false`
 at every object level; no `$ref`, `format`, `pattern` or length bounds. Answers are small: a
@@ -244,6 +249,86 @@ JSON_MODE = [
 ]
 
 
+def tool(name, description, **props):
+    return {"type": "function", "function": {
+        "name": name, "description": description, "parameters": obj(**props)}}
+
+
+TOOLS = [
+    tool("get_weather", "Current weather in a city.",
+         city=S, unit=enum("celsius", "fahrenheit")),
+    tool("get_stock_price", "Latest price of a stock by its ticker symbol.", symbol=S),
+    tool("send_email", "Send an e-mail.", to=S, subject=S, body=S),
+    tool("convert_currency", "Convert an amount of money between currencies (ISO codes).",
+         amount=N, from_currency=S, to_currency=S),
+    tool("create_event", "Add an event to the user's calendar.", title=S, date=S, time=S),
+    tool("search_flights", "Search flights between two cities on a date.",
+         origin=S, destination=S, date=S),
+]
+TOOL_SYSTEM = "You are a helpful assistant. Use the tools when they help answer the user."
+
+
+def call(name, **args):
+    return {"id": f"call_{name}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def result_turn(user, calls, results):
+    """A conversation where the assistant called tools and their results came back."""
+    turn = [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": user},
+            {"role": "assistant", "content": None, "tool_calls": calls}]
+    for c, r in zip(calls, results):
+        turn.append({"role": "tool", "tool_call_id": c["id"], "content": json.dumps(r)})
+    return turn
+
+
+# (kind, messages or user text, tool_choice, parallel_tool_calls, expected tools)
+TOOL_PROMPTS = [
+    ("tool_auto", "What's the weather like in Oslo right now?", "auto", False, ["get_weather"]),
+    ("tool_auto", "How much is Apple stock (AAPL) trading at?", "auto", False,
+     ["get_stock_price"]),
+    ("tool_auto", "Convert 250 US dollars to euros.", "auto", False, ["convert_currency"]),
+    ("tool_auto", "Find me flights from Boston to Denver on 12 May 2025.", "auto", False,
+     ["search_flights"]),
+    ("tool_auto", "Write a haiku about autumn leaves.", "auto", False, []),
+    ("tool_auto", "What is the capital of Australia?", "auto", False, []),
+    ("tool_required", "Email sam@example.com with the subject 'Lunch' and say I'll be ten "
+     "minutes late.", "required", False, ["send_email"]),
+    ("tool_required", "Put a dentist appointment in my calendar on 3 June 2025 at 9:30.",
+     "required", False, ["create_event"]),
+    ("tool_required", "Is it raining in Seattle? Answer in fahrenheit.", "required", False,
+     ["get_weather"]),
+    ("tool_required", "What does one share of Microsoft (MSFT) cost?", "required", False,
+     ["get_stock_price"]),
+    ("tool_named", "I need to get from Rome to Madrid on 2 July 2025.",
+     {"type": "function", "function": {"name": "search_flights"}}, False, ["search_flights"]),
+    ("tool_parallel", "What's the weather in Paris and in Berlin?", "required", True,
+     ["get_weather", "get_weather"]),
+    ("tool_parallel", "Get me the stock prices of NVDA and TSLA.", "required", True,
+     ["get_stock_price", "get_stock_price"]),
+    ("tool_parallel", "Convert 100 GBP to USD, and tell me the weather in London.", "required",
+     True, ["convert_currency", "get_weather"]),
+    ("tool_result", result_turn("What's the weather in Oslo right now?",
+                                [call("get_weather", city="Oslo", unit="celsius")],
+                                [{"temperature": 4, "sky": "light rain"}]), "auto", False, []),
+    ("tool_result", result_turn("How much is 80 euros in Japanese yen?",
+                                [call("convert_currency", amount=80, from_currency="EUR",
+                                      to_currency="JPY")],
+                                [{"amount": 12960.0, "currency": "JPY"}]), "auto", False, []),
+    ("tool_result", result_turn("Compare the prices of AMZN and GOOG.",
+                                [call("get_stock_price", symbol="AMZN"),
+                                 call("get_stock_price", symbol="GOOG")],
+                                [{"symbol": "AMZN", "price": 186.4},
+                                 {"symbol": "GOOG", "price": 171.2}]), "auto", False, []),
+    ("tool_result", result_turn("Find a flight from Lisbon to Prague on 9 August 2025 and put "
+                                "it in my calendar.",
+                                [call("search_flights", origin="Lisbon", destination="Prague",
+                                      date="2025-08-09")],
+                                [{"flights": [{"number": "TP1234", "departs": "07:40"}]}]),
+     "required", False, ["create_event"]),
+]
+
+
 def messages(system, user):
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -265,6 +350,12 @@ def rows():
         yield {"id": f"json-mode-{i:02d}", "kind": "json_mode",
                "messages": messages(JSON_MODE_SYSTEM, user),
                "response_format": {"type": "json_object"}}
+    for i, (kind, conversation, choice, parallel, expected) in enumerate(TOOL_PROMPTS, 1):
+        if isinstance(conversation, str):
+            conversation = messages(TOOL_SYSTEM, conversation)
+        yield {"id": f"tools-{i:02d}", "kind": kind, "messages": conversation, "tools": TOOLS,
+               "tool_choice": choice, "parallel_tool_calls": parallel,
+               "expected_tools": expected}
 
 
 if __name__ == "__main__":
