@@ -13,7 +13,8 @@ pub enum Reason {
     PolicyPassthrough,
     /// The target cannot continue a partial answer (a chat-only API).
     TargetCannotContinue,
-    /// Tools or functions.
+    /// Tools approxy does not answer (legacy functions, custom tools, an unmet choice, tools
+    /// with a `response_format`, tool traffic to a target that renders its own prompt).
     Tools,
     /// Log-probabilities asked for.
     Logprobs,
@@ -30,11 +31,9 @@ pub enum Reason {
     Suffix,
     /// `best_of`.
     BestOf,
-    /// `n` other than 1.
-    NGreaterThan1,
     /// Presence or frequency penalties.
     Penalties,
-    /// Tool messages, tool calls or non-text content parts.
+    /// Non-text content parts, or a legacy function message.
     NonTextMessages,
     /// Several prompts in one completion request.
     MultiplePrompts,
@@ -66,7 +65,6 @@ impl Reason {
             Reason::Echo => "echo",
             Reason::Suffix => "suffix",
             Reason::BestOf => "best_of",
-            Reason::NGreaterThan1 => "n_greater_than_1",
             Reason::Penalties => "penalties",
             Reason::NonTextMessages => "non_text_messages",
             Reason::MultiplePrompts => "multiple_prompts",
@@ -99,7 +97,6 @@ mod tests {
             Echo,
             Suffix,
             BestOf,
-            NGreaterThan1,
             Penalties,
             NonTextMessages,
             MultiplePrompts,

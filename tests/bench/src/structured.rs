@@ -133,7 +133,8 @@ struct Row {
     /// Tool prompts: the target writing every free token under approxy's grammar.
     #[serde(default)]
     target_grammar: Option<Answer>,
-    /// Of target-only's leaf fields, the share approxy's answer has with the same value.
+    /// Of target-only's leaf fields (tool prompts: the target's calls under the grammar), the
+    /// share approxy's answer has with the same value.
     field_agreement: Option<f64>,
 }
 
@@ -434,7 +435,9 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
         } else {
             None
         };
-        let field_agreement = row_agreement(&t, &a);
+        // Tool prompts are compared with the target's own calls under the same rendering:
+        // llama-server's tool calling writes its calls its own way (or as text).
+        let field_agreement = row_agreement(target_grammar.as_ref().unwrap_or(&t), &a);
         eprintln!(
             "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
             p.id,
@@ -486,7 +489,8 @@ fn share(k: usize, n: usize) -> String {
 fn markdown(r: &Report) -> String {
     let mut s = format!(
         "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode, tool calls), \
-         `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}.\n\n",
+         `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}. \
+         Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments.\n\n",
         r.rows.len(),
         r.policy,
         r.machine,
@@ -532,13 +536,20 @@ fn markdown(r: &Report) -> String {
         let forced = sum(|a| a.forced_tokens) as f64;
         let draft = sum(|a| a.draft_tokens) as f64 - forced;
         let target = sum(|a| a.target_tokens) as f64;
+        let agreeing = if agree.is_empty() {
+            "n/a".to_string()
+        } else {
+            format!(
+                "{:.1} % (of {} answers)",
+                100.0 * agree.iter().sum::<f64>() / agree.len() as f64,
+                agree.len()
+            )
+        };
         s.push_str(&format!(
-            "| {kind} | {n} | {} | {} | {} | {:.1} % (of {} answers) | {:.0} % | {:.0} % | {:.0} % |\n",
+            "| {kind} | {n} | {} | {} | {} | {agreeing} | {:.0} % | {:.0} % | {:.0} % |\n",
             share(rows.iter().filter(|x| x.target_only.valid).count(), n),
             share(rows.iter().filter(|x| x.approxy.valid).count(), n),
             share(rows.iter().filter(|x| x.approxy.mode == "approximate").count(), n),
-            100.0 * agree.iter().sum::<f64>() / agree.len().max(1) as f64,
-            agree.len(),
             100.0 * forced / total,
             100.0 * draft / total,
             100.0 * target / total,

@@ -4,6 +4,12 @@
 //! newline. The names are the request's tools, each with its parameters' schema for `ARGS`.
 //! `tool_choice` picks what the answer may be: text or calls (`auto`), calls only
 //! (`required`), one call of one tool (a named tool), or text only (`none`).
+//!
+//! Under `auto`, one call may also come bare, `{"name": NAME, "arguments": ARGS}` without the
+//! tags: Qwen2.5's small models often write a call so when nothing forces the tags (on this
+//! project's tool sample the 1.5B target did so for every weather, stock, currency and flight
+//! question). Free text then starts with neither `<` nor `{`, so an answer that starts like a
+//! call is one, under the grammar.
 
 use serde_json::Value;
 
@@ -55,9 +61,10 @@ fn literal(s: &str) -> String {
 impl ToolsSpec {
     /// The grammar, in llguidance's Lark.
     pub fn lark(&self) -> String {
-        // Free text may not start with `<`, so it cannot open a call: a call is always the
-        // grammar's, never text that looks like one.
+        // Free text may not start with `<` (or, beside bare calls, `{`), so it cannot open a
+        // call: a call is always the grammar's, never text that looks like one.
         const TEXT: &str = "TEXT: /[^<](.|\\n)*/\n";
+        const TEXT_BESIDE_BARE: &str = "TEXT: /[^<{](.|\\n)*/\n";
         let callable: Vec<&Tool> = match &self.choice {
             ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
             ToolChoice::None => Vec::new(),
@@ -67,7 +74,7 @@ impl ToolsSpec {
             return format!("start: TEXT\n{TEXT}");
         }
         let start = match self.choice {
-            ToolChoice::Auto => "start: TEXT | calls\n",
+            ToolChoice::Auto => "start: TEXT | calls | bare\n",
             _ => "start: calls\n",
         };
         // A named tool is one call of it, as OpenAI and vLLM read the choice.
@@ -83,17 +90,21 @@ impl ToolsSpec {
         g.push('\n');
         for (rule, tool) in names.iter().zip(&callable) {
             let name = Value::String(tool.name.clone());
-            let head = format!("{CALL_OPEN}{{\"name\": {name}, \"arguments\": ");
-            let tail = format!("}}{CALL_CLOSE}");
+            let head = format!("{{\"name\": {name}, \"arguments\": ");
+            let args = compact(arguments_schema(&tool.parameters));
             g.push_str(&format!(
-                "{rule}: {} %json {} {}\n",
-                literal(&head),
-                compact(arguments_schema(&tool.parameters)),
-                literal(&tail)
+                "{rule}: {} %json {args} {}\n",
+                literal(&format!("{CALL_OPEN}{head}")),
+                literal(&format!("}}{CALL_CLOSE}")),
             ));
+            if self.choice == ToolChoice::Auto {
+                g.push_str(&format!("bare_{rule}: {} %json {args} \"}}\"\n", literal(&head)));
+            }
         }
         if self.choice == ToolChoice::Auto {
-            g.push_str(TEXT);
+            let bare: Vec<String> = names.iter().map(|n| format!("bare_{n}")).collect();
+            g.push_str(&format!("bare: {}\n", bare.join(" | ")));
+            g.push_str(TEXT_BESIDE_BARE);
         }
         g
     }
