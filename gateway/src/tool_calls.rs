@@ -236,7 +236,11 @@ impl CallReader {
                     .strip_prefix('}')
                     .map(str::to_string)
                     .unwrap_or_default();
-                self.state = State::Tail;
+                self.state = if self.bare {
+                    State::BareTail
+                } else {
+                    State::Tail
+                };
                 true
             }
             None => false,
