@@ -3,9 +3,6 @@
 //! the client is sent `tool_calls`, and when streaming, the deltas OpenAI sends: a call's id
 //! and name first, then its arguments' JSON text in fragments as it is written.
 //!
-//! Under `tool_choice: "auto"` one call may also come bare, the call's JSON without its tags
-//! (`verifier/src/grammar/tools.rs` says why); the grammar lets no text start with `{` then.
-//!
 //! The grammar guarantees the form of an answer that ends; an answer cut short (`max_tokens`,
 //! a stop string) may end inside a call, and what was read of it stands.
 
@@ -48,8 +45,6 @@ enum State {
     Arguments,
     /// After the arguments: the call's closing, then another call or the end.
     Tail,
-    /// After a bare call's arguments: its closing brace and the end.
-    BareTail,
 }
 
 /// Reads an answer's text as it is written.
@@ -58,8 +53,6 @@ pub struct CallReader {
     state: State,
     buf: String,
     calls: usize,
-    /// The call being read came without its tags.
-    bare: bool,
     depth: u32,
     in_string: bool,
     escaped: bool,
@@ -71,16 +64,12 @@ impl Default for CallReader {
             state: State::Start,
             buf: String::new(),
             calls: 0,
-            bare: false,
             depth: 0,
             in_string: false,
             escaped: false,
         }
     }
 }
-
-/// How a call's JSON starts, with its tags or bare.
-const BARE_OPEN: &str = "{\"name\": \"";
 
 /// A new call's id, as OpenAI forms them.
 fn call_id() -> String {
@@ -108,10 +97,6 @@ impl CallReader {
                 }
                 State::Head => self.head(&mut out),
                 State::Arguments => self.arguments(&mut out),
-                State::BareTail => {
-                    self.buf.clear();
-                    false
-                }
             };
             if !progressed {
                 return out;
@@ -128,19 +113,8 @@ impl CallReader {
         }
     }
 
-    /// At the start or after a call: another call's opening, or (at the start) a bare call or
-    /// text.
+    /// At the start or after a call: another call's opening, or (at the start) text.
     fn opening(&mut self) -> bool {
-        if self.state == State::Start {
-            if self.buf.starts_with(BARE_OPEN) {
-                self.bare = true;
-                self.state = State::Head;
-                return true;
-            }
-            if BARE_OPEN.starts_with(self.buf.as_str()) && !self.buf.is_empty() {
-                return false;
-            }
-        }
         let sep = if self.state == State::Tail {
             format!("{CALL_CLOSE}\n{CALL_OPEN}")
         } else {
@@ -166,7 +140,7 @@ impl CallReader {
 
     /// `{"name": "NAME", "arguments": ` once all of it is there.
     fn head(&mut self, out: &mut Vec<Piece>) -> bool {
-        const NAME: &str = BARE_OPEN;
+        const NAME: &str = "{\"name\": \"";
         const ARGS: &str = "\", \"arguments\": ";
         if !self.buf.starts_with(NAME) {
             return false;
@@ -236,11 +210,7 @@ impl CallReader {
                     .strip_prefix('}')
                     .map(str::to_string)
                     .unwrap_or_default();
-                self.state = if self.bare {
-                    State::BareTail
-                } else {
-                    State::Tail
-                };
+                self.state = State::Tail;
                 true
             }
             None => false,
@@ -351,9 +321,6 @@ mod tests {
         // A text that starts like a call but is not one.
         let (m, _) = message("<tool");
         assert_eq!(m["content"], "<tool");
-        let (m, n) = message("{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}");
-        assert_eq!(n, 1, "a bare call is a call");
-        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"zone\": \"CET\"}");
         let (m, n) = message("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": ");
         assert_eq!(n, 1);
         assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"a\": ");
