@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use minijinja::value::Value as JinjaValue;
+use minijinja::value::{Kwargs, Value as JinjaValue};
 use minijinja::{Environment, Error, ErrorKind, context};
 use serde::Serialize;
 use serde_json::Value;
@@ -54,24 +54,31 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 }
 
 /// `tojson` as Hugging Face's templates run it (Python's `json.dumps`): `", "` and `": "`
-/// between items, non-ASCII kept, nothing escaped for HTML. minijinja's own is compact and
-/// escapes `<`, so a tool's description would reach the model differently from how it was
-/// trained to read one.
-fn tojson(value: &JinjaValue) -> Result<JinjaValue, Error> {
+/// between items, non-ASCII kept, nothing escaped for HTML, and `indent` where a template asks
+/// for it (Llama 3.1's does). minijinja's own is compact and escapes `<`, so a tool's
+/// description would reach the model differently from how it was trained to read one.
+fn tojson(value: &JinjaValue, kwargs: Kwargs) -> Result<JinjaValue, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
     let v: Value = serde_json::to_value(value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(JinjaValue::from_safe_string(python_json(&v)))
-}
-
-/// A JSON value as Python's `json.dumps(v, ensure_ascii=False)` writes it.
-pub fn python_json(v: &Value) -> String {
     let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
-    // Writing to a Vec cannot fail, and every serde_json::Value serializes.
-    if v.serialize(&mut ser).is_err() {
-        return String::new();
-    }
-    String::from_utf8(out).unwrap_or_default()
+    let written = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let pretty = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            v.serialize(&mut serde_json::Serializer::with_formatter(
+                &mut out, pretty,
+            ))
+        }
+        None => v.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            PythonFormatter,
+        )),
+    };
+    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(JinjaValue::from_safe_string(text))
 }
 
 /// serde_json's compact output with Python's separators.
@@ -195,6 +202,24 @@ mod tests {
         assert_eq!(
             out,
             "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn tools_and_tool_calls_are_rendered_as_python_writes_json() -> Result<(), Error> {
+        let src = "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}|{{ c.function.arguments | tojson(indent=2) }}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::from_source(src.to_string())?;
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "f", "description": "a < b, café"}}),
+        ];
+        let mut call = ChatMessage::new("assistant".into(), String::new());
+        call.tool_calls = Some(vec![serde_json::json!({"type": "function",
+            "function": {"name": "f", "arguments": {"a": [1, 2], "b": {}}}})]);
+        assert_eq!(
+            t.render_with_tools(&[call], &tools)?,
+            "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"a < b, café\"}}\n\
+             {\"a\": [1, 2], \"b\": {}}|{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}"
         );
         Ok(())
     }

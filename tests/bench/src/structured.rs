@@ -278,11 +278,17 @@ async fn ask(
 /// tool and its arguments are valid for it; one came where one was required), and whether the
 /// expected tools were called with valid arguments.
 fn tool_answer(p: &Prompt, message: &Value) -> (Vec<Value>, bool, Option<bool>) {
-    let raw = message["tool_calls"].as_array().cloned().unwrap_or_default();
+    let raw = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut valid = !(raw.is_empty() && p.call_required());
     let mut calls = Vec::new();
     for c in &raw {
-        let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+        let name = c
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let args: Option<Value> = c
             .pointer("/function/arguments")
             .and_then(Value::as_str)
@@ -549,7 +555,12 @@ fn markdown(r: &Report) -> String {
             "| {kind} | {n} | {} | {} | {} | {agreeing} | {:.0} % | {:.0} % | {:.0} % |\n",
             share(rows.iter().filter(|x| x.target_only.valid).count(), n),
             share(rows.iter().filter(|x| x.approxy.valid).count(), n),
-            share(rows.iter().filter(|x| x.approxy.mode == "approximate").count(), n),
+            share(
+                rows.iter()
+                    .filter(|x| x.approxy.mode == "approximate")
+                    .count(),
+                n
+            ),
             100.0 * forced / total,
             100.0 * draft / total,
             100.0 * target / total,
@@ -584,7 +595,11 @@ fn markdown(r: &Report) -> String {
 /// The tool prompts: the right tools called with valid arguments, by each of target-only
 /// (llama-server's own tool calling), the target under approxy's grammar and approxy.
 fn tool_table(r: &Report) -> String {
-    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.target_grammar.is_some()).collect();
+    let rows: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|x| x.target_grammar.is_some())
+        .collect();
     if rows.is_empty() {
         return String::new();
     }
@@ -609,7 +624,10 @@ fn tool_table(r: &Report) -> String {
             share(count(&|x| right(x.target_grammar.as_ref())), n),
             share(count(&|x| right(Some(&x.approxy))), n),
             share(count(&|x| x.target_only.valid), n),
-            share(count(&|x| x.target_grammar.as_ref().is_some_and(|a| a.valid)), n),
+            share(
+                count(&|x| x.target_grammar.as_ref().is_some_and(|a| a.valid)),
+                n
+            ),
             share(count(&|x| x.approxy.valid), n),
         ));
     }
