@@ -203,3 +203,45 @@ fn a_named_tool_is_the_only_call_and_one_call_is_one() {
     assert!(take(&mut single, WEATHER_CALL));
     assert!(!single.allows(u32::from(b'\n')));
 }
+
+#[test]
+fn hostile_schemas_compile_or_are_refused_within_the_limits() {
+    let g = grammars();
+    let mut deep = json!({"type": "string"});
+    for _ in 0..200 {
+        deep = json!({"type": "object", "properties": {"a": deep}, "required": ["a"]});
+    }
+    let huge_enum: Vec<String> = (0..20_000).map(|i| format!("value-{i}")).collect();
+    let recursive = json!({
+        "$defs": {"node": {"type": "object",
+            "properties": {"value": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+            "required": ["value"]}},
+        "$ref": "#/$defs/node"
+    });
+    let cases = [
+        ("200 levels deep", deep),
+        (
+            "an enum of 20,000",
+            json!({"type": "string", "enum": huge_enum}),
+        ),
+        ("a recursive reference", recursive.clone()),
+    ];
+    for (what, schema) in cases {
+        let started = Instant::now();
+        let result = g.constraint(&GrammarSpec::JsonSchema(schema));
+        let took = started.elapsed();
+        // Either outcome is fine; what is not is a compile that runs on past the limit (the
+        // margin is for a loaded machine: the limit is checked when the compile returns).
+        assert!(
+            took < COMPILE_TIME_LIMIT * 5,
+            "{what}: {took:?}, {:?}",
+            result.as_ref().err()
+        );
+    }
+    // A recursive schema is a grammar like any other: it compiles, and an answer follows it.
+    let mut c = g
+        .constraint(&GrammarSpec::JsonSchema(recursive))
+        .expect("recursion compiles");
+    assert!(take(&mut c, "{\"value\": 1, \"next\": {\"value\": 2}}"));
+    assert!(c.accepting());
+}
