@@ -315,12 +315,13 @@ fn answerable_tools(
     if endpoint != Endpoint::Chat {
         return Ok((Vec::new(), None));
     }
+    let tooling = tools::read(map);
     let own_rendering =
         rt.policy.target.kind.needs_messages() || rt.policy.target.chat_template.is_some();
-    if own_rendering && tools::involved(map) {
+    if own_rendering && (tooling != Tooling::Absent || tools::in_messages(map)) {
         return Err(Reason::Tools);
     }
-    match tools::read(map) {
+    match tooling {
         Tooling::Absent => Ok((Vec::new(), None)),
         Tooling::Unsupported => Err(Reason::Tools),
         Tooling::Calls { .. } if format::read(map) != Format::Text => Err(Reason::Tools),

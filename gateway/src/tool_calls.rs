@@ -33,9 +33,10 @@ pub enum Piece {
 }
 
 /// Where the reader is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum State {
     /// Nothing read yet: text or a call.
+    #[default]
     Start,
     /// Text: everything is content.
     Text,
@@ -48,7 +49,7 @@ enum State {
 }
 
 /// Reads an answer's text as it is written.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct CallReader {
     state: State,
     buf: String,
@@ -56,19 +57,6 @@ pub struct CallReader {
     depth: u32,
     in_string: bool,
     escaped: bool,
-}
-
-impl Default for CallReader {
-    fn default() -> Self {
-        Self {
-            state: State::Start,
-            buf: String::new(),
-            calls: 0,
-            depth: 0,
-            in_string: false,
-            escaped: false,
-        }
-    }
 }
 
 /// A new call's id, as OpenAI forms them.

@@ -32,7 +32,7 @@ pub const MAX_TOP_LOGPROBS: u64 = 20;
 pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
 
 /// A field that is there and not null.
-fn present<'a>(body: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+pub(super) fn present<'a>(body: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
     body.get(field).filter(|v| !v.is_null())
 }
 

@@ -11,6 +11,8 @@
 use approxy_verifier::grammar::{Tool, ToolChoice, ToolsSpec};
 use serde_json::{Map, Value};
 
+use super::limits::present as given;
+
 /// What a request asks of tools.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Tooling {
@@ -26,10 +28,6 @@ pub enum Tooling {
     },
     /// Tools approxy leaves to the target.
     Unsupported,
-}
-
-fn given<'a>(body: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
-    body.get(field).filter(|v| !v.is_null())
 }
 
 /// Reads the request's tools.
@@ -104,20 +102,18 @@ pub fn read(body: &Map<String, Value>) -> Tooling {
     }
 }
 
-/// Whether the conversation carries tool traffic: tools offered, tool results or an
-/// assistant's tool calls.
-pub fn involved(body: &Map<String, Value>) -> bool {
+/// Whether the conversation's messages carry tool traffic: tool results or an assistant's
+/// tool calls (the tools offered are [`read`]'s).
+pub fn in_messages(body: &Map<String, Value>) -> bool {
     let traffic = |m: &Value| {
         matches!(
             m.get("role").and_then(Value::as_str),
             Some("tool" | "function")
         ) || m.get("tool_calls").is_some_and(|c| !c.is_null())
     };
-    read(body) != Tooling::Absent
-        || body
-            .get("messages")
-            .and_then(Value::as_array)
-            .is_some_and(|ms| ms.iter().any(traffic))
+    body.get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|ms| ms.iter().any(traffic))
 }
 
 #[cfg(test)]
@@ -191,7 +187,7 @@ mod tests {
     #[test]
     fn tool_traffic_is_seen_in_the_messages_too() {
         let involved_in = |v: Value| match v {
-            Value::Object(m) => involved(&m),
+            Value::Object(m) => in_messages(&m) || read(&m) != Tooling::Absent,
             _ => false,
         };
         assert!(!involved_in(
