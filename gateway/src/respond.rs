@@ -42,6 +42,7 @@ fn verification_name(v: Verification) -> String {
         Verification::ApproximateWindows => "approximate_windows".into(),
         Verification::Exact => "exact".into(),
         Verification::Relaxed(rule) => format!("relaxed:{rule}"),
+        Verification::Judged => "judged".into(),
     }
 }
 

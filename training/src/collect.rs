@@ -197,7 +197,7 @@ pub async fn teacher_force(
 }
 
 /// The draft's output at every answer position: the one that predicts `answer[i]`.
-async fn draft_outputs(
+pub(crate) async fn draft_outputs(
     lease: &dyn Draft,
     prompt: &[u32],
     answer: &[u32],

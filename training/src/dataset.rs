@@ -13,6 +13,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use approxy_verifier::DraftMeta;
 use approxy_verifier::draft::LEGACY_DRAFT_BUILD;
 pub use approxy_verifier::verify::context::N_CONTEXT;
+pub use approxy_verifier::verify::syntax::N_SYNTAX;
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs};
 
 /// How many of the target's top log-probabilities a row keeps.
@@ -23,6 +24,15 @@ pub const N_STATS: usize = 4;
 
 /// [`Rows::tokens`] of a row whose shard did not keep its token.
 pub const UNKNOWN_TOKEN: u32 = u32::MAX;
+
+/// [`Rows::importance`] of a row the labels did not judge.
+pub const IMPORTANCE_UNKNOWN: u8 = u8::MAX;
+/// [`Rows::importance`]: the draft's token is the target's.
+pub const AGREES: u8 = 0;
+/// [`Rows::importance`]: the draft's token differs, and the tests' verdict does not change.
+pub const HARMLESS: u8 = 1;
+/// [`Rows::importance`]: the draft's token differs and changes the tests' verdict.
+pub const IMPORTANT: u8 = 2;
 
 /// The shard format; shards of an older one (without the context) are refused, not misread.
 const FORMAT: &str = "approxy-rows/2";
@@ -38,6 +48,12 @@ pub struct Rows {
     pub context: Vec<f32>,
     /// `[n][hidden_size]` row-major.
     pub hidden: Vec<f32>,
+    /// `[n][N_SYNTAX]` row-major: where in code the token falls (zeros in shards from before
+    /// it was kept).
+    pub syntax: Vec<f32>,
+    /// Per row, what importance labels say of the draft's token there ([`AGREES`],
+    /// [`HARMLESS`], [`IMPORTANT`]; [`IMPORTANCE_UNKNOWN`] in rows they did not judge).
+    pub importance: Vec<u8>,
     /// 1 when the draft's top token is the target's token.
     pub labels: Vec<u8>,
     /// Prompt id of each row.
@@ -162,6 +178,8 @@ impl Rows {
     pub fn push(&mut self, f: &Features, label: bool, prompt_id: u32, kind: u8) {
         self.stats.extend_from_slice(&f.stats);
         self.context.extend_from_slice(&f.context);
+        self.syntax.extend_from_slice(&f.syntax);
+        self.importance.push(IMPORTANCE_UNKNOWN);
         self.hidden.extend(f.hidden.iter().take(self.hidden_size));
         self.hidden
             .resize(self.labels.len() * self.hidden_size + self.hidden_size, 0.0);
@@ -199,6 +217,8 @@ impl Rows {
             stats: take(&self.stats, idx, N_STATS),
             context: take(&self.context, idx, N_CONTEXT),
             hidden: take(&self.hidden, idx, self.hidden_size),
+            syntax: take(&self.syntax, idx, N_SYNTAX),
+            importance: take(&self.importance, idx, 1),
             labels: take(&self.labels, idx, 1),
             prompt_ids: take(&self.prompt_ids, idx, 1),
             kinds: take(&self.kinds, idx, 1),
@@ -240,6 +260,8 @@ impl Rows {
         self.stats.extend_from_slice(&other.stats);
         self.context.extend_from_slice(&other.context);
         self.hidden.extend_from_slice(&other.hidden);
+        self.syntax.extend_from_slice(&other.syntax);
+        self.importance.extend_from_slice(&other.importance);
         self.labels.extend_from_slice(&other.labels);
         self.prompt_ids.extend_from_slice(&other.prompt_ids);
         self.kinds.extend_from_slice(&other.kinds);
@@ -270,6 +292,11 @@ impl Rows {
         &self.context[i * N_CONTEXT..(i + 1) * N_CONTEXT]
     }
 
+    /// Row `i`'s syntax values.
+    pub fn syntax_of(&self, i: usize) -> &[f32] {
+        &self.syntax[i * N_SYNTAX..(i + 1) * N_SYNTAX]
+    }
+
     /// Row `i`'s hidden state.
     pub fn hidden_of(&self, i: usize) -> &[f32] {
         &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
@@ -281,6 +308,8 @@ impl Rows {
         stats.copy_from_slice(self.stats_of(i));
         let mut context = [0f32; N_CONTEXT];
         context.copy_from_slice(self.context_of(i));
+        let mut syntax = [0f32; N_SYNTAX];
+        syntax.copy_from_slice(self.syntax_of(i));
         let token = self.tokens[i];
         Features {
             top1: token,
@@ -289,6 +318,7 @@ impl Rows {
             stats,
             hidden: self.hidden_of(i).into(),
             context,
+            syntax,
         }
     }
 
@@ -299,6 +329,7 @@ impl Rows {
         let stats = f32s(&self.stats);
         let context = f32s(&self.context);
         let hidden = f32s(&self.hidden);
+        let syntax = f32s(&self.syntax);
         let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let ids = u32s(&self.prompt_ids);
         let tokens = u32s(&self.tokens);
@@ -323,7 +354,17 @@ impl Rows {
             ("prompt_ids", TensorView::new(Dtype::U32, vec![n], &ids)?),
             ("kinds", TensorView::new(Dtype::U8, vec![n], &self.kinds)?),
             ("tokens", TensorView::new(Dtype::U32, vec![n], &tokens)?),
+            (
+                "syntax",
+                TensorView::new(Dtype::F32, vec![n, N_SYNTAX], &syntax)?,
+            ),
         ];
+        if self.importance.iter().any(|&x| x != IMPORTANCE_UNKNOWN) {
+            views.push((
+                "importance",
+                TensorView::new(Dtype::U8, vec![n], &self.importance)?,
+            ));
+        }
         // Only when some row has them: shards of a target that gives none stay as they were.
         if self.rows_with_target_probs() > 0 {
             views.extend([
@@ -392,6 +433,16 @@ impl Rows {
             draft_build: field("draft_build").unwrap_or_else(|| LEGACY_DRAFT_BUILD.to_string()),
             prompt_ids: u32s("prompt_ids")?,
             kinds: st.tensor("kinds")?.data().to_vec(),
+            syntax: if st.names().contains(&"syntax") {
+                f32s("syntax")?
+            } else {
+                vec![0.0; n * N_SYNTAX]
+            },
+            importance: if st.names().contains(&"importance") {
+                st.tensor("importance")?.data().to_vec()
+            } else {
+                vec![IMPORTANCE_UNKNOWN; n]
+            },
             // Shards from before tokens were kept have none.
             tokens: if st.names().contains(&"tokens") {
                 u32s("tokens")?
@@ -511,6 +562,7 @@ mod tests {
             stats,
             hidden: hidden.into(),
             context: [c; N_CONTEXT],
+            syntax: [c; N_SYNTAX],
         };
         let mut r = Rows::new(3);
         r.push(
@@ -588,6 +640,7 @@ mod tests {
             stats: [0.8, 0.1, 0.5, 3.0],
             hidden: vec![0.0].into(),
             context: [0.0; N_CONTEXT],
+            syntax: Default::default(),
         };
         let ln = |p: f64| p.ln() as f32;
         let mut r = Rows::new(1);
@@ -629,6 +682,7 @@ mod tests {
             stats: [0.9, 0.1, 0.5, 3.0],
             hidden: vec![h].into(),
             context: [h; N_CONTEXT],
+            syntax: Default::default(),
         };
         let ln = |p: f64| p.ln() as f32;
         let top = [(1, ln(0.6)), (2, ln(0.3))];

@@ -141,6 +141,7 @@ pub fn fit(rows: &Rows, train: &[usize], opts: &FitOptions, draft_sha256: &str) 
             } else {
                 Vec::new()
             },
+            syntax: Vec::new(),
             hidden: opts.use_hidden,
             hidden_size,
         },
@@ -319,6 +320,7 @@ mod tests {
                 stats: [0.5, 0.1, 1.0, 10.0],
                 hidden: h.into(),
                 context,
+                syntax: Default::default(),
             };
             r.push(&f, label, i as u32, 0);
         }

@@ -6,6 +6,9 @@
 //! - `corpus`: the prompt corpus and HumanEval problems.
 //! - `collect`: target answers plus teacher-forced (or live) draft features, as shards.
 //! - `dataset`: reading the shards back as rows.
+//! - `humaneval`: HumanEval's pass@1 check, sandboxed, and the problems training never sees.
+//! - `importance`: AutoJudge's importance labels: does the draft's token change the tests' verdict?
+//! - `importance_cli`: `approxy train importance`, wired to the draft, the target and HumanEval.
 //! - `fit`: logistic and MLP heads, trained and exported as verifier artifacts.
 //! - `report`: ROC AUC and the threshold grid written into the calibration file.
 //! - `rule_study`: what each acceptance rule accepts on rows with the target's probabilities.
@@ -17,5 +20,8 @@ pub mod collect;
 pub mod corpus;
 pub mod dataset;
 pub mod fit;
+pub mod humaneval;
+pub mod importance;
+pub mod importance_cli;
 pub mod report;
 pub mod rule_study;

@@ -58,6 +58,7 @@ mod tests {
             stats: [confidence, 0.0, 0.0, 0.0],
             hidden: vec![0.0].into(),
             context: Default::default(),
+            syntax: Default::default(),
         }
     }
 

@@ -132,12 +132,18 @@ pub enum Verification {
     /// the target as the verifier). At temperature > 0 it is `Exact`: speculative sampling
     /// already keeps the target's distribution.
     Relaxed(AcceptanceRule),
+    /// Every draft token is scored by the target in windows, as in `Exact`, but at
+    /// temperature 0 a draft token the target would not have chosen is kept when the local
+    /// verifier accepts it at the request's threshold: with an importance router as the
+    /// verifier, a difference it calls harmless (AutoJudge's rule, judged on the draft's
+    /// side), and the window goes on. At temperature > 0 it is `Exact`.
+    Judged,
 }
 
 impl Verification {
     /// True when the target scores every draft token (no local verifier decides).
     pub fn target_scores_every_token(&self) -> bool {
-        matches!(self, Self::Exact | Self::Relaxed(_))
+        matches!(self, Self::Exact | Self::Relaxed(_) | Self::Judged)
     }
 
     /// The rule windows accept a differing draft token by (greedy only), if any.
@@ -615,7 +621,7 @@ impl Engine {
                 {
                     let k = sizes.k().min(run.remaining());
                     match run
-                        .window(&mut cursor, out, proposal, k, &mut sampler)
+                        .window(&mut cursor, verifier, out, proposal, k, &mut sampler)
                         .await?
                     {
                         WindowEnd::Resume { next, accepted } => {

@@ -303,7 +303,7 @@ impl Tokenizer {
 /// Turns a growing list of token ids into text deltas. A token may end in the middle of a
 /// multi-byte character (byte-level BPE); such a tail decodes to U+FFFD and is held back
 /// until the following tokens complete it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct StreamDecoder {
     tokenizer: Tokenizer,
     ids: Vec<u32>,

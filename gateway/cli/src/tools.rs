@@ -36,6 +36,12 @@ pub(crate) enum TrainCmd {
     Collect(train::CollectArgs),
     /// Fit logistic and MLP heads, keep the better, write artifact, calibration and report.
     Fit(train::FitArgs),
+    /// Importance labels on HumanEval: does the draft's token, where it differs from the
+    /// target's, change the tests' verdict once the target finishes? (resumable shards)
+    Importance(approxy_training::importance_cli::ImportanceArgs),
+    /// Rows for an importance router: the draft's features along every labelled answer,
+    /// labelled acceptable unless the position is important.
+    ImportanceRows(approxy_training::importance_cli::ImportanceRowsArgs),
 }
 
 #[derive(Subcommand)]
@@ -105,6 +111,10 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
         ToolCmd::Train { what } => match what {
             TrainCmd::Collect(a) => a.with_data_dir().and_then(|a| train::run_collect(&a)),
             TrainCmd::Fit(a) => a.with_data_dir().and_then(|a| train::run_fit(&a)),
+            TrainCmd::Importance(a) => approxy_training::importance_cli::run_importance(&a),
+            TrainCmd::ImportanceRows(a) => {
+                approxy_training::importance_cli::run_importance_rows(&a)
+            }
         },
         ToolCmd::Bench { what } => match what {
             BenchCmd::Draft(opts) => bench::draft(&opts),

@@ -865,6 +865,16 @@ max_cost_ratio = -1
             v(&relaxed(&vllm, "ratio:2"))
                 .is_err_and(|e| e.to_string().contains("parameters lie in [0, 1]"))
         );
+        let judged = |t: &str| {
+            t.replace(
+                "threshold = 0.7\n",
+                "threshold = 0.7\nverification = \"judged\"\n",
+            )
+        };
+        assert_eq!(v(&judged(&vllm))?, Some(Verification::Judged));
+        assert!(
+            v(&judged(GOOD)).is_err_and(|e| e.to_string().contains("prompt log-probabilities"))
+        );
         Ok(())
     }
 

@@ -254,9 +254,10 @@ pub struct RawModel {
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
-    /// `approximate` (the verifier decides), `exact` (the target scores every token) or
+    /// `approximate` (the verifier decides), `exact` (the target scores every token),
     /// `relaxed:RULE` (the target scores every token and the rule may keep a draft token it
-    /// would not have chosen).
+    /// would not have chosen) or `judged` (the target scores every token and the verifier,
+    /// an importance router, may keep a draft token it would not have chosen).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<String>,
     /// Hand the rest of an answer to the target before approxy would cost more than this

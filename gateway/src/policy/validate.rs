@@ -627,7 +627,8 @@ impl Validator {
             (None | Some("approximate"), true) => Verification::ApproximateWindows,
             (None | Some("approximate"), false) => Verification::Approximate,
             (Some("exact"), true) => Verification::Exact,
-            (Some(v), false) if v == "exact" || relaxed.is_some() => {
+            (Some("judged"), true) => Verification::Judged,
+            (Some(v), false) if v == "exact" || v == "judged" || relaxed.is_some() => {
                 self.err(format!("{}: {v:?} needs a target that returns prompt log-probabilities (target.kind = \"{}\")", f("verification"), kinds_that(|a| a.scores_windows)));
                 Verification::Approximate
             }
@@ -642,7 +643,7 @@ impl Validator {
             }
             (Some(other), _) => {
                 self.err(format!(
-                    "{}: {other:?} is not one of \"approximate\", \"exact\", \"relaxed:RULE\"",
+                    "{}: {other:?} is not one of \"approximate\", \"exact\", \"relaxed:RULE\", \"judged\"",
                     f("verification")
                 ));
                 Verification::Approximate

@@ -41,7 +41,7 @@ mod delay;
 pub mod draft;
 pub mod fidelity;
 pub mod gpu_projection;
-mod humaneval;
+use approxy_training::humaneval;
 mod instructions;
 mod levels;
 pub mod machine;

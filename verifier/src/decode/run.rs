@@ -11,7 +11,7 @@ use super::calls::{CallKind, CallRecord, settle};
 use super::cursor::Cursor;
 use super::{
     Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats,
-    TIE_MARGIN, TokenEvent,
+    TIE_MARGIN, TokenEvent, Verification,
 };
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
@@ -617,6 +617,7 @@ impl<'a> Run<'a> {
     pub(super) async fn window(
         &mut self,
         cursor: &mut Cursor<'_>,
+        verifier: &dyn Verifier,
         out: PositionOutput,
         first: u32,
         k: u32,
@@ -682,7 +683,12 @@ impl<'a> Run<'a> {
         let (accepted, own) = if sampled {
             self.accept_sampled(window, &drafted.drawn_from, &score, sampler)
         } else {
-            self.accept_greedy(window, &score, rule, &drafted.draft_probs)
+            let kept = if self.req.settings.verification == Verification::Judged {
+                self.harmless(cursor, &start, window, &score.top, verifier)?
+            } else {
+                Vec::new()
+            };
+            self.accept_greedy(window, &score, rule, &drafted.draft_probs, &kept)
         };
         self.stats.window_accepted += accepted as u64;
         self.emit_window(cursor, &start, window, accepted, own)
@@ -736,14 +742,53 @@ impl<'a> Run<'a> {
         Ok(d)
     }
 
+    /// Judged windows: for each window token from the first, whether the local verifier keeps
+    /// it where the target would have chosen another, judged on the draft's output there and
+    /// in the context of the answer with the window before it, as the decode loop would have
+    /// judged it; up to the first it does not keep.
+    fn harmless(
+        &self,
+        cursor: &Cursor<'_>,
+        start: &PositionOutput,
+        window: &[u32],
+        top: &[u32],
+        verifier: &dyn Verifier,
+    ) -> Result<Vec<bool>, EngineError> {
+        let mut ctx = self.context.clone();
+        let mut decoder = self.decoder.clone();
+        let mut kept = Vec::with_capacity(window.len());
+        for (i, (&w, &t)) in window.iter().zip(top).enumerate() {
+            let out = match i {
+                0 => Some(start),
+                i => cursor.ahead_output(i - 1, window[i - 1]),
+            };
+            let Some(out) = out else { break };
+            let (keep, entropy) = if w == t {
+                (false, None)
+            } else {
+                decide(verifier, out, w, self.req.threshold, ctx.as_ref())
+            };
+            if w != t && !keep {
+                break;
+            }
+            kept.push(keep);
+            if let Some(c) = ctx.as_mut() {
+                c.push(Some(Record::new(out, w, entropy)), &decoder.push(w)?);
+            }
+        }
+        Ok(kept)
+    }
+
     /// Greedy windows: the longest prefix the target would have chosen itself (or, under a
-    /// relaxed rule, accepts from its log-probabilities), then the target's own token there.
+    /// relaxed rule, accepts from its log-probabilities; or, judged, `kept` says the local
+    /// verifier keeps), then the target's own token there.
     fn accept_greedy(
         &mut self,
         window: &[u32],
         score: &WindowScore,
         rule: Option<AcceptanceRule>,
         draft_probs: &[f32],
+        kept: &[bool],
     ) -> (usize, u32) {
         let accepted = window
             .iter()
@@ -751,6 +796,7 @@ impl<'a> Run<'a> {
             .enumerate()
             .take_while(|&(i, (w, t))| {
                 w == t
+                    || kept.get(i).copied().unwrap_or(false)
                     || rule.is_some_and(|r| {
                         let mut top = score.logprobs[i].clone();
                         top.sort_by(|a, b| b.1.total_cmp(&a.1));

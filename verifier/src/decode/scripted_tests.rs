@@ -82,15 +82,23 @@ pub(super) async fn run(
     target: ScriptedTarget,
     req: GenerateRequest,
 ) -> Result<Outcome, EngineError> {
+    run_with(draft, target, req, &ConfidenceVerifier).await
+}
+
+/// [`run`] with another verifier than the draft's confidence.
+pub(super) async fn run_with(
+    draft: DraftScript,
+    target: ScriptedTarget,
+    req: GenerateRequest,
+    verifier: &dyn crate::verify::Verifier,
+) -> Result<Outcome, EngineError> {
     let tok = tiny_tokenizer();
     let target = Arc::new(target);
     let engine = Engine::new(tok.clone(), target.clone(), tok.end_of_sequence_ids());
     let workers = ScriptedWorkers::new(draft, 1);
     let lease = workers.try_lease().ok_or(EngineError::Saturated)?;
     let (tx, mut rx) = mpsc::channel(1024);
-    let stats = engine
-        .generate(lease.as_ref(), &ConfidenceVerifier, req, tx)
-        .await?;
+    let stats = engine.generate(lease.as_ref(), verifier, req, tx).await?;
     let mut events = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         events.push(ev);
@@ -764,6 +772,81 @@ async fn relaxed_windows_keep_what_the_rule_accepts_and_nothing_else() -> Result
     let target = ScriptedTarget::says("abcdefghij", None).with_windows();
     let o = run(DraftScript::says("abcxyzghij", 0.95), target, req).await?;
     assert!(o.target.window_calls().iter().all(|w| w.top_logprobs == 0));
+    Ok(())
+}
+
+/// A scripted importance head: the draft's token is harmless where it is one of `harmless`,
+/// important anywhere else.
+#[derive(Debug)]
+struct ScriptedImportance {
+    harmless: Vec<u32>,
+}
+
+impl crate::verify::Verifier for ScriptedImportance {
+    fn p_accept(&self, f: &crate::verify::Features) -> f32 {
+        if self.harmless.contains(&f.token) {
+            0.9
+        } else {
+            0.1
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "scripted-importance"
+    }
+}
+
+/// Judged windows keep a draft token the target would not have chosen where the importance
+/// head calls the difference harmless, and the window goes on; the first difference it calls
+/// important ends the window with the target's token, as in exact windows. Tokens where draft
+/// and target agree are never put to the head.
+#[tokio::test]
+async fn judged_windows_keep_the_differences_the_importance_head_calls_harmless()
+-> Result<(), EngineError> {
+    let tok = tiny_tokenizer();
+    let judged = |harmless: &str| {
+        let head = ScriptedImportance {
+            harmless: tok.encode(harmless).unwrap_or_default(),
+        };
+        async move {
+            let mut req = request(0.5, 64);
+            req.settings_mut().verification = Verification::Judged;
+            let target = ScriptedTarget::says("abcdefghij", None).with_windows();
+            run_with(DraftScript::says("abcxyzghij", 0.95), target, req, &head).await
+        }
+    };
+    // x and y are harmless, z is not: the target's f replaces it, and the draft goes on.
+    let o = judged("xy").await?;
+    assert_eq!(o.text, "abcxyfghij");
+    assert_eq!(o.stats.window_relaxed_accepts, 2, "{:?}", o.stats);
+    assert_eq!((o.stats.draft_tokens, o.stats.target_tokens), (9, 1));
+    assert!(o.target.calls().is_empty(), "windows only");
+    // Every difference harmless: the draft's answer, one window after another.
+    let all = judged("xyz").await?;
+    assert_eq!(all.text, "abcxyzghij");
+    assert_eq!(all.stats.window_relaxed_accepts, 3);
+    // None of the window's drafted tokens is thrown away.
+    assert_eq!(all.stats.window_accepted, all.stats.window_tokens);
+    assert!(o.stats.window_accepted < o.stats.window_tokens);
+    // Nothing harmless: the exact answer, as exact windows give it.
+    let none = judged("").await?;
+    assert_eq!(none.text, "abcdefghij");
+    assert_eq!(none.stats.window_relaxed_accepts, 0);
+    // The head judges only where the two differ: one calling everything important does
+    // not change an answer the draft and the target agree on.
+    let mut req = request(0.5, 64);
+    req.settings_mut().verification = Verification::Judged;
+    let same = run_with(
+        DraftScript::says("abcdefghij", 0.95),
+        ScriptedTarget::says("abcdefghij", None).with_windows(),
+        req,
+        &ScriptedImportance {
+            harmless: Vec::new(),
+        },
+    )
+    .await?;
+    assert_eq!(same.text, "abcdefghij");
+    assert_eq!(same.stats.window_relaxed_accepts, 0);
+    assert_eq!(same.stats.window_accepted, same.stats.window_tokens);
     Ok(())
 }
 

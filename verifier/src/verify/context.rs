@@ -12,6 +12,7 @@
 //! threshold it was trained at.
 
 use super::Features;
+use super::syntax::{N_SYNTAX, Syntax};
 use crate::draft::PositionOutput;
 use crate::error::EngineError;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -132,6 +133,7 @@ pub struct Context {
     /// as for the rest of a multi-token correction, and counts as a disagreement).
     recent: std::collections::VecDeque<Option<Record>>,
     agreed_run: usize,
+    syntax: Syntax,
 }
 
 impl Default for Context {
@@ -148,6 +150,7 @@ impl Context {
             fences: Fences::new(),
             recent: std::collections::VecDeque::with_capacity(RATE_WINDOW + 1),
             agreed_run: 0,
+            syntax: Syntax::new(),
         }
     }
 
@@ -156,12 +159,18 @@ impl Context {
     pub fn push(&mut self, record: Option<Record>, text: &str) {
         self.position += 1;
         self.fences.push(text);
+        self.syntax.push(text);
         let agreed = record.is_some_and(|r| r.agreed);
         self.agreed_run = if agreed { self.agreed_run + 1 } else { 0 };
         self.recent.push_back(record);
         if self.recent.len() > RATE_WINDOW {
             self.recent.pop_front();
         }
+    }
+
+    /// Where in code the next token falls ([`SYNTAX_NAMES`](super::syntax::SYNTAX_NAMES)).
+    pub fn syntax_values(&self) -> [f32; N_SYNTAX] {
+        self.syntax.values()
     }
 
     /// Tokens emitted so far.

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::context::{Context, N_CONTEXT};
+use super::syntax::N_SYNTAX;
 use crate::draft::PositionOutput;
 use crate::logits::LogitScan;
 
@@ -34,6 +35,10 @@ pub struct Features {
     /// [`Features::with_context`] fills it in).
     #[serde(default)]
     pub context: [f32; N_CONTEXT],
+    /// Where in code the token falls, in [`SYNTAX_NAMES`](super::syntax::SYNTAX_NAMES) order
+    /// (zero until [`Features::with_context`] fills it in).
+    #[serde(default)]
+    pub syntax: [f32; N_SYNTAX],
 }
 
 impl Features {
@@ -71,12 +76,14 @@ impl Features {
             stats: [p, margin, entropy, logit],
             hidden: out.hidden.clone(),
             context: [0.0; N_CONTEXT],
+            syntax: [0.0; N_SYNTAX],
         }
     }
 
     /// These features with the context of the answer they would extend.
     pub fn with_context(mut self, ctx: &Context) -> Self {
         self.context = ctx.values(self.stats[2]);
+        self.syntax = ctx.syntax_values();
         self
     }
 

@@ -1,5 +1,5 @@
 //! The learned verifier head, loaded from a JSON training artifact: logistic regression or a
-//! one-hidden-layer MLP over normalised [logit statistics, context values, hidden state]. The artifact names
+//! one-hidden-layer MLP over normalised [logit statistics, context values, syntax values, hidden state]. The artifact names
 //! the sha256 of the draft model it was trained for; any other draft is refused at load.
 
 use std::path::Path;
@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::Verifier;
 use super::context::CONTEXT_NAMES;
 use super::features::{Features, STAT_NAMES};
+use super::syntax::SYNTAX_NAMES;
 use crate::draft::{DraftMeta, LEGACY_DRAFT_BUILD};
 use crate::error::EngineError;
 
@@ -25,6 +26,10 @@ pub struct FeatureSpec {
     /// artifacts from before the context existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub context: Vec<String>,
+    /// Syntax values by name, a subset of [`SYNTAX_NAMES`], after the context; absent in
+    /// artifacts from before they existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syntax: Vec<String>,
     /// Whether the hidden-state row follows the statistics.
     pub hidden: bool,
     /// Width of the hidden-state row when `hidden`.
@@ -83,6 +88,7 @@ pub struct LearnedVerifier {
     artifact: Artifact,
     stat_idx: Vec<usize>,
     context_idx: Vec<usize>,
+    syntax_idx: Vec<usize>,
 }
 
 impl LearnedVerifier {
@@ -136,8 +142,20 @@ impl LearnedVerifier {
                     })
                 })
                 .collect::<Result<_, _>>()?;
+        let syntax_idx: Vec<usize> = a
+            .features
+            .syntax
+            .iter()
+            .map(|s| {
+                SYNTAX_NAMES
+                    .iter()
+                    .position(|n| n == s)
+                    .ok_or_else(|| EngineError::Artifact(format!("unknown syntax value {s:?}")))
+            })
+            .collect::<Result<_, _>>()?;
         let width = stat_idx.len()
             + context_idx.len()
+            + syntax_idx.len()
             + if a.features.hidden {
                 a.features.hidden_size
             } else {
@@ -179,6 +197,7 @@ impl LearnedVerifier {
             artifact: a,
             stat_idx,
             context_idx,
+            syntax_idx,
         })
     }
 
@@ -212,9 +231,10 @@ impl LearnedVerifier {
         self.artifact.rule.as_deref().unwrap_or("identical")
     }
 
-    /// True when the head reads the answer's context (the decode loop then keeps one).
+    /// True when the head reads the answer's context or syntax (the decode loop then keeps
+    /// one).
     pub fn reads_context(&self) -> bool {
-        !self.context_idx.is_empty()
+        !self.context_idx.is_empty() || !self.syntax_idx.is_empty()
     }
 
     /// The artifact (for reports).
@@ -226,6 +246,7 @@ impl LearnedVerifier {
         let a = &self.artifact;
         let mut x: Vec<f32> = self.stat_idx.iter().map(|&i| f.stats[i]).collect();
         x.extend(self.context_idx.iter().map(|&i| f.context[i]));
+        x.extend(self.syntax_idx.iter().map(|&i| f.syntax[i]));
         if a.features.hidden {
             let before = x.len();
             x.extend(f.hidden.iter().take(a.features.hidden_size));
@@ -285,6 +306,7 @@ mod tests {
             features: FeatureSpec {
                 stats: vec!["top1_prob".into()],
                 context: Vec::new(),
+                syntax: Vec::new(),
                 hidden: true,
                 hidden_size: 2,
             },
@@ -305,6 +327,7 @@ mod tests {
             stats: [p, 0.0, 0.0, 0.0],
             hidden: hidden.into(),
             context: [0.0; crate::verify::context::N_CONTEXT],
+            syntax: Default::default(),
         }
     }
 
@@ -325,6 +348,32 @@ mod tests {
         a.features.context = vec!["nonsense".into()];
         assert!(LearnedVerifier::from_artifact(a, "x").is_err());
         assert!(!LearnedVerifier::from_artifact(logistic("x"), "x")?.reads_context());
+        Ok(())
+    }
+
+    #[test]
+    fn syntax_values_sit_after_the_context() -> Result<(), EngineError> {
+        let mut a = logistic("x");
+        a.features.context = vec!["agreed_last".into()];
+        a.features.syntax = vec!["in_comment".into()];
+        // Inputs: [top1_prob, agreed_last, in_comment, h0, h1]; only in_comment is weighted.
+        a.mean = vec![0.0; 5];
+        a.std = vec![1.0; 5];
+        a.layers[0].weights = vec![vec![0.0, 0.0, 2.0, 0.0, 0.0]];
+        let v = LearnedVerifier::from_artifact(a.clone(), "x")?;
+        assert!(v.reads_context());
+        let mut f = feats(0.5, vec![7.0, 7.0]);
+        f.context[3] = 1.0;
+        assert!((v.p_accept(&f) - 0.5).abs() < 1e-6);
+        f.syntax[0] = 1.0;
+        assert!((v.p_accept(&f) - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6);
+        a.features.context.clear();
+        a.mean.pop();
+        a.std.pop();
+        a.layers[0].weights = vec![vec![0.0, 2.0, 0.0, 0.0]];
+        assert!(LearnedVerifier::from_artifact(a.clone(), "x")?.reads_context());
+        a.features.syntax = vec!["nonsense".into()];
+        assert!(LearnedVerifier::from_artifact(a, "x").is_err());
         Ok(())
     }
 

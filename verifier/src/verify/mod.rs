@@ -8,6 +8,7 @@ pub mod context;
 pub mod features;
 pub mod learned;
 pub mod rule;
+pub mod syntax;
 
 pub use choice::VerifierChoice;
 pub use context::{Context, Record};
@@ -105,6 +106,7 @@ mod tests {
             stats: [0.8, 0.5, 0.7, 10.0],
             hidden: vec![].into(),
             context: Default::default(),
+            syntax: Default::default(),
         };
         assert_eq!(ConfidenceVerifier.p_accept(&f), 0.8);
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use approxy_training::corpus::HumanEvalProblem;
+use crate::corpus::HumanEvalProblem;
 use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
@@ -133,14 +133,45 @@ pub fn sample(problems: Vec<HumanEvalProblem>, n: usize) -> Vec<HumanEvalProblem
         .collect()
 }
 
+/// The problems training never sees: every fourth (41 of the 164, spread from the first to
+/// the last, as the set grows harder). Importance labels on them are kept apart, to measure
+/// a router on, and the held-out benchmark runs them.
+pub fn is_held_out(index: usize) -> bool {
+    index % 4 == 0
+}
+
+/// The problems split into those training may use and the held-out ones, each in set order.
+pub fn split_held_out(
+    problems: Vec<HumanEvalProblem>,
+) -> (Vec<HumanEvalProblem>, Vec<HumanEvalProblem>) {
+    let (held, train): (Vec<_>, Vec<_>) = problems
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| is_held_out(*i));
+    (
+        train.into_iter().map(|(_, p)| p).collect(),
+        held.into_iter().map(|(_, p)| p).collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn problems() -> Vec<HumanEvalProblem> {
-        let home = approxy_setup::Home::from_env().unwrap_or_else(|e| panic!("{e}"));
-        approxy_training::corpus::load_human_eval(&home.human_eval())
-            .unwrap_or_else(|e| panic!("{e}"))
+        let home = approxy_verifier::home::Home::from_env().unwrap_or_else(|e| panic!("{e}"));
+        crate::corpus::load_human_eval(&home.human_eval()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn at_least_forty_problems_are_held_out_and_none_is_in_both_sets() {
+        let (train, held) = split_held_out(problems());
+        assert_eq!((train.len(), held.len()), (123, 41));
+        assert!(
+            held.iter()
+                .all(|h| train.iter().all(|t| t.task_id != h.task_id))
+        );
+        assert_eq!(held[1].task_id, "HumanEval/4");
     }
 
     #[test]

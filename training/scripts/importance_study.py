@@ -1,0 +1,221 @@
+"""Offline study: can a router on the draft's side tell the positions where the draft's token
+changes the answer (importance labels, `approxy train importance`) better than the draft's own
+confidence does?
+
+Rows come from `approxy train importance-rows --out ROWS`: ROWS/train (the HumanEval problems
+training may use) and ROWS/held-out (the 41 it never sees). A row is positive when it is an
+important disagreement: the draft's token differs from the target's there and, the target
+finishing either way, the tests' verdict changes. Every head is fitted on the training problems
+only and judged on the held-out ones.
+
+For each feature set it prints, on the held-out rows (all; along the target's answers; along
+approxy's live answers):
+  AUC                 ROC AUC for "important"
+  flag@95             the share of positions a router must send to the target to catch 95 % of
+                      the important ones (its threshold set on the held-out rows themselves: the
+                      best this ranking can do)
+  precision@95        the share of those flagged positions that are important
+  deployed            the threshold set on the training problems' out-of-fold scores for 95 %
+                      recall, applied to the held-out rows: the recall and the flagged share it
+                      gives there (what shipping it would give)
+and the oracles: flagging every disagreement (what identity needs) and flagging exactly the
+important positions. Then a learning curve of the best sets against the number of training
+problems.
+
+Feature sets (all standardised, logistic regression, balanced class weights, L2 strength
+chosen by grouped cross-validation over training problems):
+  confidence        the draft's top-1 probability alone (no fit: the shipped verifier's ranking)
+  stats             the four logit statistics
+  +context          and the answer's context (verifier/src/verify/context.rs)
+  +syntax           and where in code the token falls (verifier/src/verify/syntax.rs)
+  +hidden           and the draft's 896-wide last hidden state
+  +tokens           +syntax and a one-hot of the draft's token (the 500 commonest)
+
+Usage (numpy, safetensors and scikit-learn from PyPI):
+  python3 -m venv /tmp/probe && /tmp/probe/bin/pip install numpy safetensors scikit-learn
+  /tmp/probe/bin/python training/scripts/importance_study.py ROWS [--shares 0.25,0.5,1] [--json OUT]
+"""
+import argparse
+import json
+import pathlib
+
+import numpy as np
+from scipy import sparse
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GroupKFold
+from sklearn.preprocessing import StandardScaler
+
+from rows import load_shards
+
+UNKNOWN, AGREES, HARMLESS, IMPORTANT = 255, 0, 1, 2
+RECALL = 0.95
+
+ap = argparse.ArgumentParser()
+ap.add_argument("rows")
+ap.add_argument("--shares", default="0.25,0.5,1")
+ap.add_argument("--sets", default="confidence,stats,+context,+syntax,+hidden,+tokens")
+ap.add_argument("--json", help="write the figures here too")
+args = ap.parse_args()
+
+
+def load(d):
+    parts = load_shards(pathlib.Path(args.rows) / d)
+    cols = {k: np.concatenate([p[k] for p in parts]) for k in
+            ("stats", "context", "syntax", "hidden", "tokens", "prompt_ids", "importance", "live")}
+    keep = cols["importance"] != UNKNOWN
+    return {k: v[keep] for k, v in cols.items()}, int((~keep).sum())
+
+
+train, train_unknown = load("train")
+held, held_unknown = load("held-out")
+common = np.argsort(-np.bincount(train["tokens"], minlength=int(train["tokens"].max()) + 1))[:500]
+tok_col = {int(t): i for i, t in enumerate(common)}
+
+
+def dense(rows, fs):
+    parts = [rows["stats"]]
+    if fs in ("+context", "+syntax", "+hidden", "+tokens"):
+        parts.append(rows["context"])
+    if fs in ("+syntax", "+hidden", "+tokens"):
+        parts.append(rows["syntax"])
+    if fs == "+hidden":
+        parts.append(rows["hidden"])
+    return np.hstack(parts)
+
+
+def onehot(rows):
+    cols = np.array([tok_col.get(int(t), -1) for t in rows["tokens"]])
+    keep = cols >= 0
+    return sparse.csr_matrix((np.ones(keep.sum()), (np.nonzero(keep)[0], cols[keep])),
+                             shape=(len(cols), len(common)))
+
+
+def design(rows, fs, scaler):
+    x = scaler.transform(dense(rows, fs))
+    if fs == "+tokens":
+        return sparse.hstack([sparse.csr_matrix(x), onehot(rows)]).tocsr()
+    return x
+
+
+def subset(rows, idx):
+    return {k: v[idx] for k, v in rows.items()}
+
+
+def fit(rows, fs, folds=4):
+    """A head on `rows` and its out-of-fold scores there (for a deployable threshold)."""
+    y = rows["importance"] == IMPORTANT
+    if fs == "confidence":
+        s = -rows["stats"][:, 0]
+        return (lambda r: -r["stats"][:, 0]), s
+    groups = rows["prompt_ids"]
+    cs = (0.001, 0.01, 0.1, 1.0) if fs != "+hidden" else (0.0003, 0.001, 0.01)
+    n_folds = min(folds, len(set(groups.tolist())))
+
+    def oof(c):
+        out = np.zeros(len(y))
+        for a, b in GroupKFold(n_splits=n_folds).split(y, y, groups):
+            ra, rb = subset(rows, a), subset(rows, b)
+            sc = StandardScaler().fit(dense(ra, fs))
+            m = LogisticRegression(C=c, class_weight="balanced", max_iter=3000).fit(design(ra, fs, sc), y[a])
+            out[b] = m.decision_function(design(rb, fs, sc))
+        return out
+
+    best = max(((roc_auc_score(y, o), c, o) for c in cs for o in [oof(c)]), key=lambda t: t[0])
+    sc = StandardScaler().fit(dense(rows, fs))
+    m = LogisticRegression(C=best[1], class_weight="balanced", max_iter=3000).fit(design(rows, fs, sc), y)
+    return (lambda r: m.decision_function(design(r, fs, sc))), best[2]
+
+
+def threshold_for(scores, y, recall=RECALL):
+    """The highest threshold flagging at least `recall` of the positives (flag: score >= t)."""
+    pos = np.sort(scores[y])[::-1]
+    if len(pos) == 0:
+        return np.inf
+    k = int(np.ceil(recall * len(pos)))
+    return pos[k - 1]
+
+
+def judge(scores, rows, t_deployed):
+    y = rows["importance"] == IMPORTANT
+    n, p = len(y), int(y.sum())
+    out = {"rows": n, "important": p, "disagreements": int((rows["importance"] != AGREES).sum())}
+    if p == 0 or p == n:
+        return out
+    t = threshold_for(scores, y)
+    flagged = scores >= t
+    dep = scores >= t_deployed
+    out.update({
+        "auc": roc_auc_score(y, scores),
+        "flag95": flagged.mean(),
+        "precision95": (flagged & y).sum() / max(flagged.sum(), 1),
+        "deployed_recall": (dep & y).sum() / p,
+        "deployed_flag": dep.mean(),
+    })
+    return out
+
+
+def row(name, r):
+    if "auc" not in r:
+        return f"| {name} | {r['rows']} | {r['important']} | – | – | – | – |"
+    return (f"| {name} | {r['rows']} | {r['important']} | {r['auc']:.3f} | {100 * r['flag95']:.1f} % | "
+            f"{100 * r['precision95']:.1f} % | {100 * r['deployed_recall']:.0f} % at {100 * r['deployed_flag']:.1f} % |")
+
+
+print(f"training rows {len(train['importance'])} ({int((train['importance'] == IMPORTANT).sum())} important, "
+      f"{int((train['importance'] == HARMLESS).sum())} harmless disagreements; {train_unknown} unjudged) "
+      f"from {len(set(train['prompt_ids'].tolist()))} problems")
+print(f"held-out rows {len(held['importance'])} ({int((held['importance'] == IMPORTANT).sum())} important, "
+      f"{int((held['importance'] == HARMLESS).sum())} harmless; {held_unknown} unjudged) "
+      f"from {len(set(held['prompt_ids'].tolist()))} problems")
+
+results = {}
+views = {"all": np.ones(len(held["live"]), bool), "target path": ~held["live"], "live path": held["live"]}
+print("\n| feature set | view | rows | important | AUC | flag@95 | precision@95 | deployed: recall at flagged |")
+print("|---|---|---|---|---|---|---|---|")
+for fs in args.sets.split(","):
+    score, oof = fit(train, fs)
+    t_dep = threshold_for(oof, train["importance"] == IMPORTANT)
+    s = score(held)
+    results[fs] = {}
+    for v, sel in views.items():
+        if sel.sum() == 0:
+            continue
+        r = judge(s[sel], subset(held, sel), t_dep)
+        results[fs][v] = r
+        print(row(f"{fs} | {v}", r))
+for v, sel in views.items():
+    if sel.sum() == 0:
+        continue
+    h = subset(held, sel)
+    n = len(h["importance"])
+    print(f"| oracle: every disagreement | {v} | {n} | | | {100 * (h['importance'] != AGREES).mean():.1f} % | | |")
+    print(f"| oracle: importance | {v} | {n} | | | {100 * (h['importance'] == IMPORTANT).mean():.2f} % | | |")
+conf = held["stats"][:, 0]
+for t in (0.7, 0.85, 0.95):
+    flagged = conf < t
+    y = held["importance"] == IMPORTANT
+    print(f"\nconfidence verifier at threshold {t}: flags {100 * flagged.mean():.1f} % of held-out positions, "
+          f"catching {int((flagged & y).sum())} of {int(y.sum())} important")
+
+shares = [float(x) for x in args.shares.split(",")]
+problems = np.random.default_rng(7).permutation(sorted(set(train["prompt_ids"].tolist())))
+curve = []
+best_sets = [fs for fs in ("+syntax", "+hidden", "+tokens") if fs in args.sets.split(",")]
+if len(shares) > 1 and best_sets:
+    print("\n| training problems | rows | important | " + " | ".join(f"{fs} AUC / flag@95" for fs in best_sets) + " |")
+    print("|---|---|---|" + "---|" * len(best_sets))
+    for sh in shares:
+        k = max(2, int(round(sh * len(problems))))
+        sel = np.isin(train["prompt_ids"], problems[:k])
+        tr = subset(train, sel)
+        cells = []
+        for fs in best_sets:
+            score, _ = fit(tr, fs)
+            r = judge(score(held), held, np.inf)
+            cells.append(f"{r.get('auc', float('nan')):.3f} / {100 * r.get('flag95', float('nan')):.1f} %")
+            curve.append({"problems": k, "set": fs, **r})
+        print(f"| {k} | {sel.sum()} | {int((tr['importance'] == IMPORTANT).sum())} | " + " | ".join(cells) + " |")
+
+if args.json:
+    pathlib.Path(args.json).write_text(json.dumps({"results": results, "curve": curve}, indent=1, default=float))
