@@ -137,7 +137,7 @@ pub fn sample(problems: Vec<HumanEvalProblem>, n: usize) -> Vec<HumanEvalProblem
 /// the last, as the set grows harder). Importance labels on them are kept apart, to measure
 /// a router on, and the held-out benchmark runs them.
 pub fn is_held_out(index: usize) -> bool {
-    index % 4 == 0
+    index.is_multiple_of(4)
 }
 
 /// The problems split into those training may use and the held-out ones, each in set order.

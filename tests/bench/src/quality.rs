@@ -45,6 +45,10 @@ pub struct QualityOptions {
     /// Problems per configuration, spread evenly over HumanEval (0 = all 164).
     #[arg(long, default_value_t = 0)]
     pub problems: usize,
+    /// Only the 41 problems importance training never sees (every fourth; `--problems`
+    /// then spreads over those).
+    #[arg(long)]
+    pub held_out: bool,
     /// Core layouts, comma-separated: shared, pinned.
     #[arg(
         long,
@@ -400,6 +404,11 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     let home = Home::from_env()?;
     let exe = std::env::current_exe()?;
     let all = load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?;
+    let all = if opts.held_out {
+        humaneval::split_held_out(all).1
+    } else {
+        all
+    };
     let total = all.len();
     let problems = humaneval::sample(all, opts.problems);
     let levels = levels::resolve(&opts.calibration)?;
