@@ -1484,8 +1484,15 @@ async fn a_reload_never_gives_one_request_two_policies() {
     b.client_keys = vec!["key-b".into()];
     let b = Arc::new(b);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swaps = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let swapper = {
-        let (state, a, b, stop) = (state.clone(), a.clone(), b.clone(), stop.clone());
+        let (state, a, b, stop, swaps) = (
+            state.clone(),
+            a.clone(),
+            b.clone(),
+            stop.clone(),
+            swaps.clone(),
+        );
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1495,6 +1502,7 @@ async fn a_reload_never_gives_one_request_two_policies() {
                     a.clone()
                 });
                 n += 1;
+                swaps.store(n, std::sync::atomic::Ordering::Relaxed);
                 std::thread::yield_now();
             }
             n
@@ -1502,7 +1510,11 @@ async fn a_reload_never_gives_one_request_two_policies() {
     };
     let body = chat("m", json!({"max_tokens": 1, "user": "x".repeat(4500)}));
     let mut seen = std::collections::BTreeSet::new();
-    for round in 0..60 {
+    // At least 60 rounds, and on until the swapper has run between them: on a busy machine
+    // the requests may otherwise all finish before it is scheduled much.
+    let mut round = 0;
+    while round < 60 || (swaps.load(std::sync::atomic::Ordering::Relaxed) <= 100 && round < 3000) {
+        round += 1;
         let calls: Vec<_> = (0..16)
             .map(|i| {
                 let key = if (round + i) % 2 == 0 {

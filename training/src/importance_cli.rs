@@ -89,12 +89,13 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
             Some(rest) => ("held-out", rest.to_string()),
             None => ("train", stem.clone()),
         };
-        let kind = if name.starts_with("live") {
-            "live"
+        // `train fit`'s loader reads shards named shard-* and live-*.
+        let file = if name.starts_with("live-") {
+            format!("{name}.safetensors")
         } else {
-            "shard"
+            format!("shard-{name}.safetensors")
         };
-        let out = a.out.join(set).join(format!("{kind}-{name}.safetensors"));
+        let out = a.out.join(set).join(file);
         if out.exists() {
             continue;
         }
