@@ -282,7 +282,6 @@ async fn live_decode(
     item: &CollectItem,
     opts: &LiveOptions,
 ) -> anyhow::Result<Vec<(u32, Source)>> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
     let req = GenerateRequest {
         prompt: item.prompt.clone(),
         max_tokens: opts.max_tokens,
@@ -295,6 +294,17 @@ async fn live_decode(
         settings: Default::default(),
         constraint: None,
     };
+    emitted_by(engine, lease, verifier, req).await
+}
+
+/// Runs the decode loop on `req`; returns each emitted token and who produced it.
+pub(crate) async fn emitted_by(
+    engine: &Engine,
+    lease: &dyn Draft,
+    verifier: &dyn Verifier,
+    req: GenerateRequest,
+) -> anyhow::Result<Vec<(u32, Source)>> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
     let drain = async move {
         let mut v = Vec::new();
         while let Some(e) = rx.recv().await {

@@ -25,7 +25,7 @@ use approxy_verifier::{
     Draft, DraftMeta, Engine, GenerateRequest, SamplingParams, Source, Tokenizer, Verifier,
 };
 
-use crate::collect::draft_outputs;
+use crate::collect::{draft_outputs, emitted_by};
 use crate::corpus::HumanEvalProblem;
 use crate::dataset::{AGREES, HARMLESS, IMPORTANCE_UNKNOWN, IMPORTANT, Rows};
 use crate::humaneval::{STOP, Sandbox, Verdict, check};
@@ -205,6 +205,27 @@ impl Labeller<'_> {
         })
     }
 
+    /// [`Labeller::label_at`] at each `(position, draft's token, target's token)` of `at`
+    /// along `answer`, a few at a time.
+    async fn label_all(
+        &self,
+        p: &HumanEvalProblem,
+        prompt: &[u32],
+        answer: &[u32],
+        at: Vec<(usize, u32, u32)>,
+        passed_with_target: Option<bool>,
+    ) -> anyhow::Result<Vec<Disagreement>> {
+        futures::stream::iter(
+            at.into_iter()
+                .map(|(i, d, t)| self.label_at(p, prompt, &answer[..i], d, t, passed_with_target)),
+        )
+        .buffered(self.concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+    }
+
     /// Labels every disagreement along the target's own greedy answer.
     pub async fn along_target(
         &self,
@@ -223,16 +244,9 @@ impl Labeller<'_> {
             .filter(|(_, (d, t))| d != t)
             .map(|(i, (&d, &t))| (i, d, t))
             .collect();
-        let (prompt_ref, answer_ref) = (&prompt, &answer);
-        let disagreements =
-            futures::stream::iter(at.into_iter().map(|(i, d, t)| {
-                self.label_at(p, prompt_ref, &answer_ref[..i], d, t, Some(passed))
-            }))
-            .buffered(self.concurrency.max(1))
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let disagreements = self
+            .label_all(p, &prompt, &answer, at, Some(passed))
+            .await?;
         Ok(LabelledAnswer {
             task_id: p.task_id.clone(),
             path: "target".into(),
@@ -305,15 +319,7 @@ impl Labeller<'_> {
             .enumerate()
             .filter_map(|(i, (&d, t))| t.filter(|&t| t != d).map(|t| (i, d, t)))
             .collect();
-        let disagreements = futures::stream::iter(
-            at.into_iter()
-                .map(|(i, d, t)| self.label_at(p, prompt_ref, &answer_ref[..i], d, t, None)),
-        )
-        .buffered(self.concurrency.max(1))
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        let disagreements = self.label_all(p, &prompt, &answer, at, None).await?;
         Ok(LabelledAnswer {
             task_id: p.task_id.clone(),
             path: format!("live@{threshold}"),
@@ -345,7 +351,6 @@ async fn live_answer(
     prompt: &[u32],
     l: &Labeller<'_>,
 ) -> anyhow::Result<Vec<(u32, Source)>> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<approxy_verifier::TokenEvent>(64);
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: l.max_answer_tokens,
@@ -358,18 +363,7 @@ async fn live_answer(
         settings: Default::default(),
         constraint: None,
     };
-    let drain = async move {
-        let mut v = Vec::new();
-        while let Some(e) = rx.recv().await {
-            if let Some(id) = e.id {
-                v.push((id, e.source));
-            }
-        }
-        v
-    };
-    let (stats, visited) = tokio::join!(engine.generate(draft, verifier, req, tx), drain);
-    stats?;
-    Ok(visited)
+    emitted_by(engine, draft, verifier, req).await
 }
 
 /// Rows for an importance router: at every position of each labelled answer, the draft's
@@ -450,18 +444,21 @@ pub fn load(dir: &Path, prefix: &str) -> anyhow::Result<Vec<LabelledAnswer>> {
     files.sort();
     let mut out = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(&f)?;
-        for (n, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            out.push(
-                serde_json::from_str(line).with_context(|| format!("{}:{}", f.display(), n + 1))?,
-            );
-        }
+        out.extend(read_shard(&f)?);
     }
     Ok(out)
+}
+
+/// The labelled answers of one shard.
+pub fn read_shard(path: &Path) -> anyhow::Result<Vec<LabelledAnswer>> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, line)| {
+            serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), n + 1))
+        })
+        .collect()
 }
 
 /// Writes a shard whole (a unique temporary file renamed into place): an interrupted run

@@ -17,7 +17,7 @@ use approxy_verifier::{
 use crate::corpus::load_human_eval;
 use crate::dataset::IMPORTANCE_UNKNOWN;
 use crate::humaneval::{Sandbox, split_held_out};
-use crate::importance::{LabelledAnswer, Labeller, PathKind, label_shards, rows_of};
+use crate::importance::{Labeller, PathKind, label_shards, read_shard, rows_of};
 
 /// `approxy train importance` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -100,13 +100,7 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
             continue;
         }
         std::fs::create_dir_all(out.parent().unwrap_or(&a.out))?;
-        let text = std::fs::read_to_string(&f)?;
-        let answers = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str)
-            .collect::<Result<Vec<LabelledAnswer>, _>>()
-            .with_context(|| format!("reading {}", f.display()))?;
+        let answers = read_shard(&f)?;
         let rows = rt.block_on(async {
             let lease = pool
                 .try_lease()
