@@ -47,6 +47,18 @@ impl StopMatcher {
         }
     }
 
+    /// Adds a stop string for the text still to come (an empty one is ignored).
+    pub fn add(&mut self, stop: String) {
+        if stop.is_empty() || self.stops.contains(&stop) {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        let mut stops = std::mem::take(&mut self.stops);
+        stops.push(stop);
+        *self = Self::new(stops);
+        self.held = held;
+    }
+
     /// Start of the earliest stop string in the held text.
     fn earliest(&self) -> Option<usize> {
         match &self.automaton {
@@ -112,6 +124,16 @@ mod tests {
         assert_eq!(m.push("Nx"), StopResult::Continue("ENx".into()));
         assert_eq!(m.push("EN"), StopResult::Continue("".into()));
         assert_eq!(m.finish(), "EN");
+    }
+
+    #[test]
+    fn a_stop_added_later_holds_and_cuts_what_follows() {
+        let mut m = StopMatcher::new(vec![]);
+        assert_eq!(m.push("ab"), StopResult::Continue("ab".into()));
+        m.add("xyz".into());
+        m.add("xyz".into());
+        assert_eq!(m.push("cx"), StopResult::Continue("c".into()));
+        assert_eq!(m.push("yzd"), StopResult::Stop("".into()));
     }
 
     #[test]

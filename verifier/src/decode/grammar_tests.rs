@@ -229,3 +229,49 @@ async fn a_refused_target_token_gives_way_to_the_targets_best_allowed_one()
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_call_that_repeats_an_earlier_one_ends_the_answer_before_it() -> Result<(), EngineError> {
+    use crate::grammar::{Tool, ToolChoice, ToolsSpec};
+    let spec = GrammarSpec::Tools(ToolsSpec {
+        tools: vec![Tool {
+            name: "quote".into(),
+            parameters: json!({"type": "object", "properties": {"symbol": {"type": "string"}},
+                               "required": ["symbol"], "additionalProperties": false}),
+        }],
+        choice: ToolChoice::Required,
+        parallel: true,
+    });
+    let call = |s: &str| {
+        format!(
+            "<tool_call>\n{{\"name\": \"quote\", \"arguments\": {{\"symbol\": \"{s}\"}}}}\n</tool_call>"
+        )
+    };
+    let two = format!("{}\n{}", call("NVDA"), call("TSLA"));
+    let looping = format!(
+        "{two}\n{}\n{}\n{}",
+        call("NVDA"),
+        call("TSLA"),
+        call("NVDA")
+    );
+    // Written by the draft (confident), and by the target (the draft rejected everywhere).
+    for (draft, threshold) in [(0.95, 0.5), (0.3, 0.99)] {
+        let o = run(
+            DraftScript::says(&looping, draft),
+            ScriptedTarget::says(&looping, None),
+            constrained(spec.clone(), threshold, 400),
+        )
+        .await?;
+        assert_eq!(o.text, two, "threshold {threshold}");
+        assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    }
+    // A call that only starts like an earlier one is held until it parts, then streamed.
+    let o = run(
+        DraftScript::says(&two, 0.95),
+        ScriptedTarget::says("unused", None),
+        constrained(spec, 0.5, 400),
+    )
+    .await?;
+    assert_eq!(o.text, two);
+    Ok(())
+}

@@ -16,6 +16,7 @@ use super::{
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
+use crate::grammar::tools::CallRepeats;
 use crate::grammar::{Constraint, Next};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
@@ -143,6 +144,9 @@ pub(super) struct Run<'a> {
     /// Set when the grammar refused the target's next token: the draft writes that position
     /// under the grammar, unjudged, so every round makes progress.
     draft_owns_next: bool,
+    /// Where the answer may call tools several times: its calls, each a stop string for the
+    /// rest of the answer, so that a repeated call ends it.
+    repeats: Option<CallRepeats>,
 }
 
 /// What the grammar did before the draft proposes a token.
@@ -206,6 +210,10 @@ impl<'a> Run<'a> {
             context: keep_context.then(Context::new),
             // Windows are scored on the draft's free run ahead, which no grammar checks.
             windows_unsupported: grammar.is_some(),
+            repeats: grammar
+                .as_ref()
+                .is_some_and(Constraint::several_calls)
+                .then(CallRepeats::default),
             grammar,
             draft_owns_next: false,
         }
@@ -349,6 +357,11 @@ impl<'a> Run<'a> {
             let delta = self.decoder.push(id)?;
             if let Some(ctx) = &mut self.context {
                 ctx.push(if i == 0 { first } else { None }, &delta);
+            }
+            if let Some(r) = &mut self.repeats {
+                for stop in r.feed(&delta) {
+                    self.stop.add(stop);
+                }
             }
             let (text, stop) = match self.stop.push(&delta) {
                 StopResult::Continue(t) => (t, false),

@@ -79,6 +79,15 @@ impl Bound {
             generation: None,
         })
     }
+
+    /// Lets go of the bound buffers. The binding holds them until it is bound anew, which
+    /// only the next run does: without this a worker whose streams had all left kept its
+    /// last batch's cache (`approxy bench streams`: resident memory after the streams was
+    /// what it was with them).
+    fn release(&mut self) {
+        self.binding.clear();
+        self.generation = None;
+    }
 }
 
 impl DraftSession {
@@ -236,6 +245,7 @@ impl DraftSession {
             self.tokens.len().next_multiple_of(CAPACITY_STEP)
         };
         let shrunk = if want < self.kv.capacity() {
+            self.solo.release();
             self.kv.resize(usize::from(want > 0), want)
         } else {
             Ok(())
@@ -332,6 +342,7 @@ impl DraftSession {
                 }
             }
         }
+        self.rows_bound.release();
         self.rows = fresh;
         Ok(())
     }
@@ -343,6 +354,7 @@ impl DraftSession {
 
     /// Frees the batch's cache and every parked one.
     pub fn rows_clear(&mut self) {
+        self.rows_bound.release();
         self.rows = self.cache();
         self.parked.clear();
     }

@@ -133,8 +133,9 @@ impl Grammars {
     /// [`COMPILE_TIME_LIMIT`] on a new schema: call it off the async runtime.
     pub fn constraint(&self, spec: &GrammarSpec) -> Result<Constraint, Unsupported> {
         let (key, grammar) = spec.grammar();
+        let several = matches!(spec, GrammarSpec::Tools(t) if t.several_calls());
         if let Some(found) = self.cached(&key) {
-            return found.map(|m| self.wrap(m));
+            return found.map(|m| self.wrap(m, several));
         }
         let compiled = self.compile(grammar, key.len());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,7 +148,7 @@ impl Grammars {
             cache.order.push_back(key.clone());
             cache.map.insert(key, compiled.clone());
         }
-        compiled.map(|m| self.wrap(m.deep_clone()))
+        compiled.map(|m| self.wrap(m.deep_clone(), several))
     }
 
     fn cached(&self, key: &str) -> Option<Result<Matcher, Unsupported>> {
@@ -181,10 +182,11 @@ impl Grammars {
         Ok(matcher)
     }
 
-    fn wrap(&self, matcher: Matcher) -> Constraint {
+    fn wrap(&self, matcher: Matcher, several_calls: bool) -> Constraint {
         Constraint {
             matcher,
             eos: self.eos.clone(),
+            several_calls,
         }
     }
 }
@@ -232,6 +234,7 @@ impl Mask {
 pub struct Constraint {
     matcher: Matcher,
     eos: Vec<u32>,
+    several_calls: bool,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -245,6 +248,7 @@ impl Clone for Constraint {
         Self {
             matcher: self.matcher.deep_clone(),
             eos: self.eos.clone(),
+            several_calls: self.several_calls,
         }
     }
 }
@@ -253,6 +257,11 @@ impl Constraint {
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> EngineError {
         let detail = self.matcher.get_error().unwrap_or_else(|| e.to_string());
         EngineError::Grammar(format!("{what}: {detail}"))
+    }
+
+    /// Whether the answer may make several tool calls (see [`tools::CallRepeats`]).
+    pub fn several_calls(&self) -> bool {
+        self.several_calls
     }
 
     /// What comes next.

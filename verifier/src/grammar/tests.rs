@@ -205,6 +205,38 @@ fn a_named_tool_is_the_only_call_and_one_call_is_one() {
 }
 
 #[test]
+fn only_answers_that_may_call_several_times_watch_for_repeats() {
+    let g = grammars();
+    let several = |spec: &GrammarSpec| g.constraint(spec).expect("compiles").several_calls();
+    assert!(several(&tools(ToolChoice::Auto, true)));
+    assert!(several(&tools(ToolChoice::Required, true)));
+    assert!(!several(&tools(ToolChoice::Required, false)));
+    assert!(!several(&tools(ToolChoice::Named("get_time".into()), true)));
+    assert!(!several(&tools(ToolChoice::None, true)));
+    assert!(!several(&GrammarSpec::JsonObject));
+}
+
+#[test]
+fn each_complete_call_gives_the_text_that_would_repeat_it() {
+    let mut r = tools::CallRepeats::default();
+    let (head, tail) = WEATHER_CALL.split_at(20);
+    assert!(r.feed(head).is_empty());
+    assert_eq!(r.feed(tail), vec![format!("\n{WEATHER_CALL}")]);
+    // Two calls in one piece, cut anywhere, and text before them.
+    let time = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    let both = format!("\n{WEATHER_CALL}\n{time}");
+    let mut r = tools::CallRepeats::default();
+    let mut found = r.feed("Let me check. <tool_");
+    for piece in both.as_bytes().chunks(7) {
+        found.extend(r.feed(std::str::from_utf8(piece).expect("ascii")));
+    }
+    assert_eq!(
+        found,
+        vec![format!("\n{WEATHER_CALL}"), format!("\n{time}")]
+    );
+}
+
+#[test]
 fn hostile_schemas_compile_or_are_refused_within_the_limits() {
     let g = grammars();
     let mut deep = json!({"type": "string"});

@@ -59,6 +59,12 @@ fn literal(s: &str) -> String {
 }
 
 impl ToolsSpec {
+    /// Whether an answer may hold more than one call. A named tool is one call of it, as
+    /// OpenAI and vLLM read the choice.
+    pub fn several_calls(&self) -> bool {
+        self.parallel && matches!(self.choice, ToolChoice::Auto | ToolChoice::Required)
+    }
+
     /// The grammar, in llguidance's Lark.
     pub fn lark(&self) -> String {
         // Free text may not start with `<`, so it cannot open a call: a call is always the
@@ -76,9 +82,7 @@ impl ToolsSpec {
             ToolChoice::Auto => "start: TEXT | calls\n",
             _ => "start: calls\n",
         };
-        // A named tool is one call of it, as OpenAI and vLLM read the choice.
-        let several = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
-        let calls = if several {
+        let calls = if self.several_calls() {
             "calls: call (\"\\n\" call)*\n"
         } else {
             "calls: call\n"
@@ -116,5 +120,55 @@ fn arguments_schema(parameters: &Value) -> Value {
             Value::Object(m)
         }
         _ => serde_json::json!({"type": "object"}),
+    }
+}
+
+/// Finds the calls an answer completes, so that a call repeating one of them can end the
+/// answer before it. Greedy small models loop on their calls: on the tool sample two of three
+/// parallel-call answers (and the target's under the same grammar) wrote the same calls over
+/// and over until `max_tokens` cut them, invalid (`approxy bench structured`, 2026-11-27). A
+/// call identical to an earlier one, same tool and same arguments, would only return what the
+/// first returned.
+#[derive(Debug, Default)]
+pub struct CallRepeats {
+    /// Text since the last complete call, or from where a call may still open.
+    pending: String,
+}
+
+impl CallRepeats {
+    /// Reads more of the answer's text; for each call it completes, the text that would
+    /// repeat it after a separator (a stop string for the rest of the answer).
+    pub fn feed(&mut self, text: &str) -> Vec<String> {
+        self.pending.push_str(text);
+        let mut repeats = Vec::new();
+        while let Some(open) = self.pending.find(CALL_OPEN) {
+            let Some(close) = self.pending[open..].find(CALL_CLOSE) else {
+                self.pending.drain(..open);
+                return repeats;
+            };
+            let end = open + close + CALL_CLOSE.len();
+            repeats.push(format!("\n{}", &self.pending[open..end]));
+            self.pending.drain(..end);
+        }
+        // No call is open: keep only what could be the start of one.
+        let mut keep = self.pending.len().saturating_sub(CALL_OPEN.len() - 1);
+        while !self.pending.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        self.pending.drain(..keep);
+        repeats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_with_no_call_keeps_only_what_could_open_one() {
+        let mut r = CallRepeats::default();
+        assert!(r.feed(&"é".repeat(10_000)).is_empty());
+        assert!(r.feed("<tool").is_empty());
+        assert!(r.pending.ends_with("<tool") && r.pending.len() <= CALL_OPEN.len());
     }
 }
