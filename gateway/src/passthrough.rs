@@ -159,9 +159,18 @@ fn named_wait(r: &reqwest::Response) -> Option<Duration> {
 /// Sends the request (head `parts`, body `bytes`) to the target and streams its answer back,
 /// marked with `reason`.
 pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reason) -> Response {
-    send(state, parts, bytes, reason.as_str())
+    let mut resp = send(state, parts, bytes, reason.as_str())
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    // On the target's errors too: a client telling approxy's own refusals from the target's
+    // reads these.
+    let h = resp.headers_mut();
+    h.insert("x-approxy-mode", HeaderValue::from_static("passthrough"));
+    h.insert(
+        "x-approxy-passthrough-reason",
+        HeaderValue::from_static(reason.as_str()),
+    );
+    resp
 }
 
 async fn send(
@@ -269,9 +278,6 @@ async fn send(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    resp = resp
-        .header("x-approxy-mode", "passthrough")
-        .header("x-approxy-passthrough-reason", reason);
     let cap = rt.policy.gateway.max_response_bytes;
     resp.body(Body::from_stream(relay(upstream, timeout, sse, cap)))
         .map_err(|e| ApiError::Internal(e.to_string()))

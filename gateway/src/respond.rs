@@ -36,7 +36,13 @@ fn correction_name(c: Correction) -> &'static str {
     }
 }
 
-fn verification_name(v: Verification) -> String {
+/// How the answer was verified: the model's setting, except that an answer its settings would
+/// score in windows ran spans where no window could be scored (under a grammar, or with a
+/// target that scores none), and says so.
+fn verification_name(v: Verification, s: &Stats) -> String {
+    if s.spans_for_windows && matches!(v, Verification::ApproximateWindows | Verification::Judged) {
+        return "approximate".into();
+    }
     match v {
         Verification::Approximate => "approximate".into(),
         Verification::ApproximateWindows => "approximate_windows".into(),
@@ -136,7 +142,7 @@ fn usage(p: &Priced, a: &Answer) -> Value {
             // not_worth_it.
             "cost_guard_reason": s.cost_guard_reason,
             "call_cap": s.call_cap,
-            "verification": verification_name(d.verification),
+            "verification": verification_name(d.verification, s),
             "correction": correction_name(d.correction),
             "windows": s.windows,
             "window_tokens": s.window_tokens,
@@ -756,4 +762,26 @@ fn stream(
         h.insert("x-approxy-threshold", v);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_that_ran_spans_for_its_windows_says_so() {
+        let spans = Stats {
+            spans_for_windows: true,
+            ..Stats::default()
+        };
+        let windows = Stats::default();
+        let w = Verification::ApproximateWindows;
+        assert_eq!(verification_name(w, &windows), "approximate_windows");
+        assert_eq!(verification_name(w, &spans), "approximate");
+        assert_eq!(
+            verification_name(Verification::Judged, &spans),
+            "approximate"
+        );
+        assert_eq!(verification_name(Verification::Exact, &spans), "exact");
+    }
 }

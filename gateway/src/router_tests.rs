@@ -1372,6 +1372,12 @@ async fn target_errors_become_the_gateways_without_their_details() {
             !text.contains("upstream-secret") && !headers.contains_key("set-cookie"),
             "upstream {code}: {text}"
         );
+        // An error on the way through still says the request went through, and why.
+        assert_eq!(headers["x-approxy-mode"], "passthrough", "upstream {code}");
+        assert!(
+            headers.contains_key("x-approxy-passthrough-reason"),
+            "upstream {code}"
+        );
         assert_eq!(
             headers
                 .get(header::RETRY_AFTER)

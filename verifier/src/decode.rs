@@ -342,6 +342,10 @@ pub struct Stats {
     /// bounded); each call's `generated` is filled when the generation ends.
     #[serde(skip)]
     pub calls: Vec<CallRecord>,
+    /// True when its settings scored windows but it was corrected with spans instead: it
+    /// ran under a grammar (windows are scored on the draft's free run ahead, which no
+    /// grammar checks), or the target scores no windows.
+    pub spans_for_windows: bool,
     /// Why it ended.
     pub finish_reason: Option<FinishReason>,
 }
@@ -395,6 +399,7 @@ impl Stats {
             target_wait,
             verifier_time,
             time_to_first_token,
+            spans_for_windows,
         } = o;
         self.completion_tokens += completion_tokens;
         self.draft_tokens += draft_tokens;
@@ -409,6 +414,7 @@ impl Stats {
         self.cost_guard_reason = self.cost_guard_reason.or(cost_guard_reason);
         self.handed_off_at = self.handed_off_at.take().or(handed_off_at);
         self.call_cap |= call_cap;
+        self.spans_for_windows |= spans_for_windows;
         self.resyncs += resyncs;
         self.spans_kept += spans_kept;
         self.target_discarded_tokens += target_discarded_tokens;

@@ -275,3 +275,29 @@ async fn a_call_that_repeats_an_earlier_one_ends_the_answer_before_it() -> Resul
     assert_eq!(o.text, two);
     Ok(())
 }
+
+#[tokio::test]
+async fn under_a_grammar_windows_give_way_to_spans_and_the_stats_say_so() -> Result<(), EngineError>
+{
+    let mut req = constrained(GrammarSpec::JsonSchema(person()), 0.99, 64);
+    req.settings_mut().verification = Verification::ApproximateWindows;
+    let o = run(
+        DraftScript::says("{\"age\": 42, \"ok\": true}", 0.3),
+        ScriptedTarget::says("{\"age\": 7, \"ok\": true}", None),
+        req,
+    )
+    .await?;
+    person_of(&o.text);
+    assert!(o.stats.target_calls >= 1);
+    assert_eq!(o.stats.windows, 0);
+    assert!(o.stats.spans_for_windows);
+    // Without windows in its settings, nothing gave way.
+    let o = run(
+        DraftScript::says("{\"age\": 42, \"ok\": true}", 0.3),
+        ScriptedTarget::says("{\"age\": 7, \"ok\": true}", None),
+        constrained(GrammarSpec::JsonSchema(person()), 0.99, 64),
+    )
+    .await?;
+    assert!(!o.stats.spans_for_windows);
+    Ok(())
+}

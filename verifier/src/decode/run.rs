@@ -1300,6 +1300,8 @@ impl<'a> Run<'a> {
         let total = self.stats.target_generated();
         settle(&mut self.stats.calls, total);
         self.stats.finish_reason = Some(reason);
+        self.stats.spans_for_windows =
+            self.windows_unsupported && self.req.settings.verification != Verification::Approximate;
         Ok(self.stats)
     }
 }
