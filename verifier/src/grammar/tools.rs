@@ -133,7 +133,15 @@ fn arguments_schema(parameters: &Value) -> Value {
 pub struct CallRepeats {
     /// Text since the last complete call, or from where a call may still open.
     pending: String,
+    /// Calls watched for repeats so far.
+    watched: usize,
 }
+
+/// Calls watched at most, and the longest watched: each is a stop string, and the stop
+/// matcher's work per token grows with their number and length (a request's own stop strings
+/// are bounded by the validator). An answer past these still ends at `max_tokens`.
+const MAX_WATCHED: usize = 32;
+const MAX_WATCHED_BYTES: usize = 2048;
 
 impl CallRepeats {
     /// Reads more of the answer's text; for each call it completes, the text that would
@@ -147,7 +155,10 @@ impl CallRepeats {
                 return repeats;
             };
             let end = open + close + CALL_CLOSE.len();
-            repeats.push(format!("\n{}", &self.pending[open..end]));
+            if self.watched < MAX_WATCHED && end - open <= MAX_WATCHED_BYTES {
+                self.watched += 1;
+                repeats.push(format!("\n{}", &self.pending[open..end]));
+            }
             self.pending.drain(..end);
         }
         // No call is open: keep only what could be the start of one.
@@ -170,5 +181,20 @@ mod tests {
         assert!(r.feed(&"é".repeat(10_000)).is_empty());
         assert!(r.feed("<tool").is_empty());
         assert!(r.pending.ends_with("<tool") && r.pending.len() <= CALL_OPEN.len());
+    }
+
+    #[test]
+    fn the_calls_watched_are_bounded_in_number_and_length() {
+        let call = |i: usize, arg: &str| {
+            format!(
+                "{CALL_OPEN}{{\"name\": \"f{i}\", \"arguments\": {{\"a\": \"{arg}\"}}}}{CALL_CLOSE}\n"
+            )
+        };
+        let mut r = CallRepeats::default();
+        assert!(r.feed(&call(0, &"x".repeat(MAX_WATCHED_BYTES))).is_empty());
+        let found: usize = (1..=MAX_WATCHED + 5)
+            .map(|i| r.feed(&call(i, "y")).len())
+            .sum();
+        assert_eq!(found, MAX_WATCHED);
     }
 }
