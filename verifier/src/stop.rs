@@ -3,7 +3,8 @@
 //!
 //! The held text never grows past the longest stop string plus one delta, and all stop strings
 //! are searched in one Aho-Corasick pass over it, so the work per delta is bounded whatever the
-//! client sent (the request validator also caps their number and length).
+//! client sent (the request validator also caps their number and length; stop strings added
+//! mid-answer, a tool answer's calls, are capped where they are made, `grammar::tools`).
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
