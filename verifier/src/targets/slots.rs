@@ -50,8 +50,7 @@ impl SlotPins {
             return None;
         };
         if s.slots.len() != total {
-            // The first call sizes the table; another count (a caller asking anew of a server
-            // restarted with other slots) makes what was known stale.
+            // The server was restarted with another count: what was known is stale.
             s.slots = vec![Slot::default(); total];
             s.held.clear();
         }
