@@ -54,7 +54,6 @@ impl CollectItem {
             sampling: SamplingParams::default(),
             model: None,
             top_logprobs: TARGET_TOP_K as u32,
-            answer: None,
         }
     }
 }

@@ -330,8 +330,6 @@ pub struct ScriptedTarget {
     facts: TargetFacts,
     /// `None`: it says `facts`; otherwise it fails to say anything, counting the asks here.
     facts_fail: Option<std::sync::Arc<AtomicUsize>>,
-    /// The answers it was told are over, in order.
-    done: Mutex<Vec<u64>>,
 }
 
 impl ScriptedTarget {
@@ -353,7 +351,6 @@ impl ScriptedTarget {
             eager: false,
             facts: TargetFacts::default(),
             facts_fail: None,
-            done: Mutex::new(Vec::new()),
         }
     }
 
@@ -473,14 +470,6 @@ impl ScriptedTarget {
             }
             _ => Ok(()),
         }
-    }
-
-    /// The answers it was told are over ([`TargetClient::answer_done`]), in order.
-    pub fn answers_done(&self) -> Vec<u64> {
-        self.done
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 
     /// Calls so far.
@@ -668,13 +657,6 @@ impl TargetClient for ScriptedTarget {
                 })
             }
         }
-    }
-
-    fn answer_done(&self, answer: u64) {
-        self.done
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(answer);
     }
 
     async fn health(&self) -> Result<(), TargetError> {
