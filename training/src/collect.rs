@@ -54,6 +54,7 @@ impl CollectItem {
             sampling: SamplingParams::default(),
             model: None,
             top_logprobs: TARGET_TOP_K as u32,
+            answer: None,
         }
     }
 }

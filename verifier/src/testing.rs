@@ -330,6 +330,8 @@ pub struct ScriptedTarget {
     facts: TargetFacts,
     /// `None`: it says `facts`; otherwise it fails to say anything, counting the asks here.
     facts_fail: Option<std::sync::Arc<AtomicUsize>>,
+    /// The answers it was told are over, in order.
+    done: Mutex<Vec<u64>>,
 }
 
 impl ScriptedTarget {
@@ -351,6 +353,7 @@ impl ScriptedTarget {
             eager: false,
             facts: TargetFacts::default(),
             facts_fail: None,
+            done: Mutex::new(Vec::new()),
         }
     }
 
@@ -470,6 +473,14 @@ impl ScriptedTarget {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The answers it was told are over ([`TargetClient::answer_done`]), in order.
+    pub fn answers_done(&self) -> Vec<u64> {
+        self.done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Calls so far.
@@ -657,6 +668,13 @@ impl TargetClient for ScriptedTarget {
                 })
             }
         }
+    }
+
+    fn answer_done(&self, answer: u64) {
+        self.done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(answer);
     }
 
     async fn health(&self) -> Result<(), TargetError> {

@@ -158,6 +158,9 @@ impl<T: TargetClient> TargetClient for Counting<T> {
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
         self.inner.tokenize(text).await
     }
+    fn answer_done(&self, answer: u64) {
+        self.inner.answer_done(answer);
+    }
     async fn health(&self) -> Result<(), TargetError> {
         self.inner.health().await
     }

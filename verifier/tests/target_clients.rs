@@ -86,6 +86,47 @@ async fn dropping_a_stream_stops_llama_server() {
     }
 }
 
+/// A span's stream is closed while llama-server is still generating, and it notices a token or
+/// two later. The answer's next call, sent at once, names the answer's slot: it waits for that
+/// slot and finds the whole prefix cached there, instead of taking the other slot and computing
+/// the prompt again. Unpinned, on the test target (2 slots, 2026-11-27), the next call found 25
+/// of 49 prompt tokens cached in three runs of three (the other slot's system prompt).
+async fn next_call_after_a_dropped_stream(pinned: bool) -> (usize, u32) {
+    use futures::StreamExt;
+    let target = common::llama_target();
+    let answer = approxy_verifier::targets::next_answer();
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut first = common::chat_req(
+        &format!("Request {nonce}: describe three rivers of Europe at length."),
+        &[],
+        64,
+    );
+    first.answer = pinned.then_some(answer);
+    let mut s = target.stream_tokens(&first).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.extend(s.next().await.unwrap().unwrap().tokens);
+    }
+    drop(s);
+    let mut next = first.clone();
+    next.prefix.extend(&got);
+    next.max_tokens = 1;
+    let c = target.continue_tokens(&next).await.unwrap();
+    target.answer_done(answer);
+    (first.prefix.len(), c.cached_prompt_tokens.unwrap_or(0))
+}
+
+#[tokio::test]
+async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held() {
+    let (prompt, cached) = next_call_after_a_dropped_stream(true).await;
+    assert!(
+        cached as usize >= prompt,
+        "{cached} of the prompt's {prompt} tokens were cached"
+    );
+}
+
 /// A stub upstream: answers every request with `status` after `delay`, counting calls.
 async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
     let calls = Arc::new(AtomicU32::new(0));

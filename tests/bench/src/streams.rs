@@ -111,6 +111,7 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     let pid = std::process::id();
     let mut rows = Vec::new();
     let mut alone = None;
+    let mut step_alone = None;
     for &c in &counts {
         let before = rss_bytes(pid).unwrap_or(0);
         let ready = Arc::new(tokio::sync::Barrier::new(c));
@@ -142,6 +143,10 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         let total: f64 = speeds.iter().sum();
         let p50 = quantile(&speeds, 0.5).unwrap_or(0.0);
         let one = *alone.get_or_insert(p50);
+        // The worker's own mean time for a decode step of c rows (ONNX Runtime's run and the
+        // outputs' copies): what the model allows, apart from the pool's waits.
+        let step_ms = pool.speed(0, c).map(|s| 1e3 / s);
+        let step_one = *step_alone.get_or_insert(step_ms);
         eprintln!("{c} streams: {total:.1} tokens/s in all, {p50:.1} each (p50)");
         rows.push(json!({
             "streams": c,
@@ -150,6 +155,9 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
             "stream_tokens_per_second_p10": quantile(&speeds, 0.1).unwrap_or(0.0),
             "all_vs_one_alone": total / one,
             "stream_vs_alone_p50": p50 / one,
+            "step_ms": step_ms,
+            // All streams' throughput against one alone if the steps were all the time spent.
+            "steps_allow_vs_one_alone": step_ms.zip(step_one).map(|(m, m1)| c as f64 * m1 / m),
             "rss_mib_before": before as f64 / (1 << 20) as f64,
             "rss_mib_streaming": streaming as f64 / (1 << 20) as f64,
             "rss_mib_after": after as f64 / (1 << 20) as f64,
@@ -197,7 +205,7 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
 pub fn markdown(report: &serde_json::Value) -> String {
     let mut md = format!(
         "The draft alone, one worker on one core (`{}`), {} prompt tokens a stream, {} tokens timed; {}, {}.\n\n\
-         | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | resident MiB, streaming / after |\n|---|---|---|---|---|---|\n",
+         | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | step ms (what the steps allow) | resident MiB, streaming / after |\n|---|---|---|---|---|---|---|\n",
         report["command"].as_str().unwrap_or(""),
         report["context_tokens"],
         report["tokens_per_stream"],
@@ -207,13 +215,17 @@ pub fn markdown(report: &serde_json::Value) -> String {
     for r in report["results"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         md.push_str(&format!(
-            "| {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {:.0} / {:.0} |\n",
+            "| {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {} | {:.0} / {:.0} |\n",
             r["streams"],
             f("tokens_per_second_all"),
             f("stream_tokens_per_second_p50"),
             f("stream_tokens_per_second_p10"),
             f("all_vs_one_alone"),
             f("stream_vs_alone_p50"),
+            r["step_ms"].as_f64().map_or("-".into(), |m| format!(
+                "{m:.1} ({:.2}x)",
+                r["steps_allow_vs_one_alone"].as_f64().unwrap_or(0.0)
+            )),
             f("rss_mib_streaming"),
             f("rss_mib_after"),
         ));

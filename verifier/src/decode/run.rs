@@ -21,7 +21,8 @@ use crate::grammar::{Constraint, Next};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::targets::{
-    ContinuationRequest, StreamChunk, TargetTimings, TokenStream, WindowRequest, WindowScore,
+    ContinuationRequest, StreamChunk, TargetClient, TargetTimings, TokenStream, WindowRequest,
+    WindowScore, next_answer,
 };
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{AcceptanceRule, Context, Features, Record, TargetProbs, Verifier, decide};
@@ -119,9 +120,23 @@ pub(super) enum SpanEnd {
     Finished(FinishReason),
 }
 
+/// An answer's id in its target calls; when the answer is over, however it ends, the target
+/// client hears of it (llama-server's slot it held is free again).
+struct Answer<'a> {
+    target: &'a dyn TargetClient,
+    id: u64,
+}
+
+impl Drop for Answer<'_> {
+    fn drop(&mut self) {
+        self.target.answer_done(self.id);
+    }
+}
+
 /// State of one generation.
 pub(super) struct Run<'a> {
     engine: &'a Engine,
+    answer: Answer<'a>,
     pub(super) req: GenerateRequest,
     tx: mpsc::Sender<TokenEvent>,
     emitted: Vec<u32>,
@@ -195,6 +210,10 @@ impl<'a> Run<'a> {
         };
         Self {
             engine,
+            answer: Answer {
+                target: &*engine.target,
+                id: next_answer(),
+            },
             decoder: StreamDecoder::new(engine.tokenizer.clone()),
             stop: StopMatcher::new(req.stop.clone()),
             req,
@@ -415,6 +434,7 @@ impl<'a> Run<'a> {
             } else {
                 0
             },
+            answer: Some(self.answer.id),
         }
     }
 

@@ -190,6 +190,30 @@ async fn a_rejected_token_is_replaced_by_the_target_and_drafting_resumes() -> Re
     Ok(())
 }
 
+/// llama-server keeps an answer's cache in the slot its calls name: every call of an answer
+/// names the same answer, another answer another, and the target hears when each is over.
+#[tokio::test]
+async fn an_answers_calls_name_it_and_the_target_hears_when_it_is_over() -> Result<(), EngineError>
+{
+    let mut first = None;
+    for _ in 0..2 {
+        let o = run(
+            DraftScript::says("hello", 0.95),
+            ScriptedTarget::says("world", None),
+            request(1.0, 64),
+        )
+        .await?;
+        let answers: Vec<Option<u64>> = o.target.calls().iter().map(|c| c.answer).collect();
+        let Some(&Some(id)) = answers.first() else {
+            panic!("no call named its answer: {answers:?}");
+        };
+        assert!(answers.len() > 1 && answers.iter().all(|a| *a == Some(id)));
+        assert_eq!(o.target.answers_done(), vec![id]);
+        assert_ne!(first.replace(id), Some(id), "two answers, two ids");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn correction_tokens_take_several_target_tokens_per_call() -> Result<(), EngineError> {
     let mut req = request(1.0, 64);

@@ -31,6 +31,17 @@ pub struct ContinuationRequest {
     /// Ask for the target's top log-probabilities at every generated position (this many
     /// entries each; 0: none). Label collection needs them; the engine does not ask.
     pub top_logprobs: u32,
+    /// The answer this call continues ([`next_answer`]; the same for each of its calls), for a
+    /// target that keeps an answer's cache in one place (llama-server's slots); `None` for a
+    /// call of its own.
+    pub answer: Option<u64>,
+}
+
+/// A new answer's id, unique in this process.
+pub fn next_answer() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl ContinuationRequest {
@@ -44,6 +55,7 @@ impl ContinuationRequest {
             sampling: SamplingParams::default(),
             model: None,
             top_logprobs: 0,
+            answer: None,
         }
     }
 
@@ -221,6 +233,8 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     }
     /// Ok when the target answers its health check; the error says why not.
     async fn health(&self) -> Result<(), TargetError>;
+    /// `answer` makes no more calls: what the target client kept for it may go.
+    fn answer_done(&self, _answer: u64) {}
 }
 
 /// What a target says of itself, each `None` where it does not say.

@@ -1,14 +1,17 @@
 //! llama.cpp `llama-server`: `POST /completion` with a token-array prompt, `cache_prompt`
 //! (reuses the common prefix of consecutive calls) and `return_tokens`.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Value, json};
+use tokio::sync::OnceCell;
 
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
     TargetTimings, TokenStream, get_json, get_ok, http_client, join, post_json, post_sse,
-    token_ids,
+    slots::SlotPins, token_ids,
 };
 use crate::error::TargetError;
 
@@ -17,6 +20,11 @@ use crate::error::TargetError;
 pub struct LlamaCppTarget {
     cfg: TargetConfig,
     http: reqwest::Client,
+    /// The server's slot count (`/props` `total_slots`), asked once; `None` when it does not
+    /// say, and then no call names a slot.
+    total_slots: Arc<OnceCell<Option<usize>>>,
+    /// Which slot each live answer's calls go to (see `super::slots`).
+    pins: Arc<SlotPins>,
 }
 
 impl LlamaCppTarget {
@@ -25,7 +33,39 @@ impl LlamaCppTarget {
         Ok(Self {
             http: http_client(&cfg)?,
             cfg,
+            total_slots: Arc::default(),
+            pins: Arc::default(),
         })
+    }
+
+    /// `req`'s body, naming the slot its answer holds where there is one.
+    async fn body_for(&self, req: &ContinuationRequest, stream: bool) -> Value {
+        let mut b = body(req, stream);
+        if let Some(answer) = req.answer {
+            // A server that cannot say is asked once; one that failed to answer, again.
+            let total = self
+                .total_slots
+                .get_or_try_init(|| async {
+                    let props = join(&self.cfg.base_url, "props");
+                    match get_json(&self.http, &self.cfg, &props).await {
+                        Ok(v) => Ok(v["total_slots"]
+                            .as_u64()
+                            .and_then(|n| usize::try_from(n).ok())),
+                        Err(TargetError::Status {
+                            status: 404 | 405, ..
+                        }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await
+                .ok()
+                .copied()
+                .flatten();
+            if let Some(slot) = total.and_then(|t| self.pins.pin(answer, &req.prefix, t)) {
+                b["id_slot"] = json!(slot);
+            }
+        }
+        b
     }
 }
 
@@ -103,7 +143,7 @@ impl TargetClient for LlamaCppTarget {
             &self.http,
             &self.cfg,
             &join(&self.cfg.base_url, "completion"),
-            &body(req, false),
+            &self.body_for(req, false).await,
             None,
         )
         .await?;
@@ -137,7 +177,7 @@ impl TargetClient for LlamaCppTarget {
             &self.http,
             &self.cfg,
             &join(&self.cfg.base_url, "completion"),
-            &body(req, true),
+            &self.body_for(req, true).await,
             None,
         )
         .await?;
@@ -190,6 +230,10 @@ impl TargetClient for LlamaCppTarget {
 
     async fn health(&self) -> Result<(), TargetError> {
         get_ok(&self.http, &self.cfg, &join(&self.cfg.base_url, "health")).await
+    }
+
+    fn answer_done(&self, answer: u64) {
+        self.pins.release(answer);
     }
 
     /// From `/props`: a slot's context (`default_generation_settings.n_ctx`, the server's
@@ -269,5 +313,106 @@ mod tests {
         );
         let bad = json!({"completion_probabilities": [{"top_logprobs": [{"id": "x"}]}]});
         assert!(top_logprobs_of(&bad).is_err());
+    }
+
+    /// A stub of llama-server's `/props` (`total_slots`, or none: a 404) and `/completion`
+    /// (`{"tokens", "stop_type"}`, as a real non-streamed answer has them) that keeps the
+    /// `id_slot` of every call; the slots it saw, and how often `/props` was asked.
+    struct SlotStub {
+        slots: std::sync::Mutex<Vec<Option<u64>>>,
+        props: std::sync::atomic::AtomicU32,
+        total: Option<u64>,
+    }
+
+    async fn slot_stub(total: Option<u64>) -> (Arc<SlotStub>, LlamaCppTarget) {
+        use axum::extract::State;
+        use axum::routing::{get, post};
+        let stub = Arc::new(SlotStub {
+            slots: std::sync::Mutex::default(),
+            props: Default::default(),
+            total,
+        });
+        let app = axum::Router::new()
+            .route(
+                "/props",
+                get(|State(s): State<Arc<SlotStub>>| async move {
+                    s.props.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    match s.total {
+                        Some(t) => Ok(axum::Json(json!({"total_slots": t}))),
+                        None => Err(axum::http::StatusCode::NOT_FOUND),
+                    }
+                }),
+            )
+            .route(
+                "/completion",
+                post(
+                    |State(s): State<Arc<SlotStub>>, axum::Json(b): axum::Json<Value>| async move {
+                        s.slots.lock().unwrap().push(b["id_slot"].as_u64());
+                        axum::Json(json!({"tokens": [5], "stop_type": "limit"}))
+                    },
+                ),
+            )
+            .with_state(stub.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let cfg = TargetConfig::stub(format!("http://{addr}"));
+        (stub, LlamaCppTarget::new(cfg).unwrap())
+    }
+
+    fn call_of(answer: Option<u64>, prefix: Vec<u32>) -> ContinuationRequest {
+        ContinuationRequest {
+            answer,
+            ..ContinuationRequest::greedy(prefix, 1)
+        }
+    }
+
+    #[tokio::test]
+    async fn each_live_answer_names_a_slot_of_its_own() {
+        let (stub, target) = slot_stub(Some(2)).await;
+        for (answer, prefix) in [(1, vec![1]), (2, vec![2]), (1, vec![1, 5]), (3, vec![3])] {
+            target
+                .continue_tokens(&call_of(Some(answer), prefix))
+                .await
+                .unwrap();
+        }
+        target
+            .continue_tokens(&call_of(None, vec![4]))
+            .await
+            .unwrap();
+        target.answer_done(1);
+        target
+            .continue_tokens(&call_of(Some(3), vec![3]))
+            .await
+            .unwrap();
+        let seen = stub.slots.lock().unwrap().clone();
+        let (a, b) = (seen[0].unwrap(), seen[1].unwrap());
+        assert_ne!(a, b, "two live answers, two slots: {seen:?}");
+        assert_eq!(seen[2], Some(a), "an answer's next call goes to its slot");
+        assert_eq!(seen[3], None, "every slot held: the server chooses");
+        assert_eq!(seen[4], None, "a call of no answer names no slot");
+        assert_eq!(
+            seen[5],
+            Some(a),
+            "the slot of an answer that is over is free"
+        );
+        assert_eq!(stub.props.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_does_not_say_its_slots_gets_calls_naming_none() {
+        let (stub, target) = slot_stub(None).await;
+        for prefix in [vec![1], vec![1, 5]] {
+            target
+                .continue_tokens(&call_of(Some(1), prefix))
+                .await
+                .unwrap();
+        }
+        assert_eq!(*stub.slots.lock().unwrap(), vec![None, None]);
+        assert_eq!(
+            stub.props.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "asked once"
+        );
     }
 }

@@ -24,13 +24,14 @@ pub mod openai;
 pub mod openai_text;
 pub mod retry;
 pub mod sglang;
+pub mod slots;
 pub mod text;
 pub mod trace;
 pub mod transport;
 
 pub use api::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetFacts, TargetTimings,
-    TokenStream, WindowRequest, WindowScore,
+    TokenStream, WindowRequest, WindowScore, next_answer,
 };
 pub use chat_only::ChatOnlyTarget;
 pub use chat_prefix::{ChatPrefixTarget, PrefixStyle};

@@ -251,6 +251,22 @@ impl TargetConfig {
             call_timeout: self.timeout,
         }
     }
+
+    /// Settings for an in-process stub at `base_url`: no key, no retries, a 10 s timeout.
+    #[cfg(test)]
+    pub(crate) fn stub(base_url: String) -> Self {
+        Self {
+            base_url,
+            api_key: None,
+            model: "qwen".into(),
+            timeout: Duration::from_secs(10),
+            retries: 0,
+            backoff: Duration::from_millis(10),
+            ca_file: None,
+            cache_hints: CacheHints::default(),
+            use_env_proxy: false,
+        }
+    }
 }
 
 /// A failed attempt and what it allows.

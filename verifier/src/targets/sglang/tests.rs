@@ -22,7 +22,6 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -221,17 +220,7 @@ async fn serve(answer: &[u32], incremental: bool, tokenize_route: bool) -> (Shar
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let cfg = TargetConfig {
-        base_url: format!("http://{addr}"),
-        api_key: None,
-        model: "qwen".into(),
-        timeout: Duration::from_secs(10),
-        retries: 0,
-        backoff: Duration::from_millis(10),
-        ca_file: None,
-        cache_hints: Default::default(),
-        use_env_proxy: false,
-    };
+    let cfg = TargetConfig::stub(format!("http://{addr}"));
     (stub, SglangTarget::new(cfg).unwrap())
 }
 
