@@ -89,9 +89,11 @@ async fn dropping_a_stream_stops_llama_server() {
 /// A span's stream is closed while llama-server is still generating, and it notices a token or
 /// two later. The answer's next call, sent at once, names the answer's slot: it waits for that
 /// slot and finds the whole prefix cached there, instead of taking the other slot and computing
-/// the prompt again. Unpinned, on the test target (2 slots, 2026-11-27), the next call found 25
-/// of 49 prompt tokens cached in three runs of three (the other slot's system prompt).
-async fn next_call_after_a_dropped_stream(pinned: bool) -> (usize, u32) {
+/// the prompt again. Without `answer` (no slot named), on the test target (2 slots, 2026-11-27),
+/// the next call found 25 of 49 prompt tokens cached in three runs of three (the other slot's
+/// system prompt).
+#[tokio::test]
+async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held() {
     use futures::StreamExt;
     let target = common::llama_target();
     let answer = approxy_verifier::targets::next_answer();
@@ -103,7 +105,7 @@ async fn next_call_after_a_dropped_stream(pinned: bool) -> (usize, u32) {
         &[],
         64,
     );
-    first.answer = pinned.then_some(answer);
+    first.answer = Some(answer);
     let mut s = target.stream_tokens(&first).await.unwrap();
     let mut got = Vec::new();
     while got.len() < 2 {
@@ -115,12 +117,7 @@ async fn next_call_after_a_dropped_stream(pinned: bool) -> (usize, u32) {
     next.max_tokens = 1;
     let c = target.continue_tokens(&next).await.unwrap();
     target.answer_done(answer);
-    (first.prefix.len(), c.cached_prompt_tokens.unwrap_or(0))
-}
-
-#[tokio::test]
-async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held() {
-    let (prompt, cached) = next_call_after_a_dropped_stream(true).await;
+    let (prompt, cached) = (first.prefix.len(), c.cached_prompt_tokens.unwrap_or(0));
     assert!(
         cached as usize >= prompt,
         "{cached} of the prompt's {prompt} tokens were cached"

@@ -11,7 +11,7 @@ use tokio::sync::OnceCell;
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
     TargetTimings, TokenStream, get_json, get_ok, http_client, join, post_json, post_sse,
-    slots::SlotPins, token_ids,
+    slots::SlotPins, token_ids, unless_missing,
 };
 use crate::error::TargetError;
 
@@ -47,15 +47,8 @@ impl LlamaCppTarget {
                 .total_slots
                 .get_or_try_init(|| async {
                     let props = join(&self.cfg.base_url, "props");
-                    match get_json(&self.http, &self.cfg, &props).await {
-                        Ok(v) => Ok(v["total_slots"]
-                            .as_u64()
-                            .and_then(|n| usize::try_from(n).ok())),
-                        Err(TargetError::Status {
-                            status: 404 | 405, ..
-                        }) => Ok(None),
-                        Err(e) => Err(e),
-                    }
+                    let v = unless_missing(get_json(&self.http, &self.cfg, &props).await)?;
+                    Ok::<_, TargetError>(v.and_then(|v| props_slots(&v)))
                 })
                 .await
                 .ok()
@@ -245,6 +238,13 @@ impl TargetClient for LlamaCppTarget {
     }
 }
 
+/// The slots a `/props` answer says the server has (`total_slots`).
+fn props_slots(v: &Value) -> Option<usize> {
+    v["total_slots"]
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+}
+
 /// The facts in a `/props` answer.
 fn props_facts(v: &Value) -> TargetFacts {
     TargetFacts {
@@ -259,6 +259,7 @@ fn props_facts(v: &Value) -> TargetFacts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::targets::serve_stub;
 
     /// The parts of a real `/props` answer of the test target that are read.
     #[test]
@@ -274,6 +275,8 @@ mod tests {
             }
         );
         assert_eq!(props_facts(&json!({})), TargetFacts::default());
+        assert_eq!(props_slots(&v), Some(2));
+        assert_eq!(props_slots(&json!({})), None);
     }
 
     /// The shape llama-server answers `"n_probs": 2` with (copied from a real answer of the
@@ -353,10 +356,7 @@ mod tests {
                 ),
             )
             .with_state(stub.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let cfg = TargetConfig::stub(format!("http://{addr}"));
+        let cfg = serve_stub(app).await;
         (stub, LlamaCppTarget::new(cfg).unwrap())
     }
 

@@ -40,11 +40,13 @@ pub use llamacpp::LlamaCppTarget;
 pub use openai::OpenAiCompletionsTarget;
 pub use openai_text::OpenAiTextTarget;
 pub use sglang::SglangTarget;
+#[cfg(test)]
+pub(crate) use transport::serve_stub;
 pub use transport::{
     CacheHints, POOL_IDLE_TIMEOUT, SendFailure, TargetConfig, http_client_builder, load_ca_file,
     tls_failure,
 };
 pub(crate) use transport::{
     get_json, get_ok, http_client, join, post_json, post_sse, reported_cached_tokens, token_ids,
-    tokenized,
+    tokenized, unless_missing,
 };

@@ -50,7 +50,8 @@ impl SlotPins {
             return None;
         };
         if s.slots.len() != total {
-            // The server was restarted with another count: what was known is stale.
+            // The first call sizes the table; another count (a caller asking anew of a server
+            // restarted with other slots) makes what was known stale.
             s.slots = vec![Slot::default(); total];
             s.held.clear();
         }

@@ -251,21 +251,28 @@ impl TargetConfig {
             call_timeout: self.timeout,
         }
     }
+}
 
-    /// Settings for an in-process stub at `base_url`: no key, no retries, a 10 s timeout.
-    #[cfg(test)]
-    pub(crate) fn stub(base_url: String) -> Self {
-        Self {
-            base_url,
-            api_key: None,
-            model: "qwen".into(),
-            timeout: Duration::from_secs(10),
-            retries: 0,
-            backoff: Duration::from_millis(10),
-            ca_file: None,
-            cache_hints: CacheHints::default(),
-            use_env_proxy: false,
-        }
+/// Serves `app` on a free local port, as an in-process stub of a target; settings for it: no
+/// key, no retries, a 10 s timeout.
+#[cfg(test)]
+pub(crate) async fn serve_stub(app: axum::Router) -> TargetConfig {
+    #![allow(clippy::expect_used)]
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free local port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    TargetConfig {
+        base_url: format!("http://{addr}"),
+        api_key: None,
+        model: "qwen".into(),
+        timeout: Duration::from_secs(10),
+        retries: 0,
+        backoff: Duration::from_millis(10),
+        ca_file: None,
+        cache_hints: CacheHints::default(),
+        use_env_proxy: false,
     }
 }
 
@@ -452,18 +459,24 @@ pub(crate) fn token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// The token ids a `/tokenize` answer carries in `tokens`; `None` when the server has no such
-/// endpoint (404 or 405): it just cannot be checked.
-pub(crate) fn tokenized(
-    answer: Result<serde_json::Value, TargetError>,
-) -> Result<Option<Vec<u32>>, TargetError> {
+/// An answer from an endpoint the server may not have: `None` when it has not (404 or 405),
+/// which is no failure.
+pub(crate) fn unless_missing<T>(answer: Result<T, TargetError>) -> Result<Option<T>, TargetError> {
     match answer {
-        Ok(v) => Ok(token_ids(&v["tokens"])),
+        Ok(v) => Ok(Some(v)),
         Err(TargetError::Status {
             status: 404 | 405, ..
         }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The token ids a `/tokenize` answer carries in `tokens`; `None` when the server has no such
+/// endpoint: it just cannot be checked.
+pub(crate) fn tokenized(
+    answer: Result<serde_json::Value, TargetError>,
+) -> Result<Option<Vec<u32>>, TargetError> {
+    Ok(unless_missing(answer)?.and_then(|v| token_ids(&v["tokens"])))
 }
 
 pub(crate) fn join(base: &str, path: &str) -> String {

@@ -30,6 +30,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::targets::serve_stub;
 
 const PROMPT: [u32; 4] = [1, 2, 3, 4];
 const EOS: u32 = 151_645;
@@ -217,10 +218,7 @@ async fn serve(answer: &[u32], incremental: bool, tokenize_route: bool) -> (Shar
         .route("/health", get(|| async { "" }))
         .route("/v1/models", get(models))
         .with_state(stub.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let cfg = TargetConfig::stub(format!("http://{addr}"));
+    let cfg = serve_stub(app).await;
     (stub, SglangTarget::new(cfg).unwrap())
 }
 
