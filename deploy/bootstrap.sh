@@ -35,7 +35,7 @@ wait_healthy() {
 start_target() {
   local port="$1" log="$2"
   "$LLAMA_SERVER" -m "$TARGET_GGUF" --alias "$TARGET_ALIAS" --host 127.0.0.1 --port "$port" \
-    -c 8192 -np 2 -t "${APPROXY_TARGET_THREADS:-2}" --metrics >"$log" 2>&1 &
+    -c 8192 -np 2 -t "${APPROXY_TARGET_THREADS:-2}" --cache-ram 0 --metrics >"$log" 2>&1 &
   TARGET_PID=$!
   wait_healthy llama-server "$TARGET_PID" "http://127.0.0.1:$port/health" "$log" 120
 }

@@ -14,7 +14,7 @@ ENV LD_LIBRARY_PATH=/opt/llama/bin
 USER 10001:10001
 EXPOSE 8081
 ENTRYPOINT ["/opt/llama/bin/llama-server"]
-CMD ["-m", "/models/target.gguf", "--alias", "qwen2.5-coder-1.5b-instruct", "--host", "0.0.0.0", "--port", "8081", "-c", "8192", "-np", "2", "-t", "2", "--metrics"]
+CMD ["-m", "/models/target.gguf", "--alias", "qwen2.5-coder-1.5b-instruct", "--host", "0.0.0.0", "--port", "8081", "-c", "8192", "-np", "2", "-t", "2", "--cache-ram", "0", "--metrics"]
 
 # Debian's Prometheus (the same sha256-pinned binary the tests use).
 FROM ${RUNTIME_IMAGE} AS prometheus

@@ -36,6 +36,8 @@ def policy_text(base_url=TARGET, **over):
     text = (REPO / "policies" / "default.toml").read_text()
     if TARGET_KIND != "llama_cpp":
         text = re.sub(r'^kind = .*$', f'kind = "{TARGET_KIND}"', text, count=1, flags=re.M)
+        # Slots are llama-server's (`target.cache.slots`).
+        text = re.sub(r'^cache = \{ slots = true \}$', '', text, count=1, flags=re.M)
         base_url = base_url.rstrip("/") + "/v1"
     if TARGET_KIND == "chat_prefix":
         text = re.sub(r'^(kind = .*)$', rf'\1\nprefix_style = "{PREFIX_STYLE}"', text, count=1, flags=re.M)

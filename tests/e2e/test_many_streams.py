@@ -45,7 +45,7 @@ def run_eight(g, headers):
         u = usage.model_extra["approxy"]
         assert u["mode"] == "approximate", u
         assert u["draft_tokens"] + u["target_tokens"] == usage.completion_tokens, u
-        assert len(text) > 10, (prompt, text)
+        assert len(text) > 10, (prompt, text, usage)
 
 
 def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):

@@ -95,7 +95,9 @@ async fn dropping_a_stream_stops_llama_server() {
 #[tokio::test]
 async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held() {
     use futures::StreamExt;
-    let target = common::llama_target();
+    let mut cfg = common::target_config(&common::target_url());
+    cfg.cache_hints.slots = true;
+    let target = LlamaCppTarget::new(cfg).unwrap_or_else(|e| panic!("{e}"));
     let answer = approxy_verifier::targets::next_answer();
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -91,7 +91,7 @@ async fn deepseek_prefix_continues_the_partial_answer_with_its_last_piece_held_b
     let mut cfg = common::target_config(&url);
     cfg.cache_hints = CacheHints {
         key: true,
-        affinity_header: None,
+        ..CacheHints::default()
     };
     let c = ChatPrefixTarget::new(cfg, common::tokenizer(), PrefixStyle::Prefix).unwrap();
     let req = common::chat_req(TASK, &answer("def is_pal"), 8);
@@ -185,6 +185,7 @@ async fn text_completions_send_the_rendered_prompt_and_retry_unhealed_when_the_t
     cfg.cache_hints = CacheHints {
         key: false,
         affinity_header: Some("x-session-affinity".into()),
+        ..CacheHints::default()
     };
     let c = OpenAiTextTarget::new(cfg, common::tokenizer()).unwrap();
     let req = common::chat_req(TASK, &answer("def is_pal"), 8);

@@ -706,6 +706,18 @@ max_cost_ratio = -1
         // Defaults per kind: the text kinds send a cache key, vLLM counts 16-token blocks.
         assert!(with("openai_text", "")?.target.cache_hints.key);
         assert!(!with("llama_cpp", "")?.target.cache_hints.key);
+        // Slots are named only when asked, and only to a server that has them.
+        assert!(!with("llama_cpp", "")?.target.cache_hints.slots);
+        assert!(
+            with("llama_cpp", "cache = { slots = true }")?
+                .target
+                .cache_hints
+                .slots
+        );
+        assert!(
+            with("vllm", "cache = { slots = true }")
+                .is_err_and(|e| e.to_string().contains("target.cache.slots"))
+        );
         assert_eq!(
             with("vllm", "")?.target.cache_rules,
             CacheRules {
@@ -721,7 +733,8 @@ max_cost_ratio = -1
             openai.target.cache_hints,
             CacheHints {
                 key: false,
-                affinity_header: Some("x-session-affinity".into())
+                affinity_header: Some("x-session-affinity".into()),
+                slots: false,
             }
         );
         assert_eq!(

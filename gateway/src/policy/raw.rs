@@ -105,6 +105,10 @@ pub struct RawCache {
     /// Header that pins a conversation to one replica (Fireworks: `x-session-affinity`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_header: Option<String>,
+    /// Keep each answer's calls on one llama-server slot (`id_slot`); the server's RAM prompt
+    /// cache must be off (`--cache-ram 0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<bool>,
     /// Shortest prefix the cache serves (OpenAI: 1024).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_tokens: Option<u64>,

@@ -260,7 +260,11 @@ impl Validator {
         let cache_hints = CacheHints {
             key: cache.key.unwrap_or(can.text_level),
             affinity_header: cache.affinity_header,
+            slots: cache.slots.unwrap_or(false),
         };
+        if cache_hints.slots && !can.names_slots {
+            self.err("target.cache.slots: llama_cpp targets only (llama-server's `id_slot`)");
+        }
         let cache_rules = CacheRules {
             min_tokens: cache.min_tokens.unwrap_or(0),
             block: cache.block.unwrap_or(can.cache_block),

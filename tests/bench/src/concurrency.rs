@@ -367,6 +367,11 @@ fn policy(
     policy.draft.streams_per_worker = Some(base.draft.streams_per_worker);
     policy.draft.min_stream_speed = Some(base.draft.min_stream_speed);
     policy.draft.kv_memory_mb = Some(base.draft.kv_memory_mb);
+    // The target is started with `--cache-ram 0`, as slots need (`servers::start_llama_slots`).
+    policy.target.cache = Some(approxy_gateway::policy::raw::RawCache {
+        slots: Some(base.target.cache_hints.slots),
+        ..Default::default()
+    });
     Ok(policy)
 }
 

@@ -76,6 +76,9 @@ pub struct Abilities {
     /// Writes until its context is full when `max_tokens` asks for more than is left, rather
     /// than refusing the request.
     pub fills_context: bool,
+    /// Can keep an answer's calls on one of its slots when the policy asks
+    /// (`target.cache.slots`; llama-server's `id_slot`).
+    pub names_slots: bool,
     /// What its base URL needs to name its OpenAI-compatible API (passthrough's base).
     pub openai_suffix: &'static str,
     /// Where its server's own counters are, from its base URL (`/metrics` in a format
@@ -109,6 +112,7 @@ impl TargetKind {
                 scores_windows: false,
                 cache_block: 1,
                 fills_context: true,
+                names_slots: true,
                 openai_suffix: "/v1",
                 // With `--metrics` (the run command starts it so).
                 counters: |base| Some(join(base, "/metrics")),
@@ -122,6 +126,7 @@ impl TargetKind {
                 scores_windows: true,
                 cache_block: 16,
                 fills_context: false,
+                names_slots: false,
                 openai_suffix: "",
                 // At the server root, beside the `/v1` the base URL names.
                 counters: |base| {
@@ -141,6 +146,7 @@ impl TargetKind {
                 cache_block: 1,
                 // It refuses a request whose prompt and `max_new_tokens` exceed the context.
                 fills_context: false,
+                names_slots: false,
                 // The base URL is the server root; its OpenAI API is under `/v1`.
                 openai_suffix: "/v1",
                 // Its `--enable-metrics` counters are named otherwise and give no compute time.
@@ -155,6 +161,7 @@ impl TargetKind {
                 scores_windows: false,
                 cache_block: 1,
                 fills_context: false,
+                names_slots: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, tok, text| {
@@ -172,6 +179,7 @@ impl TargetKind {
                 scores_windows: false,
                 cache_block: 1,
                 fills_context: false,
+                names_slots: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, tok, text| {
@@ -190,6 +198,7 @@ impl TargetKind {
                 scores_windows: false,
                 cache_block: 1,
                 fills_context: false,
+                names_slots: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),

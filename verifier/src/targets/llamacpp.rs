@@ -41,7 +41,7 @@ impl LlamaCppTarget {
     /// `req`'s body, naming the slot its answer holds where there is one.
     async fn body_for(&self, req: &ContinuationRequest, stream: bool) -> Value {
         let mut b = body(req, stream);
-        if let Some(answer) = req.answer {
+        if let Some(answer) = req.answer.filter(|_| self.cfg.cache_hints.slots) {
             // A server that cannot say is asked once; one that failed to answer, again.
             let total = self
                 .total_slots
@@ -327,7 +327,8 @@ mod tests {
         total: Option<u64>,
     }
 
-    async fn slot_stub(total: Option<u64>) -> (Arc<SlotStub>, LlamaCppTarget) {
+    /// `named`: the policy's `target.cache.slots`.
+    async fn slot_stub(total: Option<u64>, named: bool) -> (Arc<SlotStub>, LlamaCppTarget) {
         use axum::extract::State;
         use axum::routing::{get, post};
         let stub = Arc::new(SlotStub {
@@ -356,7 +357,8 @@ mod tests {
                 ),
             )
             .with_state(stub.clone());
-        let cfg = serve_stub(app).await;
+        let mut cfg = serve_stub(app).await;
+        cfg.cache_hints.slots = named;
         (stub, LlamaCppTarget::new(cfg).unwrap())
     }
 
@@ -369,7 +371,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_live_answer_names_a_slot_of_its_own() {
-        let (stub, target) = slot_stub(Some(2)).await;
+        let (stub, target) = slot_stub(Some(2), true).await;
         for (answer, prefix) in [(1, vec![1]), (2, vec![2]), (1, vec![1, 5]), (3, vec![3])] {
             target
                 .continue_tokens(&call_of(Some(answer), prefix))
@@ -399,20 +401,24 @@ mod tests {
         assert_eq!(stub.props.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
+    /// No call names a slot where the server does not say how many it has (asked once), nor
+    /// where the policy does not ask (not asked at all).
     #[tokio::test]
-    async fn a_server_that_does_not_say_its_slots_gets_calls_naming_none() {
-        let (stub, target) = slot_stub(None).await;
-        for prefix in [vec![1], vec![1, 5]] {
-            target
-                .continue_tokens(&call_of(Some(1), prefix))
-                .await
-                .unwrap();
+    async fn calls_name_no_slot_unless_asked_and_told() {
+        for (total, named, asked) in [(None, true, 1), (Some(2), false, 0)] {
+            let (stub, target) = slot_stub(total, named).await;
+            for prefix in [vec![1], vec![1, 5]] {
+                target
+                    .continue_tokens(&call_of(Some(1), prefix))
+                    .await
+                    .unwrap();
+            }
+            assert_eq!(*stub.slots.lock().unwrap(), vec![None, None]);
+            assert_eq!(
+                stub.props.load(std::sync::atomic::Ordering::SeqCst),
+                asked,
+                "{total:?} slots, named: {named}"
+            );
         }
-        assert_eq!(*stub.slots.lock().unwrap(), vec![None, None]);
-        assert_eq!(
-            stub.props.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "asked once"
-        );
     }
 }

@@ -13,6 +13,15 @@
 //! A new answer takes the free slot whose last prefix shares the most with its prompt (a
 //! system prompt the slot still holds), else the one approxy used longest ago. When every slot
 //! is held by a live answer, a call names none and llama-server chooses, as without pins.
+//!
+//! Only when the policy asks (`target.cache.slots`), and only for a server whose RAM prompt
+//! cache is off (`--cache-ram 0`, as approxy's own scripts start it). With that cache on
+//! (llama-server's default), a task that names a busy slot makes llama-server save and load
+//! prompt state into that slot before deferring the task (`get_available_slot` in
+//! `tools/server/server-context.cpp`, build b1-0c1e570), so the call running there goes on from
+//! another prompt's state. Seen 2026-11-27 with 8 answers on 2 slots: another answer's call,
+//! placed by the server on a slot one answer held, wrote "```" and end-of-sequence, and the
+//! slot reported 87 tokens after a 41-token prompt and 2 generated.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -46,6 +46,9 @@ pub struct CacheHints {
     /// A header that pins the conversation to one replica (Fireworks: `x-session-affinity`),
     /// set to the same key.
     pub affinity_header: Option<String>,
+    /// Keep each answer's calls on one server slot (llama-server's `id_slot`; see
+    /// [`super::slots`]). Only for a server whose RAM prompt cache is off (`--cache-ram 0`).
+    pub slots: bool,
 }
 
 impl CacheHints {
