@@ -30,14 +30,21 @@ if not TARGET:
     raise RuntimeError("APPROXY_TEST_TARGET_URL is not set: run ./deploy/test-all.sh (the README's test command)")
 
 
+def with_kind(text, kind, extra=""):
+    """A policy's text with its target's `kind` set (and `extra` lines after it), less the
+    shipped policy's slots, which only a llama_cpp target takes (`target.cache.slots`)."""
+    text = re.sub(r'^kind = .*$', f'kind = "{kind}"' + (f"\n{extra}" if extra else ""), text, count=1, flags=re.M)
+    if kind != "llama_cpp":
+        text = re.sub(r'^cache = \{ slots = true \}$', '', text, count=1, flags=re.M)
+    return text
+
+
 def policy_text(base_url=TARGET, **over):
     """policies/default.toml pointed at `base_url` (a server root) for the target kind under
     test, with `key = value` lines replaced."""
     text = (REPO / "policies" / "default.toml").read_text()
     if TARGET_KIND != "llama_cpp":
-        text = re.sub(r'^kind = .*$', f'kind = "{TARGET_KIND}"', text, count=1, flags=re.M)
-        # Slots are llama-server's (`target.cache.slots`).
-        text = re.sub(r'^cache = \{ slots = true \}$', '', text, count=1, flags=re.M)
+        text = with_kind(text, TARGET_KIND)
         base_url = base_url.rstrip("/") + "/v1"
     if TARGET_KIND == "chat_prefix":
         text = re.sub(r'^(kind = .*)$', rf'\1\nprefix_style = "{PREFIX_STYLE}"', text, count=1, flags=re.M)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import REPO, approxy_usage, assert_same_up_to_a_tie
+from conftest import REPO, approxy_usage, assert_same_up_to_a_tie, with_kind
 
 OTHER = os.environ.get("APPROXY_TEST_OTHER_TARGET_URL")
 OTHER_MODEL = os.environ.get("APPROXY_TEST_OTHER_TARGET_MODEL", "smollm2-135m-instruct")
@@ -22,9 +22,7 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
 
 def policy(kind, style=None):
     text = (REPO / "policies" / "default.toml").read_text()
-    text = re.sub(r'^kind = .*$', f'kind = "{kind}"' + (f'\nprefix_style = "{style}"' if style else ""), text, count=1, flags=re.M)
-    # Slots are llama-server's (`target.cache.slots`).
-    text = re.sub(r'^cache = \{ slots = true \}$', '', text, count=1, flags=re.M)
+    text = with_kind(text, kind, f'prefix_style = "{style}"' if style else "")
     text = re.sub(r'^base_url = .*$', f'base_url = "{OTHER}/v1"', text, flags=re.M)
     text = re.sub(r'^threshold_override = .*$', "threshold_override = [0.0, 1.0]", text, flags=re.M)
     # A self-hosted target: no prices, so no cost guard, and every rejection is a span call.

@@ -1,9 +1,8 @@
 """Requests the engine does not serve go to the target unchanged, and say why."""
-import re
 
 import httpx
 
-from conftest import MODEL, TARGET, policy_text, raw_post
+from conftest import MODEL, TARGET, policy_text, raw_post, with_kind
 
 MSG = [{"role": "user", "content": "What is 2+2? Answer with the number only."}]
 
@@ -37,7 +36,7 @@ def test_policy_passthrough_mode(start_gateway):
 def test_target_that_cannot_continue_passes_everything_through(start_gateway):
     # llama-server's OpenAI chat API, declared as a chat-only target (as OpenAI's own chat models
     # are: they cannot continue a partial assistant answer).
-    text = re.sub(r'^kind = .*$', 'kind = "openai_chat"', policy_text(base_url=TARGET.rstrip("/") + "/v1"), count=1, flags=re.M)
+    text = with_kind(policy_text(base_url=TARGET.rstrip("/") + "/v1"), "openai_chat")
     g = start_gateway(text)
     assert "target_cannot_continue" in g.logs()
     c = g.client()
