@@ -44,10 +44,9 @@ def policy_text(base_url=TARGET, **over):
     test, with `key = value` lines replaced."""
     text = (REPO / "policies" / "default.toml").read_text()
     if TARGET_KIND != "llama_cpp":
-        text = with_kind(text, TARGET_KIND)
+        style = f'prefix_style = "{PREFIX_STYLE}"' if TARGET_KIND == "chat_prefix" else ""
+        text = with_kind(text, TARGET_KIND, style)
         base_url = base_url.rstrip("/") + "/v1"
-    if TARGET_KIND == "chat_prefix":
-        text = re.sub(r'^(kind = .*)$', rf'\1\nprefix_style = "{PREFIX_STYLE}"', text, count=1, flags=re.M)
     text = re.sub(r'^base_url = .*$', f'base_url = "{base_url}"', text, flags=re.M)
     # The tests drive the whole dial (0: draft only, 1: target only); the shipped policy stops
     # clients at 0.9.
