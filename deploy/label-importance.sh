@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
-# Importance labels on HumanEval (AutoJudge's, the problems' tests as the judge): sets up whatever
-# is missing, starts the local llama-server target, and labels (`approxy train importance`,
-# resumable, shards of 8 problems written whole into training/data/importance/): the training
-# problems along the target's answers, then the held-out ones, then both along approxy's live
-# answers at THRESHOLD (default 0.85, the default policy's code threshold). Hours on 2 cores.
+# Importance labels (AutoJudge's): sets up whatever is missing, starts the local llama-server
+# target, and labels in resumable shards written whole (`approxy train importance`). Hours on
+# 2 cores; rerun to resume.
+#
+# Code (default): HumanEval, the problems' tests as the judge, shards of 8 problems in
+# training/data/importance/: the training problems along the target's answers, then the
+# held-out ones, then both along approxy's live answers at THRESHOLD (default 0.85, the
+# default policy's code threshold).
+#
+# Chat (`chat`): along the target's answers, IFEval's checkers and the target's likelihood as
+# the judges, shards of 4 prompts in training/data/importance-chat/: TRAIN of the corpus's chat
+# prompts (default 32) and HELD of the instruction-following set (default 20), a shard of each
+# in turn so a run cut short leaves both.
 # Usage: ./deploy/label-importance.sh [THRESHOLD]
+#        ./deploy/label-importance.sh chat [TRAIN] [HELD]
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
-THRESHOLD="${1:-0.85}"
-OUT="$REPO/training/data/importance"
 mkdir -p "$APPROXY_HOME/logs"
 PORT="$(free_port)"
 echo "==> starting llama-server (target) on 127.0.0.1:$PORT"
 start_target "$PORT" "$APPROXY_HOME/logs/label-target-server.log"
 trap 'stop_processes "$TARGET_PID"' EXIT
 URL="http://127.0.0.1:$PORT"
+labels() {
+  local started
+  started=$(date +%s)
+  "$APPROXY" train importance --target-url "$URL" "$@"
+  echo "==> labels ($*) in $(( $(date +%s) - started ))s on $(nproc) cores, $(date -u +%Y-%m-%d)"
+}
+if [ "${1:-}" = chat ]; then
+  TRAIN="${2:-32}" HELD="${3:-20}"
+  for (( n = 4; n <= (TRAIN > HELD ? TRAIN : HELD); n += 4 )); do
+    labels --chat --shard-problems 4 --chat-prompts "$(( n < TRAIN ? n : TRAIN ))"
+    labels --chat --shard-problems 4 --held-out --problems "$(( n < HELD ? n : HELD ))"
+  done
+  exit 0
+fi
+THRESHOLD="${1:-0.85}"
+OUT="$REPO/training/data/importance"
 for args in "" "--held-out" "--live-threshold $THRESHOLD" "--live-threshold $THRESHOLD --held-out"; do
-  START=$(date +%s)
   # shellcheck disable=SC2086
-  "$APPROXY" train importance --target-url "$URL" --out "$OUT" $args
-  echo "==> labels ${args:-along the target's answers} in $(( $(date +%s) - START ))s on $(nproc) cores, $(date -u +%Y-%m-%d)"
+  labels --out "$OUT" $args
 done

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -14,7 +14,7 @@ use approxy_verifier::calibration::{
     KindGrids, OtherHead, PromptSourceReport, SourceAtBudget, SourceReport,
 };
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
-use approxy_verifier::targets::{CacheHints, PrefixStyle, TargetConfig, TargetKind, TextSettings};
+use approxy_verifier::targets::{PrefixStyle, TargetKind, TextSettings};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::learned::{Artifact, DEFAULT_CALIBRATION_TARGET};
 use approxy_verifier::verify::{AcceptanceRule, LearnedVerifier, Verifier};
@@ -118,21 +118,12 @@ pub fn run_collect(a: &CollectArgs) -> anyhow::Result<()> {
         "a {} target cannot continue a prefix: nothing to collect",
         a.target_kind.policy_name()
     );
-    let cfg = TargetConfig {
-        base_url: a.target_url.clone(),
-        api_key: a
-            .target_api_key_env
-            .as_ref()
-            .and_then(|v| std::env::var(v).ok())
-            .filter(|k| !k.is_empty()),
-        model: a.target_model.clone(),
-        timeout: Duration::from_secs(300),
-        retries: 3,
-        backoff: Duration::from_millis(500),
-        ca_file: None,
-        cache_hints: CacheHints::default(),
-        use_env_proxy: false,
-    };
+    let api_key = a
+        .target_api_key_env
+        .as_ref()
+        .and_then(|v| std::env::var(v).ok())
+        .filter(|k| !k.is_empty());
+    let cfg = crate::collect::patient_target(&a.target_url, api_key, &a.target_model);
     let text = TextSettings {
         prefix_style: a.prefix_style,
         chat_template: None,

@@ -14,12 +14,13 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use indicatif::ProgressBar;
 
 use approxy_verifier::draft::PositionOutput;
-use approxy_verifier::targets::{ContinuationRequest, TargetClient};
+use approxy_verifier::targets::{CacheHints, ContinuationRequest, TargetClient, TargetConfig};
 use approxy_verifier::template::ChatMessage;
 use approxy_verifier::verify::context::along_answer;
 use approxy_verifier::{
@@ -355,4 +356,19 @@ async fn label_visited(
         .await
         .into_iter()
         .collect()
+}
+
+/// How training reaches a target: patient (long answers on a loaded CPU) and retried.
+pub fn patient_target(url: &str, api_key: Option<String>, model: &str) -> TargetConfig {
+    TargetConfig {
+        base_url: url.to_string(),
+        api_key,
+        model: model.to_string(),
+        timeout: Duration::from_secs(300),
+        retries: 3,
+        backoff: Duration::from_millis(500),
+        ca_file: None,
+        cache_hints: CacheHints::default(),
+        use_env_proxy: false,
+    }
 }

@@ -134,6 +134,25 @@ pub fn leaks(corpus: &[CorpusPrompt], problems: &[HumanEvalProblem]) -> Vec<Stri
     out
 }
 
+/// The last `n` chat prompts of the corpus's first chat source (the templated questions).
+/// `approxy train collect --prompts P` takes the first prompts of each source in turn, so
+/// these stay out of every collection that takes fewer than the source's prompts minus `n`
+/// from it; the sample stays the one the committed `approxy bench calls` results were
+/// measured on.
+pub fn held_out_chat(corpus: &[CorpusPrompt], n: usize) -> Vec<CorpusPrompt> {
+    let Some(first) = corpus.iter().find(|p| p.kind == "chat") else {
+        return Vec::new();
+    };
+    let chat: Vec<&CorpusPrompt> = corpus
+        .iter()
+        .filter(|p| p.kind == "chat" && p.source == first.source)
+        .collect();
+    chat[chat.len().saturating_sub(n)..]
+        .iter()
+        .map(|p| (*p).clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,19 +16,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use approxy_verifier::targets::{ContinuationRequest, TargetClient};
+use approxy_verifier::targets::{ContinuationRequest, LlamaCppTarget, TargetClient};
 use approxy_verifier::verify::Features;
 use approxy_verifier::verify::context::along_answer;
 use approxy_verifier::{
     Draft, DraftMeta, Engine, GenerateRequest, SamplingParams, Source, Tokenizer, Verifier,
 };
 
-use crate::collect::{draft_outputs, emitted_by};
+use crate::collect::{draft_outputs, emitted_by, patient_target};
 use crate::corpus::HumanEvalProblem;
 use crate::dataset::{AGREES, HARMLESS, IMPORTANCE_UNKNOWN, IMPORTANT, Rows};
-use crate::humaneval::{STOP, Sandbox, Verdict, check};
+use crate::humaneval::{Sandbox, Verdict, check};
 
 /// Tokens asked of the target per call while it finishes an answer: small enough that an
 /// answer cut at a stop wastes little, and each call after the first is served from its cache.
@@ -84,6 +85,13 @@ impl LabelledAnswer {
     }
 }
 
+/// The llama-server target labels are made with.
+pub fn label_target(url: &str) -> anyhow::Result<std::sync::Arc<dyn TargetClient>> {
+    Ok(std::sync::Arc::new(LlamaCppTarget::new(patient_target(
+        url, None, "",
+    ))?))
+}
+
 /// What labelling runs with.
 pub struct Labeller<'a> {
     /// The target, greedy.
@@ -96,6 +104,8 @@ pub struct Labeller<'a> {
     pub scratch: &'a Path,
     /// Longest answer.
     pub max_answer_tokens: u32,
+    /// Texts that end an answer (HumanEval's [`crate::humaneval::STOP`] on code, none on chat).
+    pub stops: &'a [&'a str],
     /// Longest a problem's tests may run.
     pub test_timeout: Duration,
     /// Target calls and test runs in flight.
@@ -112,7 +122,7 @@ impl Labeller<'_> {
             _ => answer,
         };
         let mut text = self.tokenizer.decode(body)?;
-        if let Some(cut) = STOP.iter().filter_map(|s| text.find(s)).min() {
+        if let Some(cut) = self.stops.iter().filter_map(|s| text.find(s)).min() {
             text.truncate(cut);
         }
         Ok(text)
@@ -128,33 +138,57 @@ impl Labeller<'_> {
         if answer.last().is_some_and(|t| eos.contains(t)) {
             return Ok(true);
         }
+        if self.stops.is_empty() {
+            return Ok(false);
+        }
         let text = self.tokenizer.decode(answer)?;
-        Ok(STOP.iter().any(|s| text.contains(s)))
+        Ok(self.stops.iter().any(|s| text.contains(s)))
     }
 
     /// `head` finished greedily by the target after `prompt`: the whole answer, cut after
     /// the token that ends it.
     pub async fn finish(&self, prompt: &[u32], head: &[u32]) -> anyhow::Result<Vec<u32>> {
+        Ok(self.finish_scored(prompt, head, 0).await?.0)
+    }
+
+    /// [`Labeller::finish`], with the target's `top_k` most likely tokens and their
+    /// log-probabilities (before sampling) at each position it wrote after `head` (none when
+    /// `top_k` is 0).
+    pub async fn finish_scored(
+        &self,
+        prompt: &[u32],
+        head: &[u32],
+        top_k: u32,
+    ) -> anyhow::Result<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
         let mut answer = head.to_vec();
+        let mut tops = Vec::new();
         while !self.ended(&answer)? {
             let want = CHUNK.min(self.max_answer_tokens - answer.len() as u32);
             let req = ContinuationRequest {
                 prompt_len: prompt.len(),
+                top_logprobs: top_k,
                 ..ContinuationRequest::greedy([prompt, &answer].concat(), want)
             };
             let c = self.target.continue_tokens(&req).await?;
             let got = c.tokens.len();
+            anyhow::ensure!(
+                top_k == 0 || c.top_logprobs.len() == got,
+                "the target gave {} lists of log-probabilities for {got} tokens",
+                c.top_logprobs.len()
+            );
+            let mut lists = c.top_logprobs.into_iter();
             for t in c.tokens {
                 answer.push(t);
+                tops.extend(lists.next());
                 if self.ended(&answer)? {
-                    return Ok(answer);
+                    return Ok((answer, tops));
                 }
             }
             if got < want as usize || c.stopped_on_eos {
                 break;
             }
         }
-        Ok(answer)
+        Ok((answer, tops))
     }
 
     /// The tests' verdict on an answer (a timeout fails).
@@ -334,7 +368,11 @@ impl Labeller<'_> {
 }
 
 /// The draft's greedy token at every answer position (teacher-forced, as the rows see it).
-async fn draft_tops(draft: &dyn Draft, prompt: &[u32], answer: &[u32]) -> anyhow::Result<Vec<u32>> {
+pub(crate) async fn draft_tops(
+    draft: &dyn Draft,
+    prompt: &[u32],
+    answer: &[u32],
+) -> anyhow::Result<Vec<u32>> {
     Ok(draft_outputs(draft, prompt, answer)
         .await?
         .iter()
@@ -355,7 +393,7 @@ async fn live_answer(
         prompt: prompt.to_vec(),
         max_tokens: l.max_answer_tokens,
         sampling: SamplingParams::default(),
-        stop: STOP.iter().map(|s| (*s).to_string()).collect(),
+        stop: l.stops.iter().map(|s| (*s).to_string()).collect(),
         threshold,
         cost_guard: None,
         model: None,
@@ -387,15 +425,15 @@ pub async fn rows_of(
             .find(|(_, p)| p.task_id == a.task_id)
             .with_context(|| format!("{} is not a HumanEval problem", a.task_id))?;
         let prompt = tokenizer.encode(&p.prompt)?;
-        anyhow::ensure!(
-            prompt.len() == a.prompt_tokens,
-            "{}: the prompt is {} tokens here and {} in the labels (another tokenizer?)",
-            a.task_id,
-            prompt.len(),
-            a.prompt_tokens
-        );
-        let outs = draft_outputs(draft, &prompt, &a.answer).await?;
-        let features = along_answer(&outs, &a.answer, tokenizer)?;
+        let features = features_along(
+            draft,
+            tokenizer,
+            &a.task_id,
+            &prompt,
+            a.prompt_tokens,
+            &a.answer,
+        )
+        .await?;
         let first = rows.len();
         for (i, f) in features.iter().enumerate() {
             let d = a.disagreements.iter().find(|d| d.at == i);
@@ -404,24 +442,57 @@ pub async fn rows_of(
                 Some(d) if d.important => IMPORTANT,
                 Some(_) => HARMLESS,
             };
-            // A draft run on another machine may propose another token at a near-tie: the
-            // label is not about that token, so the row is left unjudged.
             let proposed = match d {
                 Some(d) => d.draft,
                 None if a.path == "target" => a.answer[i],
                 None => f.top1,
             };
-            let class = if f.top1 == proposed {
-                class
-            } else {
-                IMPORTANCE_UNKNOWN
-            };
-            rows.push(f, class != IMPORTANT, number as u32, 0);
-            rows.importance[first + i] = class;
+            push_judged(&mut rows, f, class, proposed, number as u32, 0);
             rows.live[first + i] = a.path != "target";
         }
     }
     Ok(rows)
+}
+
+/// The draft's features teacher-forced along a labelled `answer` after `prompt` (as the decode
+/// loop computes them, context and syntax included), once the prompt is known to be as long as
+/// when it was labelled.
+pub(crate) async fn features_along(
+    draft: &dyn Draft,
+    tokenizer: &Tokenizer,
+    id: &str,
+    prompt: &[u32],
+    labelled_prompt: usize,
+    answer: &[u32],
+) -> anyhow::Result<Vec<Features>> {
+    anyhow::ensure!(
+        prompt.len() == labelled_prompt,
+        "{id}: the prompt is {} tokens here and {labelled_prompt} in the labels (another tokenizer?)",
+        prompt.len(),
+    );
+    let outs = draft_outputs(draft, prompt, answer).await?;
+    Ok(along_answer(&outs, answer, tokenizer)?)
+}
+
+/// Adds a row of `class` (acceptable unless important). A draft run on another machine may
+/// propose another token than the labelled one (`proposed`) at a near-tie: the label is not
+/// about that token, so the row is left unjudged.
+pub(crate) fn push_judged(
+    rows: &mut Rows,
+    f: &Features,
+    class: u8,
+    proposed: u32,
+    prompt_id: u32,
+    kind: u8,
+) {
+    let class = if f.top1 == proposed {
+        class
+    } else {
+        IMPORTANCE_UNKNOWN
+    };
+    rows.push(f, class != IMPORTANT, prompt_id, kind);
+    let at = rows.len() - 1;
+    rows.importance[at] = class;
 }
 
 /// The file of shard `i` of the labels named `name` (`target`, `live@0.85`; held-out
@@ -431,7 +502,7 @@ pub fn shard_path(dir: &Path, name: &str, i: usize) -> PathBuf {
 }
 
 /// Reads every label shard in `dir` whose name starts with `prefix`, in name order.
-pub fn load(dir: &Path, prefix: &str) -> anyhow::Result<Vec<LabelledAnswer>> {
+pub fn load<T: DeserializeOwned>(dir: &Path, prefix: &str) -> anyhow::Result<Vec<T>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -450,7 +521,7 @@ pub fn load(dir: &Path, prefix: &str) -> anyhow::Result<Vec<LabelledAnswer>> {
 }
 
 /// The labelled answers of one shard.
-pub fn read_shard(path: &Path) -> anyhow::Result<Vec<LabelledAnswer>> {
+pub fn read_shard<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let text = std::fs::read_to_string(path)?;
     text.lines()
         .enumerate()
@@ -463,7 +534,7 @@ pub fn read_shard(path: &Path) -> anyhow::Result<Vec<LabelledAnswer>> {
 
 /// Writes a shard whole (a unique temporary file renamed into place): an interrupted run
 /// leaves no half shard for a rerun to skip.
-pub fn save_shard(path: &Path, answers: &[LabelledAnswer]) -> anyhow::Result<()> {
+pub fn save_shard<T: Serialize>(path: &Path, answers: &[T]) -> anyhow::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut text = String::new();
@@ -578,10 +649,10 @@ mod tests {
             &shard_path(dir.path(), "held-out-target", 0),
             &[answer(&[])],
         )?;
-        let back = load(dir.path(), "target")?;
+        let back: Vec<LabelledAnswer> = load(dir.path(), "target")?;
         assert_eq!(back, vec![a]);
         assert_eq!(back[0].counts(), (2, 1));
-        assert_eq!(load(dir.path(), "held-out-")?.len(), 1);
+        assert_eq!(load::<LabelledAnswer>(dir.path(), "held-out-")?.len(), 1);
         assert!(shard_path(dir.path(), "live@0.85", 3).ends_with("live-0.85-003.jsonl"));
         Ok(())
     }

@@ -1,23 +1,29 @@
 //! `approxy train importance`: importance labels on HumanEval from a real llama-server target,
-//! along the target's answers or approxy's live ones, in resumable shards; and
-//! `approxy train importance-rows`: the draft's features along the labelled answers.
+//! along the target's answers or approxy's live ones, in resumable shards (with `--chat`, on
+//! chat prompts along the target's answers); and `approxy train importance-rows`: the draft's
+//! features along the labelled answers.
 
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use approxy_verifier::home::Home;
-use approxy_verifier::targets::{CacheHints, LlamaCppTarget, TargetConfig};
 use approxy_verifier::{
-    ConfidenceVerifier, DraftConfig, DraftPool, DraftWorkers, Engine, TargetClient, Tokenizer,
+    ConfidenceVerifier, Draft, DraftConfig, DraftPool, DraftWorkers, Engine, TargetClient,
+    Tokenizer,
 };
 
-use crate::corpus::load_human_eval;
+use approxy_verifier::template::{ChatMessage, ChatTemplate};
+
+use crate::corpus::{held_out_chat, load_human_eval, select};
 use crate::dataset::IMPORTANCE_UNKNOWN;
-use crate::humaneval::{Sandbox, split_held_out};
-use crate::importance::{Labeller, PathKind, label_shards, read_shard, rows_of};
+use crate::humaneval::{STOP, Sandbox, split_held_out};
+use crate::importance::{Labeller, PathKind, label_shards, label_target, read_shard, rows_of};
+use crate::importance_chat::{self, ChatPrompt, DEFAULT_MARGIN, InstructionJudge};
+use crate::instructions::InstructionPrompt;
 
 /// `approxy train importance` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,9 +31,23 @@ pub struct ImportanceArgs {
     /// The llama-server target's root URL.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub target_url: String,
-    /// Where the label shards go (committed: they are the labels).
-    #[arg(long, default_value = "training/data/importance")]
-    pub out: PathBuf,
+    /// Where the label shards go (committed: they are the labels); by default
+    /// `training/data/importance`, or `training/data/importance-chat` with `--chat`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Label chat prompts instead of HumanEval: the corpus's chat prompts (but the chat
+    /// sample's held-out ones), or with `--held-out` the instruction-following set.
+    #[arg(long)]
+    pub chat: bool,
+    /// With `--chat`: how many of the corpus's chat prompts, taken from its sources in turn.
+    #[arg(long, default_value_t = 48)]
+    pub chat_prompts: usize,
+    /// The prompt corpus (chat prompts).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
+    pub corpus: PathBuf,
+    /// The instruction-following set (held-out chat prompts and their checkers).
+    #[arg(long, default_value = "tests/bench/instructions")]
+    pub instructions_dir: PathBuf,
     /// Label the held-out problems (shards named `held-out-*`) instead of the training ones.
     #[arg(long)]
     pub held_out: bool,
@@ -35,12 +55,12 @@ pub struct ImportanceArgs {
     /// the target's own answers.
     #[arg(long)]
     pub live_threshold: Option<f32>,
-    /// Label only the first N problems of the set (0: all).
+    /// Label only the first N problems (or chat prompts) of the set (0: all).
     #[arg(long, default_value_t = 0)]
     pub problems: usize,
-    /// Longest answer, in tokens.
-    #[arg(long, default_value_t = 256)]
-    pub max_answer_tokens: u32,
+    /// Longest answer, in tokens (by default 256 on code, 96 on chat).
+    #[arg(long)]
+    pub max_answer_tokens: Option<u32>,
     /// Problems per shard.
     #[arg(long, default_value_t = 8)]
     pub shard_problems: usize,
@@ -49,30 +69,135 @@ pub struct ImportanceArgs {
 /// `approxy train importance-rows` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ImportanceRowsArgs {
-    /// The label shards (`approxy train importance --out`).
-    #[arg(long, default_value = "training/data/importance")]
-    pub labels: PathBuf,
+    /// The label shards (`approxy train importance --out`); by default
+    /// `training/data/importance`, or `training/data/importance-chat` with `--chat`.
+    #[arg(long)]
+    pub labels: Option<PathBuf>,
+    /// Chat labels (`approxy train importance --chat`).
+    #[arg(long)]
+    pub chat: bool,
+    /// With `--chat`: nats per token the finished answer may lose against the target's own
+    /// before a position counts as important.
+    #[arg(long, default_value_t = DEFAULT_MARGIN)]
+    pub margin: f64,
+    /// The prompt corpus (chat prompts).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
+    pub corpus: PathBuf,
+    /// The instruction-following set.
+    #[arg(long, default_value = "tests/bench/instructions")]
+    pub instructions_dir: PathBuf,
     /// Where the rows go: `train/` and `held-out/` below it, one rows shard per label shard
     /// (a rerun skips those there).
     #[arg(long)]
     pub out: PathBuf,
 }
 
+const CODE_LABELS: &str = "training/data/importance";
+const CHAT_LABELS: &str = "training/data/importance-chat";
+
+fn labels_dir(given: Option<&PathBuf>, chat: bool) -> PathBuf {
+    given
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(if chat { CHAT_LABELS } else { CODE_LABELS }))
+}
+
+/// The chat prompts labels are made along: the corpus's first `n` chat prompts (the chat
+/// sample's held-out ones left out), or the instruction-following set, rendered through the
+/// draft's chat template.
+fn chat_prompts(
+    home: &Home,
+    tok: &Tokenizer,
+    corpus: &Path,
+    instructions_dir: &Path,
+    n: usize,
+    held_out: bool,
+) -> anyhow::Result<Vec<ChatPrompt>> {
+    let template = ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
+    let render = |text: &str| -> anyhow::Result<Vec<u32>> {
+        let messages = [ChatMessage::new("user".into(), text.to_string())];
+        Ok(tok.encode(&template.render(&messages)?)?)
+    };
+    if held_out {
+        let path = instructions_dir.join("prompts.jsonl");
+        return std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+            .map(|(i, l)| {
+                let p: InstructionPrompt = serde_json::from_str(l)?;
+                Ok(ChatPrompt {
+                    tokens: render(&p.prompt)?,
+                    id: p.id,
+                    number: i as u32,
+                    instructions: true,
+                })
+            })
+            .collect();
+    }
+    let all = crate::corpus::load(corpus)?;
+    let sample: HashSet<u32> = held_out_chat(&all, HELD_OUT_CHAT)
+        .iter()
+        .map(|p| p.id)
+        .collect();
+    select(&all, "chat", all.len())
+        .into_iter()
+        .filter(|p| !sample.contains(&p.id))
+        .take(n)
+        .map(|p| {
+            Ok(ChatPrompt {
+                id: p.id.to_string(),
+                number: p.id,
+                tokens: render(&p.prompt)?,
+                instructions: false,
+            })
+        })
+        .collect()
+}
+
+/// The chat sample's size (`approxy bench oracle --chat`, `bench calls`): no label is made on it.
+const HELD_OUT_CHAT: usize = 40;
+
 /// Computes the draft's features along every labelled answer.
 pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
     let home = Home::from_env()?;
     let dir = home.draft_onnx_dir();
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-    let problems =
-        load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?;
+    let labels = labels_dir(a.labels.as_ref(), a.chat);
+    let problems = if a.chat {
+        Vec::new()
+    } else {
+        load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?
+    };
+    let chat: HashMap<String, ChatPrompt> = if a.chat {
+        [false, true]
+            .into_iter()
+            .map(|held| {
+                chat_prompts(
+                    &home,
+                    &tok,
+                    &a.corpus,
+                    &a.instructions_dir,
+                    usize::MAX,
+                    held,
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .map(|p| (p.id.clone(), p))
+            .collect()
+    } else {
+        HashMap::new()
+    };
     let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
         dir,
         home.onnxruntime_lib(),
         1,
         1,
     ))?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&a.labels)
-        .with_context(|| format!("reading {}", a.labels.display()))?
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&labels)
+        .with_context(|| format!("reading {}", labels.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
         .collect();
@@ -100,12 +225,19 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
             continue;
         }
         std::fs::create_dir_all(out.parent().unwrap_or(&a.out))?;
-        let answers = read_shard(&f)?;
         let rows = rt.block_on(async {
             let lease = pool
                 .try_lease()
                 .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
-            rows_of(lease.as_ref(), pool.meta(), &tok, &problems, &answers).await
+            if a.chat {
+                let answers = read_shard(&f)?;
+                let meta = pool.meta();
+                importance_chat::rows_of(lease.as_ref(), meta, &tok, &chat, &answers, a.margin)
+                    .await
+            } else {
+                let answers = read_shard(&f)?;
+                rows_of(lease.as_ref(), pool.meta(), &tok, &problems, &answers).await
+            }
         })?;
         let unknown = rows
             .importance
@@ -122,13 +254,124 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What labelling runs on: the draft (one worker), the llama-server target (greedy, patient,
+/// retried), scratch space and a runtime.
+struct Labelling {
+    home: Home,
+    tok: Tokenizer,
+    pool: Arc<DraftPool>,
+    target: Arc<dyn TargetClient>,
+    scratch: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Labelling {
+    fn start(url: &str) -> anyhow::Result<Self> {
+        let home = Home::from_env()?;
+        let dir = home.draft_onnx_dir();
+        let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
+            dir,
+            home.onnxruntime_lib(),
+            1,
+            1,
+        ))?;
+        let target = label_target(url)?;
+        Ok(Self {
+            home,
+            tok,
+            pool,
+            target,
+            scratch: tempfile::tempdir()?,
+            rt: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?,
+        })
+    }
+
+    /// The labeller, two target calls in flight.
+    async fn labeller<'a>(&'a self, max: u32, stops: &'a [&'a str]) -> Labeller<'a> {
+        Labeller {
+            target: self.target.as_ref(),
+            tokenizer: &self.tok,
+            sandbox: Sandbox::detect().await,
+            scratch: self.scratch.path(),
+            max_answer_tokens: max,
+            stops,
+            test_timeout: Duration::from_secs(10),
+            concurrency: 2,
+        }
+    }
+
+    fn lease(&self) -> anyhow::Result<Box<dyn Draft>> {
+        self.pool
+            .try_lease()
+            .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))
+    }
+}
+
+/// Labels chat prompts along the target's answers (`--chat`).
+fn run_chat_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.live_threshold.is_none(),
+        "--chat labels along the target's answers only"
+    );
+    let run = Labelling::start(&a.target_url)?;
+    let mut prompts = chat_prompts(
+        &run.home,
+        &run.tok,
+        &a.corpus,
+        &a.instructions_dir,
+        a.chat_prompts,
+        a.held_out,
+    )?;
+    if a.problems > 0 {
+        prompts.truncate(a.problems);
+    }
+    let out = labels_dir(a.out.as_ref(), true);
+    let started = Instant::now();
+    let labelled = run.rt.block_on(async {
+        let labeller = run.labeller(a.max_answer_tokens.unwrap_or(96), &[]).await;
+        let judge = InstructionJudge {
+            home: &run.home,
+            dir: &a.instructions_dir,
+            scratch: run.scratch.path(),
+        };
+        let name = if a.held_out {
+            "held-out-chat-target"
+        } else {
+            "chat-target"
+        };
+        importance_chat::label_shards(
+            &labeller,
+            &judge,
+            run.lease()?.as_ref(),
+            &prompts,
+            &out,
+            name,
+            a.shard_problems,
+        )
+        .await
+    })?;
+    let positions: usize = labelled.iter().map(|l| l.disagreements.len()).sum();
+    let tokens: usize = labelled.iter().map(|l| l.answer.len()).sum();
+    eprintln!(
+        "labelled {} chat answers ({tokens} tokens, {positions} disagreements) in {:.0?}",
+        labelled.len(),
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// Labels the chosen problems.
 pub fn run_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
-    let home = Home::from_env()?;
-    let dir = home.draft_onnx_dir();
-    let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+    if a.chat {
+        return run_chat_importance(a);
+    }
+    let run = Labelling::start(&a.target_url)?;
     let (train, held) = split_held_out(
-        load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?,
+        load_human_eval(&run.home.human_eval()).context("HumanEval (run `approxy setup`)")?,
     );
     let mut problems = if a.held_out { held } else { train };
     if a.problems > 0 {
@@ -144,53 +387,26 @@ pub fn run_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
             PathKind::Live(t)
         }
     };
-    let pool = DraftPool::start(&DraftConfig::one_stream_per_worker(
-        dir,
-        home.onnxruntime_lib(),
-        1,
-        1,
-    ))?;
-    let cfg = TargetConfig {
-        base_url: a.target_url.clone(),
-        api_key: None,
-        model: String::new(),
-        timeout: Duration::from_secs(300),
-        retries: 3,
-        backoff: Duration::from_millis(500),
-        ca_file: None,
-        cache_hints: CacheHints::default(),
-        use_env_proxy: false,
-    };
-    let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg)?);
-    let scratch = tempfile::tempdir()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let started = Instant::now();
-    let labelled = rt.block_on(async {
-        let labeller = Labeller {
-            target: target.as_ref(),
-            tokenizer: &tok,
-            sandbox: Sandbox::detect().await,
-            scratch: scratch.path(),
-            max_answer_tokens: a.max_answer_tokens,
-            test_timeout: Duration::from_secs(10),
-            concurrency: 2,
-        };
-        let engine = Engine::new(tok.clone(), Arc::clone(&target), tok.end_of_sequence_ids());
-        let lease = pool
-            .try_lease()
-            .ok_or_else(|| anyhow::anyhow!("no idle draft worker"))?;
+    let labelled = run.rt.block_on(async {
+        let labeller = run
+            .labeller(a.max_answer_tokens.unwrap_or(256), &STOP)
+            .await;
+        let tok = &run.tok;
+        let engine = Engine::new(
+            tok.clone(),
+            Arc::clone(&run.target),
+            tok.end_of_sequence_ids(),
+        );
         let prefix = if a.held_out { "held-out-" } else { "" };
         label_shards(
             &labeller,
             &engine,
-            lease.as_ref(),
+            run.lease()?.as_ref(),
             &ConfidenceVerifier,
             path,
             &problems,
-            &a.out,
+            &labels_dir(a.out.as_ref(), false),
             prefix,
             a.shard_problems,
         )

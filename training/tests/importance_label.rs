@@ -9,15 +9,13 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use approxy_training::corpus::load_human_eval;
-use approxy_training::humaneval::{Sandbox, Verdict, check};
-use approxy_training::importance::{Labeller, load};
+use approxy_training::humaneval::{STOP, Sandbox, Verdict, check};
+use approxy_training::importance::{LabelledAnswer, Labeller, label_target, load};
+use approxy_verifier::Tokenizer;
 use approxy_verifier::home::Home;
-use approxy_verifier::targets::{CacheHints, LlamaCppTarget, TargetConfig};
-use approxy_verifier::{TargetClient, Tokenizer};
 
 const TASK: &str = "HumanEval/14";
 const AT: usize = 11;
@@ -45,7 +43,8 @@ async fn a_hand_checked_label_is_reproduced() {
     );
 
     // The committed label.
-    let labels = load(std::path::Path::new("data/importance"), "target").unwrap();
+    let labels: Vec<LabelledAnswer> =
+        load(std::path::Path::new("data/importance"), "target").unwrap();
     let answer = labels.iter().find(|a| a.task_id == TASK).unwrap();
     let d = answer.disagreements.iter().find(|d| d.at == AT).unwrap();
     assert_eq!(tok.decode(&[d.draft]).unwrap(), "(len");
@@ -56,24 +55,14 @@ async fn a_hand_checked_label_is_reproduced() {
     // sides finished by the target and tested.
     let url = std::env::var("APPROXY_TEST_TARGET_URL")
         .expect("APPROXY_TEST_TARGET_URL is not set: run the README's test command");
-    let cfg = TargetConfig {
-        base_url: url,
-        api_key: None,
-        model: String::new(),
-        timeout: Duration::from_secs(300),
-        retries: 2,
-        backoff: Duration::from_millis(200),
-        ca_file: None,
-        cache_hints: CacheHints::default(),
-        use_env_proxy: false,
-    };
-    let target: Arc<dyn TargetClient> = Arc::new(LlamaCppTarget::new(cfg).unwrap());
+    let target = label_target(&url).unwrap();
     let labeller = Labeller {
         target: target.as_ref(),
         tokenizer: &tok,
         sandbox,
         scratch: scratch.path(),
         max_answer_tokens: 256,
+        stops: &STOP,
         test_timeout: t,
         concurrency: 1,
     };

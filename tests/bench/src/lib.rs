@@ -42,7 +42,7 @@ pub mod draft;
 pub mod fidelity;
 pub mod gpu_projection;
 use approxy_training::humaneval;
-mod instructions;
+use approxy_training::instructions;
 mod levels;
 pub mod machine;
 pub mod oracle;

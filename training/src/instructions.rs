@@ -1,6 +1,6 @@
 //! The instruction-following set (`tests/bench/instructions/`): its prompts, and IFEval's
 //! checkers run over answers by the set's `score.py` (in a venv of its pinned requirements).
-//! Shared by the oracle study and the calls benchmark.
+//! Shared by the oracle study, the calls benchmark and the chat importance labels.
 
 use std::collections::HashMap;
 
@@ -25,19 +25,76 @@ pub struct InstructionScores {
 /// An instruction-following prompt (`tests/bench/instructions/prompts.jsonl`; the
 /// instructions themselves are read by `score.py`).
 #[derive(Deserialize)]
-pub(crate) struct InstructionPrompt {
-    pub(crate) id: String,
-    pub(crate) prompt: String,
+pub struct InstructionPrompt {
+    /// `if-NN`.
+    pub id: String,
+    /// The user message.
+    pub prompt: String,
 }
 
 /// Scores every configuration's answers with the set's `score.py` (IFEval's checkers, in a
 /// venv of the set's pinned requirements), by configuration name.
-pub(crate) async fn score_instructions(
+pub async fn score_instructions(
     home: &Home,
     dir: &std::path::Path,
     scratch: &std::path::Path,
     runs: &[(String, Vec<(String, String)>)],
 ) -> anyhow::Result<HashMap<String, InstructionScores>> {
+    Ok(scored(home, dir, scratch, runs)
+        .await?
+        .into_iter()
+        .map(|(config, s)| (config, s.scores))
+        .collect())
+}
+
+/// Each instruction's strict verdict on every answer of every configuration, by configuration
+/// name and then by prompt id, in the prompt's instruction order.
+pub async fn verdicts(
+    home: &Home,
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+    runs: &[(String, Vec<(String, String)>)],
+) -> anyhow::Result<HashMap<String, HashMap<String, Vec<bool>>>> {
+    Ok(scored(home, dir, scratch, runs)
+        .await?
+        .into_iter()
+        .map(|(config, s)| {
+            let by_id = s
+                .answers
+                .into_iter()
+                .map(|a| (a.id, a.instructions.iter().map(|i| i.strict).collect()))
+                .collect();
+            (config, by_id)
+        })
+        .collect())
+}
+
+/// One configuration as `score.py` writes it: the accuracies and each answer's verdicts.
+#[derive(Deserialize)]
+struct Scored {
+    #[serde(flatten)]
+    scores: InstructionScores,
+    #[serde(default)]
+    answers: Vec<ScoredAnswer>,
+}
+
+#[derive(Deserialize)]
+struct ScoredAnswer {
+    id: String,
+    instructions: Vec<ScoredInstruction>,
+}
+
+#[derive(Deserialize)]
+struct ScoredInstruction {
+    strict: bool,
+}
+
+async fn scored(
+    home: &Home,
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+    runs: &[(String, Vec<(String, String)>)],
+) -> anyhow::Result<HashMap<String, Scored>> {
     let venv =
         approxy_setup::requirements_venv(home, "instructions", &dir.join("requirements.txt"))?;
     std::fs::create_dir_all(scratch)?;
@@ -87,10 +144,10 @@ pub(crate) async fn score_instructions(
         String::from_utf8_lossy(&out.stderr)
     );
     #[derive(Deserialize)]
-    struct Scored {
-        configs: HashMap<String, InstructionScores>,
+    struct All {
+        configs: HashMap<String, Scored>,
     }
-    let scored: Scored =
+    let all: All =
         serde_json::from_slice(&std::fs::read(&result)?).context("reading score.py's result")?;
-    Ok(scored.configs)
+    Ok(all.configs)
 }
