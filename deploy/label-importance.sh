@@ -9,11 +9,11 @@
 # default policy's code threshold).
 #
 # Chat (`chat`): along the target's answers, IFEval's checkers and the target's likelihood as
-# the judges, shards of 4 prompts in training/data/importance-chat/: TRAIN of the corpus's chat
-# prompts (default 32) and HELD of the instruction-following set (default 20), a shard of each
-# in turn so a run cut short leaves both.
+# the judges, shards of 4 prompts in training/data/importance-chat/: the instruction-following
+# set's first 20 prompts (held out), its other 20 (training), then TRAIN of the corpus's chat
+# prompts (default 32; the likelihood alone judges them).
 # Usage: ./deploy/label-importance.sh [THRESHOLD]
-#        ./deploy/label-importance.sh chat [TRAIN] [HELD]
+#        ./deploy/label-importance.sh chat [TRAIN]
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 mkdir -p "$APPROXY_HOME/logs"
 PORT="$(free_port)"
@@ -28,11 +28,9 @@ labels() {
   echo "==> labels ($*) in $(( $(date +%s) - started ))s on $(nproc) cores, $(date -u +%Y-%m-%d)"
 }
 if [ "${1:-}" = chat ]; then
-  TRAIN="${2:-32}" HELD="${3:-20}"
-  for (( n = 4; n <= (TRAIN > HELD ? TRAIN : HELD); n += 4 )); do
-    labels --chat --shard-problems 4 --chat-prompts "$(( n < TRAIN ? n : TRAIN ))"
-    labels --chat --shard-problems 4 --held-out --problems "$(( n < HELD ? n : HELD ))"
-  done
+  labels --chat --shard-problems 4 --held-out
+  labels --chat --shard-problems 4 --instructions
+  labels --chat --shard-problems 4 --chat-prompts "${2:-32}"
   exit 0
 fi
 THRESHOLD="${1:-0.85}"

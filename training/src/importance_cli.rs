@@ -4,7 +4,7 @@
 //! features along the labelled answers.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,12 +42,13 @@ pub struct ImportanceArgs {
     /// With `--chat`: how many of the corpus's chat prompts, taken from its sources in turn.
     #[arg(long, default_value_t = 48)]
     pub chat_prompts: usize,
-    /// The prompt corpus (chat prompts).
-    #[arg(long, default_value = "training/data/prompts.jsonl")]
-    pub corpus: PathBuf,
-    /// The instruction-following set (held-out chat prompts and their checkers).
-    #[arg(long, default_value = "tests/bench/instructions")]
-    pub instructions_dir: PathBuf,
+    /// With `--chat`: label the instruction-following set's prompts after its held-out
+    /// first 20 (shards `chat-instructions-target-*`) instead of the corpus's.
+    #[arg(long)]
+    pub instructions: bool,
+    /// Where chat prompts come from.
+    #[command(flatten)]
+    pub sources: ChatSources,
     /// Label the held-out problems (shards named `held-out-*`) instead of the training ones.
     #[arg(long)]
     pub held_out: bool,
@@ -66,6 +67,17 @@ pub struct ImportanceArgs {
     pub shard_problems: usize,
 }
 
+/// Where chat prompts come from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChatSources {
+    /// The prompt corpus (chat prompts).
+    #[arg(long, default_value = "training/data/prompts.jsonl")]
+    pub corpus: PathBuf,
+    /// The instruction-following set (chat prompts with instructions, and their checkers).
+    #[arg(long, default_value = "tests/bench/instructions")]
+    pub instructions_dir: PathBuf,
+}
+
 /// `approxy train importance-rows` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ImportanceRowsArgs {
@@ -80,12 +92,9 @@ pub struct ImportanceRowsArgs {
     /// before a position counts as important.
     #[arg(long, default_value_t = DEFAULT_MARGIN)]
     pub margin: f64,
-    /// The prompt corpus (chat prompts).
-    #[arg(long, default_value = "training/data/prompts.jsonl")]
-    pub corpus: PathBuf,
-    /// The instruction-following set.
-    #[arg(long, default_value = "tests/bench/instructions")]
-    pub instructions_dir: PathBuf,
+    /// Where chat prompts come from.
+    #[command(flatten)]
+    pub sources: ChatSources,
     /// Where the rows go: `train/` and `held-out/` below it, one rows shard per label shard
     /// (a rerun skips those there).
     #[arg(long)]
@@ -101,41 +110,70 @@ fn labels_dir(given: Option<&PathBuf>, chat: bool) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(if chat { CHAT_LABELS } else { CODE_LABELS }))
 }
 
-/// The chat prompts labels are made along: the corpus's first `n` chat prompts (the chat
-/// sample's held-out ones left out), or the instruction-following set, rendered through the
-/// draft's chat template.
+/// Which chat prompts to label along.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ChatSet {
+    /// The corpus's chat prompts, the chat sample's held-out ones left out (the likelihood
+    /// judges them: they carry no instructions).
+    Corpus,
+    /// The instruction-following set after its first [`HELD_OUT_INSTRUCTIONS`] (both judges).
+    Instructions,
+    /// Its first [`HELD_OUT_INSTRUCTIONS`]: the held-out chat labels.
+    HeldOut,
+}
+
+impl ChatSet {
+    fn shards(self) -> &'static str {
+        match self {
+            Self::Corpus => "chat-target",
+            Self::Instructions => "chat-instructions-target",
+            Self::HeldOut => "held-out-chat-target",
+        }
+    }
+}
+
+/// Instruction-following prompts whose labels no fit reads; the rest may train a router. A
+/// router shipped from them would be judged on these alone.
+const HELD_OUT_INSTRUCTIONS: usize = 20;
+
+/// The prompts of `set`, rendered through the draft's chat template (the corpus's first `n`).
 fn chat_prompts(
     home: &Home,
     tok: &Tokenizer,
-    corpus: &Path,
-    instructions_dir: &Path,
+    a: &ChatSources,
     n: usize,
-    held_out: bool,
+    set: ChatSet,
 ) -> anyhow::Result<Vec<ChatPrompt>> {
     let template = ChatTemplate::from_file(&home.draft_onnx_dir().join("chat_template.jinja"))?;
     let render = |text: &str| -> anyhow::Result<Vec<u32>> {
         let messages = [ChatMessage::new("user".into(), text.to_string())];
         Ok(tok.encode(&template.render(&messages)?)?)
     };
-    if held_out {
-        let path = instructions_dir.join("prompts.jsonl");
-        return std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .enumerate()
+    if set != ChatSet::Corpus {
+        let path = a.instructions_dir.join("prompts.jsonl");
+        let all = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let lines = all.lines().filter(|l| !l.trim().is_empty()).enumerate();
+        let (skip, take) = match set {
+            ChatSet::HeldOut => (0, HELD_OUT_INSTRUCTIONS),
+            _ => (HELD_OUT_INSTRUCTIONS, usize::MAX),
+        };
+        return lines
+            .skip(skip)
+            .take(take)
             .map(|(i, l)| {
                 let p: InstructionPrompt = serde_json::from_str(l)?;
                 Ok(ChatPrompt {
                     tokens: render(&p.prompt)?,
                     id: p.id,
-                    number: i as u32,
+                    // Apart from the corpus's ids, which group the same rows.
+                    number: 1_000_000 + i as u32,
                     instructions: true,
                 })
             })
             .collect();
     }
-    let all = crate::corpus::load(corpus)?;
+    let all = crate::corpus::load(&a.corpus)?;
     let sample: HashSet<u32> = held_out_chat(&all, HELD_OUT_CHAT)
         .iter()
         .map(|p| p.id)
@@ -170,18 +208,9 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
         load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?
     };
     let chat: HashMap<String, ChatPrompt> = if a.chat {
-        [false, true]
+        [ChatSet::Corpus, ChatSet::Instructions, ChatSet::HeldOut]
             .into_iter()
-            .map(|held| {
-                chat_prompts(
-                    &home,
-                    &tok,
-                    &a.corpus,
-                    &a.instructions_dir,
-                    usize::MAX,
-                    held,
-                )
-            })
+            .map(|set| chat_prompts(&home, &tok, &a.sources, usize::MAX, set))
             .collect::<anyhow::Result<Vec<_>>>()?
             .into_iter()
             .flatten()
@@ -318,14 +347,12 @@ fn run_chat_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
         "--chat labels along the target's answers only"
     );
     let run = Labelling::start(&a.target_url)?;
-    let mut prompts = chat_prompts(
-        &run.home,
-        &run.tok,
-        &a.corpus,
-        &a.instructions_dir,
-        a.chat_prompts,
-        a.held_out,
-    )?;
+    let set = match (a.held_out, a.instructions) {
+        (true, _) => ChatSet::HeldOut,
+        (false, true) => ChatSet::Instructions,
+        (false, false) => ChatSet::Corpus,
+    };
+    let mut prompts = chat_prompts(&run.home, &run.tok, &a.sources, a.chat_prompts, set)?;
     if a.problems > 0 {
         prompts.truncate(a.problems);
     }
@@ -335,13 +362,8 @@ fn run_chat_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
         let labeller = run.labeller(a.max_answer_tokens.unwrap_or(96), &[]).await;
         let judge = InstructionJudge {
             home: &run.home,
-            dir: &a.instructions_dir,
+            dir: &a.sources.instructions_dir,
             scratch: run.scratch.path(),
-        };
-        let name = if a.held_out {
-            "held-out-chat-target"
-        } else {
-            "chat-target"
         };
         importance_chat::label_shards(
             &labeller,
@@ -349,7 +371,7 @@ fn run_chat_importance(a: &ImportanceArgs) -> anyhow::Result<()> {
             run.lease()?.as_ref(),
             &prompts,
             &out,
-            name,
+            set.shards(),
             a.shard_problems,
         )
         .await
