@@ -36,7 +36,8 @@ pub struct ImportanceArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Label chat prompts instead of HumanEval: the corpus's chat prompts (but the chat
-    /// sample's held-out ones), or with `--held-out` the instruction-following set.
+    /// sample's held-out ones); with `--instructions` or `--held-out`, a half of the
+    /// instruction-following set.
     #[arg(long)]
     pub chat: bool,
     /// With `--chat`: how many of the corpus's chat prompts, taken from its sources in turn.
@@ -49,7 +50,8 @@ pub struct ImportanceArgs {
     /// Where chat prompts come from.
     #[command(flatten)]
     pub sources: ChatSources,
-    /// Label the held-out problems (shards named `held-out-*`) instead of the training ones.
+    /// Label the held-out problems (shards named `held-out-*`) instead of the training ones;
+    /// with `--chat`, the instruction-following set's first 20 prompts.
     #[arg(long)]
     pub held_out: bool,
     /// Label along approxy's live answers at this threshold (confidence verifier) instead of
