@@ -279,7 +279,7 @@ impl<M: Rows> Batch<M> {
         if same {
             return self.model.reserve(total);
         }
-        let capacity = grown(total);
+        let capacity = super::kv::batch_capacity(total);
         let r = self.model.arrange(&members, &park, capacity);
         if r.is_err() {
             // Nothing cached is known any more: every sequence's next call fails.
@@ -346,12 +346,6 @@ impl<M: Rows> Batch<M> {
         }
         Ok(taken)
     }
-}
-
-/// Positions to lay a batch out with for `total`: an eighth to spare, so that a few more
-/// steps do not copy every row again.
-fn grown(total: usize) -> usize {
-    (total + total / 8).next_multiple_of(super::kv::CAPACITY_STEP)
 }
 
 fn not_prefilled() -> EngineError {
