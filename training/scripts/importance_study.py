@@ -5,9 +5,9 @@ confidence does?
 Rows come from `approxy train importance-rows --out ROWS`: ROWS/train (the HumanEval problems
 training may use) and ROWS/held-out (the 41 it never sees). Chat rows (`importance-rows --chat`)
 are read the same way, a prompt standing for a problem (held out: the instruction-following
-set's first 20 prompts; important: an instruction flips or the likelihood falls past the margin). A row is positive when it is an
-important disagreement: the draft's token differs from the target's there and, the target
-finishing either way, the tests' verdict changes. Every head is fitted on the training problems
+set's first 20 prompts; important: an instruction flips or the likelihood falls past the
+margin). A row is positive when it is an important disagreement: the draft's token differs from
+the target's there and, the target finishing either way, the tests' verdict changes. Every head is fitted on the training problems
 only and judged on the held-out ones.
 
 For each feature set it prints, on the held-out rows (all; along the target's answers; along
