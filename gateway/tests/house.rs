@@ -6,7 +6,9 @@
 //!   leaf starts reaching back up, and a change then touches both ends. Module paths map to
 //!   files as rustc maps them (`a/b.rs` or `a/b/mod.rs` is `a::b`);
 //! - no function of [`LONGEST_FUNCTION`] lines or more outside tests: a function that long does
-//!   several things, which are easier to read, test and change as functions of their own.
+//!   several things, which are easier to read, test and change as functions of their own;
+//! - no `unsafe` outside [`UNSAFE_HOME`]: the workspace denies `unsafe_code`, and the one call
+//!   that needs it (an allocator option) allows it there, where a reader looks for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -56,6 +58,23 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
         parts.push(stem.to_string());
     }
     parts
+}
+
+/// The one file whose code may hold `unsafe`, from the workspace root.
+const UNSAFE_HOME: &str = "gateway/cli/src/allocator.rs";
+
+/// The lines of `code` (as [`code_of`] leaves it) that use the word `unsafe`.
+fn unsafe_lines(code: &str) -> Vec<usize> {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    code.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.match_indices("unsafe").any(|(at, _)| {
+                !l[..at].ends_with(word) && !l[at + "unsafe".len()..].starts_with(word)
+            })
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 /// Lines a function outside tests may not reach.
@@ -405,6 +424,45 @@ fn no_function_outside_tests_is_too_long() {
         .map(|(f, _)| f)
         .collect();
     assert!(long.is_empty(), "{long:#?}");
+}
+
+#[test]
+fn unsafe_code_is_only_here() {
+    let root = workspace_root();
+    let mut found = Vec::new();
+    let mut read = 0;
+    for c in CRATES {
+        let mut files = Vec::new();
+        rust_files(&root.join(c), &mut files);
+        for f in files {
+            let rel = f
+                .strip_prefix(&root)
+                .unwrap_or(&f)
+                .to_string_lossy()
+                .into_owned();
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            read += 1;
+            let lines = unsafe_lines(&code_of(&text));
+            if rel == UNSAFE_HOME {
+                assert!(
+                    !lines.is_empty(),
+                    "{UNSAFE_HOME} holds no unsafe: move UNSAFE_HOME"
+                );
+            } else if !lines.is_empty() {
+                found.push((rel, lines));
+            }
+        }
+    }
+    assert!(read > 100, "only {read} files read");
+    assert!(found.is_empty(), "unsafe outside {UNSAFE_HOME}: {found:?}");
+}
+
+/// The unsafe check sees the keyword and nothing that merely contains it.
+#[test]
+fn the_unsafe_check_sees_the_keyword() {
+    let text = "fn unsafe_path() {}\nlet s = \"unsafe\"; // unsafe\n\
+                #[allow(unsafe_code)]\nfn f() { unsafe { g() } }\nunsafe fn h() {}\n";
+    assert_eq!(unsafe_lines(&code_of(text)), [4, 5]);
 }
 
 /// The length check counts what it should: a long function is found, whatever braces its

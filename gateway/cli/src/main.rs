@@ -6,8 +6,10 @@
 //!   `approxy-gateway` (serve, check, health).
 //! - `tools` (feature `tools`, on by default): set-up, training and benchmarks
 //!   (`approxy-setup`, `approxy-training`, `approxy-bench`); a server build leaves them out.
+//! - `allocator`: mimalloc for the whole process, ONNX Runtime included.
 //! - `runtime`: `block_on`, the tokio runtime both run their commands on.
 
+mod allocator;
 mod cli;
 mod runtime;
 #[cfg(feature = "tools")]
@@ -15,13 +17,8 @@ mod tools;
 
 use clap::Parser;
 
-/// mimalloc rather than glibc's allocator: glibc keeps what a burst of large requests freed in
-/// its per-thread arenas, so the gateway's memory stayed near its peak after one (821 MiB from
-/// 427 in the attack soak), where mimalloc gives it back.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> std::process::ExitCode {
+    allocator::purge_freed_memory_at_once();
     match cli::dispatch(cli::Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

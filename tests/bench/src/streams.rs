@@ -186,10 +186,11 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
             "stream_at_4_vs_alone": { "goal": ">= 0.6", "measured": at(4, "stream_vs_alone_p50") },
             "mib_per_stream_at_context": { "goal": "<= 30 (28.6 MiB)", "measured": per_stream_mib },
         },
-        // glibc's setting decides whether what a batch's re-layouts freed leaves the process.
+        // The allocator's purge delay decides how soon what a batch's re-layouts freed leaves
+        // the process (the binary sets it to 0 unless the environment sets it).
         "command": format!(
             "{}approxy bench streams --streams {} --tokens {} --context {} --threads {}",
-            std::env::var("MALLOC_MMAP_THRESHOLD_").map_or(String::new(), |v| format!("MALLOC_MMAP_THRESHOLD_={v} ")),
+            std::env::var("MIMALLOC_PURGE_DELAY").map_or(String::new(), |v| format!("MIMALLOC_PURGE_DELAY={v} ")),
             opts.streams, opts.tokens, opts.context, opts.threads
         ),
     });
