@@ -233,6 +233,7 @@ impl Runtime {
                     cache: policy.target.cache_rules,
                     overlap: m.overlap,
                     prompt_lookup: m.prompt_lookup,
+                    window_max: m.window_max,
                 }),
             };
             models.insert(key.clone(), Arc::new(model));

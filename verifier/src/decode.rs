@@ -32,7 +32,8 @@ pub use calls::{CallKind, CallRecord, TargetTime, target_time};
 use cursor::Cursor;
 pub use cursor::OVERLAP_MAX_AHEAD;
 use lookup::Lookup;
-use pacing::{RejectionWindow, WindowSize};
+use pacing::RejectionWindow;
+pub use pacing::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN, WindowSize};
 use run::{Corrected, GrammarStep, Run, WindowEnd};
 
 /// Who produced a token.
@@ -177,11 +178,15 @@ pub struct DecodeSettings {
     /// occurred before, the draft computes what followed them there in the same pass as its
     /// next token, and keeps each that it then picks itself (see `lookup`).
     pub prompt_lookup: usize,
+    /// Most draft tokens one window holds (vLLM and SGLang targets); windows grow toward it
+    /// while the target keeps them. Longer windows pay where acceptance is high, as in
+    /// `judged` verification.
+    pub window_max: u32,
 }
 
 impl Default for DecodeSettings {
     /// Approximate verification, one target token per rejection, no bail-out, no call cap, a
-    /// cache that serves any common prefix, no overlap.
+    /// cache that serves any common prefix, no overlap, windows of at most [`WINDOW_MAX`].
     fn default() -> Self {
         Self {
             verification: Verification::Approximate,
@@ -191,6 +196,7 @@ impl Default for DecodeSettings {
             cache: CacheRules::default(),
             overlap: false,
             prompt_lookup: 0,
+            window_max: WINDOW_MAX,
         }
     }
 }
@@ -569,7 +575,7 @@ impl Engine {
         let mut sampler = Sampler::new(run.req.sampling);
         let mut window = run.req.settings.bailout.map(RejectionWindow::new);
         let mut accepted_run = 0u32;
-        let mut sizes = WindowSize::new();
+        let mut sizes = WindowSize::new(run.req.settings.window_max);
         let mut lookup = (run.req.settings.prompt_lookup > 0)
             .then(|| Lookup::new(&run.req.prompt, run.req.settings.prompt_lookup));
         let result = loop {
@@ -631,7 +637,7 @@ impl Engine {
                         .await?
                     {
                         WindowEnd::Resume { next, accepted } => {
-                            sizes.update(accepted);
+                            sizes.update(accepted, k as usize);
                             out = next;
                             continue;
                         }

@@ -65,7 +65,8 @@ pub(crate) enum BenchCmd {
     DraftFidelity(bench::fidelity::FidelityOptions),
     /// What each acceptance rule allows: the target's own top-20 probabilities decide at every
     /// position (an oracle verifier); target share, pass@1 and the target's likelihood.
-    Oracle(bench::oracle::OracleOptions),
+    // Boxed: its lists make it the largest variant by far.
+    Oracle(Box<bench::oracle::OracleOptions>),
     /// One variant's measurement, in a process of its own (started by draft-fidelity).
     #[command(hide = true)]
     DraftFidelityMeasure(bench::fidelity::MeasureOptions),
@@ -123,7 +124,7 @@ pub(crate) fn dispatch(cmd: ToolCmd) -> anyhow::Result<()> {
             BenchCmd::Structured(opts) => block_on(bench::structured::run(&opts)),
             BenchCmd::DraftFidelity(opts) => block_on(bench::fidelity::run(&opts)),
             BenchCmd::Oracle(opts) => {
-                let opts = opts.parse_lists()?;
+                let opts = (*opts).parse_lists()?;
                 block_on(bench::oracle::run(&opts))
             }
             BenchCmd::DraftFidelityMeasure(opts) => bench::fidelity::measure(&opts),

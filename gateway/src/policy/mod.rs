@@ -305,6 +305,8 @@ pub struct ModelPolicy {
     pub overlap: bool,
     /// Most tokens prompt lookup proposes to the draft at once (0: off).
     pub prompt_lookup: usize,
+    /// Most draft tokens one window holds (targets that score windows).
+    pub window_max: u32,
 }
 
 /// A validated policy.
@@ -887,6 +889,28 @@ max_cost_ratio = -1
         assert_eq!(v(&judged(&vllm))?, Some(Verification::Judged));
         assert!(
             v(&judged(GOOD)).is_err_and(|e| e.to_string().contains("prompt log-probabilities"))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn window_max_needs_windows_and_stays_in_range() -> Result<(), PolicyError> {
+        let vllm = GOOD.replace("kind = \"llama_cpp\"", "kind = \"vllm\"");
+        let w = |text: &str| {
+            Policy::parse(text, Path::new("p.toml")).map(|p| p.model("x").map(|m| m.window_max))
+        };
+        let with = |t: &str, n: u32| {
+            t.replace(
+                "threshold = 0.7\n",
+                &format!("threshold = 0.7\nwindow_max = {n}\n"),
+            )
+        };
+        assert_eq!(w(&vllm)?, Some(approxy_verifier::decode::WINDOW_MAX));
+        assert_eq!(w(&with(&vllm, 48))?, Some(48));
+        assert!(w(&with(&vllm, 65)).is_err_and(|e| e.to_string().contains("4 to 64")));
+        assert!(w(&with(&vllm, 3)).is_err_and(|e| e.to_string().contains("4 to 64")));
+        assert!(
+            w(&with(GOOD, 32)).is_err_and(|e| e.to_string().contains("prompt log-probabilities"))
         );
         Ok(())
     }

@@ -254,6 +254,9 @@ pub struct RawModel {
     /// Most tokens prompt lookup proposes to the draft at once (0: off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_lookup: Option<u32>,
+    /// Most draft tokens one window holds (targets that score windows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_max: Option<u32>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

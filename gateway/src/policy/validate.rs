@@ -482,7 +482,28 @@ impl Validator {
             max_target_calls: m.max_target_calls,
             overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
             prompt_lookup: self.prompt_lookup(&f, m.prompt_lookup),
+            window_max: self.window_max(&f, m.window_max, kind),
         }
+    }
+
+    fn window_max(&mut self, f: Field, n: Option<u32>, kind: TargetKind) -> u32 {
+        use approxy_verifier::decode::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN};
+        let Some(n) = n else {
+            return WINDOW_MAX;
+        };
+        if !kind.abilities().scores_windows {
+            self.err(format!(
+                "{}: windows need a target that returns prompt log-probabilities (target.kind = \"{}\")",
+                f("window_max"),
+                kinds_that(|a| a.scores_windows)
+            ));
+        } else if !(WINDOW_MIN..=WINDOW_MAX_LIMIT).contains(&n) {
+            self.err(format!(
+                "{}: {n} is outside {WINDOW_MIN} to {WINDOW_MAX_LIMIT}",
+                f("window_max")
+            ));
+        }
+        n.clamp(WINDOW_MIN, WINDOW_MAX_LIMIT)
     }
 
     fn prompt_lookup(&mut self, f: Field, n: Option<u32>) -> usize {

@@ -12,6 +12,14 @@
 //! from the same calls, so every configuration is scored by the same target), as the share of
 //! the gap between draft-only and target-only that the configuration closes; on chat also
 //! ROUGE-L against the target-only answer and how many answers are identical to it.
+//!
+//! Judged windows (`--judged T@K`) are `verification = "judged"` simulated at the same
+//! positions: every token is scored in windows paced as decoding paces them (the same
+//! `WindowSize`, up to K draft tokens), a draft token is kept where the target would pick it or
+//! the draft's confidence is at least T, a window ends at the first it does not keep, with the
+//! target's token, and a window kept whole ends with the target's next token. At temperature 0
+//! that is the answer the real decode gives on a target that agrees with this one; the report
+//! adds the tokens per target call.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,6 +32,7 @@ use approxy_setup::Home;
 use approxy_training::cli::parse_rule;
 use approxy_training::corpus::{CorpusPrompt, HumanEvalProblem, load_human_eval};
 use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
+use approxy_verifier::decode::{WINDOW_MAX, WINDOW_MAX_LIMIT, WindowSize};
 use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
@@ -86,6 +95,14 @@ pub struct OracleOptions {
     /// The local verifiers: `--verifiers` parsed by [`OracleOptions::parse_lists`].
     #[arg(skip)]
     pub verifiers: Vec<VerifierConfig>,
+    /// Judged windows run under the same oracle, comma-separated: `T` or `T@K` (the draft's
+    /// confidence at threshold T judges the differences, windows of at most K draft tokens,
+    /// 16 when not given).
+    #[arg(long = "judged", value_name = "JUDGED", value_delimiter = ',')]
+    pub judged_names: Vec<String>,
+    /// The judged windows: `--judged` parsed by [`OracleOptions::parse_lists`].
+    #[arg(skip)]
+    pub judged: Vec<JudgedConfig>,
     /// Ask the target again at every position instead of reusing what an earlier run on
     /// this machine was told (kept under $APPROXY_HOME/work/bench-oracle-asked).
     #[arg(long)]
@@ -119,9 +136,15 @@ impl OracleOptions {
             .iter()
             .map(|v| VerifierConfig::parse(v))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let judged = self
+            .judged_names
+            .iter()
+            .map(|v| JudgedConfig::parse(v))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Self {
             rules,
             verifiers,
+            judged,
             ..self
         })
     }
@@ -177,6 +200,50 @@ impl VerifierConfig {
     }
 }
 
+/// Judged windows: the draft's confidence at a threshold keeps the differences it is sure of,
+/// in windows of at most `window_max` draft tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgedConfig {
+    /// The confidence threshold (both kinds).
+    pub threshold: f32,
+    /// The longest window, in draft tokens.
+    pub window_max: u32,
+}
+
+impl JudgedConfig {
+    /// Parses `T` or `T@K`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        let (t, k) = match s.split_once('@') {
+            Some((t, k)) => (
+                t,
+                k.parse()
+                    .with_context(|| format!("{s:?}: a window length after @"))?,
+            ),
+            None => (s, WINDOW_MAX),
+        };
+        let threshold: f32 = t.parse().with_context(|| format!("{s:?}: a threshold"))?;
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&threshold),
+            "{s:?}: the threshold is outside [0, 1]"
+        );
+        anyhow::ensure!(
+            (1..=WINDOW_MAX_LIMIT).contains(&k),
+            "{s:?}: windows of 1 to {WINDOW_MAX_LIMIT} tokens"
+        );
+        Ok(Self {
+            threshold,
+            window_max: k,
+        })
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "judged windows, confidence {} (up to {})",
+            self.threshold, self.window_max
+        )
+    }
+}
+
 /// A configuration: the oracle's decision at every position.
 #[derive(Debug, Clone, PartialEq)]
 enum Decide {
@@ -184,6 +251,7 @@ enum Decide {
     DraftOnly,
     Rule(AcceptanceRule),
     Verifier(VerifierConfig),
+    Judged(JudgedConfig),
 }
 
 impl Decide {
@@ -193,6 +261,15 @@ impl Decide {
             Self::DraftOnly => "draft-only".into(),
             Self::Rule(r) => r.to_string(),
             Self::Verifier(v) => v.name.clone(),
+            Self::Judged(j) => j.name(),
+        }
+    }
+
+    /// The longest window, where every token is scored in windows.
+    fn window_max(&self) -> Option<u32> {
+        match self {
+            Self::Judged(j) => Some(j.window_max),
+            _ => None,
         }
     }
 
@@ -204,6 +281,9 @@ impl Decide {
             Self::DraftOnly => true,
             Self::Rule(r) => r.accepts(token, q, target),
             Self::Verifier(v) => accepts(q, if kind == "code" { v.code } else { v.chat }),
+            // A difference the confidence keeps; where the draft's token is the target's own,
+            // `decode` keeps it anyway.
+            Self::Judged(j) => accepts(q, j.threshold),
         }
     }
 }
@@ -312,6 +392,9 @@ pub struct OracleAnswer {
     /// and no cheapest plan).
     #[serde(default)]
     pub target_at: Vec<usize>,
+    /// Target calls, where every token is scored in windows (judged windows).
+    #[serde(default)]
+    pub window_calls: Option<usize>,
 }
 
 /// One configuration on one kind.
@@ -325,8 +408,12 @@ pub struct OracleSummary {
     pub answers: usize,
     /// Share of emitted tokens the target wrote.
     pub target_share: f64,
-    /// Target calls per 100 tokens with one-token corrections (one per target token).
+    /// Target calls per 100 tokens: with one-token corrections one per target token, with
+    /// windows the windows.
     pub calls_per_100_tokens: f64,
+    /// Tokens per target call, where every token is scored in windows.
+    #[serde(default)]
+    pub tokens_per_call: Option<f64>,
     /// Passed HumanEval problems (code).
     pub passed: Option<usize>,
     /// Mean NLL per token under the target.
@@ -405,6 +492,10 @@ async fn decode(
     let (mut nll_sum, mut outside) = (0f64, 0usize);
     // The positions the target wrote (their count is its share).
     let mut target_at = Vec::new();
+    // Judged windows: their pacing, the open window's length and the draft tokens it kept, and
+    // the calls made.
+    let mut pacing = decide.window_max().map(WindowSize::new);
+    let (mut window_k, mut kept, mut calls) = (0usize, 0usize, 0usize);
     let mut text = String::new();
     while answer.len() < max_tokens as usize {
         // The draft's token and its probability exactly as the verifier and the rows see them.
@@ -429,11 +520,30 @@ async fn decode(
                 (y, probs)
             }
         };
-        let emitted = if decide.accepts(kind, x, q, &probs) {
-            x
-        } else {
-            target_at.push(answer.len());
-            y
+        let emitted = match &mut pacing {
+            None if decide.accepts(kind, x, q, &probs) => x,
+            None => {
+                target_at.push(answer.len());
+                y
+            }
+            Some(p) => {
+                if kept == 0 {
+                    // A window opens: its length is fixed before its call, as in decoding.
+                    window_k = (p.k() as usize).min(max_tokens as usize - answer.len());
+                }
+                if kept < window_k && (x == y || decide.accepts(kind, x, q, &probs)) {
+                    kept += 1;
+                    x
+                } else {
+                    // The first token the window does not keep, or the call's own next token
+                    // after a window kept whole: the target's, and the call is over.
+                    p.update(kept, window_k);
+                    kept = 0;
+                    calls += 1;
+                    target_at.push(answer.len());
+                    y
+                }
+            }
         };
         let lp = match probs.logprob(emitted) {
             Some(lp) => lp,
@@ -461,6 +571,10 @@ async fn decode(
     if eos.iter().any(|e| answer.last() == Some(e)) {
         text = tok.decode(&answer[..answer.len() - 1])?;
     }
+    // The answer ended inside a window: its call scored what it kept.
+    if kept > 0 {
+        calls += 1;
+    }
     Ok(OracleAnswer {
         id: prompt.id.clone(),
         text,
@@ -471,6 +585,7 @@ async fn decode(
         verdict: None,
         prompt_tokens: prompt.ids.len(),
         target_at,
+        window_calls: pacing.map(|_| calls),
     })
 }
 
@@ -484,12 +599,19 @@ fn summarize(
     let tokens: usize = answers.iter().map(|a| a.tokens).sum();
     let target: usize = answers.iter().map(|a| a.target_tokens).sum();
     let share = target as f64 / tokens.max(1) as f64;
+    let windows: Option<usize> = answers
+        .iter()
+        .map(|a| a.window_calls)
+        .sum::<Option<usize>>()
+        .filter(|_| !answers.is_empty());
     OracleSummary {
         config: config.into(),
         kind: kind.into(),
         answers: answers.len(),
         target_share: share,
-        calls_per_100_tokens: 100.0 * share,
+        calls_per_100_tokens: windows
+            .map_or(100.0 * share, |w| 100.0 * w as f64 / tokens.max(1) as f64),
+        tokens_per_call: windows.map(|w| tokens as f64 / w.max(1) as f64),
         passed: (kind == "code").then(|| {
             answers
                 .iter()
@@ -536,8 +658,10 @@ fn fill_cheapest(
         let (Some(answers), Some(reference)) = (find(&s.config), find("target-only")) else {
             continue;
         };
-        // Positions that do not add up: a run saved before they were kept.
-        if reference.iter().any(|a| a.target_at.len() != a.tokens)
+        // Positions that do not add up: a run saved before they were kept. Windows are not
+        // the plans' spans: their calls are counted as they are.
+        if answers.iter().any(|a| a.window_calls.is_some())
+            || reference.iter().any(|a| a.target_at.len() != a.tokens)
             || answers.iter().any(|a| a.target_at.len() != a.target_tokens)
         {
             continue;
@@ -685,12 +809,16 @@ pub fn markdown(r: &OracleReport) -> String {
             )
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1} % | {:.1} | {} | {} | {:.3} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.1} % | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |\n",
             x.kind,
             x.config,
             x.answers,
             100.0 * x.target_share,
-            x.calls_per_100_tokens,
+            x.tokens_per_call
+                .map_or(format!("{:.1}", x.calls_per_100_tokens), |t| format!(
+                    "{:.1} ({t:.1} tokens a call)",
+                    x.calls_per_100_tokens
+                )),
             x.passed
                 .map_or("-".into(), |p| format!("{p}/{}", x.answers)),
             x.instructions.map_or("-".into(), |i| format!(
@@ -729,6 +857,7 @@ pub async fn run(opts: &OracleOptions) -> anyhow::Result<()> {
     let mut configs = vec![Decide::TargetOnly, Decide::DraftOnly];
     configs.extend(opts.rules.iter().map(|r| Decide::Rule(*r)));
     configs.extend(opts.verifiers.iter().cloned().map(Decide::Verifier));
+    configs.extend(opts.judged.iter().cloned().map(Decide::Judged));
     // Keyed by the target model: answers from another target are not this one's.
     let store = home.work("bench-oracle-asked").join(format!(
         "{}-top{TOP_K}",
@@ -1024,6 +1153,7 @@ mod tests {
             verdict: None,
             prompt_tokens: 0,
             target_at: Vec::new(),
+            window_calls: None,
         }
     }
 
@@ -1229,6 +1359,17 @@ mod tests {
         }
     }
 
+    /// The scripted pairs' one-token prompt, and a fresh store of what the target said.
+    fn scripted_prompt() -> anyhow::Result<(Prompt, tempfile::TempDir, Asked)> {
+        let prompt = Prompt {
+            id: "p".into(),
+            ids: vec![approxy_verifier::testing::IM_START],
+        };
+        let dir = tempfile::tempdir()?;
+        let asked = Asked::open(&dir.path().join("p.jsonl"), &prompt.ids, false)?;
+        Ok((prompt, dir, asked))
+    }
+
     /// Each rule and a verifier decided by hand on a scripted pair: the draft says "abc" (then
     /// end of turn) at confidence 0.9; the target prefers `a` (0.95), then `x` over `b` (0.6
     /// against 0.35), then `c` (0.5), then end of turn. A rule accepting `b` (ratio:0.5) gives
@@ -1237,9 +1378,7 @@ mod tests {
     #[tokio::test]
     async fn each_rule_decides_as_worked_out_by_hand_on_a_scripted_pair() -> anyhow::Result<()> {
         use approxy_verifier::DraftWorkers;
-        use approxy_verifier::testing::{
-            DraftScript, IM_END, IM_START, ScriptedWorkers, tiny_tokenizer,
-        };
+        use approxy_verifier::testing::{DraftScript, IM_END, ScriptedWorkers, tiny_tokenizer};
         let ln = |p: f64| p.ln() as f32;
         let (a, b, c, x) = (97u32, 98u32, 99u32, 120u32);
         let target = TableTarget {
@@ -1253,12 +1392,7 @@ mod tests {
         };
         let workers = ScriptedWorkers::new(DraftScript::says("abc", 0.9), 1);
         let tok = tiny_tokenizer();
-        let prompt = Prompt {
-            id: "p".into(),
-            ids: vec![IM_START],
-        };
-        let dir = tempfile::tempdir()?;
-        let mut asked = Asked::open(&dir.path().join("p.jsonl"), &prompt.ids, false)?;
+        let (prompt, _dir, mut asked) = scripted_prompt()?;
         let verifier = |t: f32| {
             Decide::Verifier(VerifierConfig {
                 name: format!("confidence {t}"),
@@ -1321,6 +1455,80 @@ mod tests {
         }
         // Prefixes asked: "", "a", "ax", "ab", "axc", "abc".
         assert_eq!(target.calls.load(std::sync::atomic::Ordering::SeqCst), 6);
+        Ok(())
+    }
+
+    /// Judged windows worked out by hand. The draft says "abcdefghij" (then end of turn) at
+    /// confidence 0.9; the target agrees everywhere but at the third position (`x`). Windows
+    /// start at 8 draft tokens and follow the kept lengths as decoding's pacing does.
+    /// - Judged at 0.5 (the difference kept): the first window keeps 8 tokens and its call's own
+    ///   next token is the target's (`i`); the second keeps `j` and the end of turn: 2 calls.
+    /// - Judged at 0.95: the first window ends at `x`, the target's (1 call; the next window is
+    ///   6 long: the mean of 6 and 2, plus 2); the second keeps `d` to `i` whole and ends with
+    ///   the target's `j`; the third scores the end of turn: 3 calls.
+    /// - A token limit of 5 cuts the first window to 5 tokens, all kept: 1 call.
+    #[tokio::test]
+    async fn judged_windows_are_paced_and_counted_as_worked_out_by_hand() -> anyhow::Result<()> {
+        use approxy_verifier::DraftWorkers;
+        use approxy_verifier::testing::{DraftScript, IM_END, ScriptedWorkers, tiny_tokenizer};
+        let mut table: Vec<Vec<(u32, f32)>> = "abxdefghij"
+            .bytes()
+            .map(|b| vec![(u32::from(b), -0.1)])
+            .collect();
+        table.push(vec![(IM_END, -0.01)]);
+        let target = TableTarget {
+            table,
+            calls: Default::default(),
+        };
+        let workers = ScriptedWorkers::new(DraftScript::says("abcdefghij", 0.9), 1);
+        let tok = tiny_tokenizer();
+        let (prompt, _dir, mut asked) = scripted_prompt()?;
+        let judged = |t: &str| JudgedConfig::parse(t).map(Decide::Judged);
+        let cases = [
+            (judged("0.5")?, 16, "abcdefghij", vec![8], 11, 2),
+            (judged("0.95@16")?, 16, "abxdefghij", vec![2, 9], 11, 3),
+            (judged("0.5")?, 5, "abcde", vec![], 5, 1),
+        ];
+        for (decide, limit, text, at, tokens, calls) in cases {
+            let lease = workers.try_lease().context("no draft")?;
+            let got = decode(
+                lease.as_ref(),
+                &target,
+                &tok,
+                &prompt,
+                limit,
+                &[],
+                "code",
+                &decide,
+                &mut asked,
+            )
+            .await?;
+            assert_eq!(
+                (
+                    got.text.as_str(),
+                    got.target_at,
+                    got.tokens,
+                    got.window_calls
+                ),
+                (text, at, tokens, Some(calls)),
+                "{} at {limit}",
+                decide.name()
+            );
+        }
+        let s = summarize(
+            "j",
+            "code",
+            &[answer(11, 1, 0.0, ""), answer(11, 2, 0.0, "")].map(|a| OracleAnswer {
+                window_calls: Some(2),
+                ..a
+            }),
+            None,
+            0.0,
+        );
+        assert_eq!(s.tokens_per_call, Some(5.5));
+        assert!((s.calls_per_100_tokens - 100.0 * 4.0 / 22.0).abs() < 1e-9);
+        assert!(JudgedConfig::parse("0.5@65").is_err() && JudgedConfig::parse("2").is_err());
+        assert_eq!(JudgedConfig::parse("0.85@32")?.window_max, 32);
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::pacing::WindowSize;
+use super::pacing::{WINDOW_MAX, WindowSize};
 use super::*;
 use crate::cost::{CostGuard, Price, estimate};
 use crate::error::TargetError;
@@ -874,6 +874,46 @@ async fn judged_windows_keep_the_differences_the_importance_head_calls_harmless(
     Ok(())
 }
 
+/// A longer `window_max` lets windows grow past 16 while the target keeps them whole: a
+/// 120-token answer the draft and the target agree on takes fewer, longer window calls, and
+/// the same answer.
+#[tokio::test]
+async fn a_longer_window_max_takes_fewer_calls_where_windows_are_kept_whole()
+-> Result<(), EngineError> {
+    let text: String = "abcdefghijklmnopqrstuvwxyz".repeat(5)[..120].to_string();
+    let windows = |max: u32| {
+        let text = text.clone();
+        async move {
+            let mut req = request(0.5, 200);
+            req.settings_mut().verification = Verification::Judged;
+            req.settings_mut().window_max = max;
+            let target = ScriptedTarget::says(&text, None).with_windows();
+            run(DraftScript::says(&text, 0.95), target, req).await
+        }
+    };
+    let (short, long) = (windows(WINDOW_MAX).await?, windows(48).await?);
+    assert_eq!(
+        (short.text.as_str(), long.text.as_str()),
+        (&text[..], &text[..])
+    );
+    let lens = |o: &Outcome| -> Vec<usize> {
+        o.target
+            .window_calls()
+            .iter()
+            .map(|r| r.window.len())
+            .collect()
+    };
+    assert!(lens(&short).iter().all(|&k| k <= 16), "{:?}", lens(&short));
+    assert!(lens(&long).iter().any(|&k| k > 16), "{:?}", lens(&long));
+    assert!(
+        long.stats.windows < short.stats.windows,
+        "{:?} against {:?}",
+        lens(&long),
+        lens(&short)
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn exact_windows_when_the_draft_never_agrees_take_one_target_token_per_call()
 -> Result<(), EngineError> {
@@ -928,20 +968,37 @@ async fn a_target_that_cannot_score_windows_gets_corrections_instead() -> Result
 
 #[tokio::test]
 async fn window_sizes_follow_recent_acceptance() {
-    let mut s = WindowSize::new();
+    let mut s = WindowSize::new(WINDOW_MAX);
     assert_eq!(s.k(), 8);
     for _ in 0..6 {
-        s.update(0);
+        let k = s.k() as usize;
+        s.update(0, k);
     }
     assert_eq!(
         s.k(),
         4,
         "a draft the target keeps refusing gets short windows"
     );
-    for _ in 0..6 {
-        s.update(16);
-    }
+    // Kept whole: twice as long, up to the limit.
+    s.update(4, 4);
+    assert_eq!(s.k(), 8);
+    s.update(8, 8);
     assert_eq!(s.k(), 16);
+    s.update(16, 16);
+    assert_eq!(s.k(), 16);
+    // Refused part way: toward the recent mean accepted length plus 2.
+    s.update(6, 16);
+    assert_eq!(s.k(), 12);
+    // A policy's longer limit lets windows grow past the default's.
+    let mut long = WindowSize::new(48);
+    for want in [16, 32, 48, 48] {
+        let k = long.k() as usize;
+        long.update(k, k);
+        assert_eq!(long.k(), want);
+    }
+    long.update(40, 48);
+    assert_eq!(long.k(), 45);
+    assert_eq!(WindowSize::new(1).k(), 4, "never shorter than the shortest");
 }
 
 #[tokio::test]
