@@ -3,8 +3,8 @@
 # own answers as the oracle (`approxy bench oracle --judged`): sets up whatever is missing, then
 # answers the 41 held-out HumanEval problems (every fourth, the importance labels' held-out
 # set) target-only, draft-only, with the draft's confidence at the default's code threshold
-# (approximate mode), and in judged windows of at most 16 (the default) and 64 draft tokens at
-# that threshold, then at 0.5, 0.3 and 0.2 (up to 64). Reports pass@1, the target's share and
+# (approximate mode), in exact windows, and in judged windows of at most 16 (the default) and
+# 64 draft tokens at that threshold, then at 0.5, 0.3 and 0.2 (up to 64). Reports pass@1, the target's share and
 # tokens per target call in deploy/results/importance/judged/. Target answers are kept under
 # $APPROXY_HOME/work/bench-oracle-asked, so a rerun asks the target only where it was not
 # asked; a fresh configuration costs about 0.15 s per token on 2 cores.
@@ -13,6 +13,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 T="${THRESHOLD:-0.85}"
 START=$(date +%s)
 "$APPROXY" bench oracle --problems 41 --chat 0 --instructions 0 --max-tokens 256 \
-  --rules identical --verifiers "confidence:$T" --judged "$T,$T@64,0.5@64,0.3@64,0.2@64" \
+  --rules identical --verifiers "confidence:$T" --judged "exact,exact@64,$T,$T@64,0.5@64,0.3@64,0.2@64" \
   --out "$REPO/deploy/results/importance/judged"
 echo "==> done in $(( $(date +%s) - START ))s (set-up excluded) on $(nproc) cores, $(date -u +%Y-%m-%d)"

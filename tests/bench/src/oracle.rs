@@ -19,7 +19,8 @@
 //! the draft's confidence is at least T, a window ends at the first it does not keep, with the
 //! target's token, and a window kept whole ends with the target's next token. At temperature 0
 //! that is the answer the real decode gives on a target that agrees with this one; the report
-//! adds the tokens per target call.
+//! adds the tokens per target call. `--judged exact@K` keeps no difference: exact windows
+//! (`verification = "exact"`), whose answer is the target's.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -32,7 +33,7 @@ use approxy_setup::Home;
 use approxy_training::cli::parse_rule;
 use approxy_training::corpus::{CorpusPrompt, HumanEvalProblem, load_human_eval};
 use approxy_verifier::calibration::{Calibration, Curve, threshold_for_kind};
-use approxy_verifier::decode::{WINDOW_MAX, WINDOW_MAX_LIMIT, WindowSize};
+use approxy_verifier::decode::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN, WindowSize};
 use approxy_verifier::targets::{ContinuationRequest, TargetClient};
 use approxy_verifier::template::{ChatMessage, ChatTemplate};
 use approxy_verifier::verify::{AcceptanceRule, Features, TargetProbs, accepts};
@@ -201,17 +202,18 @@ impl VerifierConfig {
 }
 
 /// Judged windows: the draft's confidence at a threshold keeps the differences it is sure of,
-/// in windows of at most `window_max` draft tokens.
+/// in windows of at most `window_max` draft tokens; with no threshold, exact windows (no
+/// difference kept).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JudgedConfig {
-    /// The confidence threshold (both kinds).
-    pub threshold: f32,
+    /// The confidence threshold (both kinds); `None`: exact windows.
+    pub threshold: Option<f32>,
     /// The longest window, in draft tokens.
     pub window_max: u32,
 }
 
 impl JudgedConfig {
-    /// Parses `T` or `T@K`.
+    /// Parses `T` or `T@K`, where T is a threshold or `exact`.
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         let (t, k) = match s.split_once('@') {
             Some((t, k)) => (
@@ -221,14 +223,21 @@ impl JudgedConfig {
             ),
             None => (s, WINDOW_MAX),
         };
-        let threshold: f32 = t.parse().with_context(|| format!("{s:?}: a threshold"))?;
+        let threshold = if t == "exact" {
+            None
+        } else {
+            let t: f32 = t
+                .parse()
+                .with_context(|| format!("{s:?}: a threshold or `exact`"))?;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&t),
+                "{s:?}: the threshold is outside [0, 1]"
+            );
+            Some(t)
+        };
         anyhow::ensure!(
-            (0.0..=1.0).contains(&threshold),
-            "{s:?}: the threshold is outside [0, 1]"
-        );
-        anyhow::ensure!(
-            (1..=WINDOW_MAX_LIMIT).contains(&k),
-            "{s:?}: windows of 1 to {WINDOW_MAX_LIMIT} tokens"
+            (WINDOW_MIN..=WINDOW_MAX_LIMIT).contains(&k),
+            "{s:?}: windows of {WINDOW_MIN} to {WINDOW_MAX_LIMIT} tokens, as a policy's `window_max`"
         );
         Ok(Self {
             threshold,
@@ -237,10 +246,10 @@ impl JudgedConfig {
     }
 
     fn name(&self) -> String {
-        format!(
-            "judged windows, confidence {} (up to {})",
-            self.threshold, self.window_max
-        )
+        match self.threshold {
+            Some(t) => format!("judged windows, confidence {t} (up to {})", self.window_max),
+            None => format!("exact windows (up to {})", self.window_max),
+        }
     }
 }
 
@@ -283,7 +292,7 @@ impl Decide {
             Self::Verifier(v) => accepts(q, if kind == "code" { v.code } else { v.chat }),
             // A difference the confidence keeps; where the draft's token is the target's own,
             // `decode` keeps it anyway.
-            Self::Judged(j) => accepts(q, j.threshold),
+            Self::Judged(j) => j.threshold.is_some_and(|t| accepts(q, t)),
         }
     }
 }
@@ -1486,6 +1495,8 @@ mod tests {
         let judged = |t: &str| JudgedConfig::parse(t).map(Decide::Judged);
         let cases = [
             (judged("0.5")?, 16, "abcdefghij", vec![8], 11, 2),
+            // Exact windows keep no difference: as at 0.95, whatever the confidence.
+            (judged("exact")?, 16, "abxdefghij", vec![2, 9], 11, 3),
             (judged("0.95@16")?, 16, "abxdefghij", vec![2, 9], 11, 3),
             (judged("0.5")?, 5, "abcde", vec![], 5, 1),
         ];
@@ -1528,7 +1539,9 @@ mod tests {
         assert_eq!(s.tokens_per_call, Some(5.5));
         assert!((s.calls_per_100_tokens - 100.0 * 4.0 / 22.0).abs() < 1e-9);
         assert!(JudgedConfig::parse("0.5@65").is_err() && JudgedConfig::parse("2").is_err());
+        assert!(JudgedConfig::parse("0.5@3").is_err());
         assert_eq!(JudgedConfig::parse("0.85@32")?.window_max, 32);
+        assert_eq!(JudgedConfig::parse("exact@32")?.threshold, None);
         Ok(())
     }
 
