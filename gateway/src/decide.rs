@@ -457,6 +457,10 @@ async fn plan(
         settings: Arc::clone(&model.decode),
         constraint,
     };
+    if requested.is_some() && generation.settings.json_thresholds.is_some() {
+        // The client turned the dial: its threshold holds everywhere in the answer.
+        generation.settings_mut().json_thresholds = None;
+    }
     if generation.constraint.is_some()
         && generation.settings.verification == Verification::ApproximateWindows
     {

@@ -234,6 +234,7 @@ impl Runtime {
                     overlap: m.overlap,
                     prompt_lookup: m.prompt_lookup,
                     window_max: m.window_max,
+                    json_thresholds: m.structured_threshold,
                 }),
             };
             models.insert(key.clone(), Arc::new(model));

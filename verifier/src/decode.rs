@@ -182,6 +182,21 @@ pub struct DecodeSettings {
     /// while the target keeps them. Longer windows pay where acceptance is high, as in
     /// `judged` verification.
     pub window_max: u32,
+    /// Under a JSON grammar, thresholds by place in the answer instead of the request's one
+    /// (see [`JsonThresholds`]); `None`: the request's threshold everywhere.
+    pub json_thresholds: Option<JsonThresholds>,
+}
+
+/// Thresholds by place in a JSON answer (structured output, tool calls' arguments): a token
+/// that decides a value (its first token, a number's digits, a container's end) is judged at
+/// `value`, and one inside a string value's text at `text`. Text outside the JSON keeps the
+/// request's threshold. See [`crate::grammar::place`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JsonThresholds {
+    /// For tokens that decide a value.
+    pub value: f32,
+    /// For tokens inside a string value's text.
+    pub text: f32,
 }
 
 impl Default for DecodeSettings {
@@ -197,6 +212,7 @@ impl Default for DecodeSettings {
             overlap: false,
             prompt_lookup: 0,
             window_max: WINDOW_MAX,
+            json_thresholds: None,
         }
     }
 }

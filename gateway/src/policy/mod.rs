@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
+use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use raw::RawPolicy;
@@ -307,6 +308,9 @@ pub struct ModelPolicy {
     pub prompt_lookup: usize,
     /// Most draft tokens one window holds (targets that score windows).
     pub window_max: u32,
+    /// Under a JSON grammar, the thresholds by place in the answer (no client threshold
+    /// asked for); `None`: the kind's threshold everywhere.
+    pub structured_threshold: Option<JsonThresholds>,
 }
 
 /// A validated policy.
@@ -911,6 +915,33 @@ max_cost_ratio = -1
         assert!(w(&with(&vllm, 3)).is_err_and(|e| e.to_string().contains("4 to 64")));
         assert!(
             w(&with(GOOD, 32)).is_err_and(|e| e.to_string().contains("prompt log-probabilities"))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn structured_thresholds_are_two_thresholds() -> Result<(), PolicyError> {
+        let s = |line: &str| {
+            Policy::parse(
+                &GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")),
+                Path::new("p.toml"),
+            )
+            .map(|p| p.model("x").and_then(|m| m.structured_threshold))
+        };
+        assert_eq!(s("")?, None);
+        assert_eq!(
+            s("structured_threshold = { value = 0.99, text = 0.6 }")?,
+            Some(JsonThresholds {
+                value: 0.99,
+                text: 0.6
+            })
+        );
+        assert!(
+            s("structured_threshold = { value = 1.5, text = 0.6 }")
+                .is_err_and(|e| e.to_string().contains("structured_threshold.value: 1.5"))
+        );
+        assert!(
+            s("structured_threshold = { value = 0.9 }").is_err_and(|e| e.to_string().contains("text"))
         );
         Ok(())
     }

@@ -257,6 +257,10 @@ pub struct RawModel {
     /// Most draft tokens one window holds (targets that score windows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window_max: Option<u32>,
+    /// Under a JSON grammar, the thresholds for tokens that decide a value and for tokens
+    /// inside a string value's text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_threshold: Option<RawStructuredThreshold>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -382,4 +386,15 @@ pub struct RawByKind {
     pub code: f32,
     /// Everything else.
     pub chat: f32,
+}
+
+/// `structured_threshold = { value = 0.99, text = 0.8 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawStructuredThreshold {
+    /// For the tokens that decide a JSON value: its first token, a number's digits, the end of
+    /// a string or a container.
+    pub value: f32,
+    /// For the tokens inside a string value's text.
+    pub text: f32,
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
+use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
 use super::raw::{
     RawBailout, RawBusyRates, RawCache, RawCorrection, RawDraft, RawGateway, RawModel,
-    RawPassthrough, RawPerKind, RawPolicy, RawPricing, RawTarget,
+    RawPassthrough, RawPerKind, RawPolicy, RawPricing, RawStructuredThreshold, RawTarget,
 };
 use super::{
     Auth, BusyRates, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
@@ -483,7 +484,28 @@ impl Validator {
             overlap: m.overlap.unwrap_or(DEFAULT_OVERLAP),
             prompt_lookup: self.prompt_lookup(&f, m.prompt_lookup),
             window_max: self.window_max(&f, m.window_max, kind),
+            structured_threshold: self.structured_threshold(&f, m.structured_threshold),
         }
+    }
+
+    fn structured_threshold(
+        &mut self,
+        f: Field,
+        t: Option<RawStructuredThreshold>,
+    ) -> Option<JsonThresholds> {
+        let t = t?;
+        for (name, x) in [("value", t.value), ("text", t.text)] {
+            if !(0.0..=1.0).contains(&x) {
+                self.err(format!(
+                    "{}.{name}: {x} is outside [0, 1]",
+                    f("structured_threshold")
+                ));
+            }
+        }
+        Some(JsonThresholds {
+            value: t.value.clamp(0.0, 1.0),
+            text: t.text.clamp(0.0, 1.0),
+        })
     }
 
     fn window_max(&mut self, f: Field, n: Option<u32>, kind: TargetKind) -> u32 {

@@ -11,7 +11,7 @@
 //! schemas and synthetic ones of 10 to 50 properties, compiled afresh and from the cache
 //! against the draft's vocabulary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,11 @@ pub struct StructuredOptions {
     /// Policy whose "*" model is approxy's configuration.
     #[arg(long, default_value = "policies/default.toml")]
     pub base_policy: PathBuf,
+    /// An earlier run's `structured.json` whose target answers (target-only, and the target
+    /// under approxy's grammar) are taken instead of asked again: for comparing approxy's
+    /// configurations against the same target answers, on the machine that wrote them.
+    #[arg(long)]
+    pub reuse_target: Option<PathBuf>,
 }
 
 /// One prompt of the sample.
@@ -157,6 +162,9 @@ struct Report {
     finished_at: String,
     machine: String,
     policy: String,
+    /// The earlier run whose target answers were taken, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reused_target: Option<String>,
     rows: Vec<Row>,
     compile: CompileTimes,
 }
@@ -432,14 +440,29 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
         calls::model_name(CallConfig::TargetOnly),
         calls::model_name(CallConfig::Default),
     );
+    let reused: HashMap<String, Row> = match &opts.reuse_target {
+        Some(path) => {
+            let earlier: Report = serde_json::from_slice(
+                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            )?;
+            earlier.rows.into_iter().map(|r| (r.id.clone(), r)).collect()
+        }
+        None => HashMap::new(),
+    };
     let mut rows = Vec::new();
     for p in &prompts {
-        let t = ask(&http, &gateway.url, target_only, p, opts.max_tokens, None).await?;
+        let earlier = reused.get(&p.id);
+        let t = match earlier {
+            Some(r) => r.target_only.clone(),
+            None => ask(&http, &gateway.url, target_only, p, opts.max_tokens, None).await?,
+        };
         let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens, None).await?;
-        let target_grammar = if p.is_tools() {
-            Some(ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?)
-        } else {
-            None
+        let target_grammar = match (p.is_tools(), earlier) {
+            (false, _) => None,
+            (true, Some(r)) if r.target_grammar.is_some() => r.target_grammar.clone(),
+            (true, _) => {
+                Some(ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?)
+            }
         };
         // Tool prompts are compared with the target's own calls under the same rendering:
         // llama-server's tool calling writes its calls its own way (or as text).
@@ -472,6 +495,10 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
         finished_at: super::machine::utc_now(),
         machine: super::machine::Machine::read().line(),
         policy: opts.base_policy.display().to_string(),
+        reused_target: opts
+            .reuse_target
+            .as_ref()
+            .map(|p| p.display().to_string()),
         rows,
         compile,
     };
@@ -502,6 +529,11 @@ fn markdown(r: &Report) -> String {
         r.machine,
         r.finished_at
     );
+    if let Some(earlier) = &r.reused_target {
+        s.push_str(&format!(
+            "Target answers (target-only, and the target under approxy's grammar) taken from the earlier run `{earlier}`, not asked again.\n\n"
+        ));
+    }
     s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|\n");
     let is_tool = |x: &Row| x.target_grammar.is_some() || x.kind.starts_with("tool");
     let mut kinds: Vec<&str> = r

@@ -170,6 +170,40 @@ async fn a_hand_off_under_a_grammar_keeps_the_answer_valid() -> Result<(), Engin
 }
 
 #[tokio::test]
+async fn thresholds_by_place_send_values_to_the_target_and_keep_the_drafts_wording()
+-> Result<(), EngineError> {
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": false
+    });
+    // Masked to the few tokens a number allows, the draft's 0.6 becomes about 0.97: confident
+    // enough for one threshold of 0.9, which it is not inside a string.
+    let draft = DraftScript::says("{\"name\": \"Alice Smith\", \"age\": 42}", 0.6);
+    let target = || ScriptedTarget::says("{\"name\": \"Alice Smyth\", \"age\": 43}", None);
+    let one = run(
+        draft.clone(),
+        target(),
+        constrained(GrammarSpec::JsonSchema(schema.clone()), 0.9, 64),
+    )
+    .await?;
+    assert_eq!(one.text, "{\"name\": \"Alice Smyth\", \"age\": 42}");
+    let mut req = constrained(GrammarSpec::JsonSchema(schema), 0.9, 64);
+    req.settings_mut().json_thresholds = Some(JsonThresholds {
+        value: 0.999,
+        text: 0.5,
+    });
+    let by_place = run(draft, target(), req).await?;
+    // The name's first letter, its closing quote, the digits and the closing brace are the
+    // target's; the rest of the name is the draft's.
+    assert_eq!(by_place.text, "{\"name\": \"Alice Smith\", \"age\": 43}");
+    assert_eq!(by_place.stats.target_tokens, 5, "{:?}", by_place.events);
+    assert!(by_place.stats.target_tokens < one.stats.target_tokens);
+    Ok(())
+}
+
+#[tokio::test]
 async fn json_mode_gives_an_object() -> Result<(), EngineError> {
     let o = run(
         DraftScript::says("{\"a\": [1, 2]}", 0.95),

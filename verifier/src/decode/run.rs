@@ -17,7 +17,7 @@ use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::grammar::tools::CallRepeats;
-use crate::grammar::{Constraint, Next};
+use crate::grammar::{Constraint, JsonPlace, Next, Place};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::targets::{
@@ -162,6 +162,8 @@ pub(super) struct Run<'a> {
     /// Where the answer may call tools several times: its calls, each a stop string for the
     /// rest of the answer, so that a repeated call ends it.
     repeats: Option<CallRepeats>,
+    /// Where in the JSON answer the next token goes, kept where the model judges by place.
+    place: Option<JsonPlace>,
 }
 
 /// What the grammar did before the draft proposes a token.
@@ -204,6 +206,8 @@ impl<'a> Run<'a> {
         keep_context: bool,
     ) -> Self {
         let grammar = req.constraint.take();
+        let place = (grammar.is_some() && req.settings.json_thresholds.is_some())
+            .then(JsonPlace::new);
         let stats = Stats {
             prompt_tokens: req.prompt.len() as u32,
             ..Stats::default()
@@ -233,6 +237,7 @@ impl<'a> Run<'a> {
                 .as_ref()
                 .is_some_and(Constraint::several_calls)
                 .then(CallRepeats::default),
+            place,
             grammar,
             draft_owns_next: false,
         }
@@ -374,6 +379,9 @@ impl<'a> Run<'a> {
                 Source::Target => self.stats.target_tokens += 1,
             }
             let delta = self.decoder.push(id)?;
+            if let Some(p) = &mut self.place {
+                p.push(&delta);
+            }
             if let Some(ctx) = &mut self.context {
                 ctx.push(if i == 0 { first } else { None }, &delta);
             }
@@ -531,11 +539,27 @@ impl<'a> Run<'a> {
             verifier,
             out,
             token,
-            self.req.threshold,
+            self.threshold_for(token),
             self.context.as_ref(),
         );
         self.stats.verifier_time += t.elapsed();
         d
+    }
+
+    /// The threshold `token` is judged at: by its place in a JSON answer where the model says
+    /// so, else the request's.
+    fn threshold_for(&self, token: u32) -> f32 {
+        let (Some(place), Some(t)) = (&self.place, self.req.settings.json_thresholds) else {
+            return self.req.threshold;
+        };
+        // Only a closing quote matters in the token's text, so a piece of a character that
+        // decodes lossily is as good as the whole.
+        let text = self.engine.tokenizer.decode(&[token]).unwrap_or_default();
+        match place.place_of(&text) {
+            Place::Outside => self.req.threshold,
+            Place::Value => t.value,
+            Place::Text => t.text,
+        }
     }
 
     /// Whether a call reads the target's prompt cache: a window call (`window`) to a target

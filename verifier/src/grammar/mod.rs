@@ -19,9 +19,11 @@ use serde_json::{Value, json};
 use crate::error::EngineError;
 use crate::tokenizer::Tokenizer;
 
+pub mod place;
 pub mod tools;
 mod vocab;
 
+pub use place::{JsonPlace, Place};
 pub use tools::{Tool, ToolChoice, ToolsSpec};
 
 /// Largest schema text compiled; a larger one is refused as unsupported.
