@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
-use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::decode::JsonThresholds;
+use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
 use raw::RawPolicy;
@@ -941,7 +941,8 @@ max_cost_ratio = -1
                 .is_err_and(|e| e.to_string().contains("structured_threshold.value: 1.5"))
         );
         assert!(
-            s("structured_threshold = { value = 0.9 }").is_err_and(|e| e.to_string().contains("text"))
+            s("structured_threshold = { value = 0.9 }")
+                .is_err_and(|e| e.to_string().contains("text"))
         );
         Ok(())
     }

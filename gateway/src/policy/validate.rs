@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
+use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
-use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
 
 use super::raw::{

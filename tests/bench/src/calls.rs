@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use approxy_gateway::policy::raw::{
-    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPricing, RawStructuredThreshold, RawTarget,
+    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPricing, RawStructuredThreshold,
+    RawTarget,
 };
 use approxy_gateway::policy::{GuardPolicy, ModelPolicy, Policy};
 use approxy_setup::Home;
@@ -388,12 +389,10 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             max_rejection_rate: b.max_rejection_rate,
         }),
         price: Some(RawPricing::from(&base.price)),
-        structured_threshold: base
-            .structured_threshold
-            .map(|t| RawStructuredThreshold {
-                value: t.value,
-                text: t.text,
-            }),
+        structured_threshold: base.structured_threshold.map(|t| RawStructuredThreshold {
+            value: t.value,
+            text: t.text,
+        }),
         ..RawModel::default()
     }
 }

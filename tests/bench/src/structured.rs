@@ -135,12 +135,20 @@ struct Row {
     kind: String,
     target_only: Answer,
     approxy: Answer,
-    /// Tool prompts: the target writing every free token under approxy's grammar.
+    /// The target writing every free token under approxy's grammar (threshold 1).
     #[serde(default)]
     target_grammar: Option<Answer>,
     /// Of target-only's leaf fields (tool prompts: the target's calls under the grammar), the
     /// share approxy's answer has with the same value.
     field_agreement: Option<f64>,
+    /// Of the leaf fields of the target's answer under approxy's grammar, the share approxy's
+    /// answer has: what the verifier loses, with the layout the same.
+    #[serde(default)]
+    grammar_agreement: Option<f64>,
+    /// Schema prompts: of target-only's leaf fields, the share the target's own answer under
+    /// approxy's grammar has: what the compact layout alone loses.
+    #[serde(default)]
+    layout_agreement: Option<f64>,
 }
 
 /// Compile times, milliseconds.
@@ -445,7 +453,11 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
             let earlier: Report = serde_json::from_slice(
                 &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
             )?;
-            earlier.rows.into_iter().map(|r| (r.id.clone(), r)).collect()
+            earlier
+                .rows
+                .into_iter()
+                .map(|r| (r.id.clone(), r))
+                .collect()
         }
         None => HashMap::new(),
     };
@@ -457,16 +469,16 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
             None => ask(&http, &gateway.url, target_only, p, opts.max_tokens, None).await?,
         };
         let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens, None).await?;
-        let target_grammar = match (p.is_tools(), earlier) {
-            (false, _) => None,
-            (true, Some(r)) if r.target_grammar.is_some() => r.target_grammar.clone(),
-            (true, _) => {
-                Some(ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?)
-            }
+        let g = match earlier.and_then(|r| r.target_grammar.clone()) {
+            Some(g) => g,
+            None => ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?,
         };
         // Tool prompts are compared with the target's own calls under the same rendering:
         // llama-server's tool calling writes its calls its own way (or as text).
-        let field_agreement = row_agreement(target_grammar.as_ref().unwrap_or(&t), &a);
+        let field_agreement = row_agreement(if p.is_tools() { &g } else { &t }, &a);
+        let grammar_agreement = row_agreement(&g, &a);
+        let layout_agreement = (!p.is_tools()).then(|| row_agreement(&t, &g)).flatten();
+        let target_grammar = Some(g);
         eprintln!(
             "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
             p.id,
@@ -486,6 +498,8 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
             approxy: a,
             target_grammar,
             field_agreement,
+            grammar_agreement,
+            layout_agreement,
         });
     }
     drop(gateway);
@@ -495,10 +509,7 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
         finished_at: super::machine::utc_now(),
         machine: super::machine::Machine::read().line(),
         policy: opts.base_policy.display().to_string(),
-        reused_target: opts
-            .reuse_target
-            .as_ref()
-            .map(|p| p.display().to_string()),
+        reused_target: opts.reuse_target.as_ref().map(|p| p.display().to_string()),
         rows,
         compile,
     };
@@ -523,7 +534,8 @@ fn markdown(r: &Report) -> String {
     let mut s = format!(
         "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode, tool calls), \
          `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}. \
-         Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments.\n\n",
+         Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments. \
+         The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's compact layout loses with no draft at all).\n\n",
         r.rows.len(),
         r.policy,
         r.machine,
@@ -534,8 +546,8 @@ fn markdown(r: &Report) -> String {
             "Target answers (target-only, and the target under approxy's grammar) taken from the earlier run `{earlier}`, not asked again.\n\n"
         ));
     }
-    s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|\n");
-    let is_tool = |x: &Row| x.target_grammar.is_some() || x.kind.starts_with("tool");
+    s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | approxy vs target under its grammar | target under the grammar vs target-only | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let is_tool = |x: &Row| x.kind.starts_with("tool");
     let mut kinds: Vec<&str> = r
         .rows
         .iter()
@@ -568,23 +580,25 @@ fn markdown(r: &Report) -> String {
             })
             .collect();
         let n = rows.len();
-        let agree: Vec<f64> = rows.iter().filter_map(|x| x.field_agreement).collect();
+        let mean = |f: fn(&Row) -> Option<f64>| {
+            let v: Vec<f64> = rows.iter().filter_map(|x| f(x)).collect();
+            if v.is_empty() {
+                "n/a".to_string()
+            } else {
+                format!(
+                    "{:.1} % (of {} answers)",
+                    100.0 * v.iter().sum::<f64>() / v.len() as f64,
+                    v.len()
+                )
+            }
+        };
         let sum = |f: fn(&Answer) -> u64| rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
         let total = sum(|a| a.completion_tokens).max(1) as f64;
         let forced = sum(|a| a.forced_tokens) as f64;
         let draft = sum(|a| a.draft_tokens) as f64 - forced;
         let target = sum(|a| a.target_tokens) as f64;
-        let agreeing = if agree.is_empty() {
-            "n/a".to_string()
-        } else {
-            format!(
-                "{:.1} % (of {} answers)",
-                100.0 * agree.iter().sum::<f64>() / agree.len() as f64,
-                agree.len()
-            )
-        };
         s.push_str(&format!(
-            "| {kind} | {n} | {} | {} | {} | {agreeing} | {:.0} % | {:.0} % | {:.0} % |\n",
+            "| {kind} | {n} | {} | {} | {} | {} | {} | {} | {:.0} % | {:.0} % | {:.0} % |\n",
             share(rows.iter().filter(|x| x.target_only.valid).count(), n),
             share(rows.iter().filter(|x| x.approxy.valid).count(), n),
             share(
@@ -593,6 +607,9 @@ fn markdown(r: &Report) -> String {
                     .count(),
                 n
             ),
+            mean(|x| x.field_agreement),
+            mean(|x| x.grammar_agreement),
+            mean(|x| x.layout_agreement),
             100.0 * forced / total,
             100.0 * draft / total,
             100.0 * target / total,
@@ -630,7 +647,7 @@ fn tool_table(r: &Report) -> String {
     let rows: Vec<&Row> = r
         .rows
         .iter()
-        .filter(|x| x.target_grammar.is_some())
+        .filter(|x| x.kind.starts_with("tool"))
         .collect();
     if rows.is_empty() {
         return String::new();

@@ -206,8 +206,8 @@ impl<'a> Run<'a> {
         keep_context: bool,
     ) -> Self {
         let grammar = req.constraint.take();
-        let place = (grammar.is_some() && req.settings.json_thresholds.is_some())
-            .then(JsonPlace::new);
+        let place =
+            (grammar.is_some() && req.settings.json_thresholds.is_some()).then(JsonPlace::new);
         let stats = Stats {
             prompt_tokens: req.prompt.len() as u32,
             ..Stats::default()
