@@ -2,9 +2,10 @@
 //! `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode,
 //! tool calls), through the shipped policy and through target-only (llama-server constraining
 //! its own answer to the same `response_format`, or parsing its own tool calls), one
-//! llama-server, cores pinned. Tool prompts are also answered by the target under approxy's
-//! grammar (threshold 1: the target writes every token the grammar leaves free), the target's
-//! own rate with the same rendering. Per answer: valid JSON, valid for its schema (the
+//! llama-server, cores pinned. Every prompt is also answered by the target under approxy's
+//! grammar (threshold 1: the target writes every token the grammar leaves free): for tool
+//! prompts the target's own rate with the same rendering, and for schema prompts what the
+//! grammar's layout alone changes against target-only. Per answer: valid JSON, valid for its schema (the
 //! `jsonschema` crate, not the grammar engine that wrote it), the right tools called with
 //! valid arguments, fields that agree with target-only's, and who wrote the tokens (the
 //! grammar, the draft, the target). Then what compiling a schema costs: each of the sample's
@@ -444,63 +445,10 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(900))
         .build()?;
-    let (target_only, approxy) = (
-        calls::model_name(CallConfig::TargetOnly),
-        calls::model_name(CallConfig::Default),
-    );
-    let reused: HashMap<String, Row> = match &opts.reuse_target {
-        Some(path) => {
-            let earlier: Report = serde_json::from_slice(
-                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-            )?;
-            earlier
-                .rows
-                .into_iter()
-                .map(|r| (r.id.clone(), r))
-                .collect()
-        }
-        None => HashMap::new(),
-    };
+    let reused = reused_rows(opts.reuse_target.as_deref())?;
     let mut rows = Vec::new();
     for p in &prompts {
-        let earlier = reused.get(&p.id);
-        let t = match earlier {
-            Some(r) => r.target_only.clone(),
-            None => ask(&http, &gateway.url, target_only, p, opts.max_tokens, None).await?,
-        };
-        let a = ask(&http, &gateway.url, approxy, p, opts.max_tokens, None).await?;
-        let g = match earlier.and_then(|r| r.target_grammar.clone()) {
-            Some(g) => g,
-            None => ask(&http, &gateway.url, approxy, p, opts.max_tokens, Some(1.0)).await?,
-        };
-        // Tool prompts are compared with the target's own calls under the same rendering:
-        // llama-server's tool calling writes its calls its own way (or as text).
-        let field_agreement = row_agreement(if p.is_tools() { &g } else { &t }, &a);
-        let grammar_agreement = row_agreement(&g, &a);
-        let layout_agreement = (!p.is_tools()).then(|| row_agreement(&t, &g)).flatten();
-        let target_grammar = Some(g);
-        eprintln!(
-            "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
-            p.id,
-            t.valid,
-            a.mode,
-            a.valid,
-            a.forced_tokens,
-            a.draft_tokens,
-            a.target_tokens,
-            a.completion_tokens,
-            field_agreement
-        );
-        rows.push(Row {
-            id: p.id.clone(),
-            kind: p.kind.clone(),
-            target_only: t,
-            approxy: a,
-            target_grammar,
-            field_agreement,
-            grammar_agreement,
-            layout_agreement,
-        });
+        rows.push(answer(&http, &gateway.url, p, opts.max_tokens, reused.get(&p.id)).await?);
     }
     drop(gateway);
     drop(target);
@@ -522,6 +470,72 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     std::fs::write(opts.out.join("structured.md"), &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// An earlier run's rows by prompt id (none without a path).
+fn reused_rows(path: Option<&std::path::Path>) -> anyhow::Result<HashMap<String, Row>> {
+    let Some(path) = path else {
+        return Ok(HashMap::new());
+    };
+    let earlier: Report = serde_json::from_slice(
+        &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
+    Ok(earlier
+        .rows
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
+        .collect())
+}
+
+/// One prompt's row: target-only, approxy and the target under approxy's grammar (the target
+/// answers taken from `earlier` where given), and how their fields agree.
+async fn answer(
+    http: &reqwest::Client,
+    url: &str,
+    p: &Prompt,
+    max_tokens: u32,
+    earlier: Option<&Row>,
+) -> anyhow::Result<Row> {
+    let (target_only, approxy) = (
+        calls::model_name(CallConfig::TargetOnly),
+        calls::model_name(CallConfig::Default),
+    );
+    let t = match earlier {
+        Some(r) => r.target_only.clone(),
+        None => ask(http, url, target_only, p, max_tokens, None).await?,
+    };
+    let a = ask(http, url, approxy, p, max_tokens, None).await?;
+    let g = match earlier.and_then(|r| r.target_grammar.clone()) {
+        Some(g) => g,
+        None => ask(http, url, approxy, p, max_tokens, Some(1.0)).await?,
+    };
+    // Tool prompts are compared with the target's own calls under the same rendering:
+    // llama-server's tool calling writes its calls its own way (or as text).
+    let field_agreement = row_agreement(if p.is_tools() { &g } else { &t }, &a);
+    let grammar_agreement = row_agreement(&g, &a);
+    let layout_agreement = (!p.is_tools()).then(|| row_agreement(&t, &g)).flatten();
+    eprintln!(
+        "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
+        p.id,
+        t.valid,
+        a.mode,
+        a.valid,
+        a.forced_tokens,
+        a.draft_tokens,
+        a.target_tokens,
+        a.completion_tokens,
+        field_agreement
+    );
+    Ok(Row {
+        id: p.id.clone(),
+        kind: p.kind.clone(),
+        target_only: t,
+        approxy: a,
+        target_grammar: Some(g),
+        field_agreement,
+        grammar_agreement,
+        layout_agreement,
+    })
 }
 
 /// Share as "12/40 (30 %)".
