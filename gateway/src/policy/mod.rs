@@ -765,14 +765,17 @@ max_cost_ratio = -1
         Ok(())
     }
 
+    /// The good policy with `line` added to its model's table.
+    fn with_model_line(line: &str) -> Result<Policy, PolicyError> {
+        Policy::parse(
+            &GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")),
+            Path::new("p.toml"),
+        )
+    }
+
     #[test]
     fn corrections_fixed_span_and_the_earlier_key() -> Result<(), PolicyError> {
-        let with = |line: &str| {
-            Policy::parse(
-                &GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")),
-                Path::new("p.toml"),
-            )
-        };
+        let with = with_model_line;
         let c = |p: Policy| p.model("x").map(|m| m.correction);
         assert_eq!(
             c(Policy::parse(GOOD, Path::new("p.toml"))?),
@@ -922,11 +925,7 @@ max_cost_ratio = -1
     #[test]
     fn structured_thresholds_are_two_thresholds() -> Result<(), PolicyError> {
         let s = |line: &str| {
-            Policy::parse(
-                &GOOD.replace("threshold = 0.7\n", &format!("threshold = 0.7\n{line}\n")),
-                Path::new("p.toml"),
-            )
-            .map(|p| p.model("x").and_then(|m| m.structured_threshold))
+            with_model_line(line).map(|p| p.model("x").and_then(|m| m.structured_threshold))
         };
         assert_eq!(s("")?, None);
         assert_eq!(

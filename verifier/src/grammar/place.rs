@@ -67,16 +67,11 @@ impl JsonPlace {
             return place;
         }
         let mut escaped = self.escaped;
-        for c in token.chars() {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                return Place::Value;
-            }
+        if token.chars().any(|c| closes_string(&mut escaped, c)) {
+            Place::Value
+        } else {
+            Place::Text
         }
-        Place::Text
     }
 
     /// Reads emitted text.
@@ -88,13 +83,7 @@ impl JsonPlace {
 
     fn push_char(&mut self, c: char) {
         if let Some(s) = &mut self.string {
-            if self.escaped {
-                self.escaped = false;
-                s.started = true;
-            } else if c == '\\' {
-                self.escaped = true;
-                s.started = true;
-            } else if c == '"' {
+            if closes_string(&mut self.escaped, c) {
                 self.string = None;
             } else {
                 s.started = true;
@@ -125,6 +114,17 @@ impl JsonPlace {
             }
             _ => {}
         }
+    }
+}
+
+/// Whether `c`, read inside a string after a backslash or not (`escaped`, updated), is the
+/// quote that closes it.
+fn closes_string(escaped: &mut bool, c: char) -> bool {
+    if std::mem::take(escaped) {
+        false
+    } else {
+        *escaped = c == '\\';
+        c == '"'
     }
 }
 
