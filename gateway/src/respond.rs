@@ -174,10 +174,12 @@ fn usage(p: &Priced, a: &Answer) -> Value {
         }
     });
     // Every call's work, for anyone to check against the target's own account.
-    // Of the draft's tokens, those the answer's grammar forced (structured output), and the
-    // target tokens it refused.
+    // Of the draft's tokens, those the answer's grammar forced (structured output); the
+    // target tokens it refused, and of those the positions the target then wrote keeping to
+    // what the grammar allows.
     u["approxy"]["forced_tokens"] = json!(s.forced_tokens);
     u["approxy"]["grammar_refusals"] = json!(s.grammar_refusals);
+    u["approxy"]["grammar_picks"] = json!(s.grammar_picks);
     u["approxy"]["target_call_records"] = json!(s.calls);
     u["approxy"]["price_class"] = json!(m.policy.price.class());
     u["approxy"]["cost_unit"] = json!(p.unit.name());

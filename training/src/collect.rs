@@ -56,6 +56,7 @@ impl CollectItem {
             model: None,
             top_logprobs: TARGET_TOP_K as u32,
             answer: None,
+            allowed: Vec::new(),
         }
     }
 }

@@ -272,6 +272,10 @@ pub struct Stats {
     /// Of those, positions the target's best allowed alternative wrote (counted in
     /// `target_tokens`).
     pub grammar_alternatives: u32,
+    /// Positions the target wrote in a call of one token that kept to the few tokens the
+    /// grammar allows: where the grammar refused the target's token and its top entries, or
+    /// the draft's own first choice (counted in `target_tokens` and `target_calls`).
+    pub grammar_picks: u32,
     /// Target tokens emitted.
     pub target_tokens: u32,
     /// Calls made to the target.
@@ -388,6 +392,7 @@ impl Stats {
             forced_tokens,
             grammar_refusals,
             grammar_alternatives,
+            grammar_picks,
             target_tokens,
             target_calls,
             verifier_rejections,
@@ -428,6 +433,7 @@ impl Stats {
         self.forced_tokens += forced_tokens;
         self.grammar_refusals += grammar_refusals;
         self.grammar_alternatives += grammar_alternatives;
+        self.grammar_picks += grammar_picks;
         self.target_tokens += target_tokens;
         self.target_calls += target_calls;
         self.verifier_rejections += verifier_rejections;

@@ -326,6 +326,9 @@ pub struct ScriptedTarget {
     /// Its second choice at each answer position, reported where top log-probabilities are
     /// asked for.
     second: Vec<u32>,
+    /// Where it keeps to a set of tokens (`None`: it cannot): its own best at each answer
+    /// position among those it does not report.
+    picks: Option<Vec<u32>>,
     eager: bool,
     facts: TargetFacts,
     /// `None`: it says `facts`; otherwise it fails to say anything, counting the asks here.
@@ -350,6 +353,7 @@ impl ScriptedTarget {
             timings: false,
             alternative: 0.0,
             second: Vec::new(),
+            picks: None,
             eager: false,
             facts: TargetFacts::default(),
             facts_fail: None,
@@ -395,6 +399,15 @@ impl ScriptedTarget {
     /// reported (with its own) where a continuation asks for top log-probabilities.
     pub fn with_second_choices(mut self, text: &str) -> Self {
         self.second = text.bytes().map(u32::from).collect();
+        self
+    }
+
+    /// The same target keeping a call's token to the set it is given
+    /// ([`ContinuationRequest::allowed`]), as llama-server does with a logit bias: the first of
+    /// its own token, its second choice and `text`'s byte at that answer position that the
+    /// set holds (else the set's first).
+    pub fn with_picks(mut self, text: &str) -> Self {
+        self.picks = Some(text.bytes().map(u32::from).collect());
         self
     }
 
@@ -552,6 +565,18 @@ impl TargetClient for ScriptedTarget {
         };
         self.act_out_fault(n).await?;
         let start = req.prefix.len() - answer_position(&req.prefix);
+        if let Some(picks) = self.picks.as_ref().filter(|_| !req.allowed.is_empty()) {
+            let ranked = [&self.answer, &self.second, picks];
+            let pick = ranked
+                .iter()
+                .filter_map(|r| r.get(start))
+                .find(|t| req.allowed.contains(t))
+                .unwrap_or(&req.allowed[0]);
+            return Ok(Continuation {
+                tokens: vec![*pick],
+                ..Continuation::default()
+            });
+        }
         let mut tokens = Vec::new();
         let mut stopped_on_eos = false;
         for i in start..start + req.max_tokens as usize {
@@ -593,6 +618,10 @@ impl TargetClient for ScriptedTarget {
 
     fn windows_read_cache(&self) -> bool {
         self.windows_cached
+    }
+
+    fn picks_among_tokens(&self) -> bool {
+        self.picks.is_some()
     }
 
     async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {

@@ -277,6 +277,34 @@ pub async fn suite(name: &str, c: &dyn TargetClient) -> Vec<u32> {
         streamed_short.1,
         "{name}: streamed short answer did not end on end-of-sequence: {streamed_short:?}"
     );
+    // A client that keeps a call to a set of tokens answers with one of them, its own best:
+    // its greedy token where the set holds it.
+    if c.picks_among_tokens() {
+        let greedy = long.tokens[0];
+        let others: Vec<u32> = ["Sure", "Here"]
+            .iter()
+            .filter_map(|w| tok.encode(w).ok()?.first().copied())
+            .filter(|&t| t != greedy)
+            .collect();
+        assert_eq!(others.len(), 2, "{name}");
+        let mut one = chat_req(task, &[], 1);
+        one.allowed = [others.as_slice(), &[greedy]].concat();
+        let got = c
+            .continue_tokens(&one)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(got.tokens, vec![greedy], "{name}: not its best of the set");
+        one.allowed = others.clone();
+        let got = c
+            .continue_tokens(&one)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            got.tokens.len() == 1 && others.contains(&got.tokens[0]),
+            "{name}: {:?} is not one of {others:?}",
+            got.tokens
+        );
+    }
     // Tokenizer agreement when the target can tokenize.
     if let Some(ids) = c
         .tokenize("fn main() { println!(\"héllo 🚀\"); }")

@@ -47,9 +47,11 @@ pub struct StructuredOptions {
     /// Policy whose "*" model is approxy's configuration.
     #[arg(long, default_value = "policies/default.toml")]
     pub base_policy: PathBuf,
-    /// An earlier run's `structured.json` whose target answers (target-only, and the target
-    /// under approxy's grammar) are taken instead of asked again: for comparing approxy's
-    /// configurations against the same target answers, on the machine that wrote them.
+    /// An earlier run's `structured.json` whose target-only answers are taken instead of asked
+    /// again: for comparing approxy's configurations against the same answers, on the machine
+    /// that wrote them. The target under approxy's grammar is approxy's own decoding, so it is
+    /// always asked; so is target-only a second time, where it then measures how far
+    /// target-only moves between runs.
     #[arg(long)]
     pub reuse_target: Option<PathBuf>,
 }
@@ -150,6 +152,14 @@ struct Row {
     /// approxy's grammar has: what the compact layout alone loses.
     #[serde(default)]
     layout_agreement: Option<f64>,
+    /// Schema prompts: target-only asked again, after the other answers (the server's cache
+    /// and slots then hold other work, as a busy server's do).
+    #[serde(default)]
+    target_only_again: Option<Answer>,
+    /// Of target-only's leaf fields, the share its second answer has: how far the reference
+    /// itself moves at temperature 0, so how close any answer can be expected to come.
+    #[serde(default)]
+    repeat_agreement: Option<f64>,
 }
 
 /// Compile times, milliseconds.
@@ -487,8 +497,8 @@ fn reused_rows(path: Option<&std::path::Path>) -> anyhow::Result<HashMap<String,
         .collect())
 }
 
-/// One prompt's row: target-only, approxy and the target under approxy's grammar (the target
-/// answers taken from `earlier` where given), and how their fields agree.
+/// One prompt's row: target-only (taken from `earlier` where given), approxy, the target under
+/// approxy's grammar and target-only again, and how their fields agree.
 async fn answer(
     http: &reqwest::Client,
     url: &str,
@@ -505,15 +515,18 @@ async fn answer(
         None => ask(http, url, target_only, p, max_tokens, None).await?,
     };
     let a = ask(http, url, approxy, p, max_tokens, None).await?;
-    let g = match earlier.and_then(|r| r.target_grammar.clone()) {
-        Some(g) => g,
-        None => ask(http, url, approxy, p, max_tokens, Some(1.0)).await?,
+    let g = ask(http, url, approxy, p, max_tokens, Some(1.0)).await?;
+    let again = if p.is_tools() {
+        None
+    } else {
+        Some(ask(http, url, target_only, p, max_tokens, None).await?)
     };
     // Tool prompts are compared with the target's own calls under the same rendering:
     // llama-server's tool calling writes its calls its own way (or as text).
     let field_agreement = row_agreement(if p.is_tools() { &g } else { &t }, &a);
     let grammar_agreement = row_agreement(&g, &a);
     let layout_agreement = (!p.is_tools()).then(|| row_agreement(&t, &g)).flatten();
+    let repeat_agreement = again.as_ref().and_then(|x| row_agreement(&t, x));
     eprintln!(
         "{}: target-only valid {}, approxy {} valid {} (forced {}, draft {}, target {} of {}), fields {:?}",
         p.id,
@@ -535,6 +548,8 @@ async fn answer(
         field_agreement,
         grammar_agreement,
         layout_agreement,
+        target_only_again: again,
+        repeat_agreement,
     })
 }
 
@@ -549,7 +564,8 @@ fn markdown(r: &Report) -> String {
         "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode, tool calls), \
          `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}. \
          Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments. \
-         The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's compact layout loses with no draft at all).\n\n",
+         The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's compact layout loses with no draft at all). \
+         The last of these is target-only asked the same again, after the other answers: how far the reference itself moves at temperature 0.\n\n",
         r.rows.len(),
         r.policy,
         r.machine,
@@ -557,10 +573,10 @@ fn markdown(r: &Report) -> String {
     );
     if let Some(earlier) = &r.reused_target {
         s.push_str(&format!(
-            "Target answers (target-only, and the target under approxy's grammar) taken from the earlier run `{earlier}`, not asked again.\n\n"
+            "Target-only's answers taken from the earlier run `{earlier}`; the second target-only answer, asked in this run, therefore says how far target-only moves between runs.\n\n"
         ));
     }
-    s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | approxy vs target under its grammar | target under the grammar vs target-only | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | approxy vs target under its grammar | target under the grammar vs target-only | target-only again vs target-only | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let is_tool = |x: &Row| x.kind.starts_with("tool");
     let mut kinds: Vec<&str> = r
         .rows
@@ -612,7 +628,7 @@ fn markdown(r: &Report) -> String {
         let draft = sum(|a| a.draft_tokens) as f64 - forced;
         let target = sum(|a| a.target_tokens) as f64;
         s.push_str(&format!(
-            "| {kind} | {n} | {} | {} | {} | {} | {} | {} | {:.0} % | {:.0} % | {:.0} % |\n",
+            "| {kind} | {n} | {} | {} | {} | {} | {} | {} | {} | {:.0} % | {:.0} % | {:.0} % |\n",
             share(rows.iter().filter(|x| x.target_only.valid).count(), n),
             share(rows.iter().filter(|x| x.approxy.valid).count(), n),
             share(
@@ -624,6 +640,7 @@ fn markdown(r: &Report) -> String {
             mean(|x| x.field_agreement),
             mean(|x| x.grammar_agreement),
             mean(|x| x.layout_agreement),
+            mean(|x| x.repeat_agreement),
             100.0 * forced / total,
             100.0 * draft / total,
             100.0 * target / total,

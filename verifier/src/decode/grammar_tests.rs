@@ -227,27 +227,36 @@ async fn json_mode_gives_an_object() -> Result<(), EngineError> {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_refused_target_token_gives_way_to_the_targets_best_allowed_one()
--> Result<(), EngineError> {
-    // The target would write `"Yes"` where the schema's enum has `"yes"` and `"no"`: its second
-    // choice there is `y`, which the grammar allows, and which a target constraining its own
-    // answer would have written.
-    let label = json!({
+/// An object with one label, `"yes"` or `"no"`.
+fn yes_or_no() -> Value {
+    json!({
         "type": "object",
         "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
         "required": ["answer"],
         "additionalProperties": false
-    });
-    for correction in [
+    })
+}
+
+/// A fixed correction and a span, both of which a refused target token ends.
+fn corrections() -> [Correction; 2] {
+    [
         Correction::Fixed { tokens: 8 },
         Correction::Span {
             max_span: 8,
             resync: 2,
             end: SpanClose::Resync,
         },
-    ] {
-        let mut req = constrained(GrammarSpec::JsonSchema(label.clone()), 0.99, 32);
+    ]
+}
+
+#[tokio::test]
+async fn a_refused_target_token_gives_way_to_the_targets_best_allowed_one()
+-> Result<(), EngineError> {
+    // The target would write `"Yes"` where the schema's enum has `"yes"` and `"no"`: its second
+    // choice there is `y`, which the grammar allows, and which a target constraining its own
+    // answer would have written.
+    for correction in corrections() {
+        let mut req = constrained(GrammarSpec::JsonSchema(yes_or_no()), 0.99, 32);
         req.settings_mut().correction = correction;
         let o = run(
             // Its `maybe` is not a label: masked, it is torn between the two.
@@ -261,6 +270,81 @@ async fn a_refused_target_token_gives_way_to_the_targets_best_allowed_one()
         assert_eq!(o.stats.grammar_alternatives, 1, "{correction:?}");
         assert!(o.target.calls().iter().all(|c| c.top_logprobs > 0));
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn where_the_grammar_refuses_every_top_entry_the_target_picks_among_what_it_allows()
+-> Result<(), EngineError> {
+    // The draft's `yes` is allowed but not sure enough (0.99 masked, against 0.999). The
+    // target would write `"Maybe"`, and its second choice, `"Perhaps"`, is no label either:
+    // asked for one token among those the grammar allows (`y` and `n`), it keeps to them and
+    // writes its own best, `n`.
+    for correction in corrections() {
+        let mut req = constrained(GrammarSpec::JsonSchema(yes_or_no()), 0.999, 32);
+        req.settings_mut().correction = correction;
+        let o = run(
+            DraftScript::says("{\"answer\": \"yes\"}", 0.3),
+            ScriptedTarget::says("{\"answer\": \"Maybe\"}", None)
+                .with_second_choices("{\"answer\": \"Perhaps\"}")
+                .with_picks("{\"answer\": \"no\"}"),
+            req,
+        )
+        .await?;
+        assert_eq!(o.text, "{\"answer\": \"no\"}", "{correction:?}");
+        assert_eq!(o.stats.grammar_refusals, 1, "{correction:?}");
+        assert_eq!(o.stats.grammar_picks, 1, "{correction:?}");
+        let picks: Vec<_> = o
+            .target
+            .calls()
+            .into_iter()
+            .filter(|c| !c.allowed.is_empty())
+            .collect();
+        assert_eq!(picks.len(), 1, "{correction:?}");
+        let mut allowed = picks[0].allowed.clone();
+        allowed.sort_unstable();
+        assert_eq!(allowed, vec![u32::from(b'n'), u32::from(b'y')]);
+        assert_eq!(picks[0].max_tokens, 1);
+    }
+    // A target that cannot keep to a set is not asked: the draft writes the position.
+    let o = run(
+        DraftScript::says("{\"answer\": \"yes\"}", 0.3),
+        ScriptedTarget::says("{\"answer\": \"Maybe\"}", None)
+            .with_second_choices("{\"answer\": \"Perhaps\"}"),
+        constrained(GrammarSpec::JsonSchema(yes_or_no()), 0.999, 32),
+    )
+    .await?;
+    assert_eq!(o.text, "{\"answer\": \"yes\"}");
+    assert_eq!(o.stats.grammar_picks, 0);
+    assert!(o.target.calls().iter().all(|c| c.allowed.is_empty()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn where_the_grammar_refuses_the_drafts_own_choice_the_target_picks()
+-> Result<(), EngineError> {
+    // A confident draft that would write `maybe`: masked, its `m` is gone and what is left
+    // says nothing of the labels, so neither verifier nor draft decides: the target picks its
+    // own best of `y` and `n` in a call of one token, and the grammar forces the rest.
+    let o = run(
+        DraftScript::says("{\"answer\": \"maybe\"}", 0.95),
+        ScriptedTarget::says("{\"answer\": \"no\"}", None).with_picks(""),
+        constrained(GrammarSpec::JsonSchema(yes_or_no()), 0.5, 32),
+    )
+    .await?;
+    assert_eq!(o.text, "{\"answer\": \"no\"}");
+    assert_eq!(o.stats.grammar_picks, 1);
+    assert_eq!(o.stats.target_calls, 1);
+    assert_eq!(o.target.calls()[0].max_tokens, 1);
+    // A client's threshold of 0 asks the target nothing: the draft writes a label.
+    let o = run(
+        DraftScript::says("{\"answer\": \"maybe\"}", 0.95),
+        ScriptedTarget::says("{\"answer\": \"no\"}", None).with_picks(""),
+        constrained(GrammarSpec::JsonSchema(yes_or_no()), 0.0, 32),
+    )
+    .await?;
+    assert_eq!(o.stats.target_calls, 0);
+    assert_eq!(o.stats.grammar_picks, 0);
     Ok(())
 }
 

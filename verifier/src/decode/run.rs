@@ -35,6 +35,11 @@ const RELAXED_TOP_LOGPROBS: u32 = 20;
 /// the grammar refuses, the best of these the grammar allows is its answer there.
 const GRAMMAR_ALTERNATIVES: u32 = 8;
 
+/// Most tokens a target is asked to choose among where the grammar refused its token and its
+/// top entries (an enum's first tokens, a literal's); where more are allowed, the draft
+/// writes the position.
+const PICK_LIMIT: usize = 256;
+
 /// Longest wait for the last event of a stream whose tokens have all arrived.
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
@@ -264,6 +269,17 @@ impl<'a> Run<'a> {
                 None => GrammarStep::Again(cursor.commit(&tokens).await?),
             },
             Next::Choose(mask) => {
+                // The draft's own choice is not allowed here: masked, its distribution says
+                // only how it ranks what it did not want, often with a confidence near 1 (an
+                // enum member it would never have written). The target picks instead.
+                if !mask.allows(out.top1())
+                    && let Some(t) = self.target_pick().await?
+                {
+                    return Ok(match self.emit(&[t], Source::Target, None).await? {
+                        Some(reason) => GrammarStep::Finished(reason),
+                        None => GrammarStep::Again(cursor.commit(&[t]).await?),
+                    });
+                }
                 let mut logits = out.logits.clone();
                 mask.apply(&mut logits);
                 GrammarStep::Draft(PositionOutput::new(logits, out.hidden.clone()))
@@ -443,7 +459,68 @@ impl<'a> Run<'a> {
                 0
             },
             answer: Some(self.answer.id),
+            allowed: Vec::new(),
         }
+    }
+
+    /// What the target writes where the grammar refused its token: the best allowed of its
+    /// top entries, or else its own best of the few tokens the grammar allows there. `None`
+    /// leaves the position to the draft.
+    async fn allowed_alternative(
+        &mut self,
+        alternatives: Option<&Vec<(u32, f32)>>,
+    ) -> Result<Option<u32>, EngineError> {
+        match self.best_allowed(alternatives) {
+            Some(t) => Ok(Some(t)),
+            None => self.target_pick().await,
+        }
+    }
+
+    /// The target's own best of the tokens the grammar allows next, asked in a call of one
+    /// token on the prefix its cache holds: what a target constraining its own answer writes
+    /// where its top entries are all refused (an enum member far down its list: on the
+    /// structured sample, `"advertising"` where it would write `"Promotion"`), or where the
+    /// draft's own first choice is. `None` where the target cannot keep to a set, more than
+    /// [`PICK_LIMIT`] are allowed, or no call may be made (the request's threshold of 0 makes
+    /// none).
+    async fn target_pick(&mut self) -> Result<Option<u32>, EngineError> {
+        if !self.engine.target.picks_among_tokens()
+            || self.req.threshold <= 0.0
+            || self.calls_exhausted()
+            || self.guard_judges(0, 1).is_some()
+        {
+            return Ok(None);
+        }
+        let Some(allowed) = self
+            .grammar
+            .as_mut()
+            .and_then(|g| g.allowed_tokens(PICK_LIMIT))
+        else {
+            return Ok(None);
+        };
+        let mut creq = self.next_call(CallKind::Correction, 1);
+        creq.allowed = allowed;
+        creq.top_logprobs = 0;
+        let engine = self.engine;
+        let call = engine.target.continue_tokens(&creq);
+        let Some(cont) = unless_client_gone(&self.tx, &mut self.stats.target_wait, call).await
+        else {
+            return Ok(None);
+        };
+        let cont = cont?;
+        self.absorb(cont.cached_prompt_tokens, cont.timings, cont.extra_calls);
+        self.last_prefix_len += cont.tokens.len() as u64;
+        let pick =
+            cont.tokens.first().copied().filter(|t| {
+                (*t as usize) < engine.tokenizer.vocab_size() && !engine.eos.contains(t)
+            });
+        let Some(t) = pick.filter(|&t| self.grammar.as_mut().is_some_and(|g| g.allows(t))) else {
+            // A target that did not keep to the set: the draft writes the position.
+            return Ok(None);
+        };
+        self.stats.grammar_picks += 1;
+        self.draft_owns_next = false;
+        Ok(Some(t))
     }
 
     /// The target's most likely token among `alternatives` (its top entries where it wrote a
@@ -643,7 +720,7 @@ impl<'a> Run<'a> {
         for (i, &t) in cont.tokens.iter().enumerate() {
             if self.refuses(t) {
                 self.stats.target_discarded_tokens += (cont.tokens.len() - i) as u64;
-                if let Some(alt) = self.best_allowed(cont.top_logprobs.get(i)) {
+                if let Some(alt) = self.allowed_alternative(cont.top_logprobs.get(i)).await? {
                     self.last_target_tokens.push(alt);
                     return self.emit(&[alt], Source::Target, None).await;
                 }
@@ -1002,7 +1079,7 @@ impl<'a> Run<'a> {
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
                     self.count_unread(&mut stream);
-                    if let Some(alt) = self.best_allowed(chunk.top_logprobs.get(i)) {
+                    if let Some(alt) = self.allowed_alternative(chunk.top_logprobs.get(i)).await? {
                         taken.push(alt);
                         if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
                             return Ok(HandOff::Finished(reason));
@@ -1161,7 +1238,7 @@ impl<'a> Run<'a> {
                     }
                     // The target's best allowed token, when it said, is its answer here; the
                     // draft goes on after it.
-                    if let Some(alt) = self.best_allowed(alternatives.get(i)) {
+                    if let Some(alt) = self.allowed_alternative(alternatives.get(i)).await? {
                         if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
                             return Ok(SpanEnd::Finished(reason));
                         }

@@ -296,6 +296,27 @@ impl Constraint {
         }
     }
 
+    /// The tokens that may come next other than the end, when there are at most `limit` of
+    /// them (an enum's first tokens, a literal's), for a target to pick its own best among
+    /// (see [`crate::targets::ContinuationRequest::allowed`]); `None` where more are allowed.
+    pub fn allowed_tokens(&mut self, limit: usize) -> Option<Vec<u32>> {
+        if self.matcher.is_stopped() {
+            return None;
+        }
+        let mask = self.matcher.compute_mask().ok()?;
+        let ends = self.eos.iter().filter(|&&t| mask.is_allowed(t)).count();
+        if mask.num_set() - ends > limit {
+            return None;
+        }
+        let mut allowed = Vec::new();
+        mask.iter_set_entries(|t| {
+            if !self.eos.contains(&(t as u32)) {
+                allowed.push(t as u32);
+            }
+        });
+        (!allowed.is_empty()).then_some(allowed)
+    }
+
     /// Whether `token` may come next (an end-of-sequence id: whether the answer may end here).
     pub fn allows(&mut self, token: u32) -> bool {
         if self.eos.contains(&token) {

@@ -35,6 +35,11 @@ pub struct ContinuationRequest {
     /// target that keeps an answer's cache in one place (llama-server's slots); `None` for a
     /// call of its own.
     pub answer: Option<u64>,
+    /// The tokens the next one must be among (empty: any), where a grammar refused what the
+    /// target wrote and every one of its top entries: the target answers with its own best of
+    /// them, as a target constraining its own answer would. Asked of a target only where
+    /// [`TargetClient::picks_among_tokens`] says it keeps to them, and for one token.
+    pub allowed: Vec<u32>,
 }
 
 /// A new answer's id, unique in this process.
@@ -56,6 +61,7 @@ impl ContinuationRequest {
             model: None,
             top_logprobs: 0,
             answer: None,
+            allowed: Vec::new(),
         }
     }
 
@@ -224,6 +230,11 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     /// and billed as new input every time.
     fn windows_read_cache(&self) -> bool {
         true
+    }
+    /// Whether a continuation keeps its token to [`ContinuationRequest::allowed`], choosing
+    /// its own best among them. Where not, the engine does not ask (the draft writes there).
+    fn picks_among_tokens(&self) -> bool {
+        false
     }
     /// Tokenizes `text` with the target's tokenizer, when the target offers that (`None` when not).
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError>;

@@ -84,8 +84,19 @@ fn body(req: &ContinuationRequest, stream: bool) -> Value {
         // with.
         body["n_probs"] = json!(req.top_logprobs);
     }
+    if !req.allowed.is_empty() {
+        // A bias far above any gap between two logits puts every allowed token ahead of every
+        // other and keeps their own order: the greedy token is the target's best allowed one.
+        // It holds for every token of the call, so the engine asks for one.
+        let bias: Vec<Value> = req.allowed.iter().map(|&t| json!([t, PICK_BIAS])).collect();
+        body["logit_bias"] = json!(bias);
+    }
     body
 }
+
+/// The logit bias that keeps a call to [`ContinuationRequest::allowed`] (llama-server adds it
+/// to the logits before sampling; its `n_probs` report the logits before it).
+const PICK_BIAS: f32 = 1000.0;
 
 /// The top log-probabilities at each generated token of an `n_probs` answer
 /// (`completion_probabilities[i].top_logprobs[j].{id, logprob}`).
@@ -206,6 +217,10 @@ impl TargetClient for LlamaCppTarget {
                 },
             })
         })))
+    }
+
+    fn picks_among_tokens(&self) -> bool {
+        true
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {

@@ -56,6 +56,18 @@ impl OpenAiCompletionsTarget {
         if let Some(seed) = s.seed {
             body["seed"] = json!(seed as i64);
         }
+        if !req.allowed.is_empty() {
+            // vLLM's own parameter (its sampling keeps to these ids), and OpenAI's logit bias
+            // at its largest for servers without it (llama-server's `/v1/completions`): the
+            // greedy token is then the best allowed one. The engine checks it all the same.
+            body["allowed_token_ids"] = json!(req.allowed);
+            let bias: serde_json::Map<String, Value> = req
+                .allowed
+                .iter()
+                .map(|t| (t.to_string(), json!(100)))
+                .collect();
+            body["logit_bias"] = Value::Object(bias);
+        }
         if stream {
             // The usage (with the cached prompt tokens) comes in a last chunk.
             body["stream_options"] = json!({"include_usage": true});
@@ -276,6 +288,10 @@ impl TargetClient for OpenAiCompletionsTarget {
             margins,
             logprobs,
         }))
+    }
+
+    fn picks_among_tokens(&self) -> bool {
+        true
     }
 
     async fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, TargetError> {
