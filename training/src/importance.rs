@@ -569,7 +569,9 @@ impl PathKind {
 }
 
 /// Labels `problems` in shards of `shard_problems` under `dir`, named `prefix` + the path;
-/// shards already there are skipped. Returns the answers labelled in this run.
+/// shards already there are skipped, and a shard's problems already labelled (its
+/// `.jsonl.partial` file, read by no study) are not labelled again. Returns the answers of the
+/// shards written in this run.
 #[allow(clippy::too_many_arguments)]
 pub async fn label_shards(
     l: &Labeller<'_>,
@@ -590,8 +592,18 @@ pub async fn label_shards(
             continue;
         }
         let started = Instant::now();
-        let mut answers = Vec::new();
+        // Each problem's labels are kept as they are made (a problem can take half an hour),
+        // so a run stopped mid-shard resumes at its next problem.
+        let partial = file.with_extension("jsonl.partial");
+        let mut answers: Vec<LabelledAnswer> = if partial.exists() {
+            read_shard(&partial)?
+        } else {
+            Vec::new()
+        };
         for p in chunk {
+            if answers.iter().any(|a| a.task_id == p.task_id) {
+                continue;
+            }
             let a = match path {
                 PathKind::Target => l.along_target(draft, p).await,
                 PathKind::Live(t) => l.along_live(engine, draft, verifier, t, p).await,
@@ -600,8 +612,10 @@ pub async fn label_shards(
             let (n, important) = a.counts();
             tracing::info!(task = %p.task_id, tokens = a.answer.len(), passed = a.passed, disagreements = n, important, seconds = a.seconds, "labelled");
             answers.push(a);
+            save_shard(&partial, &answers)?;
         }
         save_shard(&file, &answers)?;
+        std::fs::remove_file(&partial).ok();
         tracing::info!(shard = %file.display(), seconds = started.elapsed().as_secs_f64(), "shard written");
         done.extend(answers);
     }
