@@ -1079,6 +1079,9 @@ impl<'a> Run<'a> {
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
                     self.count_unread(&mut stream);
+                    // Closed first: a pick goes to the same slot, which would finish this
+                    // generation before taking it.
+                    drop(stream);
                     if let Some(alt) = self.allowed_alternative(chunk.top_logprobs.get(i)).await? {
                         taken.push(alt);
                         if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
@@ -1236,6 +1239,9 @@ impl<'a> Run<'a> {
                     if !ended {
                         self.count_unread(&mut stream);
                     }
+                    // Closed first: a pick goes to the same slot, which would finish this
+                    // generation before taking it.
+                    drop(stream);
                     // The target's best allowed token, when it said, is its answer here; the
                     // draft goes on after it.
                     if let Some(alt) = self.allowed_alternative(alternatives.get(i)).await? {
