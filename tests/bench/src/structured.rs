@@ -117,6 +117,9 @@ struct Answer {
     target_tokens: u64,
     target_calls: u64,
     grammar_refusals: u64,
+    /// Positions the target wrote in a call of one token kept to what the grammar allowed.
+    #[serde(default)]
+    grammar_picks: u64,
     seconds: f64,
     /// Parses as JSON.
     json: bool,
@@ -294,6 +297,7 @@ async fn ask(
         target_tokens: n(&a["target_tokens"]),
         target_calls: n(&a["target_calls"]),
         grammar_refusals: n(&a["grammar_refusals"]),
+        grammar_picks: n(&a["grammar_picks"]),
         seconds,
         json: parsed.is_some(),
         valid,
@@ -648,10 +652,13 @@ fn markdown(r: &Report) -> String {
     }
     s.push_str(&tool_table(r));
     let secs = |f: fn(&Row) -> f64| r.rows.iter().map(f).sum::<f64>();
+    let calls = |f: fn(&Answer) -> u64| r.rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
     s.push_str(&format!(
-        "\nWall time for all answers: target-only {:.0} s, approxy {:.0} s. Answers cut by the token limit (not valid by construction): target-only {}, approxy {}.\n",
+        "\nWall time for all answers: target-only {:.0} s, approxy {:.0} s. approxy's target calls: {}, {} of them picks (one token, kept to the few the grammar allowed). Answers cut by the token limit (not valid by construction): target-only {}, approxy {}.\n",
         secs(|x| x.target_only.seconds),
         secs(|x| x.approxy.seconds),
+        calls(|a| a.target_calls),
+        calls(|a| a.grammar_picks),
         r.rows.iter().filter(|x| x.target_only.finish_reason == "length").count(),
         r.rows.iter().filter(|x| x.approxy.finish_reason == "length").count(),
     ));
