@@ -35,10 +35,11 @@ pub struct ContinuationRequest {
     /// target that keeps an answer's cache in one place (llama-server's slots); `None` for a
     /// call of its own.
     pub answer: Option<u64>,
-    /// The tokens the next one must be among (empty: any), where a grammar refused what the
-    /// target wrote and every one of its top entries: the target answers with its own best of
-    /// them, as a target constraining its own answer would. Asked of a target only where
-    /// [`TargetClient::picks_among_tokens`] says it keeps to them, and for one token.
+    /// The tokens the next one must be among (empty: any), where a grammar allows only a few
+    /// and refused the target's token and its top entries, or the draft's own choice: the
+    /// target answers with its own best of them, as a target constraining its own answer
+    /// would. Asked of a target only where [`TargetClient::picks_among_tokens`] says it keeps
+    /// to them, and for one token.
     pub allowed: Vec<u32>,
 }
 
