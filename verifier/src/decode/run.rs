@@ -17,7 +17,7 @@ use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::grammar::tools::CallRepeats;
-use crate::grammar::{Constraint, JsonPlace, Next, Place};
+use crate::grammar::{Constraint, JsonPlace, Mask, Next, Place};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
 use crate::stop::{StopMatcher, StopResult};
 use crate::targets::{
@@ -264,26 +264,39 @@ impl<'a> Run<'a> {
         };
         Ok(match g.step()? {
             Next::End => GrammarStep::Finished(FinishReason::Stop),
-            Next::Forced(tokens) => match self.emit(&tokens, Source::Grammar, None).await? {
-                Some(reason) => GrammarStep::Finished(reason),
-                None => GrammarStep::Again(cursor.commit(&tokens).await?),
-            },
+            Next::Forced(tokens) => {
+                self.emit_before_the_draft(cursor, &tokens, Source::Grammar)
+                    .await?
+            }
             Next::Choose(mask) => {
                 // The draft's own choice is not allowed here: masked, its distribution says
                 // only how it ranks what it did not want, often with a confidence near 1 (an
                 // enum member it would never have written). The target picks instead.
                 if !mask.allows(out.top1())
-                    && let Some(t) = self.target_pick().await?
+                    && let Some(t) = self.target_pick(Some(&mask)).await?
                 {
-                    return Ok(match self.emit(&[t], Source::Target, None).await? {
-                        Some(reason) => GrammarStep::Finished(reason),
-                        None => GrammarStep::Again(cursor.commit(&[t]).await?),
-                    });
+                    return self
+                        .emit_before_the_draft(cursor, &[t], Source::Target)
+                        .await;
                 }
                 let mut logits = out.logits.clone();
                 mask.apply(&mut logits);
                 GrammarStep::Draft(PositionOutput::new(logits, out.hidden.clone()))
             }
+        })
+    }
+
+    /// Emits `tokens` that came before the draft had its say (forced, or the target's pick)
+    /// and takes them into the draft's cache, for the grammar's next say.
+    async fn emit_before_the_draft(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        tokens: &[u32],
+        source: Source,
+    ) -> Result<GrammarStep, EngineError> {
+        Ok(match self.emit(tokens, source, None).await? {
+            Some(reason) => GrammarStep::Finished(reason),
+            None => GrammarStep::Again(cursor.commit(tokens).await?),
         })
     }
 
@@ -472,7 +485,7 @@ impl<'a> Run<'a> {
     ) -> Result<Option<u32>, EngineError> {
         match self.best_allowed(alternatives) {
             Some(t) => Ok(Some(t)),
-            None => self.target_pick().await,
+            None => self.target_pick(None).await,
         }
     }
 
@@ -480,10 +493,10 @@ impl<'a> Run<'a> {
     /// token on the prefix its cache holds: what a target constraining its own answer writes
     /// where its top entries are all refused (an enum member far down its list: on the
     /// structured sample, `"advertising"` where it would write `"Promotion"`), or where the
-    /// draft's own first choice is. `None` where the target cannot keep to a set, more than
-    /// [`PICK_LIMIT`] are allowed, or no call may be made (the request's threshold of 0 makes
-    /// none).
-    async fn target_pick(&mut self) -> Result<Option<u32>, EngineError> {
+    /// draft's own first choice is. `mask` is the position's, where the grammar has given it
+    /// already. `None` where the target cannot keep to a set, more than [`PICK_LIMIT`] are
+    /// allowed, or no call may be made (the request's threshold of 0 makes none).
+    async fn target_pick(&mut self, mask: Option<&Mask>) -> Result<Option<u32>, EngineError> {
         if !self.engine.target.picks_among_tokens()
             || self.req.threshold <= 0.0
             || self.calls_exhausted()
@@ -491,11 +504,10 @@ impl<'a> Run<'a> {
         {
             return Ok(None);
         }
-        let Some(allowed) = self
-            .grammar
-            .as_mut()
-            .and_then(|g| g.allowed_tokens(PICK_LIMIT))
-        else {
+        let Some(allowed) = self.grammar.as_mut().and_then(|g| match mask {
+            Some(m) => g.few_of(m, PICK_LIMIT),
+            None => g.allowed_tokens(PICK_LIMIT),
+        }) else {
             return Ok(None);
         };
         let mut creq = self.next_call(CallKind::Correction, 1);

@@ -284,7 +284,7 @@ impl Constraint {
             .map_err(|e| self.failed("token mask", e))?;
         // Counted on the bits: a free position allows most of the vocabulary, which listing
         // would copy at every token.
-        let ends = self.eos.iter().filter(|&&t| mask.is_allowed(t)).count();
+        let ends = self.ends_allowed(&mask);
         match (mask.num_set() - ends, ends) {
             (0, 0) => Err(self.failed("token mask", "no token is allowed")),
             (0, _) => Ok(Next::End),
@@ -303,18 +303,29 @@ impl Constraint {
         if self.matcher.is_stopped() {
             return None;
         }
-        let mask = self.matcher.compute_mask().ok()?;
-        let ends = self.eos.iter().filter(|&&t| mask.is_allowed(t)).count();
-        if mask.num_set() - ends > limit {
+        let mask = Mask(self.matcher.compute_mask().ok()?);
+        self.few_of(&mask, limit)
+    }
+
+    /// The tokens `mask` (this position's, from [`Constraint::step`]) allows other than the
+    /// end, when there are at most `limit` of them; as [`Constraint::allowed_tokens`] without
+    /// computing the mask again.
+    pub fn few_of(&self, mask: &Mask, limit: usize) -> Option<Vec<u32>> {
+        if mask.0.num_set() - self.ends_allowed(&mask.0) > limit {
             return None;
         }
         let mut allowed = Vec::new();
-        mask.iter_set_entries(|t| {
+        mask.0.iter_set_entries(|t| {
             if !self.eos.contains(&(t as u32)) {
                 allowed.push(t as u32);
             }
         });
         (!allowed.is_empty()).then_some(allowed)
+    }
+
+    /// How many of the end-of-sequence ids `mask` allows.
+    fn ends_allowed(&self, mask: &SimpleVob) -> usize {
+        self.eos.iter().filter(|&&t| mask.is_allowed(t)).count()
     }
 
     /// Whether `token` may come next (an end-of-sequence id: whether the answer may end here).
