@@ -569,7 +569,7 @@ fn markdown(r: &Report) -> String {
          `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}. \
          Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments. \
          The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's compact layout loses with no draft at all). \
-         The last of these is target-only asked the same again, after the other answers: how far the reference itself moves at temperature 0.\n\n",
+         The column after them is target-only asked the same again, after the other answers: how far the reference itself moves at temperature 0.\n\n",
         r.rows.len(),
         r.policy,
         r.machine,

@@ -1,0 +1,115 @@
+"""Where one decode step of the draft goes, by ONNX operator: the shipped draft (int4 ONNX) in
+ONNX Runtime's own profiler, one thread, the keys and values bound in place as approxy binds
+them (one buffer per layer, past and present alike), at batch widths and contexts.
+
+It explains what batching gains (`approxy bench streams`): the weights' matrix products
+(MatMulNBits) are read once a step whatever the width, while attention (GroupQueryAttention)
+reads every row's cache, one query head at a time.
+
+Usage: python deploy/draft-step-ops.py MODEL_DIR [--widths 1,4,8] [--contexts 128,512,1024]
+       [--steps 10] [--json OUT.json] > OUT.md
+(deploy/draft-step-ops.sh makes the venv and runs it on the set-up draft.)
+"""
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+KV_HEADS, HEAD_DIM = 2, 64
+WARM = 3
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def measure(model_dir, width, context, steps):
+    """Mean ms a step, and ms a step by operator, for `width` rows of `context` cached positions."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "draft")
+    s = ort.InferenceSession(os.path.join(model_dir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+    # The row room approxy's batch gives (a sixteenth to spare, at least 64, steps of 64).
+    total = context + 1
+    capacity = -(-(total + max(total // 16, 64)) // 64) * 64
+    io = s.io_binding()
+    buffers = []
+    for inp in s.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            buf = ort.OrtValue.ortvalue_from_numpy(np.zeros((width, KV_HEADS, capacity, HEAD_DIM), np.float32))
+            buffers.append(buf)
+            io.bind_ortvalue_input(inp.name, buf)
+            io.bind_ortvalue_output(inp.name.replace("past_key_values", "present"), buf)
+    io.bind_cpu_input("input_ids", np.full((width, 1), 100, np.int64))
+    io.bind_cpu_input("attention_mask", np.ones((width, total), np.int64))
+    io.bind_output("logits")
+    io.bind_output("hidden_states")
+    for _ in range(WARM):
+        s.run_with_iobinding(io)
+    t = time.perf_counter()
+    for _ in range(steps):
+        s.run_with_iobinding(io)
+    step_ms = (time.perf_counter() - t) / steps * 1e3
+    path = s.end_profiling()
+    by_op = collections.defaultdict(float)
+    for e in json.load(open(path)):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"] / 1e3 / (WARM + steps)
+    os.remove(path)
+    return step_ms, dict(by_op)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("--widths", default="1,4,8")
+    ap.add_argument("--contexts", default="128,512,1024")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    widths = [int(w) for w in a.widths.split(",")]
+    contexts = [int(c) for c in a.contexts.split(",")]
+    rows = []
+    for context in contexts:
+        for width in widths:
+            step_ms, by_op = measure(a.model_dir, width, context, a.steps)
+            rows.append({"context": context, "width": width, "step_ms": step_ms, "ms_by_op": by_op})
+    cores = len(os.sched_getaffinity(0))
+    machine = f"{cores} core{'s' if cores > 1 else ''} of {cpu_name()}"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report = {"date": date, "machine": machine, "onnxruntime": ort.__version__, "steps": a.steps, "rows": rows}
+    if a.json:
+        json.dump(report, open(a.json, "w"), indent=1)
+    ops = ["MatMulNBits", "GroupQueryAttention"]
+    print(f"One decode step of the draft (int4 ONNX, ONNX Runtime {ort.__version__}, one thread), "
+          f"{a.steps} steps after {WARM} warm-up, by ONNX Runtime's profiler; {machine}, {date}. "
+          f"Command: `deploy/draft-step-ops.sh`.\n")
+    print("| context | rows | step ms | all rows against one row alone | matrix products (MatMulNBits) ms | attention (GroupQueryAttention) ms | other ms |")
+    print("|---|---|---|---|---|---|---|")
+    alone = {}
+    for r in rows:
+        one = alone.setdefault(r["context"], r["step_ms"] if r["width"] == 1 else None)
+        other = sum(v for k, v in r["ms_by_op"].items() if k not in ops)
+        ratio = f"{r['width'] * one / r['step_ms']:.2f}x" if one else "-"
+        print(f"| {r['context']} | {r['width']} | {r['step_ms']:.1f} | {ratio} | "
+              f"{r['ms_by_op'].get(ops[0], 0):.1f} | {r['ms_by_op'].get(ops[1], 0):.1f} | {other:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
