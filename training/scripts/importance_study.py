@@ -33,13 +33,16 @@ chosen by grouped cross-validation over training problems):
   +syntax           and where in code the token falls (verifier/src/verify/syntax.rs)
   +hidden           and the draft's 896-wide last hidden state
   +tokens           +syntax and a one-hot of the draft's token (the 500 commonest)
-  trees SET         SET's features (+tokens excepted) in gradient-boosted trees instead of a
-                    logistic head (balanced class weights, rounds chosen by the same grouped
-                    cross-validation): whether a head that is not linear finds more
+  trees SET         SET's features (+tokens excepted; the hidden state as its first 32 principal
+                    components) in gradient-boosted trees instead of a logistic head (balanced
+                    class weights, rounds chosen by the same grouped cross-validation): whether
+                    a head that is not linear finds more
 
 Usage (numpy, safetensors and scikit-learn from PyPI):
   python3 -m venv /tmp/probe && /tmp/probe/bin/pip install numpy safetensors scikit-learn
-  /tmp/probe/bin/python training/scripts/importance_study.py ROWS [--shares 0.25,0.5,1] [--json OUT]
+  OMP_NUM_THREADS=1 /tmp/probe/bin/python training/scripts/importance_study.py ROWS [--shares 0.25,0.5,1] [--json OUT]
+(One OpenMP thread: the trees' threads wait on each other at every split, and beside a busy
+llama-server a fit of a minute took more than fifteen.)
 """
 import argparse
 import json
@@ -47,6 +50,7 @@ import pathlib
 
 import numpy as np
 from scipy import sparse
+from sklearn.decomposition import PCA
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
@@ -63,6 +67,8 @@ ap.add_argument("rows")
 ap.add_argument("--shares", default="0.25,0.5,1")
 ap.add_argument("--sets", default="confidence,stats,+context,+syntax,+hidden,+tokens,trees +syntax,trees +hidden")
 ap.add_argument("--json", help="write the figures here too")
+ap.add_argument("--curve-sets", default="+syntax,+hidden,+tokens",
+                help="the sets of the learning curve (trees take minutes a fit on 2 cores)")
 ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the held-out problems")
 args = ap.parse_args()
 
@@ -86,7 +92,20 @@ def base(fs):
     return fs.removeprefix("trees ")
 
 
+_hidden_pca = []
+
+
+def hidden_pca(hidden):
+    """The hidden state's first 32 principal components, fitted on the training rows once:
+    trees split one input at a time, and 896 of them against about 200 important rows cost
+    minutes a fit on 2 cores for nothing a linear head does not already see."""
+    if not _hidden_pca:
+        _hidden_pca.append(PCA(n_components=32, random_state=7).fit(train["hidden"]))
+    return _hidden_pca[0].transform(hidden)
+
+
 def dense(rows, fs):
+    trees_head = fs.startswith("trees ")
     fs = base(fs)
     parts = [rows["stats"]]
     if fs in ("+context", "+syntax", "+hidden", "+tokens"):
@@ -94,7 +113,7 @@ def dense(rows, fs):
     if fs in ("+syntax", "+hidden", "+tokens"):
         parts.append(rows["syntax"])
     if fs == "+hidden":
-        parts.append(rows["hidden"])
+        parts.append(hidden_pca(rows["hidden"]) if trees_head else rows["hidden"])
     return np.hstack(parts)
 
 
@@ -268,8 +287,7 @@ if "confidence" in held_scores and len(held_scores) > 1:
 shares = [float(x) for x in args.shares.split(",")]
 problems = np.random.default_rng(7).permutation(sorted(set(train["prompt_ids"].tolist())))
 curve = []
-best_sets = [fs for fs in ("+syntax", "+hidden", "+tokens", "trees +syntax", "trees +hidden")
-             if fs in args.sets.split(",")]
+best_sets = [fs for fs in args.curve_sets.split(",") if fs in args.sets.split(",")]
 if len(shares) > 1 and best_sets:
     print("\n| training problems | rows | important | " + " | ".join(f"{fs} AUC / flag@95" for fs in best_sets) + " |")
     print("|---|---|---|" + "---|" * len(best_sets))

@@ -83,7 +83,9 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
     let streams: Option<serde_json::Value> = std::fs::read(conc.join("streams.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    if sweep.is_some() || streams.is_some() {
+    // Written by deploy/draft-step-ops.sh (ONNX Runtime's profiler, from Python).
+    let ops = std::fs::read_to_string(conc.join("draft-step-ops.md")).ok();
+    if sweep.is_some() || streams.is_some() || ops.is_some() {
         section.push_str(
             "\n### How many users one target serves through approxy (`deploy/bench-concurrency.sh`)\n\n",
         );
@@ -93,6 +95,11 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         if let Some(s) = streams {
             section.push_str("\n#### The draft's batched decode (`approxy bench streams`)\n\n");
             section.push_str(&super::streams::markdown(&s));
+        }
+        if let Some(md) = ops {
+            section
+                .push_str("\n#### A draft step by ONNX operator (`deploy/draft-step-ops.sh`)\n\n");
+            section.push_str(&md);
         }
     }
     // Written by `approxy bench structured` (deploy/bench-structured.sh).
