@@ -96,9 +96,9 @@ _hidden_pca = []
 
 
 def hidden_pca(hidden):
-    """The hidden state's first 32 principal components, fitted on the training rows once:
-    trees split one input at a time, and 896 of them against about 200 important rows cost
-    minutes a fit on 2 cores for nothing a linear head does not already see."""
+    """The hidden state's first 32 principal components, fitted on the training rows once (no
+    labels read): trees split on one input at a time, and with 896 inputs and about 200 important
+    rows a fit took minutes on 2 cores."""
     if not _hidden_pca:
         _hidden_pca.append(PCA(n_components=32, random_state=7).fit(train["hidden"]))
     return _hidden_pca[0].transform(hidden)

@@ -570,8 +570,8 @@ impl PathKind {
 
 /// Labels `problems` in shards of `shard_problems` under `dir`, named `prefix` + the path;
 /// shards already there are skipped, and a shard's problems already labelled (its
-/// `.jsonl.partial` file, read by no study) are not labelled again. Returns the answers of the
-/// shards written in this run.
+/// `.jsonl.partial` file, read by no study and committed with the shards, so a fresh machine
+/// resumes too) are not labelled again. Returns the answers of the shards written in this run.
 #[allow(clippy::too_many_arguments)]
 pub async fn label_shards(
     l: &Labeller<'_>,
