@@ -94,6 +94,11 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         .split(',')
         .map(|s| s.trim().parse())
         .collect::<Result<_, _>>()?;
+    let contexts: Vec<u64> = opts
+        .context
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
     let most = counts.iter().copied().max().unwrap_or(1);
     let home = Home::from_env()?;
     let cfg = DraftConfig {
@@ -111,95 +116,20 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let pool = DraftPool::start(&cfg)?;
-    let contexts: Vec<u64> = opts
-        .context
-        .split(',')
-        .map(|s| s.trim().parse())
-        .collect::<Result<_, _>>()?;
-    let pid = std::process::id();
     let mut rows = Vec::new();
     for &context in &contexts {
         let prompts: Vec<Vec<u32>> = (0..most)
             .map(|i| prompt(&tok, i, context as usize))
             .collect::<Result<_, _>>()?;
-        let mut alone = None;
-        let mut step_alone = None;
-        for &c in &counts {
-            let before = rss_bytes(pid).unwrap_or(0);
-            let ready = Arc::new(tokio::sync::Barrier::new(c));
-            let (speeds, leases): (Vec<f64>, Vec<Box<dyn Draft>>) = rt.block_on(async {
-                let tasks: Vec<_> = (0..c)
-                    .map(|i| {
-                        let lease = pool
-                            .try_lease()
-                            .ok_or_else(|| anyhow::anyhow!("no stream free"))?;
-                        Ok(tokio::spawn(stream(
-                            lease,
-                            prompts[i].clone(),
-                            opts.tokens,
-                            Arc::clone(&ready),
-                        )))
-                    })
-                    .collect::<anyhow::Result<_>>()?;
-                let mut v = Vec::new();
-                for t in tasks {
-                    v.push(t.await??);
-                }
-                anyhow::Ok(v.into_iter().unzip())
-            })?;
-            let streaming = rss_bytes(pid).unwrap_or(0);
-            drop(leases);
-            // What the streams' end gives back: the worker frees the batch when the last leaves.
-            std::thread::sleep(std::time::Duration::from_millis(500));
-            let after = rss_bytes(pid).unwrap_or(0);
-            let total: f64 = speeds.iter().sum();
-            let p50 = quantile(&speeds, 0.5).unwrap_or(0.0);
-            let one = *alone.get_or_insert(p50);
-            // The worker's own mean time for a decode step of c rows (ONNX Runtime's run and the
-            // outputs' copies): what the model allows, apart from the pool's waits.
-            let step_ms = pool.speed(0, c).map(|s| 1e3 / s);
-            let step_one = *step_alone.get_or_insert(step_ms);
-            eprintln!(
-                "{context} tokens, {c} streams: {total:.1} tokens/s in all, {p50:.1} each (p50)"
-            );
-            rows.push(json!({
-                "context": context,
-                "streams": c,
-                "tokens_per_second_all": total,
-                "stream_tokens_per_second_p50": p50,
-                "stream_tokens_per_second_p10": quantile(&speeds, 0.1).unwrap_or(0.0),
-                "all_vs_one_alone": total / one,
-                "stream_vs_alone_p50": p50 / one,
-                "step_ms": step_ms,
-                // All streams' throughput against one alone if the steps were all the time spent.
-                "steps_allow_vs_one_alone": step_ms.zip(step_one).map(|(m, m1)| c as f64 * m1 / m),
-                "rss_mib_before": before as f64 / (1 << 20) as f64,
-                "rss_mib_streaming": streaming as f64 / (1 << 20) as f64,
-                "rss_mib_after": after as f64 / (1 << 20) as f64,
-            }));
-        }
+        rows.extend(run_context(
+            &rt,
+            &pool,
+            &prompts,
+            &counts,
+            context,
+            opts.tokens,
+        )?);
     }
-    let at = |context: u64, c: usize, key: &str| {
-        rows.iter()
-            .find(|r| r["context"] == context && r["streams"] == c)
-            .and_then(|r| r[key].as_f64())
-    };
-    // Each context's reading of the three goals; the goals are read at GOAL_CONTEXT.
-    let goals_at = |context: u64| {
-        let per_stream_mib = match (
-            at(context, 1, "rss_mib_streaming"),
-            at(context, 8, "rss_mib_streaming"),
-        ) {
-            (Some(a), Some(b)) => Some((b - a) / 7.0),
-            _ => None,
-        };
-        json!({
-            "context": context,
-            "all_at_8_vs_one_alone": { "goal": ">= 3.0", "measured": at(context, 8, "all_vs_one_alone") },
-            "stream_at_4_vs_alone": { "goal": ">= 0.6", "measured": at(context, 4, "stream_vs_alone_p50") },
-            "mib_per_stream_at_context": { "goal": "<= 30 (28.6 MiB)", "measured": per_stream_mib },
-        })
-    };
     let goal_context = if contexts.contains(&GOAL_CONTEXT) {
         GOAL_CONTEXT
     } else {
@@ -212,10 +142,10 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         "threads": opts.threads,
         "contexts": contexts,
         "tokens_per_stream": opts.tokens,
-        "results": rows,
         "kv_bytes_per_position": 2 * pool.meta().num_hidden_layers * pool.meta().num_key_value_heads * pool.meta().head_dim * 4,
-        "goals": goals_at(goal_context),
-        "by_context": contexts.iter().map(|&c| goals_at(c)).collect::<Vec<_>>(),
+        "goals": goals_at(&rows, goal_context),
+        "by_context": contexts.iter().map(|&c| goals_at(&rows, c)).collect::<Vec<_>>(),
+        "results": rows,
         // The allocator's purge delay decides how soon what a batch's re-layouts freed leaves
         // the process (the binary sets it to 0 unless the environment sets it).
         "command": format!(
@@ -230,6 +160,94 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     }
     println!("{text}");
     Ok(())
+}
+
+/// The runs at one context: for each count of streams, its row of the report (speeds against
+/// the first count's, taken as one alone, and resident memory with the streams and after).
+fn run_context(
+    rt: &tokio::runtime::Runtime,
+    pool: &DraftPool,
+    prompts: &[Vec<u32>],
+    counts: &[usize],
+    context: u64,
+    tokens: usize,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let pid = std::process::id();
+    let mut rows = Vec::new();
+    let mut alone = None;
+    let mut step_alone = None;
+    for &c in counts {
+        let before = rss_bytes(pid).unwrap_or(0);
+        let ready = Arc::new(tokio::sync::Barrier::new(c));
+        let (speeds, leases): (Vec<f64>, Vec<Box<dyn Draft>>) = rt.block_on(async {
+            let tasks: Vec<_> = (0..c)
+                .map(|i| {
+                    let lease = pool
+                        .try_lease()
+                        .ok_or_else(|| anyhow::anyhow!("no stream free"))?;
+                    Ok(tokio::spawn(stream(
+                        lease,
+                        prompts[i].clone(),
+                        tokens,
+                        Arc::clone(&ready),
+                    )))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let mut v = Vec::new();
+            for t in tasks {
+                v.push(t.await??);
+            }
+            anyhow::Ok(v.into_iter().unzip())
+        })?;
+        let streaming = rss_bytes(pid).unwrap_or(0);
+        drop(leases);
+        // What the streams' end gives back: the worker frees the batch when the last leaves.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let after = rss_bytes(pid).unwrap_or(0);
+        let total: f64 = speeds.iter().sum();
+        let p50 = quantile(&speeds, 0.5).unwrap_or(0.0);
+        let one = *alone.get_or_insert(p50);
+        // The worker's own mean time for a decode step of c rows (ONNX Runtime's run and the
+        // outputs' copies): what the model allows, apart from the pool's waits.
+        let step_ms = pool.speed(0, c).map(|s| 1e3 / s);
+        let step_one = *step_alone.get_or_insert(step_ms);
+        eprintln!("{context} tokens, {c} streams: {total:.1} tokens/s in all, {p50:.1} each (p50)");
+        rows.push(json!({
+            "context": context,
+            "streams": c,
+            "tokens_per_second_all": total,
+            "stream_tokens_per_second_p50": p50,
+            "stream_tokens_per_second_p10": quantile(&speeds, 0.1).unwrap_or(0.0),
+            "all_vs_one_alone": total / one,
+            "stream_vs_alone_p50": p50 / one,
+            "step_ms": step_ms,
+            // All streams' throughput against one alone if the steps were all the time spent.
+            "steps_allow_vs_one_alone": step_ms.zip(step_one).map(|(m, m1)| c as f64 * m1 / m),
+            "rss_mib_before": before as f64 / (1 << 20) as f64,
+            "rss_mib_streaming": streaming as f64 / (1 << 20) as f64,
+            "rss_mib_after": after as f64 / (1 << 20) as f64,
+        }));
+    }
+    Ok(rows)
+}
+
+/// The three goals' readings at `context`.
+fn goals_at(rows: &[serde_json::Value], context: u64) -> serde_json::Value {
+    let at = |c: usize, key: &str| {
+        rows.iter()
+            .find(|r| r["context"] == context && r["streams"] == c)
+            .and_then(|r| r[key].as_f64())
+    };
+    let per_stream_mib = match (at(1, "rss_mib_streaming"), at(8, "rss_mib_streaming")) {
+        (Some(a), Some(b)) => Some((b - a) / 7.0),
+        _ => None,
+    };
+    json!({
+        "context": context,
+        "all_at_8_vs_one_alone": { "goal": ">= 3.0", "measured": at(8, "all_vs_one_alone") },
+        "stream_at_4_vs_alone": { "goal": ">= 0.6", "measured": at(4, "stream_vs_alone_p50") },
+        "mib_per_stream_at_context": { "goal": "<= 30 (28.6 MiB)", "measured": per_stream_mib },
+    })
 }
 
 /// The report of `streams.json` as a Markdown table, with where each goal stands (read at
