@@ -49,7 +49,7 @@ def measure(model_dir, width, context, steps):
     total = context + 1
     capacity = -(-(total + max(total // 16, 64)) // 64) * 64
     io = s.io_binding()
-    buffers = []
+    buffers = []  # held for the session's life: the binding points into them
     for inp in s.get_inputs():
         if inp.name.startswith("past_key_values"):
             buf = ort.OrtValue.ortvalue_from_numpy(np.zeros((width, KV_HEADS, capacity, HEAD_DIM), np.float32))

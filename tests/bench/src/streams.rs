@@ -24,15 +24,15 @@ use crate::stats::quantile;
 #[derive(Debug, Clone, clap::Args)]
 pub struct StreamsOptions {
     /// Concurrent stream counts, comma-separated.
-    #[arg(long, default_value = "1,2,4,8,16")]
-    pub streams: String,
+    #[arg(long, default_value = "1,2,4,8,16", value_delimiter = ',')]
+    pub streams: Vec<usize>,
     /// Tokens each stream decodes (after a warm-up of 8).
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
     /// Prompt tokens before decoding, the context each stream's cache holds; comma-separated
     /// for a sweep. The goals are read at [`GOAL_CONTEXT`] when it is among them.
-    #[arg(long, default_value = "1024")]
-    pub context: String,
+    #[arg(long, default_value = "1024", value_delimiter = ',')]
+    pub context: Vec<u64>,
     /// Intra-op threads of the worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -89,16 +89,7 @@ async fn stream(
 
 /// Runs the benchmark and prints (and writes) a JSON report.
 pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
-    let counts: Vec<usize> = opts
-        .streams
-        .split(',')
-        .map(|s| s.trim().parse())
-        .collect::<Result<_, _>>()?;
-    let contexts: Vec<u64> = opts
-        .context
-        .split(',')
-        .map(|s| s.trim().parse())
-        .collect::<Result<_, _>>()?;
+    let (counts, contexts) = (&opts.streams, &opts.context);
     let most = counts.iter().copied().max().unwrap_or(1);
     let home = Home::from_env()?;
     let cfg = DraftConfig {
@@ -117,7 +108,7 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         .build()?;
     let pool = DraftPool::start(&cfg)?;
     let mut rows = Vec::new();
-    for &context in &contexts {
+    for &context in contexts {
         let prompts: Vec<Vec<u32>> = (0..most)
             .map(|i| prompt(&tok, i, context as usize))
             .collect::<Result<_, _>>()?;
@@ -125,7 +116,7 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
             &rt,
             &pool,
             &prompts,
-            &counts,
+            counts,
             context,
             opts.tokens,
         )?);
@@ -151,7 +142,7 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
         "command": format!(
             "{}approxy bench streams --streams {} --tokens {} --context {} --threads {}",
             std::env::var("MIMALLOC_PURGE_DELAY").map_or(String::new(), |v| format!("MIMALLOC_PURGE_DELAY={v} ")),
-            opts.streams, opts.tokens, opts.context, opts.threads
+            joined(counts), opts.tokens, joined(contexts), opts.threads
         ),
     });
     let text = serde_json::to_string_pretty(&report)?;
@@ -160,6 +151,11 @@ pub fn streams(opts: &StreamsOptions) -> anyhow::Result<()> {
     }
     println!("{text}");
     Ok(())
+}
+
+/// `1,2,4`: a list as its flag is written.
+fn joined<T: ToString>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// The runs at one context: for each count of streams, its row of the report (speeds against
