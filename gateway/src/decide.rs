@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::grammar::{Constraint, GrammarSpec};
+use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonLayout};
 use approxy_verifier::{Draft, GenerateRequest, Verification};
 
 use crate::error::ApiError;
@@ -284,13 +284,15 @@ async fn admit(
             };
             return Ok(Admission::Passthrough(reason));
         }
-        Format::Structured(spec) => match compile(&state.shared, spec).await {
-            Ok(c) => Some(c),
-            Err(why) => {
-                tracing::info!(%why, "schema passed through");
-                return Ok(Admission::Passthrough(Reason::SchemaUnsupported));
+        Format::Structured(spec) => {
+            match compile(&state.shared, spec, m.policy.json_layout).await {
+                Ok(c) => Some(c),
+                Err(why) => {
+                    tracing::info!(%why, "schema passed through");
+                    return Ok(Admission::Passthrough(Reason::SchemaUnsupported));
+                }
             }
-        },
+        }
         Format::Text | Format::Unknown => None,
     };
     Ok(Admission::Admitted(Box::new(Admitted {
@@ -330,10 +332,14 @@ fn answerable_tools(
 }
 
 /// The grammar for a structured answer, compiled off the async runtime (or from the cache).
-async fn compile(shared: &Shared, spec: GrammarSpec) -> Result<Constraint, String> {
+async fn compile(
+    shared: &Shared,
+    spec: GrammarSpec,
+    layout: JsonLayout,
+) -> Result<Constraint, String> {
     let grammars = shared.grammars().await?;
     let started = std::time::Instant::now();
-    let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec))
+    let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec, layout))
         .await
         .map_err(|e| format!("grammar compilation: {e}"))?;
     metrics::histogram!("approxy_grammar_compile_seconds").record(started.elapsed().as_secs_f64());

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::decode::JsonThresholds;
+use approxy_verifier::grammar::JsonLayout;
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
@@ -311,6 +312,8 @@ pub struct ModelPolicy {
     /// Under a JSON grammar, the thresholds by place in the answer (no client threshold
     /// asked for); `None`: the kind's threshold everywhere.
     pub structured_threshold: Option<JsonThresholds>,
+    /// How a JSON answer under a schema or JSON mode is laid out.
+    pub json_layout: JsonLayout,
 }
 
 /// A validated policy.
@@ -942,6 +945,19 @@ max_cost_ratio = -1
         assert!(
             s("structured_threshold = { value = 0.9 }")
                 .is_err_and(|e| e.to_string().contains("text"))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn the_json_layout_is_one_of_two_names() -> Result<(), PolicyError> {
+        let s = |line: &str| with_model_line(line).map(|p| p.model("x").map(|m| m.json_layout));
+        assert_eq!(s("")?, Some(validate::DEFAULT_JSON_LAYOUT));
+        assert_eq!(s("json_layout = \"indented\"")?, Some(JsonLayout::Indented));
+        assert_eq!(s("json_layout = \"compact\"")?, Some(JsonLayout::Compact));
+        assert!(
+            s("json_layout = \"pretty\"")
+                .is_err_and(|e| e.to_string().contains("json_layout: \"pretty\""))
         );
         Ok(())
     }

@@ -261,6 +261,9 @@ pub struct RawModel {
     /// inside a string value's text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub structured_threshold: Option<RawStructuredThreshold>,
+    /// `indented` or `compact`: how a JSON answer under a schema or JSON mode is laid out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json_layout: Option<String>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::decode::JsonThresholds;
+use approxy_verifier::grammar::JsonLayout;
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
@@ -23,6 +24,11 @@ use super::{
 /// target on the same cores the guesses take the cores the target needs (tests/README.md, "Drafting
 /// while the target works", from `approxy bench calls`).
 pub const DEFAULT_OVERLAP: bool = false;
+
+/// How JSON answers are laid out unless the policy says: on lines as the model writes JSON,
+/// which moved the target's own values less than one line did (tests/README.md, "Structured
+/// output", from `approxy bench structured`).
+pub const DEFAULT_JSON_LAYOUT: JsonLayout = JsonLayout::Indented;
 
 /// Most tokens prompt lookup proposes at once unless the policy says (0: off).
 pub const DEFAULT_PROMPT_LOOKUP: u32 = 0;
@@ -485,7 +491,21 @@ impl Validator {
             prompt_lookup: self.prompt_lookup(&f, m.prompt_lookup),
             window_max: self.window_max(&f, m.window_max, kind),
             structured_threshold: self.structured_threshold(&f, m.structured_threshold),
+            json_layout: self.json_layout(&f, m.json_layout.as_deref()),
         }
+    }
+
+    fn json_layout(&mut self, f: Field, layout: Option<&str>) -> JsonLayout {
+        let Some(name) = layout else {
+            return DEFAULT_JSON_LAYOUT;
+        };
+        JsonLayout::parse(name).unwrap_or_else(|| {
+            self.err(format!(
+                "{}: {name:?} is not a layout (indented or compact)",
+                f("json_layout")
+            ));
+            DEFAULT_JSON_LAYOUT
+        })
     }
 
     fn structured_threshold(

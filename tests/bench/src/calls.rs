@@ -393,6 +393,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             value: t.value,
             text: t.text,
         }),
+        json_layout: Some(base.json_layout.name().into()),
         ..RawModel::default()
     }
 }

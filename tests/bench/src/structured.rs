@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use approxy_gateway::policy::Policy;
 use approxy_setup::Home;
 use approxy_verifier::Tokenizer;
-use approxy_verifier::grammar::{GrammarSpec, Grammars};
+use approxy_verifier::grammar::{GrammarSpec, Grammars, JsonLayout};
 
 use super::calls::{self, CallConfig};
 use super::servers::{self, Layout};
@@ -152,7 +152,7 @@ struct Row {
     #[serde(default)]
     grammar_agreement: Option<f64>,
     /// Schema prompts: of target-only's leaf fields, the share the target's own answer under
-    /// approxy's grammar has: what the compact layout alone loses.
+    /// approxy's grammar has: what the grammar's layout alone loses.
     #[serde(default)]
     layout_agreement: Option<f64>,
     /// Schema prompts: target-only asked again, after the other answers (the server's cache
@@ -373,7 +373,11 @@ fn ms(d: Duration) -> f64 {
 
 /// Compile times against the draft's vocabulary: a new compiler for every schema, so each is
 /// compiled afresh.
-fn compile_times(home: &Home, prompts: &[Prompt]) -> anyhow::Result<CompileTimes> {
+fn compile_times(
+    home: &Home,
+    prompts: &[Prompt],
+    layout: JsonLayout,
+) -> anyhow::Result<CompileTimes> {
     let tok = Tokenizer::from_file(&home.draft_onnx_dir().join("tokenizer.json"))?;
     let meta = approxy_verifier::DraftMeta::load(&home.draft_onnx_dir())?;
     let eos = tok.end_of_sequence_ids();
@@ -389,18 +393,18 @@ fn compile_times(home: &Home, prompts: &[Prompt]) -> anyhow::Result<CompileTimes
         let fresh = Grammars::new(&tok, meta.vocab_size, &eos)?;
         let t = Instant::now();
         fresh
-            .constraint(&spec(p))
+            .constraint(&spec(p), layout)
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.id))?;
         first.push(ms(t.elapsed()));
         let t = Instant::now();
-        let _ = fresh.constraint(&spec(p));
+        let _ = fresh.constraint(&spec(p), layout);
         again.push(ms(t.elapsed()));
     }
     let mut by_properties = Vec::new();
     for n in [10, 25, 50] {
         let t = Instant::now();
         grammars
-            .constraint(&GrammarSpec::JsonSchema(wide_schema(n)))
+            .constraint(&GrammarSpec::JsonSchema(wide_schema(n)), layout)
             .map_err(|e| anyhow::anyhow!("{n} properties: {e}"))?;
         by_properties.push((n, ms(t.elapsed())));
     }
@@ -466,7 +470,7 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     }
     drop(gateway);
     drop(target);
-    let compile = compile_times(&home, &prompts)?;
+    let compile = compile_times(&home, &prompts, base_model.json_layout)?;
     let report = Report {
         finished_at: super::machine::utc_now(),
         machine: super::machine::Machine::read().line(),
@@ -568,7 +572,7 @@ fn markdown(r: &Report) -> String {
         "{} prompts of `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode, tool calls), \
          `{}` against target-only (llama-server constraining its own answer, or calling tools its own way), temperature 0, cores pinned; {}, finished {}. \
          Fields agreeing: of target-only's leaf fields, the share approxy's answer has with the same value; on tool prompts, of the calls the target writes under approxy's grammar (threshold 1), their names and arguments. \
-         The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's compact layout loses with no draft at all). \
+         The next two columns split the difference: approxy against the target writing every free token under approxy's grammar (the same layout, so what the verifier loses), and that answer of the target's against target-only (what the grammar's layout, the policy's `json_layout`, loses with no draft at all). \
          The column after them is target-only asked the same again, after the other answers: how far the reference itself moves at temperature 0.\n\n",
         r.rows.len(),
         r.policy,

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::scripted_tests::{request, run};
 use super::*;
-use crate::grammar::{GrammarSpec, Grammars};
+use crate::grammar::{GrammarSpec, Grammars, JsonLayout};
 use crate::testing::{DraftScript, END_OF_TEXT, IM_END, ScriptedTarget, VOCAB, tiny_tokenizer};
 
 fn person() -> Value {
@@ -23,7 +23,11 @@ fn constrained(spec: GrammarSpec, threshold: f32, max_tokens: u32) -> GenerateRe
     let grammars =
         Grammars::new(&tiny_tokenizer(), VOCAB, &[IM_END, END_OF_TEXT]).expect("tiny vocabulary");
     GenerateRequest {
-        constraint: Some(grammars.constraint(&spec).expect("compiles")),
+        constraint: Some(
+            grammars
+                .constraint(&spec, JsonLayout::Compact)
+                .expect("compiles"),
+        ),
         ..request(threshold, max_tokens)
     }
 }

@@ -19,10 +19,12 @@ use serde_json::{Value, json};
 use crate::error::EngineError;
 use crate::tokenizer::Tokenizer;
 
+mod indented;
 pub mod place;
 pub mod tools;
 mod vocab;
 
+pub use indented::JsonLayout;
 pub use place::{JsonPlace, Place};
 pub use tools::{Tool, ToolChoice, ToolsSpec};
 
@@ -36,9 +38,11 @@ pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(1);
 /// Compiled grammars kept.
 const CACHED_GRAMMARS: usize = 256;
 
-/// How JSON is written under a grammar: no free whitespace, and the separators the chat
-/// models write (and `json.dumps` does). Free whitespace would leave every separator to the
-/// draft's choice; fixed, the grammar forces it and no verifier or target sees it.
+/// JSON on one line under a grammar: no free whitespace, and the separators the chat models
+/// write on one line (and `json.dumps` does). Free whitespace would leave every separator to
+/// the draft's choice; fixed, the grammar forces it and no verifier or target sees it. Tool
+/// calls' arguments are written so (the chat template writes them on one line), and so are
+/// the parts of a schema [`JsonLayout::Indented`] leaves to llguidance.
 fn compact(mut schema: Value) -> Value {
     if let Value::Object(m) = &mut schema {
         m.insert(
@@ -61,8 +65,19 @@ pub enum GrammarSpec {
 }
 
 impl GrammarSpec {
-    /// What llguidance compiles, as the text it is cached under and the grammar.
-    fn grammar(&self) -> (String, TopLevelGrammar) {
+    /// What llguidance compiles, as the text it is cached under and the grammar. A schema the
+    /// indented layout does not lay out is compiled compact.
+    fn grammar(&self, layout: JsonLayout) -> (String, TopLevelGrammar) {
+        if layout == JsonLayout::Indented {
+            let lark = match self {
+                GrammarSpec::JsonObject => Some(indented::any_object_lark()),
+                GrammarSpec::JsonSchema(s) => indented::schema_lark(s),
+                GrammarSpec::Tools(_) => None,
+            };
+            if let Some(lark) = lark {
+                return (format!("lark:{lark}"), TopLevelGrammar::from_lark(lark));
+            }
+        }
         let schema = match self {
             GrammarSpec::JsonObject => compact(json!({"type": "object"})),
             GrammarSpec::JsonSchema(s) => compact(s.clone()),
@@ -131,10 +146,30 @@ impl Grammars {
         })
     }
 
-    /// The constraint for one answer under `spec`, compiled or from the cache. Takes up to
-    /// [`COMPILE_TIME_LIMIT`] on a new schema: call it off the async runtime.
-    pub fn constraint(&self, spec: &GrammarSpec) -> Result<Constraint, Unsupported> {
-        let (key, grammar) = spec.grammar();
+    /// The constraint for one answer under `spec`, its JSON laid out as `layout` says,
+    /// compiled or from the cache. Takes up to [`COMPILE_TIME_LIMIT`] on a new schema: call
+    /// it off the async runtime. A schema whose indented grammar llguidance refuses is tried
+    /// compact, so the layout never makes a schema unsupported.
+    pub fn constraint(
+        &self,
+        spec: &GrammarSpec,
+        layout: JsonLayout,
+    ) -> Result<Constraint, Unsupported> {
+        let laid_out = self.constraint_as(spec, layout);
+        match laid_out {
+            Err(Unsupported::Refused(_)) if layout != JsonLayout::Compact => {
+                self.constraint_as(spec, JsonLayout::Compact)
+            }
+            other => other,
+        }
+    }
+
+    fn constraint_as(
+        &self,
+        spec: &GrammarSpec,
+        layout: JsonLayout,
+    ) -> Result<Constraint, Unsupported> {
+        let (key, grammar) = spec.grammar(layout);
         let several = matches!(spec, GrammarSpec::Tools(t) if t.several_calls());
         if let Some(found) = self.cached(&key) {
             return found.map(|m| self.wrap(m, several));

@@ -37,7 +37,7 @@ fn schema() -> Value {
 fn a_schema_forces_its_keys_and_separators_and_allows_only_legal_values() {
     let g = grammars();
     let mut c = g
-        .constraint(&GrammarSpec::JsonSchema(schema()))
+        .constraint(&GrammarSpec::JsonSchema(schema()), JsonLayout::Compact)
         .expect("compiles");
     assert_eq!(forced(&mut c), bytes("{\"age\": "));
     assert!(c.allows(u32::from(b'4')));
@@ -67,7 +67,9 @@ fn a_schema_forces_its_keys_and_separators_and_allows_only_legal_values() {
 #[test]
 fn json_mode_allows_any_object_and_nothing_else() {
     let g = grammars();
-    let mut c = g.constraint(&GrammarSpec::JsonObject).expect("compiles");
+    let mut c = g
+        .constraint(&GrammarSpec::JsonObject, JsonLayout::Compact)
+        .expect("compiles");
     assert_eq!(forced(&mut c), bytes("{"));
     assert!(c.allows(u32::from(b'"')));
     assert!(c.allows(u32::from(b'}')));
@@ -80,23 +82,32 @@ fn schemas_it_cannot_compile_are_refused_and_the_refusal_is_kept() {
     let bad = GrammarSpec::JsonSchema(
         json!({"type": "object", "properties": {"a": {"type": "nonsense"}}}),
     );
-    assert!(matches!(g.constraint(&bad), Err(Unsupported::Refused(_))));
-    assert!(matches!(g.constraint(&bad), Err(Unsupported::Refused(_))));
+    assert!(matches!(
+        g.constraint(&bad, JsonLayout::Compact),
+        Err(Unsupported::Refused(_))
+    ));
+    assert!(matches!(
+        g.constraint(&bad, JsonLayout::Compact),
+        Err(Unsupported::Refused(_))
+    ));
     let huge: serde_json::Map<String, Value> = (0..4000)
         .map(|i| (format!("property_number_{i}"), json!({"type": "string"})))
         .collect();
     let huge = GrammarSpec::JsonSchema(json!({"type": "object", "properties": huge}));
-    assert!(matches!(g.constraint(&huge), Err(Unsupported::TooLarge(_))));
+    assert!(matches!(
+        g.constraint(&huge, JsonLayout::Compact),
+        Err(Unsupported::TooLarge(_))
+    ));
 }
 
 #[test]
 fn a_cached_grammar_starts_every_answer_afresh() {
     let g = grammars();
     let spec = GrammarSpec::JsonSchema(schema());
-    let mut first = g.constraint(&spec).expect("compiles");
+    let mut first = g.constraint(&spec, JsonLayout::Compact).expect("compiles");
     forced(&mut first);
     first.consume(u32::from(b'1')).expect("a digit");
-    let mut second = g.constraint(&spec).expect("cached");
+    let mut second = g.constraint(&spec, JsonLayout::Compact).expect("cached");
     assert_eq!(forced(&mut second), bytes("{\"age\": "));
     // The first one's state is its own.
     assert!(first.allows(u32::from(b'2')));
@@ -139,7 +150,7 @@ const WEATHER_CALL: &str =
 fn a_required_call_forces_its_frame_and_names_only_the_tools() {
     let g = grammars();
     let mut c = g
-        .constraint(&tools(ToolChoice::Required, false))
+        .constraint(&tools(ToolChoice::Required, false), JsonLayout::Compact)
         .expect("compiles");
     // Up to the name's first letters, which the two tools share.
     assert_eq!(forced(&mut c), bytes("<tool_call>\n{\"name\": \"get_"));
@@ -161,13 +172,13 @@ fn a_required_call_forces_its_frame_and_names_only_the_tools() {
 fn auto_allows_text_or_calls_and_none_allows_text_only() {
     let g = grammars();
     let mut text = g
-        .constraint(&tools(ToolChoice::Auto, true))
+        .constraint(&tools(ToolChoice::Auto, true), JsonLayout::Compact)
         .expect("compiles");
     assert!(text.allows(u32::from(b'<')) && text.allows(u32::from(b'I')));
     assert!(take(&mut text, "It is sunny <b>"));
     assert!(text.accepting());
     let mut call = g
-        .constraint(&tools(ToolChoice::Auto, true))
+        .constraint(&tools(ToolChoice::Auto, true), JsonLayout::Compact)
         .expect("cached");
     assert!(take(&mut call, WEATHER_CALL));
     // Parallel calls: another may follow, or the answer ends.
@@ -178,7 +189,7 @@ fn auto_allows_text_or_calls_and_none_allows_text_only() {
     ));
     assert!(call.accepting());
     let mut none = g
-        .constraint(&tools(ToolChoice::None, true))
+        .constraint(&tools(ToolChoice::None, true), JsonLayout::Compact)
         .expect("compiles");
     assert!(!none.allows(u32::from(b'<')));
     assert!(take(&mut none, "No call."));
@@ -188,7 +199,10 @@ fn auto_allows_text_or_calls_and_none_allows_text_only() {
 fn a_named_tool_is_the_only_call_and_one_call_is_one() {
     let g = grammars();
     let mut c = g
-        .constraint(&tools(ToolChoice::Named("get_time".into()), true))
+        .constraint(
+            &tools(ToolChoice::Named("get_time".into()), true),
+            JsonLayout::Compact,
+        )
         .expect("compiles");
     assert_eq!(
         forced(&mut c),
@@ -198,7 +212,7 @@ fn a_named_tool_is_the_only_call_and_one_call_is_one() {
     assert_eq!(forced(&mut c), bytes("}\n</tool_call>"));
     assert!(matches!(c.step(), Ok(Next::End)));
     let mut single = g
-        .constraint(&tools(ToolChoice::Auto, false))
+        .constraint(&tools(ToolChoice::Auto, false), JsonLayout::Compact)
         .expect("compiles");
     assert!(take(&mut single, WEATHER_CALL));
     assert!(!single.allows(u32::from(b'\n')));
@@ -207,7 +221,11 @@ fn a_named_tool_is_the_only_call_and_one_call_is_one() {
 #[test]
 fn only_answers_that_may_call_several_times_watch_for_repeats() {
     let g = grammars();
-    let several = |spec: &GrammarSpec| g.constraint(spec).expect("compiles").several_calls();
+    let several = |spec: &GrammarSpec| {
+        g.constraint(spec, JsonLayout::Compact)
+            .expect("compiles")
+            .several_calls()
+    };
     assert!(several(&tools(ToolChoice::Auto, true)));
     assert!(several(&tools(ToolChoice::Required, true)));
     assert!(!several(&tools(ToolChoice::Required, false)));
@@ -258,21 +276,24 @@ fn hostile_schemas_compile_or_are_refused_within_the_limits() {
         ),
         ("a recursive reference", recursive.clone()),
     ];
-    for (what, schema) in cases {
+    for ((what, schema), layout) in cases
+        .iter()
+        .flat_map(|c| [(c, JsonLayout::Compact), (c, JsonLayout::Indented)])
+    {
         let started = Instant::now();
-        let result = g.constraint(&GrammarSpec::JsonSchema(schema));
+        let result = g.constraint(&GrammarSpec::JsonSchema(schema.clone()), layout);
         let took = started.elapsed();
         // Either outcome is fine; what is not is a compile that runs on past the limit (the
         // margin is for a loaded machine: the limit is checked when the compile returns).
         assert!(
             took < COMPILE_TIME_LIMIT * 5,
-            "{what}: {took:?}, {:?}",
+            "{what}, {layout:?}: {took:?}, {:?}",
             result.as_ref().err()
         );
     }
     // A recursive schema is a grammar like any other: it compiles, and an answer follows it.
     let mut c = g
-        .constraint(&GrammarSpec::JsonSchema(recursive))
+        .constraint(&GrammarSpec::JsonSchema(recursive), JsonLayout::Compact)
         .expect("recursion compiles");
     assert!(take(&mut c, "{\"value\": 1, \"next\": {\"value\": 2}}"));
     assert!(c.accepting());
