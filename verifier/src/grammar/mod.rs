@@ -148,8 +148,9 @@ impl Grammars {
 
     /// The constraint for one answer under `spec`, its JSON laid out as `layout` says,
     /// compiled or from the cache. Takes up to [`COMPILE_TIME_LIMIT`] on a new schema: call
-    /// it off the async runtime. A schema whose indented grammar llguidance refuses is tried
-    /// compact, so the layout never makes a schema unsupported.
+    /// it off the async runtime. A schema whose indented grammar llguidance refuses, or whose
+    /// Lark text is over [`MAX_SCHEMA_BYTES`], is tried compact, so the layout makes no schema
+    /// unsupported that the compact form supports (a slow one aside).
     pub fn constraint(
         &self,
         spec: &GrammarSpec,
@@ -157,7 +158,9 @@ impl Grammars {
     ) -> Result<Constraint, Unsupported> {
         let laid_out = self.constraint_as(spec, layout);
         match laid_out {
-            Err(Unsupported::Refused(_)) if layout != JsonLayout::Compact => {
+            Err(Unsupported::Refused(_) | Unsupported::TooLarge(_))
+                if layout != JsonLayout::Compact =>
+            {
                 self.constraint_as(spec, JsonLayout::Compact)
             }
             other => other,

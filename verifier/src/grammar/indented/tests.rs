@@ -206,3 +206,19 @@ fn the_two_layouts_are_cached_apart() {
     assert_eq!(forced(&mut compact), "{\"name\": \"");
     assert_eq!(forced(&mut laid_out), "{\n  \"name\": \"");
 }
+
+#[test]
+fn a_schema_whose_indented_grammar_is_too_large_is_written_compact() {
+    let g = grammars();
+    // Under the compiled limit as a schema, over it as indented Lark (each member's line is
+    // written into two rules).
+    let props: serde_json::Map<String, Value> = (0..1000)
+        .map(|i| (format!("property_number_{i}"), json!({"type": "string"})))
+        .collect();
+    let required: Vec<&String> = props.keys().collect();
+    let schema = json!({"type": "object", "properties": props, "required": required});
+    assert!(schema.to_string().len() < super::super::MAX_SCHEMA_BYTES);
+    assert!(super::schema_lark(&schema).expect("laid out").len() > super::super::MAX_SCHEMA_BYTES);
+    let mut c = indented(&g, schema);
+    assert_eq!(forced(&mut c), "{\"property_number_0\": \"");
+}
