@@ -69,6 +69,10 @@ const OBJECT_KEYS: &[&str] = &[
     "description",
 ];
 
+/// A container's brackets.
+const OBJECT: (char, char) = ('{', '}');
+const ARRAY: (char, char) = ('[', ']');
+
 /// Keys an array node may carry and still be laid out here.
 const ARRAY_KEYS: &[&str] = &["type", "items", "title", "description"];
 
@@ -205,19 +209,27 @@ impl Lark {
         }
         let block_item = self.value(&items, depth + 1);
         let container = matches!(items.get("type"), Some(t) if t == "object" || t == "array");
-        let inline = (!container).then(|| {
-            let leaf = self.leaf(&items);
-            format!(" | \"[\" {leaf} (\", \" {leaf})* \"]\"")
-        });
-        Some(self.block_array(&block_item, depth, inline.unwrap_or_default()))
+        let inline = (!container).then(|| self.leaf(&items));
+        Some(self.block(ARRAY, &block_item, inline.as_deref(), depth))
     }
 
-    fn block_array(&mut self, item: &str, depth: usize, inline: String) -> String {
+    /// A container at `depth` of any number of `item`s: empty, one an indented line, or (where
+    /// `inline` is given) `inline` items on one line.
+    fn block(
+        &mut self,
+        (open, close): (char, char),
+        item: &str,
+        inline: Option<&str>,
+        depth: usize,
+    ) -> String {
         let pad = literal(&format!("\n{}", indent(depth + 1)));
         let sep = literal(&format!(",\n{}", indent(depth + 1)));
-        let close = literal(&format!("\n{}]", indent(depth)));
+        let end = literal(&format!("\n{}{close}", indent(depth)));
+        let inline = inline.map_or(String::new(), |i| {
+            format!(" | \"{open}\" {i} (\", \" {i})* \"{close}\"")
+        });
         self.rule(format!(
-            "\"[]\"{inline} | \"[\" {pad} {item} ({sep} {item})* {close}"
+            "\"{open}{close}\"{inline} | \"{open}\" {pad} {item} ({sep} {item})* {end}"
         ))
     }
 
@@ -231,13 +243,7 @@ impl Lark {
         }
         let key = self.leaf(&json!({"type": "string"}));
         let value = self.any_value(depth + 1);
-        let pad = literal(&format!("\n{}", indent(depth + 1)));
-        let sep = literal(&format!(",\n{}", indent(depth + 1)));
-        let close = literal(&format!("\n{}}}", indent(depth)));
-        let member = format!("{key} \": \" {value}");
-        let name = self.rule(format!(
-            "\"{{}}\" | \"{{\" {pad} {member} ({sep} {member})* {close}"
-        ));
+        let name = self.block(OBJECT, &format!("{key} \": \" {value}"), None, depth);
         self.any.insert((false, depth), name.clone());
         name
     }
@@ -253,8 +259,7 @@ impl Lark {
         let scalar = self.leaf(&json!({"type": ["string", "number", "boolean", "null"]}));
         let object = self.any_object(depth);
         let item = self.any_value(depth + 1);
-        let inline = format!(" | \"[\" {scalar} (\", \" {scalar})* \"]\"");
-        let array = self.block_array(&item, depth, inline);
+        let array = self.block(ARRAY, &item, Some(&scalar), depth);
         let name = self.rule(format!("{scalar} | {object} | {array}"));
         self.any.insert((true, depth), name.clone());
         name
@@ -312,11 +317,10 @@ fn members_rules(g: &mut Lark, members: &[(String, bool)]) -> Members {
 fn inline_refs(schema: &Value) -> Option<Value> {
     let mut budget = MAX_REFS;
     let mut trail = Vec::new();
-    let mut out = resolve(schema, schema, &mut trail, &mut budget)?;
-    if let Value::Object(m) = &mut out {
-        m.remove("$defs");
-        m.remove("definitions");
-    }
+    let mut root = schema.as_object()?.clone();
+    root.remove("$defs");
+    root.remove("definitions");
+    let out = resolve(schema, &Value::Object(root), &mut trail, &mut budget)?;
     (out.to_string().len() <= super::MAX_SCHEMA_BYTES).then_some(out)
 }
 
@@ -346,16 +350,10 @@ fn resolve(
                 trail.pop();
                 return out;
             }
-            let mut out = Map::new();
-            for (k, v) in m {
-                if matches!(k.as_str(), "$defs" | "definitions") && trail.is_empty() {
-                    out.insert(k.clone(), v.clone());
-                    continue;
-                }
-                // Inside `properties` the keys are member names, not keywords.
-                out.insert(k.clone(), resolve(root, v, trail, budget)?);
-            }
-            Some(Value::Object(out))
+            m.iter()
+                .map(|(k, v)| Some((k.clone(), resolve(root, v, trail, budget)?)))
+                .collect::<Option<Map<_, _>>>()
+                .map(Value::Object)
         }
         Value::Array(a) => a
             .iter()
