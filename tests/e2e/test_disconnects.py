@@ -48,13 +48,13 @@ def leave(g, body, threshold, after_lines=None, after_seconds=None):
         return
     with httpx.stream("POST", g.url + "/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
         assert r.status_code == 200, r.read()
-        seen = 0
+        seen = []
         for line in r.iter_lines():
             if line.startswith("data: "):
-                seen += 1
-                if seen >= after_lines:
+                seen.append(line)
+                if len(seen) >= after_lines:
                     break
-        assert seen >= after_lines, "the answer ended before the client could leave"
+        assert len(seen) >= after_lines, f"the answer ended before the client could leave: {seen}"
 
 
 @pytest.mark.skipif(TARGET_KIND != "llama_cpp", reason="reads llama-server's /slots")
@@ -62,18 +62,21 @@ def test_a_client_leaving_at_any_phase_leaves_nothing_running(start_gateway):
     g = start_gateway(keyed_policy(), env=KEYS)
     assert at_rest(g)["workers"] == 1
     count = {"role": "user", "content": "Count from 1 to 200, one number per line."}
+    # Greedy, so the answer is the long count every time: sampled at the default temperature, the
+    # target once wrote a three-chunk answer and ended before the client could leave.
+    counting = {"model": MODEL, "messages": [count], "max_tokens": 300, "stream": True, "temperature": 0}
     # 1. During the draft's prefill of a long prompt (before any byte of the answer).
     long = {"role": "user", "content": "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 250}
     leave(g, {"model": MODEL, "messages": [long], "max_tokens": 64, "stream": True}, "0.7", after_seconds=1.0)
     at_rest(g)
     # 2. While the draft writes alone (threshold 0: no target call at all).
-    leave(g, {"model": MODEL, "messages": [count], "max_tokens": 300, "stream": True}, "0", after_lines=5)
+    leave(g, counting, "0", after_lines=5)
     at_rest(g)
     # 3. While the target writes a span (threshold 1: every token is the target's).
-    leave(g, {"model": MODEL, "messages": [count], "max_tokens": 300, "stream": True}, "1", after_lines=5)
+    leave(g, counting, "1", after_lines=5)
     at_rest(g)
     # 4. Mixed, where calls start and stop often.
-    leave(g, {"model": MODEL, "messages": [count], "max_tokens": 300, "stream": True}, "0.7", after_lines=12)
+    leave(g, counting, "0.7", after_lines=12)
     at_rest(g)
     # And the gateway still answers, with its slots all free again.
     r = httpx.post(g.url + "/v1/chat/completions", headers=AUTH, timeout=120,
