@@ -63,7 +63,7 @@ def test_a_client_leaving_at_any_phase_leaves_nothing_running(start_gateway):
     assert at_rest(g)["workers"] == 1
     count = {"role": "user", "content": "Count from 1 to 200, one number per line."}
     # Greedy, so the answer is the long count every time: sampled at the default temperature, the
-    # target once wrote a three-chunk answer and ended before the client could leave.
+    # target once wrote an answer four SSE lines long, done before the client could leave.
     counting = {"model": MODEL, "messages": [count], "max_tokens": 300, "stream": True, "temperature": 0}
     # 1. During the draft's prefill of a long prompt (before any byte of the answer).
     long = {"role": "user", "content": "Summarise this text. " + "The quick brown fox jumps over the lazy dog. " * 250}
