@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonLayout};
+use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle};
 use approxy_verifier::{Draft, GenerateRequest, Verification};
 
 use crate::error::ApiError;
@@ -285,7 +285,11 @@ async fn admit(
             return Ok(Admission::Passthrough(reason));
         }
         Format::Structured(spec) => {
-            match compile(&state.shared, spec, m.policy.json_layout).await {
+            let style = JsonStyle {
+                layout: m.policy.json_layout,
+                fence: m.policy.json_fence,
+            };
+            match compile(&state.shared, spec, style).await {
                 Ok(c) => Some(c),
                 Err(why) => {
                     tracing::info!(%why, "schema passed through");
@@ -335,11 +339,11 @@ fn answerable_tools(
 async fn compile(
     shared: &Shared,
     spec: GrammarSpec,
-    layout: JsonLayout,
+    style: JsonStyle,
 ) -> Result<Constraint, String> {
     let grammars = shared.grammars().await?;
     let started = std::time::Instant::now();
-    let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec, layout))
+    let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec, style))
         .await
         .map_err(|e| format!("grammar compilation: {e}"))?;
     metrics::histogram!("approxy_grammar_compile_seconds").record(started.elapsed().as_secs_f64());

@@ -23,6 +23,7 @@ use approxy_verifier::{
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
+use crate::json_fence::{self, FenceReader};
 use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
@@ -114,6 +115,8 @@ struct Answer {
     draft_threads: usize,
     /// The answer may call tools: its text is read for calls.
     tools: bool,
+    /// The answer is JSON that may come inside a Markdown fence, which the client is not sent.
+    fenced: bool,
     /// Answers asked for (`n`).
     n: usize,
 }
@@ -369,6 +372,10 @@ pub async fn approximate(
         kind: prompt_kind,
     };
     let n = drafts.len();
+    let fenced = request
+        .constraint
+        .as_ref()
+        .is_some_and(approxy_verifier::grammar::Constraint::fenced);
     let (tx, mut rx) = mpsc::channel::<Event>(256);
     let meter = Arc::clone(&rt.meter);
     let draft_threads = rt.draft_threads;
@@ -417,6 +424,7 @@ pub async fn approximate(
         dial,
         draft_threads,
         tools: !valid.tools.is_empty(),
+        fenced,
         n,
     };
     // Wait for the first token before committing to a 200: a target that is down at the
@@ -536,6 +544,7 @@ fn complete(a: &Answer, texts: Vec<String>, p: &Priced) -> Response {
         .enumerate()
         .map(|(index, text)| {
             let ended = p.finishes.get(index).copied().flatten();
+            let text = if a.fenced { json_fence::strip(&text) } else { text };
             match ids.endpoint {
                 Endpoint::Chat if a.tools => {
                     let (message, calls) = tool_calls::message(&text);
@@ -630,15 +639,36 @@ async fn send_within(
 }
 
 /// One answer's place in a stream: whether its first chunk (which names the role) is still to
-/// go, and, when it may call tools, the reader of its calls.
+/// go, and the readers of its text: of its calls when it may call tools, of its fence when it
+/// is JSON that may be fenced.
 struct Streamed {
     first: bool,
     calls: Option<CallReader>,
+    fence: Option<FenceReader>,
 }
 
 impl Streamed {
+    fn new(answer: &Answer) -> Self {
+        Self {
+            first: true,
+            calls: answer.tools.then(CallReader::default),
+            fence: answer.fenced.then(FenceReader::default),
+        }
+    }
+
     /// The chunks for more of answer `index`'s text.
     fn chunks(&mut self, ids: &Ids, index: usize, text: &str) -> Vec<Value> {
+        let unfenced;
+        let text = match &mut self.fence {
+            Some(fence) => {
+                unfenced = fence.feed(text);
+                if unfenced.is_empty() && !self.first {
+                    return Vec::new();
+                }
+                unfenced.as_str()
+            }
+            None => text,
+        };
         match &mut self.calls {
             Some(reader) => {
                 let pieces = reader.feed(text);
@@ -652,7 +682,7 @@ impl Streamed {
         }
     }
 
-    /// The chunks that end answer `index`: what its reader still held, then its finish.
+    /// The chunks that end answer `index`: what its readers still held, then its finish.
     fn finish(&mut self, ids: &Ids, index: usize, ended: Option<FinishReason>) -> Vec<Value> {
         let mut out = match &mut self.calls {
             Some(reader) => {
@@ -661,6 +691,12 @@ impl Streamed {
             }
             None => Vec::new(),
         };
+        if let Some(held) = self.fence.as_mut().map(FenceReader::finish)
+            && !held.is_empty()
+        {
+            out.push(ids.chunk(index, Some(&held), None, self.first));
+            self.first = false;
+        }
         let called = self.calls.as_ref().map_or(0, CallReader::calls);
         out.push(ids.chunk(index, None, Some(finish_str(ended, called)), self.first));
         out
@@ -681,12 +717,7 @@ fn stream(
         let ids = &answer.ids;
         let mut last = Instant::now();
         let mut pending = first;
-        let mut answers: Vec<Streamed> = (0..answer.n)
-            .map(|_| Streamed {
-                first: true,
-                calls: answer.tools.then(CallReader::default),
-            })
-            .collect();
+        let mut answers: Vec<Streamed> = (0..answer.n).map(|_| Streamed::new(&answer)).collect();
         loop {
             let (i, ev) = match pending.take() {
                 Some(ev) => ev,

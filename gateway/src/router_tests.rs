@@ -465,6 +465,57 @@ async fn structured_requests_are_answered_under_their_grammar() {
 }
 
 #[tokio::test]
+async fn a_fenced_json_answer_reaches_the_client_without_its_fence() {
+    let json = "{\n  \"ok\": true\n}";
+    let mut setup = Setup::new(&format!("```json\n{json}\n```"), 0.95, "");
+    setup.extra_policy =
+        "\n[models.bare]\nmode = \"approximate\"\nthreshold = 0.5\njson_fence = false\n";
+    let state = setup.state().await;
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}});
+    let body = chat(
+        "m",
+        json!({"response_format": format, "max_tokens": 40, "temperature": 0}),
+    );
+    let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    let v = json_of(&bytes);
+    assert_eq!(v["choices"][0]["message"]["content"], json, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // The fence's tokens are the answer's tokens, as llama-server counts them.
+    let tokens = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(tokens as usize > json.len(), "{v}");
+    // Streamed: no piece of the fence goes out, and the pieces make the same JSON.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
+    let text = String::from_utf8_lossy(&bytes);
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| {
+            let c: Value = serde_json::from_str(l).unwrap();
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(content, json, "{text}");
+    // Without the fence the draft's backtick is refused and the answer is the bare JSON.
+    let body = chat(
+        "bare",
+        json!({"response_format": format, "max_tokens": 40, "temperature": 0}),
+    );
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    let v = json_of(&bytes);
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with('{') && !content.contains('`'), "{v}");
+}
+
+#[tokio::test]
 async fn tool_requests_are_answered_as_tool_calls() {
     let state = Setup::new("hello", 0.95, "").state().await;
     let tool = json!({"type": "function", "function": {"name": "get_time",

@@ -314,6 +314,9 @@ pub struct ModelPolicy {
     pub structured_threshold: Option<JsonThresholds>,
     /// How a JSON answer under a schema or JSON mode is laid out.
     pub json_layout: JsonLayout,
+    /// Whether the model may write such an answer inside a Markdown fence, which the client is
+    /// not sent.
+    pub json_fence: bool,
 }
 
 /// A validated policy.

@@ -30,6 +30,9 @@ pub const DEFAULT_OVERLAP: bool = false;
 /// output", from `approxy bench structured`).
 pub const DEFAULT_JSON_LAYOUT: JsonLayout = JsonLayout::Indented;
 
+/// Whether a model may fence its JSON answers unless its policy says.
+pub const DEFAULT_JSON_FENCE: bool = true;
+
 /// Most tokens prompt lookup proposes at once unless the policy says (0: off).
 pub const DEFAULT_PROMPT_LOOKUP: u32 = 0;
 
@@ -492,6 +495,7 @@ impl Validator {
             window_max: self.window_max(&f, m.window_max, kind),
             structured_threshold: self.structured_threshold(&f, m.structured_threshold),
             json_layout: self.json_layout(&f, m.json_layout.as_deref()),
+            json_fence: m.json_fence.unwrap_or(DEFAULT_JSON_FENCE),
         }
     }
 

@@ -394,6 +394,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             text: t.text,
         }),
         json_layout: Some(base.json_layout.name().into()),
+        json_fence: Some(base.json_fence),
         ..RawModel::default()
     }
 }

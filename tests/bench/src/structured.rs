@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use approxy_gateway::policy::Policy;
 use approxy_setup::Home;
 use approxy_verifier::Tokenizer;
-use approxy_verifier::grammar::{GrammarSpec, Grammars, JsonLayout};
+use approxy_verifier::grammar::{GrammarSpec, Grammars, JsonStyle};
 
 use super::calls::{self, CallConfig};
 use super::servers::{self, Layout};
@@ -376,7 +376,7 @@ fn ms(d: Duration) -> f64 {
 fn compile_times(
     home: &Home,
     prompts: &[Prompt],
-    layout: JsonLayout,
+    layout: JsonStyle,
 ) -> anyhow::Result<CompileTimes> {
     let tok = Tokenizer::from_file(&home.draft_onnx_dir().join("tokenizer.json"))?;
     let meta = approxy_verifier::DraftMeta::load(&home.draft_onnx_dir())?;
@@ -470,7 +470,11 @@ pub async fn run(opts: &StructuredOptions) -> anyhow::Result<()> {
     }
     drop(gateway);
     drop(target);
-    let compile = compile_times(&home, &prompts, base_model.json_layout)?;
+    let style = JsonStyle {
+        layout: base_model.json_layout,
+        fence: base_model.json_fence,
+    };
+    let compile = compile_times(&home, &prompts, style)?;
     let report = Report {
         finished_at: super::machine::utc_now(),
         machine: super::machine::Machine::read().line(),

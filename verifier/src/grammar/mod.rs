@@ -53,6 +53,43 @@ fn compact(mut schema: Value) -> Value {
     schema
 }
 
+/// What opens and closes a JSON answer the model wraps in a Markdown fence, as llama-server's
+/// own grammar for a `response_format` lets it (`common/chat-auto-parser-generator.cpp`:
+/// "```json", whitespace, the value, whitespace, "```", or the value alone). The fence is not
+/// part of the answer: the gateway takes it off.
+pub const FENCE_OPEN: &str = "```json\n";
+/// See [`FENCE_OPEN`].
+pub const FENCE_CLOSE: &str = "\n```";
+
+/// `lark` (a grammar of one JSON value, its rule `start` first) with the value allowed bare or
+/// inside [`FENCE_OPEN`] and [`FENCE_CLOSE`], the model's pick at its first token.
+fn fenced(lark: &str) -> String {
+    let body = lark.strip_prefix("start:").unwrap_or(lark);
+    let (open, close) = (
+        Value::String(FENCE_OPEN.into()),
+        Value::String(FENCE_CLOSE.into()),
+    );
+    format!("start: answer | {open} answer {close}\nanswer:{body}")
+}
+
+/// How a JSON answer is written: its layout, and whether the model may wrap it in a fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonStyle {
+    /// Where its line breaks go.
+    pub layout: JsonLayout,
+    /// Whether it may come inside [`FENCE_OPEN`] and [`FENCE_CLOSE`], as the model picks.
+    pub fence: bool,
+}
+
+impl From<JsonLayout> for JsonStyle {
+    fn from(layout: JsonLayout) -> Self {
+        Self {
+            layout,
+            fence: false,
+        }
+    }
+}
+
 /// What a request's answer must be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GrammarSpec {
@@ -66,30 +103,30 @@ pub enum GrammarSpec {
 
 impl GrammarSpec {
     /// What llguidance compiles, as the text it is cached under and the grammar. A schema the
-    /// indented layout does not lay out is compiled compact.
-    fn grammar(&self, layout: JsonLayout) -> (String, TopLevelGrammar) {
-        if layout == JsonLayout::Indented {
-            let lark = match self {
-                GrammarSpec::JsonObject => Some(indented::any_object_lark()),
-                GrammarSpec::JsonSchema(s) => indented::schema_lark(s),
-                GrammarSpec::Tools(_) => None,
-            };
-            if let Some(lark) = lark {
-                return (format!("lark:{lark}"), TopLevelGrammar::from_lark(lark));
-            }
-        }
+    /// indented layout does not lay out is compiled compact. With `fence`, a JSON answer may
+    /// come inside a Markdown fence (see [`FENCE_OPEN`]); tool calls never do.
+    fn grammar(&self, layout: JsonLayout, fence: bool) -> (String, TopLevelGrammar) {
+        let lark = |l: String| (format!("lark:{l}"), TopLevelGrammar::from_lark(l));
         let schema = match self {
-            GrammarSpec::JsonObject => compact(json!({"type": "object"})),
-            GrammarSpec::JsonSchema(s) => compact(s.clone()),
-            GrammarSpec::Tools(t) => {
-                let lark = t.lark();
-                return (format!("lark:{lark}"), TopLevelGrammar::from_lark(lark));
-            }
+            GrammarSpec::Tools(t) => return lark(t.lark()),
+            GrammarSpec::JsonObject => json!({"type": "object"}),
+            GrammarSpec::JsonSchema(s) => s.clone(),
         };
-        (
-            format!("json:{schema}"),
-            TopLevelGrammar::from_json_schema(schema),
-        )
+        let laid_out = match (layout, self) {
+            (JsonLayout::Indented, GrammarSpec::JsonObject) => Some(indented::any_object_lark()),
+            (JsonLayout::Indented, GrammarSpec::JsonSchema(s)) => indented::schema_lark(s),
+            _ => None,
+        };
+        let schema = compact(schema);
+        match laid_out {
+            Some(l) if fence => lark(fenced(&l)),
+            Some(l) => lark(l),
+            None if fence => lark(fenced(&format!("start: %json {schema}\n"))),
+            None => (
+                format!("json:{schema}"),
+                TopLevelGrammar::from_json_schema(schema),
+            ),
+        }
     }
 }
 
@@ -146,7 +183,7 @@ impl Grammars {
         })
     }
 
-    /// The constraint for one answer under `spec`, its JSON laid out as `layout` says,
+    /// The constraint for one answer under `spec`, its JSON written as `style` says,
     /// compiled or from the cache. Takes up to [`COMPILE_TIME_LIMIT`] on a new schema: call
     /// it off the async runtime. A schema whose indented grammar llguidance refuses, or whose
     /// Lark text is over [`MAX_SCHEMA_BYTES`], is tried compact, so the layout makes no schema
@@ -154,14 +191,19 @@ impl Grammars {
     pub fn constraint(
         &self,
         spec: &GrammarSpec,
-        layout: JsonLayout,
+        style: impl Into<JsonStyle>,
     ) -> Result<Constraint, Unsupported> {
-        let laid_out = self.constraint_as(spec, layout);
+        let style = style.into();
+        let laid_out = self.constraint_as(spec, style);
         match laid_out {
             Err(Unsupported::Refused(_) | Unsupported::TooLarge(_))
-                if layout != JsonLayout::Compact =>
+                if style.layout != JsonLayout::Compact =>
             {
-                self.constraint_as(spec, JsonLayout::Compact)
+                let compact = JsonStyle {
+                    layout: JsonLayout::Compact,
+                    ..style
+                };
+                self.constraint_as(spec, compact)
             }
             other => other,
         }
@@ -170,12 +212,14 @@ impl Grammars {
     fn constraint_as(
         &self,
         spec: &GrammarSpec,
-        layout: JsonLayout,
+        style: JsonStyle,
     ) -> Result<Constraint, Unsupported> {
-        let (key, grammar) = spec.grammar(layout);
+        let (key, grammar) = spec.grammar(style.layout, style.fence);
         let several = matches!(spec, GrammarSpec::Tools(t) if t.several_calls());
+        let fenced = style.fence && !matches!(spec, GrammarSpec::Tools(_));
+        let wrap = |m: Matcher| self.wrap(m, several, fenced);
         if let Some(found) = self.cached(&key) {
-            return found.map(|m| self.wrap(m, several));
+            return found.map(wrap);
         }
         let compiled = self.compile(grammar, key.len());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -188,7 +232,7 @@ impl Grammars {
             cache.order.push_back(key.clone());
             cache.map.insert(key, compiled.clone());
         }
-        compiled.map(|m| self.wrap(m.deep_clone(), several))
+        compiled.map(|m| wrap(m.deep_clone()))
     }
 
     fn cached(&self, key: &str) -> Option<Result<Matcher, Unsupported>> {
@@ -222,11 +266,12 @@ impl Grammars {
         Ok(matcher)
     }
 
-    fn wrap(&self, matcher: Matcher, several_calls: bool) -> Constraint {
+    fn wrap(&self, matcher: Matcher, several_calls: bool, fenced: bool) -> Constraint {
         Constraint {
             matcher,
             eos: self.eos.clone(),
             several_calls,
+            fenced,
         }
     }
 }
@@ -275,6 +320,7 @@ pub struct Constraint {
     matcher: Matcher,
     eos: Vec<u32>,
     several_calls: bool,
+    fenced: bool,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -289,6 +335,7 @@ impl Clone for Constraint {
             matcher: self.matcher.deep_clone(),
             eos: self.eos.clone(),
             several_calls: self.several_calls,
+            fenced: self.fenced,
         }
     }
 }
@@ -302,6 +349,12 @@ impl Constraint {
     /// Whether the answer may make several tool calls (see [`tools::CallRepeats`]).
     pub fn several_calls(&self) -> bool {
         self.several_calls
+    }
+
+    /// Whether the answer may come inside a Markdown fence ([`FENCE_OPEN`]), which is not part
+    /// of what the client is sent.
+    pub fn fenced(&self) -> bool {
+        self.fenced
     }
 
     /// What comes next.

@@ -298,3 +298,54 @@ fn hostile_schemas_compile_or_are_refused_within_the_limits() {
     assert!(take(&mut c, "{\"value\": 1, \"next\": {\"value\": 2}}"));
     assert!(c.accepting());
 }
+
+#[test]
+fn a_fenced_answer_is_the_models_pick_and_the_fence_is_forced_once_begun() {
+    let g = grammars();
+    for layout in [JsonLayout::Compact, JsonLayout::Indented] {
+        let style = JsonStyle {
+            layout,
+            fence: true,
+        };
+        let start = g
+            .constraint(&GrammarSpec::JsonSchema(schema()), style)
+            .expect("compiles");
+        assert!(start.fenced());
+        // Bare, as without the fence.
+        let mut bare = start.clone();
+        assert!(matches!(bare.step(), Ok(Next::Choose(_))), "{layout:?}");
+        assert!(bare.allows(u32::from(b'{')) && bare.allows(u32::from(b'`')));
+        assert!(!bare.allows(u32::from(b'"')) && !bare.allows(IM_END));
+        let json = match layout {
+            JsonLayout::Compact => "{\"age\": 4, \"ok\": true}",
+            JsonLayout::Indented => "{\n  \"age\": 4,\n  \"ok\": true\n}",
+        };
+        assert!(take(&mut bare, json), "{layout:?}");
+        assert!(bare.accepting() && matches!(bare.step(), Ok(Next::End)));
+        // Fenced: once begun, the rest of the opening is forced, and so is the closing.
+        let mut fenced = start.clone();
+        fenced.consume(u32::from(b'`')).expect("a fence begins");
+        let opening = forced(&mut fenced);
+        let rest = bytes(&FENCE_OPEN[1..]);
+        assert!(opening.starts_with(&rest), "{layout:?}");
+        let json_forced = opening.len() - rest.len();
+        assert!(json_forced > 0, "the JSON's own forced start follows");
+        assert!(take(&mut fenced, &json[json_forced..]), "{layout:?}");
+        assert_eq!(forced(&mut fenced), bytes(FENCE_CLOSE), "{layout:?}");
+        assert!(fenced.accepting() && matches!(fenced.step(), Ok(Next::End)));
+    }
+    let plain = g
+        .constraint(&GrammarSpec::JsonSchema(schema()), JsonLayout::Indented)
+        .expect("compiles");
+    assert!(!plain.fenced());
+    let calls = g
+        .constraint(
+            &tools(ToolChoice::Required, false),
+            JsonStyle {
+                layout: JsonLayout::Indented,
+                fence: true,
+            },
+        )
+        .expect("compiles");
+    assert!(!calls.fenced(), "tool calls are never fenced");
+}
