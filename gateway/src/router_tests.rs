@@ -469,7 +469,7 @@ async fn a_fenced_json_answer_reaches_the_client_without_its_fence() {
     let json = "{\n  \"ok\": true\n}";
     let mut setup = Setup::new(&format!("```json\n{json}\n```"), 0.95, "");
     setup.extra_policy =
-        "\n[models.bare]\nmode = \"approximate\"\nthreshold = 0.5\njson_fence = false\n";
+        "\n[models.bare]\nmode = \"approximate\"\nthreshold = 0.5\njson_fence = \"never\"\n";
     let state = setup.state().await;
     let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
                         "required": ["ok"], "additionalProperties": false});

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::decode::JsonThresholds;
-use approxy_verifier::grammar::JsonLayout;
+use approxy_verifier::grammar::{Fence, JsonLayout};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
 
@@ -314,9 +314,8 @@ pub struct ModelPolicy {
     pub structured_threshold: Option<JsonThresholds>,
     /// How a JSON answer under a schema or JSON mode is laid out.
     pub json_layout: JsonLayout,
-    /// Whether the model may write such an answer inside a Markdown fence, which the client is
-    /// not sent.
-    pub json_fence: bool,
+    /// Whether such an answer is written inside a Markdown fence, which the client is not sent.
+    pub json_fence: Fence,
 }
 
 /// A validated policy.

@@ -264,9 +264,10 @@ pub struct RawModel {
     /// `indented` or `compact`: how a JSON answer under a schema or JSON mode is laid out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub json_layout: Option<String>,
-    /// Whether the model may wrap a JSON answer in a Markdown fence (taken off the answer).
+    /// `always`, `optional` or `never`: whether a JSON answer is written inside a Markdown
+    /// fence (taken off the answer).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub json_fence: Option<bool>,
+    pub json_fence: Option<String>,
     /// `passthrough` (the default) or `error`: what happens when approxy cannot answer a
     /// request it would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]

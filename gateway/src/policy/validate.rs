@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
 use approxy_verifier::decode::JsonThresholds;
-use approxy_verifier::grammar::JsonLayout;
+use approxy_verifier::grammar::{Fence, JsonLayout};
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
 use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
@@ -30,8 +30,8 @@ pub const DEFAULT_OVERLAP: bool = false;
 /// output", from `approxy bench structured`).
 pub const DEFAULT_JSON_LAYOUT: JsonLayout = JsonLayout::Indented;
 
-/// Whether a model may fence its JSON answers unless its policy says.
-pub const DEFAULT_JSON_FENCE: bool = true;
+/// How a model fences its JSON answers unless its policy says.
+pub const DEFAULT_JSON_FENCE: Fence = Fence::Always;
 
 /// Most tokens prompt lookup proposes at once unless the policy says (0: off).
 pub const DEFAULT_PROMPT_LOOKUP: u32 = 0;
@@ -495,7 +495,7 @@ impl Validator {
             window_max: self.window_max(&f, m.window_max, kind),
             structured_threshold: self.structured_threshold(&f, m.structured_threshold),
             json_layout: self.json_layout(&f, m.json_layout.as_deref()),
-            json_fence: m.json_fence.unwrap_or(DEFAULT_JSON_FENCE),
+            json_fence: self.json_fence(&f, m.json_fence.as_deref()),
         }
     }
 
@@ -509,6 +509,19 @@ impl Validator {
                 f("json_layout")
             ));
             DEFAULT_JSON_LAYOUT
+        })
+    }
+
+    fn json_fence(&mut self, f: Field, fence: Option<&str>) -> Fence {
+        let Some(name) = fence else {
+            return DEFAULT_JSON_FENCE;
+        };
+        Fence::parse(name).unwrap_or_else(|| {
+            self.err(format!(
+                "{}: {name:?} is not a fence (always, optional or never)",
+                f("json_fence")
+            ));
+            DEFAULT_JSON_FENCE
         })
     }
 

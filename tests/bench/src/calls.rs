@@ -394,7 +394,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
             text: t.text,
         }),
         json_layout: Some(base.json_layout.name().into()),
-        json_fence: Some(base.json_fence),
+        json_fence: Some(base.json_fence.name().into()),
         ..RawModel::default()
     }
 }

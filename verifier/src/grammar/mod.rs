@@ -61,15 +61,48 @@ pub const FENCE_OPEN: &str = "```json\n";
 /// See [`FENCE_OPEN`].
 pub const FENCE_CLOSE: &str = "\n```";
 
-/// `lark` (a grammar of one JSON value, its rule `start` first) with the value allowed bare or
-/// inside [`FENCE_OPEN`] and [`FENCE_CLOSE`], the model's pick at its first token.
-fn fenced(lark: &str) -> String {
-    let body = lark.strip_prefix("start:").unwrap_or(lark);
-    let (open, close) = (
-        Value::String(FENCE_OPEN.into()),
-        Value::String(FENCE_CLOSE.into()),
-    );
-    format!("start: answer | {open} answer {close}\nanswer:{body}")
+/// Whether a JSON answer comes inside [`FENCE_OPEN`] and [`FENCE_CLOSE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Never: the answer starts at its `{`.
+    Never,
+    /// As the model picks at the first token.
+    Optional,
+    /// Always: the grammar forces the fence.
+    Always,
+}
+
+impl Fence {
+    /// The policy's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fence::Never => "never",
+            Fence::Optional => "optional",
+            Fence::Always => "always",
+        }
+    }
+
+    /// From the policy's name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Fence::Never, Fence::Optional, Fence::Always]
+            .into_iter()
+            .find(|f| f.name() == s)
+    }
+
+    /// `lark` (a grammar of one JSON value, its rule `start` first) with the value fenced as
+    /// this says.
+    fn around(self, lark: &str) -> String {
+        let body = lark.strip_prefix("start:").unwrap_or(lark);
+        let (open, close) = (
+            Value::String(FENCE_OPEN.into()),
+            Value::String(FENCE_CLOSE.into()),
+        );
+        match self {
+            Fence::Never => lark.to_string(),
+            Fence::Optional => format!("start: answer | {open} answer {close}\nanswer:{body}"),
+            Fence::Always => format!("start: {open} answer {close}\nanswer:{body}"),
+        }
+    }
 }
 
 /// How a JSON answer is written: its layout, and whether the model may wrap it in a fence.
@@ -77,15 +110,15 @@ fn fenced(lark: &str) -> String {
 pub struct JsonStyle {
     /// Where its line breaks go.
     pub layout: JsonLayout,
-    /// Whether it may come inside [`FENCE_OPEN`] and [`FENCE_CLOSE`], as the model picks.
-    pub fence: bool,
+    /// Whether it comes inside [`FENCE_OPEN`] and [`FENCE_CLOSE`].
+    pub fence: Fence,
 }
 
 impl From<JsonLayout> for JsonStyle {
     fn from(layout: JsonLayout) -> Self {
         Self {
             layout,
-            fence: false,
+            fence: Fence::Never,
         }
     }
 }
@@ -103,9 +136,9 @@ pub enum GrammarSpec {
 
 impl GrammarSpec {
     /// What llguidance compiles, as the text it is cached under and the grammar. A schema the
-    /// indented layout does not lay out is compiled compact. With `fence`, a JSON answer may
-    /// come inside a Markdown fence (see [`FENCE_OPEN`]); tool calls never do.
-    fn grammar(&self, layout: JsonLayout, fence: bool) -> (String, TopLevelGrammar) {
+    /// indented layout does not lay out is compiled compact. A JSON answer is fenced as `fence`
+    /// says (see [`FENCE_OPEN`]); tool calls never are.
+    fn grammar(&self, layout: JsonLayout, fence: Fence) -> (String, TopLevelGrammar) {
         let lark = |l: String| (format!("lark:{l}"), TopLevelGrammar::from_lark(l));
         let schema = match self {
             GrammarSpec::Tools(t) => return lark(t.lark()),
@@ -119,9 +152,10 @@ impl GrammarSpec {
         };
         let schema = compact(schema);
         match laid_out {
-            Some(l) if fence => lark(fenced(&l)),
-            Some(l) => lark(l),
-            None if fence => lark(fenced(&format!("start: %json {schema}\n"))),
+            Some(l) => lark(fence.around(&l)),
+            None if fence != Fence::Never => {
+                lark(fence.around(&format!("start: %json {schema}\n")))
+            }
             None => (
                 format!("json:{schema}"),
                 TopLevelGrammar::from_json_schema(schema),
@@ -216,7 +250,7 @@ impl Grammars {
     ) -> Result<Constraint, Unsupported> {
         let (key, grammar) = spec.grammar(style.layout, style.fence);
         let several = matches!(spec, GrammarSpec::Tools(t) if t.several_calls());
-        let fenced = style.fence && !matches!(spec, GrammarSpec::Tools(_));
+        let fenced = style.fence != Fence::Never && !matches!(spec, GrammarSpec::Tools(_));
         let wrap = |m: Matcher| self.wrap(m, several, fenced);
         if let Some(found) = self.cached(&key) {
             return found.map(wrap);

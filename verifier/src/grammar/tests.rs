@@ -305,7 +305,7 @@ fn a_fenced_answer_is_the_models_pick_and_the_fence_is_forced_once_begun() {
     for layout in [JsonLayout::Compact, JsonLayout::Indented] {
         let style = JsonStyle {
             layout,
-            fence: true,
+            fence: Fence::Optional,
         };
         let start = g
             .constraint(&GrammarSpec::JsonSchema(schema()), style)
@@ -343,9 +343,25 @@ fn a_fenced_answer_is_the_models_pick_and_the_fence_is_forced_once_begun() {
             &tools(ToolChoice::Required, false),
             JsonStyle {
                 layout: JsonLayout::Indented,
-                fence: true,
+                fence: Fence::Always,
             },
         )
         .expect("compiles");
     assert!(!calls.fenced(), "tool calls are never fenced");
+    let style = JsonStyle {
+        layout: JsonLayout::Indented,
+        fence: Fence::Always,
+    };
+    let mut always = g
+        .constraint(&GrammarSpec::JsonSchema(schema()), style)
+        .expect("compiles");
+    assert!(always.fenced());
+    let opening = forced(&mut always);
+    assert!(
+        opening.starts_with(&bytes(FENCE_OPEN)),
+        "the fence is forced"
+    );
+    assert_eq!(Fence::parse("always"), Some(Fence::Always));
+    assert_eq!(Fence::parse(Fence::Optional.name()), Some(Fence::Optional));
+    assert_eq!(Fence::parse("yes"), None);
 }
