@@ -376,7 +376,7 @@ fn ms(d: Duration) -> f64 {
 fn compile_times(
     home: &Home,
     prompts: &[Prompt],
-    layout: JsonStyle,
+    style: JsonStyle,
 ) -> anyhow::Result<CompileTimes> {
     let tok = Tokenizer::from_file(&home.draft_onnx_dir().join("tokenizer.json"))?;
     let meta = approxy_verifier::DraftMeta::load(&home.draft_onnx_dir())?;
@@ -393,18 +393,18 @@ fn compile_times(
         let fresh = Grammars::new(&tok, meta.vocab_size, &eos)?;
         let t = Instant::now();
         fresh
-            .constraint(&spec(p), layout)
+            .constraint(&spec(p), style)
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.id))?;
         first.push(ms(t.elapsed()));
         let t = Instant::now();
-        let _ = fresh.constraint(&spec(p), layout);
+        let _ = fresh.constraint(&spec(p), style);
         again.push(ms(t.elapsed()));
     }
     let mut by_properties = Vec::new();
     for n in [10, 25, 50] {
         let t = Instant::now();
         grammars
-            .constraint(&GrammarSpec::JsonSchema(wide_schema(n)), layout)
+            .constraint(&GrammarSpec::JsonSchema(wide_schema(n)), style)
             .map_err(|e| anyhow::anyhow!("{n} properties: {e}"))?;
         by_properties.push((n, ms(t.elapsed())));
     }

@@ -105,7 +105,7 @@ impl Fence {
     }
 }
 
-/// How a JSON answer is written: its layout, and whether the model may wrap it in a fence.
+/// How a JSON answer is written: its layout, and whether it comes inside a fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JsonStyle {
     /// Where its line breaks go.
