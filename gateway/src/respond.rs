@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use approxy_verifier::cost::{CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost};
 use approxy_verifier::decode::TargetTime;
+use approxy_verifier::grammar::Constraint;
 use approxy_verifier::{
     Correction, FinishReason, GenerateRequest, Stats, TokenEvent, Verification,
 };
@@ -372,13 +373,8 @@ pub async fn approximate(
         kind: prompt_kind,
     };
     let n = drafts.len();
-    let fenced = request
-        .constraint
-        .as_ref()
-        .is_some_and(approxy_verifier::grammar::Constraint::fenced);
     let (tx, mut rx) = mpsc::channel::<Event>(256);
-    let meter = Arc::clone(&rt.meter);
-    let draft_threads = rt.draft_threads;
+    let (meter, draft_threads) = (Arc::clone(&rt.meter), rt.draft_threads);
     // A non-streamed answer is the response head, which the request's deadline bounds, so its
     // target calls wait for no retry past it. A stream's head goes out with its first token,
     // after which that deadline no longer runs; its calls keep their own.
@@ -424,7 +420,7 @@ pub async fn approximate(
         dial,
         draft_threads,
         tools: !valid.tools.is_empty(),
-        fenced,
+        fenced: request.constraint.as_ref().is_some_and(Constraint::fenced),
         n,
     };
     // Wait for the first token before committing to a 200: a target that is down at the
