@@ -494,34 +494,39 @@ impl Validator {
             prompt_lookup: self.prompt_lookup(&f, m.prompt_lookup),
             window_max: self.window_max(&f, m.window_max, kind),
             structured_threshold: self.structured_threshold(&f, m.structured_threshold),
-            json_layout: self.json_layout(&f, m.json_layout.as_deref()),
-            json_fence: self.json_fence(&f, m.json_fence.as_deref()),
+            json_layout: self.named(
+                f("json_layout"),
+                m.json_layout.as_deref(),
+                JsonLayout::parse,
+                "a layout (indented or compact)",
+                DEFAULT_JSON_LAYOUT,
+            ),
+            json_fence: self.named(
+                f("json_fence"),
+                m.json_fence.as_deref(),
+                Fence::parse,
+                "a fence (always, optional or never)",
+                DEFAULT_JSON_FENCE,
+            ),
         }
     }
 
-    fn json_layout(&mut self, f: Field, layout: Option<&str>) -> JsonLayout {
-        let Some(name) = layout else {
-            return DEFAULT_JSON_LAYOUT;
+    /// The value a policy's name stands for (`parse`), `default` where none is given; a name
+    /// that stands for none is an error naming the `key` and what it must be (`expected`).
+    fn named<T>(
+        &mut self,
+        key: String,
+        name: Option<&str>,
+        parse: fn(&str) -> Option<T>,
+        expected: &str,
+        default: T,
+    ) -> T {
+        let Some(name) = name else {
+            return default;
         };
-        JsonLayout::parse(name).unwrap_or_else(|| {
-            self.err(format!(
-                "{}: {name:?} is not a layout (indented or compact)",
-                f("json_layout")
-            ));
-            DEFAULT_JSON_LAYOUT
-        })
-    }
-
-    fn json_fence(&mut self, f: Field, fence: Option<&str>) -> Fence {
-        let Some(name) = fence else {
-            return DEFAULT_JSON_FENCE;
-        };
-        Fence::parse(name).unwrap_or_else(|| {
-            self.err(format!(
-                "{}: {name:?} is not a fence (always, optional or never)",
-                f("json_fence")
-            ));
-            DEFAULT_JSON_FENCE
+        parse(name).unwrap_or_else(|| {
+            self.err(format!("{key}: {name:?} is not {expected}"));
+            default
         })
     }
 
