@@ -1,13 +1,15 @@
 """Where one decode step of the draft goes, by ONNX operator: the shipped draft (int4 ONNX) in
 ONNX Runtime's own profiler, one thread, the keys and values bound in place as approxy binds
-them (one buffer per layer, past and present alike), at batch widths and contexts.
+them (one buffer per layer, past and present alike), at batch widths and contexts, for the graph
+the runtime loads (`model-grouped.onnx`) and the builder's (`model.onnx`) beside it.
 
 It explains what batching gains (`approxy bench streams`): the weights' matrix products
-(MatMulNBits) are read once a step whatever the width, while attention (GroupQueryAttention)
-reads every row's cache, one query head at a time.
+(MatMulNBits) are read once a step whatever the width, while attention reads every row's cache.
+The builder's GroupQueryAttention reads it once per query head; the regrouped graph
+(`verifier/scripts/regroup_attention.py`) once per key-value head, seven times less.
 
-Usage: python deploy/draft-step-ops.py MODEL_DIR [--widths 1,4,8] [--contexts 128,512,1024]
-       [--steps 10] [--json OUT.json] > OUT.md
+Usage: python deploy/draft-step-ops.py MODEL_DIR [--graphs model-grouped.onnx,model.onnx]
+       [--widths 1,4,8] [--contexts 128,512,1024] [--steps 10] [--json OUT.json] > OUT.md
 (deploy/draft-step-ops.sh makes the venv and runs it on the set-up draft.)
 """
 
@@ -37,14 +39,24 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def measure(model_dir, width, context, steps):
-    """Mean ms a step, and ms a step by operator, for `width` rows of `context` cached positions."""
+def part(event):
+    """Which part of a step a profiled node is: the weights' products, attention, or other."""
+    op, name = event["args"]["op_name"], event["name"]
+    if op == "MatMulNBits":
+        return "matrix products"
+    if op == "GroupQueryAttention" or name.startswith("/regrouped/"):
+        return "attention"
+    return "other"
+
+
+def measure(model_dir, graph, width, context, steps):
+    """Mean ms a step, and ms a step by part, for `width` rows of `context` cached positions."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "draft")
-    s = ort.InferenceSession(os.path.join(model_dir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(os.path.join(model_dir, graph), so, providers=["CPUExecutionProvider"])
     # The row room approxy's batch gives (a sixteenth to spare, at least 64, steps of 64).
     total = context + 1
     capacity = -(-(total + max(total // 16, 64)) // 64) * 64
@@ -70,7 +82,7 @@ def measure(model_dir, width, context, steps):
     by_op = collections.defaultdict(float)
     for e in json.load(open(path)):
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            by_op[e["args"]["op_name"]] += e["dur"] / 1e3 / (WARM + steps)
+            by_op[part(e)] += e["dur"] / 1e3 / (WARM + steps)
     os.remove(path)
     return step_ms, dict(by_op)
 
@@ -78,6 +90,7 @@ def measure(model_dir, width, context, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
+    ap.add_argument("--graphs", default="model-grouped.onnx,model.onnx")
     ap.add_argument("--widths", default="1,4,8")
     ap.add_argument("--contexts", default="128,512,1024")
     ap.add_argument("--steps", type=int, default=10)
@@ -86,29 +99,32 @@ def main():
     widths = [int(w) for w in a.widths.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
     rows = []
-    for context in contexts:
-        for width in widths:
-            step_ms, by_op = measure(a.model_dir, width, context, a.steps)
-            rows.append({"context": context, "width": width, "step_ms": step_ms, "ms_by_op": by_op})
+    for graph in a.graphs.split(","):
+        for context in contexts:
+            for width in widths:
+                step_ms, by_part = measure(a.model_dir, graph, width, context, a.steps)
+                rows.append({"graph": graph, "context": context, "width": width, "step_ms": step_ms,
+                             "ms_by_part": by_part})
     cores = len(os.sched_getaffinity(0))
     machine = f"{cores} core{'s' if cores > 1 else ''} of {cpu_name()}"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report = {"date": date, "machine": machine, "onnxruntime": ort.__version__, "steps": a.steps, "rows": rows}
     if a.json:
         json.dump(report, open(a.json, "w"), indent=1)
-    ops = ["MatMulNBits", "GroupQueryAttention"]
     print(f"One decode step of the draft (int4 ONNX, ONNX Runtime {ort.__version__}, one thread), "
           f"{a.steps} steps after {WARM} warm-up, by ONNX Runtime's profiler; {machine}, {date}. "
-          f"Command: `deploy/draft-step-ops.sh`.\n")
-    print("| context | rows | step ms | all rows against one row alone | matrix products (MatMulNBits) ms | attention (GroupQueryAttention) ms | other ms |")
-    print("|---|---|---|---|---|---|---|")
+          f"Command: `deploy/draft-step-ops.sh`. Graphs: `model-grouped.onnx` is what approxy runs "
+          f"(attention regrouped), `model.onnx` the builder's (GroupQueryAttention).\n")
+    print("| graph | context | rows | step ms | all rows against one row alone | matrix products (MatMulNBits) ms | attention ms | other ms |")
+    print("|---|---|---|---|---|---|---|---|")
     alone = {}
     for r in rows:
-        one = alone.setdefault(r["context"], r["step_ms"] if r["width"] == 1 else None)
-        other = sum(v for k, v in r["ms_by_op"].items() if k not in ops)
+        key = (r["graph"], r["context"])
+        one = alone.setdefault(key, r["step_ms"] if r["width"] == 1 else None)
         ratio = f"{r['width'] * one / r['step_ms']:.2f}x" if one else "-"
-        print(f"| {r['context']} | {r['width']} | {r['step_ms']:.1f} | {ratio} | "
-              f"{r['ms_by_op'].get(ops[0], 0):.1f} | {r['ms_by_op'].get(ops[1], 0):.1f} | {other:.1f} |")
+        ms = r["ms_by_part"]
+        print(f"| {r['graph']} | {r['context']} | {r['width']} | {r['step_ms']:.1f} | {ratio} | "
+              f"{ms.get('matrix products', 0):.1f} | {ms.get('attention', 0):.1f} | {ms.get('other', 0):.1f} |")
 
 
 if __name__ == "__main__":

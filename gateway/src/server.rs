@@ -55,7 +55,10 @@ pub fn build_state(
         min_stream_speed: policy.draft.min_stream_speed,
         kv_bytes_per_worker: policy.draft.kv_memory_mb.saturating_mul(1 << 20),
     };
-    if !model_dir.join("model.onnx").is_file() {
+    if !model_dir
+        .join(approxy_verifier::draft::DRAFT_GRAPH)
+        .is_file()
+    {
         anyhow::bail!(
             "no draft model at {}; run `approxy setup` first",
             model_dir.display()

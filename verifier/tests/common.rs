@@ -12,7 +12,9 @@ use approxy_verifier::{DraftConfig, DraftMeta, Tokenizer};
 pub fn home() -> Home {
     let h = Home::from_env().unwrap_or_else(|e| panic!("{e}"));
     assert!(
-        h.draft_onnx_dir().join("model.onnx").is_file(),
+        h.draft_onnx_dir()
+            .join(approxy_verifier::draft::DRAFT_GRAPH)
+            .is_file(),
         "no draft model under {}: run the README's test command (it runs `approxy setup`)",
         h.root.display()
     );

@@ -337,3 +337,66 @@ async fn a_batch_of_four_matches_four_runs_alone() {
     );
     assert!(noise < 2.0, "the batch moved a logit by {noise}");
 }
+
+/// Several tokens at once for a stream while another shares its batch (what the target's text
+/// and a lookup's proposals feed): the batch runs it, and its outputs are those of the same
+/// extend alone, within the batch's numerical noise. The builder's graph refused this step
+/// ("batch_size must be 1 when sequence_length > 1 and past context is given"), which is why the
+/// runtime loads the regrouped graph.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_extend_of_several_tokens_matches_it_alone() {
+    use approxy_verifier::{DraftPool, DraftWorkers};
+    let pool = DraftPool::start(&common::batched_config(2)).unwrap_or_else(|e| panic!("{e}"));
+    let a = common::chat_prompt("Write a Python function that reverses a list.");
+    let b = common::chat_prompt("Name three rivers in Europe.");
+    let more = common::tokenizer()
+        .encode("def reverse(xs):\n    return xs[::-1]")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(more.len() >= 6);
+    let alone = {
+        let lease = pool.try_lease().unwrap();
+        lease.prefill(a.clone()).await.unwrap();
+        lease.extend(more.clone(), true).await.unwrap()
+    };
+    let la = pool.try_lease().unwrap();
+    let lb = pool.try_lease().unwrap();
+    la.prefill(a).await.unwrap();
+    lb.prefill(b).await.unwrap();
+    // A step together first, so that both hold rows of the batch with a past.
+    let (x, y) = tokio::join!(la.extend(vec![more[0]], false), lb.extend(vec![13], false));
+    x.unwrap();
+    y.unwrap();
+    la.rollback(1).await.unwrap();
+    let (x, y) = tokio::join!(
+        la.extend(more.clone(), true),
+        lb.extend(vec![13, 14, 15], true)
+    );
+    let together = x.unwrap_or_else(|e| panic!("a batched extend of several tokens failed: {e}"));
+    assert_eq!(y.unwrap_or_else(|e| panic!("{e}")).len(), 3);
+    assert_eq!(together.len(), alone.len());
+    for (i, (p, q)) in alone.iter().zip(&together).enumerate() {
+        let noise = p
+            .logits
+            .iter()
+            .zip(&q.logits)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            noise < 2.0,
+            "position {i}: the batch moved a logit by {noise}"
+        );
+        let (top, second) = top_two(&p.logits);
+        assert!(
+            q.scan().top1 == top || p.logits[top] - p.logits[second] <= 2.0 * noise,
+            "position {i}: batched and alone disagree on a top token {} ahead",
+            p.logits[top] - p.logits[second]
+        );
+    }
+}
+
+/// The indices of the largest and the second largest logit.
+fn top_two(logits: &[f32]) -> (usize, usize) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]));
+    (order[0], order[1])
+}

@@ -98,6 +98,22 @@ pub const CONVERT_REQUIREMENTS: &[&str] = &[
     "gguf==0.19.0",
 ];
 
+/// What `verifier/scripts/regroup_attention.py` runs in (the `graph` venv): small, kept between
+/// set-ups, since every converted draft is regrouped by it. The same `onnx` and ONNX Runtime as
+/// the conversion's, so the regrouped graph's bytes are as pinned.
+pub const GRAPH_REQUIREMENTS: &[&str] = &[
+    "onnx==1.23.2",
+    "onnxruntime==1.31.1",
+    "numpy==2.4.6",
+    "protobuf==7.36.2",
+];
+
+/// sha256 of the shipped draft's regrouped graph (`model-grouped.onnx`, what the runtime loads),
+/// made from the pinned `model.onnx` by `verifier/scripts/regroup_attention.py`. A change to
+/// that script changes it: set-up then regroups every cached draft again.
+pub const SHIPPED_DRAFT_GROUPED_GRAPH_SHA256: &str =
+    "a15fe22ea12f9272b23c43c92df559c2670da0eda4468b218a94a8dee9a757fe";
+
 /// llama.cpp CMake flags other than the instruction sets, which `cpu::llama_cpp_isa` chooses
 /// for the CPU at hand. Static, so the binary needs no shared libraries beside it.
 pub const LLAMA_CMAKE_FLAGS: &[&str] = &[

@@ -95,7 +95,7 @@ impl Step {
     fn stale(&self, home: &Home, manifest: &Manifest) -> Option<String> {
         match self.key {
             "draft-onnx" if manifest.is_present(&home.root, self.key) => {
-                steps::draft_onnx_stale(home)
+                steps::draft_onnx_redo(home)
             }
             "draft-variants" if manifest.is_present(&home.root, self.key) => variants::stale(home),
             _ => None,
@@ -253,7 +253,7 @@ fn why_redo(
     }
     let stale = step.stale(home, manifest);
     if let Some(why) = &stale {
-        eprintln!("approxy setup: {label}: converting again: {why}");
+        eprintln!("approxy setup: {label}: out of date: {why}");
     }
     mismatch.or(stale)
 }

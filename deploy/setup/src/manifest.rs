@@ -69,10 +69,20 @@ impl Manifest {
 
     /// True when `key` is recorded and all its files exist with their recorded sizes.
     pub fn is_present(&self, home: &Path, key: &str) -> bool {
+        self.is_present_but(home, key, |_| false)
+    }
+
+    /// Whether `key`'s recorded files are present, leaving out those `derived` names (a file a
+    /// step makes from the others, which it can make again alone).
+    pub fn is_present_but(&self, home: &Path, key: &str, derived: impl Fn(&Path) -> bool) -> bool {
         self.assets.get(key).is_some_and(|a| {
-            !a.files.is_empty()
-                && a.files
-                    .iter()
+            let mut files = a
+                .files
+                .iter()
+                .filter(|f| !derived(Path::new(&f.path)))
+                .peekable();
+            files.peek().is_some()
+                && files
                     .all(|f| std::fs::metadata(home.join(&f.path)).is_ok_and(|m| m.len() == f.size))
         })
     }
@@ -135,6 +145,36 @@ mod tests {
             !loaded.is_present(dir.path(), "a"),
             "truncated file must not count"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_derived_file_can_be_left_out_of_presence() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("a.bin"), b"hello")?;
+        let file = |path: &str| AssetFile {
+            path: path.into(),
+            size: 5,
+            sha256: "00".into(),
+        };
+        let mut m = Manifest::default();
+        m.assets.insert(
+            "a".into(),
+            Asset {
+                source_packages: vec![],
+                registry: "pypi".into(),
+                method: "test".into(),
+                files: vec![file("a.bin"), file("derived.bin")],
+                built_for: None,
+            },
+        );
+        let derived = |p: &Path| p.ends_with("derived.bin");
+        assert!(!m.is_present(dir.path(), "a"));
+        assert!(m.is_present_but(dir.path(), "a", derived));
+        std::fs::remove_file(dir.path().join("a.bin"))?;
+        assert!(!m.is_present_but(dir.path(), "a", derived));
+        // Nothing left to be present is not present.
+        assert!(!m.is_present_but(dir.path(), "a", |_| true));
         Ok(())
     }
 

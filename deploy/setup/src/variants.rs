@@ -12,16 +12,24 @@ use super::cpu::CpuFeatures;
 use super::manifest::{Asset, Manifest};
 use super::process::run_logged;
 use super::steps::{
-    Conversion, DRAFT_ONNX_FILES, check_converted_draft, converted_draft_built_for, record,
+    Conversion, DRAFT_ONNX_FILES, check_converted_draft, converted_draft_built_for, record, regroup,
 };
 use super::{Home, SetupOptions};
 use approxy_verifier::DraftMeta;
+use approxy_verifier::draft::DRAFT_GRAPH;
 
 /// Why the recorded variants are not the ones this build wants, if they are not: one is missing,
 /// or was converted otherwise than its name says (or before conversions recorded it).
 pub fn stale(home: &Home) -> Option<String> {
     DRAFT_VARIANTS.iter().find_map(|v| {
-        (!built_as_named(home, v)).then(|| format!("{} is not built as {:?}", v.name, v.build()))
+        if !built_as_named(home, v) {
+            Some(format!("{} is not built as {:?}", v.name, v.build()))
+        } else if !home.draft_variant_dir(v.name).join(DRAFT_GRAPH).is_file() {
+            // Built before the runtime loaded the regrouped graph: only regrouped.
+            Some(format!("{} has no {DRAFT_GRAPH}", v.name))
+        } else {
+            None
+        }
     })
 }
 
@@ -59,6 +67,7 @@ pub fn draft_variants(
                 .args(v.options);
             run_logged(&mut cmd, &home.log(key))?;
         }
+        regroup(home, key, &out, pb)?;
         files.extend(check_converted_draft(
             home,
             &out,

@@ -251,7 +251,7 @@ fn wanted_variants(
     all.retain(|(v, _)| opts.only.is_empty() || opts.only.iter().any(|n| n == v.name));
     for (v, dir) in &all {
         anyhow::ensure!(
-            dir.join("model.onnx").is_file(),
+            dir.join(approxy_verifier::draft::DRAFT_GRAPH).is_file(),
             "no {} draft at {}: run `approxy setup --draft-variants` (deploy/bench-draft-fidelity.sh does)",
             v.name,
             dir.display()

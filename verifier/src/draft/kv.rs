@@ -1,15 +1,18 @@
 //! The draft model's KV cache, preallocated and written in place.
 //!
-//! The ONNX export uses GroupQueryAttention, which updates its cache in place when the
-//! `past_key_values.*` input and the `present.*` output are the same buffer (what
-//! onnxruntime-genai calls `past_present_share_buffer`). So each layer's key and value live in
-//! one ONNX Runtime tensor of shape `[rows, kv_heads, capacity, head_dim]`, bound as both input
-//! and output; each row is one sequence, and the attention mask's row says how many of its
-//! positions are real. A step copies nothing, and a rollback only shortens a valid length,
-//! which the owner keeps (a solo session's token list, the batch's per-row lengths). A solo
-//! cache doubles when its sequence outgrows it, a batch's rows grow by a sixteenth (rows copied
-//! once), and caches shrink when an idle worker is trimmed. Rows are the outermost dimension, so
-//! one row's positions are a contiguous block that moves between caches with plain copies.
+//! The draft's graph (`model-grouped.onnx`, made by `verifier/scripts/regroup_attention.py`)
+//! writes each step's new keys and values into its cache with TensorScatter, in place when the
+//! `past_key_values.*` input and the `present.*` output are the same buffer, and then attends
+//! over that buffer. So each layer's key and value live in one ONNX Runtime tensor of shape
+//! `[rows, kv_heads, capacity, head_dim]`, bound as both input and output; each row is one
+//! sequence, and the attention mask's row says how many of its positions are real. The graph
+//! masks the rest out, which must then hold finite numbers (a weight of zero times a NaN is a
+//! NaN): buffers start as zeros and later hold only what the model wrote. A step copies nothing,
+//! and a rollback only shortens a valid length, which the owner keeps (a solo session's token
+//! list, the batch's per-row lengths). A solo cache doubles when its sequence outgrows it, a
+//! batch's rows grow by a sixteenth (rows copied once), and caches shrink when an idle worker is
+//! trimmed. Rows are the outermost dimension, so one row's positions are a contiguous block that
+//! moves between caches with plain copies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -124,10 +127,12 @@ impl KvCache {
                 self.head_dim as i64,
             ];
             for _ in 0..self.layers {
-                fresh.push((
-                    Tensor::<f32>::new(&allocator, shape)?,
-                    Tensor::<f32>::new(&allocator, shape)?,
-                ));
+                let zeros = || -> Result<Tensor<f32>, EngineError> {
+                    let mut t = Tensor::<f32>::new(&allocator, shape)?;
+                    t.try_extract_tensor_mut::<f32>()?.1.fill(0.0);
+                    Ok(t)
+                };
+                fresh.push((zeros()?, zeros()?));
             }
         }
         let keep = self.capacity.min(capacity);

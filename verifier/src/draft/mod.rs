@@ -50,6 +50,11 @@ pub struct DraftMeta {
 /// The build of the conversions that predate the record: the builder's int4 defaults.
 pub const LEGACY_DRAFT_BUILD: &str = "int4";
 
+/// The graph the runtime loads from a converted draft's directory: the builder's `model.onnx`
+/// with its attention regrouped for batches (`verifier/scripts/regroup_attention.py`, run by
+/// `approxy setup`), over the same weights file.
+pub const DRAFT_GRAPH: &str = "model-grouped.onnx";
+
 /// The Qwen2.5 family's context, for a model directory that does not say.
 fn default_context_length() -> usize {
     32_768

@@ -10,7 +10,7 @@ use ort::value::Tensor;
 
 use super::kv::{CAPACITY_STEP, KvCache};
 use super::rows::{Member, Rows, RowsStep, SeqId};
-use super::{DraftMeta, PositionOutput};
+use super::{DRAFT_GRAPH, DraftMeta, PositionOutput};
 use crate::error::EngineError;
 
 /// Prompts are run in chunks of this many tokens: a whole long prompt at once would
@@ -109,10 +109,8 @@ impl DraftSession {
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .with_intra_op_spinning(spin)
             .map_err(|e| EngineError::Draft(e.to_string()))?
-            .commit_from_file(dir.join("model.onnx"))
-            .map_err(|e| {
-                EngineError::Draft(format!("{}: {e}", dir.join("model.onnx").display()))
-            })?;
+            .commit_from_file(dir.join(DRAFT_GRAPH))
+            .map_err(|e| EngineError::Draft(format!("{}: {e}", dir.join(DRAFT_GRAPH).display())))?;
         let kv_names = (0..meta.num_hidden_layers)
             .map(|i| {
                 (
