@@ -66,3 +66,33 @@ def test_eight_streams_are_drafted_together_and_none_is_cut(start_gateway):
     assert (health["draft_streams"], health["draft_stream_limit"]) == (0, 8), health
     # With the target: streams leave the batch for its calls and come back, none cut.
     run_eight(g, {})
+
+
+COPY_SOURCE = '''def mean(xs):
+    total = 0
+    for x in xs:
+        total += x
+    return total / len(xs)
+'''
+
+
+def test_streams_with_prompt_lookup_are_drafted_together_and_none_is_cut(start_gateway):
+    # Prompt lookup feeds a stream several tokens at once while others share its batch, which
+    # the builder's attention refused ("batch_size must be 1 when sequence_length > 1"); the
+    # runtime's regrouped graph runs it. Copying prompts make the lookup propose often.
+    text = policy_text(min_stream_speed="0", streams_per_worker="4", workers="1")
+    text = text.replace('mode = "approximate"', 'mode = "approximate"\nprompt_lookup = 8', 1)
+    g = start_gateway(text)
+    client = g.client()
+    prompts = [f"Repeat this Python function exactly, then stop:\n\n{COPY_SOURCE}" for _ in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: stream_one(client, p, {"x-approxy-threshold": "0"}), prompts))
+    used = 0
+    for mode, answer, finish, usage in results:
+        assert mode == "approximate"
+        assert finish in ("stop", "length"), (finish, answer)
+        u = usage.model_extra["approxy"]
+        assert u["mode"] == "approximate", u
+        assert "def mean(xs)" in answer, answer
+        used += u["lookup_tokens_used"]
+    assert used > 0, "the lookup proposed nothing the draft kept"
