@@ -80,17 +80,17 @@ def bound(s, width, context):
     return io, buffers
 
 
-def measure(model_dir, graph, width, context, steps):
-    """Mean ms a step without the profiler (it adds its own cost to every node, and the
-    regrouped graph has more of them), and ms a step by part with it, for `width` rows of
-    `context` cached positions."""
-    s = session(model_dir, graph, False)
-    io, held = bound(s, width, context)
+def measure(model_dir, graph, plain, width, context, steps):
+    """Mean ms a step without the profiler, on `plain` (a session of `graph` without it: it adds
+    its own cost to every node, and the regrouped graph has more of them), and ms a step by part
+    with it, for `width` rows of `context` cached positions. A profile covers a session's whole
+    life, so each measurement profiles a session of its own."""
+    io, held = bound(plain, width, context)
     for _ in range(WARM):
-        s.run_with_iobinding(io)
+        plain.run_with_iobinding(io)
     t = time.perf_counter()
     for _ in range(steps):
-        s.run_with_iobinding(io)
+        plain.run_with_iobinding(io)
     step_ms = (time.perf_counter() - t) / steps * 1e3
     s = session(model_dir, graph, True)
     io, held = bound(s, width, context)
@@ -102,7 +102,6 @@ def measure(model_dir, graph, width, context, steps):
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             by_part[part(e)] += e["dur"] / 1e3 / (WARM + steps)
     os.remove(path)
-    del held
     return step_ms, dict(by_part)
 
 
@@ -119,9 +118,10 @@ def main():
     contexts = [int(c) for c in a.contexts.split(",")]
     rows = []
     for graph in a.graphs.split(","):
+        plain = session(a.model_dir, graph, False)
         for context in contexts:
             for width in widths:
-                step_ms, by_part = measure(a.model_dir, graph, width, context, a.steps)
+                step_ms, by_part = measure(a.model_dir, graph, plain, width, context, a.steps)
                 rows.append({"graph": graph, "context": context, "width": width, "step_ms": step_ms,
                              "ms_by_part": by_part})
     cores = len(os.sched_getaffinity(0))

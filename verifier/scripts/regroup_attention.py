@@ -55,9 +55,13 @@ class Graph:
     def __init__(self, graph):
         self.graph = graph
         self.nodes = []
+        self.consts = set()
 
     def const(self, name, value):
-        self.graph.initializer.append(numpy_helper.from_array(np.array(value), name))
+        """Adds the constant once: layers of one shape share theirs."""
+        if name not in self.consts:
+            self.consts.add(name)
+            self.graph.initializer.append(numpy_helper.from_array(np.array(value), name))
         return name
 
     def node(self, op, inputs, outputs, domain="", name=None, **attrs):
@@ -125,13 +129,12 @@ def regroup_layer(g, node, layer, shared, head_dim):
     present_key, present_value = node.output[1], node.output[2]
     p = f"/regrouped/layers.{layer}"
     c = f"/regrouped/shape.{heads}.{kv_heads}.{head_dim}"
-    if not any(i.name == c + "/q" for i in g.graph.initializer):
-        g.const(c + "/split", np.array([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], np.int64))
-        g.const(c + "/q", np.array([0, 0, kv_heads, group, head_dim], np.int64))
-        g.const(c + "/kv", np.array([0, 0, kv_heads, head_dim], np.int64))
-        g.const(c + "/stacked", np.array([0, kv_heads, -1, head_dim], np.int64))
-        g.const(c + "/unstacked", np.array([0, kv_heads, group, -1, head_dim], np.int64))
-        g.const(c + "/out", np.array([0, 0, heads * head_dim], np.int64))
+    g.const(c + "/split", np.array([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], np.int64))
+    g.const(c + "/q", np.array([0, 0, kv_heads, group, head_dim], np.int64))
+    g.const(c + "/kv", np.array([0, 0, kv_heads, head_dim], np.int64))
+    g.const(c + "/stacked", np.array([0, kv_heads, -1, head_dim], np.int64))
+    g.const(c + "/unstacked", np.array([0, kv_heads, group, -1, head_dim], np.int64))
+    g.const(c + "/out", np.array([0, 0, heads * head_dim], np.int64))
     if not key:
         query, key, value = g.node("Split", [query, c + "/split"], [p + "/q", p + "/k", p + "/v"], axis=2)
     if a.get("do_rotary", 0):

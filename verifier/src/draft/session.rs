@@ -103,14 +103,15 @@ impl DraftSession {
         spin: bool,
     ) -> Result<Self, EngineError> {
         let env = environment(lib)?;
+        let graph = dir.join(DRAFT_GRAPH);
         let session = Session::builder(&env)
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .with_intra_threads(threads)
             .map_err(|e| EngineError::Draft(e.to_string()))?
             .with_intra_op_spinning(spin)
             .map_err(|e| EngineError::Draft(e.to_string()))?
-            .commit_from_file(dir.join(DRAFT_GRAPH))
-            .map_err(|e| EngineError::Draft(format!("{}: {e}", dir.join(DRAFT_GRAPH).display())))?;
+            .commit_from_file(&graph)
+            .map_err(|e| EngineError::Draft(format!("{}: {e}", graph.display())))?;
         let kv_names = (0..meta.num_hidden_layers)
             .map(|i| {
                 (
