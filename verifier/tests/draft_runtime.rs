@@ -400,3 +400,34 @@ fn top_two(logits: &[f32]) -> (usize, usize) {
     order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]));
     (order[0], order[1])
 }
+
+/// A pool with a speed floor steps each batch width before its first stream, so admission
+/// reads measured widths, and the probe leaves nothing behind: a stream then drafts exactly
+/// what a pool without the probe drafts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probed_pool_measures_its_widths_and_drafts_as_before() {
+    use approxy_verifier::{DraftConfig, DraftPool, DraftWorkers};
+    const N: usize = 16;
+    let probed = DraftPool::start(&DraftConfig {
+        min_stream_speed: 0.5,
+        ..common::batched_config(4)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for width in [1, 2, 4] {
+        assert!(
+            probed.speed(0, width).is_some(),
+            "{width} rows were not measured"
+        );
+    }
+    let plain = DraftPool::start(&common::batched_config(4)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(plain.speed(0, 1).is_none(), "a pool with no floor probed");
+    let prompt = common::chat_prompt("Write a Python function that sums a list.");
+    let a = greedy(probed.try_lease().unwrap(), prompt.clone(), N).await;
+    let b = greedy(plain.try_lease().unwrap(), prompt, N).await;
+    let tokens = |s: &[(u32, f32, Vec<f32>)]| s.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(tokens(&a), tokens(&b));
+    assert_eq!(
+        a.iter().map(|x| &x.2).collect::<Vec<_>>(),
+        b.iter().map(|x| &x.2).collect::<Vec<_>>()
+    );
+}

@@ -9,6 +9,10 @@ use std::time::Duration;
 /// Widths measured: 1 to this many rows (the most streams a worker may take).
 const WIDTHS: usize = 64;
 
+/// The widest batch a worker's probe steps: wider ones are priced from it, as a whole step a
+/// row, until their own steps measure them.
+pub const PROBE_WIDEST: usize = 16;
+
 /// Weight of the newest step in the running mean.
 const ALPHA: f64 = 0.2;
 
@@ -35,23 +39,41 @@ impl StepTimes {
         *slot = Some(slot.map_or(ms, |m| m + ALPHA * (ms - m)));
     }
 
-    /// The mean step time at `width` rows: measured, or from the nearest narrower width
-    /// measured, as if each row cost as much as a whole step there (the most it can cost,
-    /// since the weights are read once a step whatever the width). `None` when nothing is
-    /// measured yet.
+    /// The mean step time at `width` rows: measured; between two measured widths, on the line
+    /// through them (a row adds its attention and its share of the products, about the same
+    /// for each row); beyond the widest measured, as if each row cost as much as a whole step
+    /// there (the most it can cost, since the weights are read once a step whatever the
+    /// width). `None` when nothing is measured yet.
     pub fn predict(&self, width: usize) -> Option<f64> {
         let at = width.max(1) - 1;
         if let Some(Some(ms)) = self.ms.get(at) {
             return Some(*ms);
         }
-        (0..at.min(WIDTHS))
+        let below = (0..at.min(WIDTHS))
             .rev()
-            .find_map(|i| self.ms[i].map(|ms| ms * (at + 1) as f64 / (i + 1) as f64))
+            .find_map(|i| self.ms[i].map(|ms| (i, ms)))?;
+        let above = (at + 1..WIDTHS).find_map(|i| self.ms[i].map(|ms| (i, ms)));
+        let (i, lo) = below;
+        Some(match above {
+            Some((j, hi)) => lo + (hi - lo) * (at - i) as f64 / (j - i) as f64,
+            None => lo * (at + 1) as f64 / (i + 1) as f64,
+        })
     }
 
     /// Each stream's draft speed, tokens a second, with `live` streams stepping together.
     pub fn speed(&self, live: usize) -> Option<f64> {
         self.predict(live).map(|ms| 1e3 / ms.max(1e-3))
+    }
+
+    /// Widths a worker measures before it takes its first stream (see the pool's probe):
+    /// one row, then doubling, up to `streams` and at most [`PROBE_WIDEST`].
+    pub fn probe_widths(streams: usize) -> Vec<usize> {
+        let most = streams.clamp(1, PROBE_WIDEST);
+        let mut widths: Vec<usize> = std::iter::successors(Some(1usize), |w| Some(w * 2))
+            .take_while(|&w| w < most)
+            .collect();
+        widths.push(most);
+        widths
     }
 
     /// Whether one more stream may join `live` ones without any of them drafting slower than
@@ -88,6 +110,26 @@ mod tests {
         t.record(2, ms(30));
         assert_eq!(t.predict(3), Some(45.0));
         assert_eq!(t.predict(8), Some(120.0));
+    }
+
+    #[test]
+    fn a_width_between_two_measured_is_on_their_line() {
+        let mut t = StepTimes::default();
+        t.record(1, ms(30));
+        t.record(4, ms(60));
+        t.record(8, ms(100));
+        assert_eq!(t.predict(2), Some(40.0));
+        assert_eq!(t.predict(6), Some(80.0));
+        // Beyond the widest measured: a whole step a row.
+        assert_eq!(t.predict(16), Some(200.0));
+    }
+
+    #[test]
+    fn the_probe_doubles_up_to_the_stream_limit() {
+        assert_eq!(StepTimes::probe_widths(1), vec![1]);
+        assert_eq!(StepTimes::probe_widths(8), vec![1, 2, 4, 8]);
+        assert_eq!(StepTimes::probe_widths(6), vec![1, 2, 4, 6]);
+        assert_eq!(StepTimes::probe_widths(64), vec![1, 2, 4, 8, 16]);
     }
 
     #[test]

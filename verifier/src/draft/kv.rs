@@ -36,6 +36,10 @@ pub fn batch_capacity(total: usize) -> usize {
     (total + (total / 16).max(ROW_STEP)).next_multiple_of(ROW_STEP)
 }
 
+/// Where a gathered cache's row comes from: the first `len` positions of `cache`'s row `row`,
+/// or nothing (zeros).
+pub type Source<'a> = Option<(&'a KvCache, usize, usize)>;
+
 /// Generations are unique across caches: a binding that held one cache's buffers is never
 /// taken to hold another's.
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
@@ -117,66 +121,67 @@ impl KvCache {
         if rows == self.rows && capacity == self.capacity {
             return Ok(());
         }
-        let mut fresh = Vec::new();
-        if rows > 0 && capacity > 0 {
-            let allocator = Allocator::default();
-            let shape = [
-                rows as i64,
-                self.heads as i64,
-                capacity as i64,
-                self.head_dim as i64,
-            ];
-            for _ in 0..self.layers {
-                let zeros = || -> Result<Tensor<f32>, EngineError> {
-                    let mut t = Tensor::<f32>::new(&allocator, shape)?;
-                    t.try_extract_tensor_mut::<f32>()?.1.fill(0.0);
-                    Ok(t)
-                };
-                fresh.push((zeros()?, zeros()?));
-            }
-        }
         let keep = self.capacity.min(capacity);
-        let from = Block::new(self.heads, self.capacity, self.head_dim);
-        let to = Block::new(self.heads, capacity, self.head_dim);
-        for ((old_k, old_v), (new_k, new_v)) in self.buffers.iter().zip(fresh.iter_mut()) {
-            for (old, new) in [(old_k, new_k), (old_v, new_v)] {
-                let (_, src) = old.try_extract_tensor::<f32>()?;
-                let (_, dst) = new.try_extract_tensor_mut::<f32>()?;
-                for row in 0..self.rows.min(rows) {
-                    copy_row(src, from, row, dst, to, row, keep);
-                }
-            }
-        }
-        self.buffers = fresh;
-        self.rows = if self.buffers.is_empty() { 0 } else { rows };
-        self.capacity = if self.buffers.is_empty() { 0 } else { capacity };
-        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        let sources: Vec<Source<'_>> = (0..rows)
+            .map(|r| (r < self.rows).then_some((&*self, r, keep)))
+            .collect();
+        let fresh = self.gathered(capacity, &sources)?;
+        *self = fresh;
         Ok(())
     }
 
-    /// Copies the first `len` positions of `src`'s row `from` into this cache's row `to`.
-    pub fn copy_row_from(
-        &mut self,
-        to: usize,
-        src: &KvCache,
-        from: usize,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        if len > self.capacity.min(src.capacity) || to >= self.rows || from >= src.rows {
-            return Err(EngineError::Draft(format!(
-                "cannot copy {len} positions of row {from} into row {to}"
-            )));
+    /// A new cache of this shape with `sources.len()` rows of `capacity` positions: row `i`
+    /// holds the first positions of its source's row, and zeros after them (a row with no
+    /// source is all zeros). Each byte is written once: a layout of the batch moves every
+    /// row, and a fill before the copies doubled what it wrote.
+    pub fn gathered(
+        &self,
+        capacity: usize,
+        sources: &[Source<'_>],
+    ) -> Result<KvCache, EngineError> {
+        let mut out = KvCache::new(self.layers, self.heads, self.head_dim);
+        if sources.is_empty() || capacity == 0 {
+            return Ok(out);
         }
-        let sb = Block::new(src.heads, src.capacity, src.head_dim);
-        let db = Block::new(self.heads, self.capacity, self.head_dim);
-        for ((sk, sv), (dk, dv)) in src.buffers.iter().zip(self.buffers.iter_mut()) {
-            for (s, d) in [(sk, dk), (sv, dv)] {
-                let (_, s) = s.try_extract_tensor::<f32>()?;
-                let (_, d) = d.try_extract_tensor_mut::<f32>()?;
-                copy_row(s, sb, from, d, db, to, len);
+        for &(src, row, len) in sources.iter().flatten() {
+            let same =
+                (src.layers, src.heads, src.head_dim) == (self.layers, self.heads, self.head_dim);
+            if !same || row >= src.rows || len > src.capacity.min(capacity) {
+                return Err(EngineError::Draft(format!(
+                    "cannot copy {len} positions of row {row} into a row of {capacity}"
+                )));
             }
         }
-        Ok(())
+        let allocator = Allocator::default();
+        let shape = [
+            sources.len() as i64,
+            self.heads as i64,
+            capacity as i64,
+            self.head_dim as i64,
+        ];
+        let to = Block::new(self.heads, capacity, self.head_dim);
+        // Layer `layer`'s key (`kind` 0) or value buffer.
+        let make = |layer: usize, kind: usize| -> Result<Tensor<f32>, EngineError> {
+            let mut t = Tensor::<f32>::new(&allocator, shape)?;
+            let (_, dst) = t.try_extract_tensor_mut::<f32>()?;
+            for (i, source) in sources.iter().enumerate() {
+                let Some((src, row, len)) = *source else {
+                    dst[to.at(i, 0)..to.at(i + 1, 0)].fill(0.0);
+                    continue;
+                };
+                let (k, v) = &src.buffers[layer];
+                let (_, s) = if kind == 0 { k } else { v }.try_extract_tensor::<f32>()?;
+                let from = Block::new(src.heads, src.capacity, src.head_dim);
+                fill_row(s, from, row, dst, to, i, len);
+            }
+            Ok(t)
+        };
+        for layer in 0..self.layers {
+            out.buffers.push((make(layer, 0)?, make(layer, 1)?));
+        }
+        out.rows = sources.len();
+        out.capacity = capacity;
+        Ok(out)
     }
 
     /// Bytes the buffers hold.
@@ -213,8 +218,9 @@ impl Block {
     }
 }
 
-/// Copies the first `len` positions of every head of `src`'s row `from` into `dst`'s row `to`.
-fn copy_row(
+/// Copies the first `len` positions of every head of `src`'s row `from` into `dst`'s row `to`,
+/// and zeros the rest of that row.
+fn fill_row(
     src: &[f32],
     sb: Block,
     from: usize,
@@ -224,9 +230,11 @@ fn copy_row(
     len: usize,
 ) {
     let n = len * sb.head_dim;
+    let room = db.capacity * db.head_dim;
     for h in 0..sb.heads {
         let (s, d) = (sb.at(from, h), db.at(to, h));
         dst[d..d + n].copy_from_slice(&src[s..s + n]);
+        dst[d + n..d + room].fill(0.0);
     }
 }
 
@@ -266,7 +274,7 @@ mod tests {
         // Two heads, capacity 3, head_dim 2.
         let src = filled(1, 2, 3, 2);
         let mut dst = vec![-1.0; 2 * 5 * 2];
-        copy_row(
+        fill_row(
             &src,
             Block::new(2, 3, 2),
             0,
@@ -276,10 +284,11 @@ mod tests {
             2,
         );
         assert_eq!(&dst[..4], &[0.0, 1.0, 10.0, 11.0]);
-        assert_eq!(&dst[4..10], &[-1.0; 6]);
+        // The rest of the row is zeros, whatever it held.
+        assert_eq!(&dst[4..10], &[0.0; 6]);
         assert_eq!(&dst[10..14], &[100.0, 101.0, 110.0, 111.0]);
         let mut back = vec![0.0; 2 * 2 * 2];
-        copy_row(
+        fill_row(
             &dst,
             Block::new(2, 5, 2),
             0,
@@ -295,7 +304,7 @@ mod tests {
     fn a_row_goes_into_another_cache() {
         let src = filled(1, 1, 4, 1);
         let mut dst = vec![0.0; 12];
-        copy_row(
+        fill_row(
             &src,
             Block::new(1, 4, 1),
             0,

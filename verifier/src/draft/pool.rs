@@ -72,6 +72,9 @@ struct Limits {
     floor: f64,
     kv_bytes: usize,
     bytes_per_position: usize,
+    /// Whether each worker measures its batch widths before its first stream (see
+    /// [`probe`]); only a floor reads them.
+    probe: bool,
 }
 
 /// The set of draft workers.
@@ -116,6 +119,7 @@ impl DraftPool {
             floor: cfg.min_stream_speed,
             kv_bytes: cfg.kv_bytes_per_worker,
             bytes_per_position,
+            probe: cfg.min_stream_speed > 0.0 && streams > 1,
         };
         let shape = meta.clone();
         Self::start_with(cfg.workers.max(1), make, limits, shape)
@@ -139,14 +143,18 @@ impl DraftPool {
             let (rtx, rrx) = std::sync::mpsc::channel();
             let load = Arc::new(Load::default());
             let (l, build) = (Arc::clone(&load), make(i));
-            let streams = limits.streams;
+            let (streams, measure) = (limits.streams, limits.probe);
             std::thread::Builder::new()
                 .name(format!("draft-worker-{i}"))
                 .spawn(move || match build() {
                     Ok(model) => {
+                        let mut batch = Batch::new(model, streams);
+                        if measure {
+                            probe(&mut batch, &l, streams);
+                        }
                         l.alive.store(true, Ordering::SeqCst);
                         let _ = rtx.send(Ok(()));
-                        worker_loop(Batch::new(model, streams), &rx, &l);
+                        worker_loop(batch, &rx, &l);
                         l.alive.store(false, Ordering::SeqCst);
                     }
                     Err(e) => {
@@ -488,6 +496,60 @@ fn run_step<M: Rows>(
         let _ = job.reply.send(r);
     }
     Some(seqs)
+}
+
+/// Tokens of the probe's prompt: short, so that it measures what the widths cost apart from
+/// the context (the running means then follow the real contexts).
+const PROBE_PROMPT: u32 = 32;
+/// Timed steps at each width, after one that lays the batch out.
+const PROBE_STEPS: usize = 2;
+
+/// Before its first stream, a worker steps a batch of each width of
+/// [`StepTimes::probe_widths`] and records the times: without them admission prices a width
+/// it has not stepped as a whole step a row, the most a row can cost, and so refuses streams
+/// that would run well above the floor (on this draft a row costs about a third of one alone).
+/// Prompts are the same filler for every row: the first prefill is the only one computed.
+fn probe<M: Rows>(batch: &mut Batch<M>, load: &Load, streams: usize) {
+    let widths = StepTimes::probe_widths(streams);
+    let widest = widths.last().copied().unwrap_or(1);
+    let prompt: Vec<u32> = (0..PROBE_PROMPT).collect();
+    let seqs: Vec<SeqId> = (0..widest as u64).map(|i| u64::MAX - i).collect();
+    let started = Instant::now();
+    let ok = seqs
+        .iter()
+        .all(|&s| batch.prefill(s, &prompt, &|| false).is_ok());
+    let token = [PROBE_PROMPT];
+    for &w in widths.iter().filter(|_| ok) {
+        let asks: Vec<Extend<'_>> = seqs[..w]
+            .iter()
+            .map(|&seq| Extend {
+                seq,
+                tokens: &token,
+                all: false,
+            })
+            .collect();
+        for i in 0..=PROBE_STEPS {
+            let t = Instant::now();
+            if batch.extend(&asks).iter().any(Result::is_err) {
+                break;
+            }
+            if i > 0
+                && let Ok(mut times) = load.times.lock()
+            {
+                times.record(batch.width(), t.elapsed());
+            }
+        }
+    }
+    for s in seqs {
+        let _ = batch.close(s);
+    }
+    // The probe's prompt is no one's prefix.
+    batch.trim(0);
+    tracing::info!(
+        widths = ?widths,
+        ms = started.elapsed().as_millis() as u64,
+        "draft worker measured its batch widths"
+    );
 }
 
 /// After a panic: every queued call fails, the batch starts over, the worker stays.

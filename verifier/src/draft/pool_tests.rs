@@ -23,6 +23,7 @@ fn limits(streams: usize, floor: f64) -> Limits {
         floor,
         kv_bytes: usize::MAX,
         bytes_per_position: 1,
+        probe: false,
     }
 }
 
@@ -167,6 +168,40 @@ async fn a_worker_too_slow_for_the_floor_takes_no_more_streams() {
         "a second stream would draft under the floor"
     );
     drop(one);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probed_worker_admits_by_the_widths_it_stepped() {
+    // 10 ms a step whatever the width. Unprobed, a third stream would be priced at a whole
+    // step a row (30 ms, 33 tokens/s) and refused under a floor of 40.
+    let widths = Arc::new(Mutex::new(Vec::new()));
+    let w = Arc::clone(&widths);
+    let mut l = limits(4, 40.0);
+    l.probe = true;
+    let step = Duration::from_millis(10);
+    let pool = DraftPool::start_with(
+        1,
+        move |_| {
+            let w = Arc::clone(&w);
+            move || Ok(Timed(Scripted::default(), step, w))
+        },
+        l,
+        meta(),
+    )
+    .unwrap();
+    let stepped = widths.lock().unwrap().clone();
+    for width in [1, 2, 4] {
+        assert!(
+            stepped.contains(&width),
+            "the probe skipped {width}: {stepped:?}"
+        );
+        assert!(pool.speed(0, width).is_some(), "{width} rows unmeasured");
+    }
+    // The probe's sequences are gone: every stream is free, and a fresh one decodes as alone.
+    let leases: Vec<_> = (0..4).map(|_| pool.try_lease()).collect();
+    assert!(leases.iter().all(Option::is_some), "a stream was refused");
+    let d = leases.into_iter().next().flatten().unwrap();
+    assert_eq!(decode(d, 3, 6).await, alone(3, 6));
 }
 
 #[tokio::test]

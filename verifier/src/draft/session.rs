@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use ort::session::{IoBinding, Session};
 use ort::value::Tensor;
 
-use super::kv::{CAPACITY_STEP, KvCache};
+use super::kv::{CAPACITY_STEP, KvCache, Source};
 use super::rows::{Member, Rows, RowsStep, SeqId};
 use super::{DRAFT_GRAPH, DraftMeta, PositionOutput};
 use crate::error::EngineError;
@@ -287,10 +287,10 @@ impl DraftSession {
     /// A one-row cache holding the first `len` positions of `src`'s row `row`: a sequence's
     /// own, while it is out of the batch.
     fn own_copy(&self, src: &KvCache, row: usize, len: usize) -> Result<KvCache, EngineError> {
-        let mut own = self.cache();
-        own.resize(1, len.max(1).next_multiple_of(CAPACITY_STEP))?;
-        own.copy_row_from(0, src, row, len)?;
-        Ok(own)
+        self.cache().gathered(
+            len.max(1).next_multiple_of(CAPACITY_STEP),
+            &[Some((src, row, len))],
+        )
     }
 
     /// Makes room in every batch row for `total` positions (see [`KvCache::reserve`]).
@@ -328,19 +328,25 @@ impl DraftSession {
             let own = self.own_copy(&self.rows, row, p.len)?;
             self.parked.insert(p.seq, own);
         }
-        let mut fresh = self.cache();
-        fresh.resize(members.len(), if members.is_empty() { 0 } else { capacity })?;
-        for (i, m) in members.iter().enumerate() {
-            match m.row {
-                Some(row) => fresh.copy_row_from(i, &self.rows, row, m.len)?,
-                None => {
-                    let own = self.parked.remove(&m.seq).ok_or_else(|| {
-                        EngineError::Draft(format!("sequence {} has no cache", m.seq))
-                    })?;
-                    fresh.copy_row_from(i, &own, 0, m.len)?;
-                }
-            }
+        // The parked caches of the members coming back, taken out first so that every row's
+        // source can be borrowed at once.
+        let mut back = HashMap::new();
+        for m in members.iter().filter(|m| m.row.is_none()) {
+            let own = self
+                .parked
+                .remove(&m.seq)
+                .ok_or_else(|| EngineError::Draft(format!("sequence {} has no cache", m.seq)))?;
+            back.insert(m.seq, own);
         }
+        let sources: Vec<Source<'_>> = members
+            .iter()
+            .map(|m| match m.row {
+                Some(row) => Some((&self.rows, row, m.len)),
+                None => back.get(&m.seq).map(|own| (own, 0, m.len)),
+            })
+            .collect();
+        let capacity = if members.is_empty() { 0 } else { capacity };
+        let fresh = self.rows.gathered(capacity, &sources)?;
         self.rows_bound.release();
         self.rows = fresh;
         Ok(())
