@@ -507,7 +507,7 @@ const PROBE_STEPS: usize = 2;
 /// Before its first stream, a worker steps a batch of each width of
 /// [`StepTimes::probe_widths`] and records the times: without them admission prices a width
 /// it has not stepped as a whole step a row, the most a row can cost, and so refuses streams
-/// that would run well above the floor (on this draft a row costs about a third of one alone).
+/// that would run well above the floor (on this draft a row adds a quarter to a third of one alone).
 /// Prompts are the same filler for every row: the first prefill is the only one computed.
 fn probe<M: Rows>(batch: &mut Batch<M>, load: &Load, streams: usize) {
     let widths = StepTimes::probe_widths(streams);
