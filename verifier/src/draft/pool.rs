@@ -485,17 +485,29 @@ fn run_step<M: Rows>(
         })
         .collect();
     let single = asks.iter().all(|a| a.tokens.len() == 1);
-    let started = Instant::now();
-    let results = batch.extend(&asks);
-    if single && let Ok(mut t) = load.times.lock() {
-        t.record(batch.width(), started.elapsed());
-    }
+    let results = timed_extend(batch, &asks, load, single);
     metrics::histogram!("approxy_draft_step_streams").record(asks.len() as f64);
     let seqs = jobs.iter().map(|j| j.seq).collect();
     for (job, r) in jobs.into_iter().zip(results) {
         let _ = job.reply.send(r);
     }
     Some(seqs)
+}
+
+/// One batched run of `asks`; when `record`, its time goes into the worker's step times at the
+/// batch's width (the decode steps of one token a row, which set a stream's speed).
+fn timed_extend<M: Rows>(
+    batch: &mut Batch<M>,
+    asks: &[Extend<'_>],
+    load: &Load,
+    record: bool,
+) -> Vec<Result<Vec<PositionOutput>, EngineError>> {
+    let started = Instant::now();
+    let results = batch.extend(asks);
+    if record && let Ok(mut t) = load.times.lock() {
+        t.record(batch.width(), started.elapsed());
+    }
+    results
 }
 
 /// Tokens of the probe's prompt: short, so that it measures what the widths cost apart from
@@ -529,14 +541,11 @@ fn probe<M: Rows>(batch: &mut Batch<M>, load: &Load, streams: usize) {
             })
             .collect();
         for i in 0..=PROBE_STEPS {
-            let t = Instant::now();
-            if batch.extend(&asks).iter().any(Result::is_err) {
-                break;
-            }
-            if i > 0
-                && let Ok(mut times) = load.times.lock()
+            if timed_extend(batch, &asks, load, i > 0)
+                .iter()
+                .any(Result::is_err)
             {
-                times.record(batch.width(), t.elapsed());
+                break;
             }
         }
     }
