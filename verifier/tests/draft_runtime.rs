@@ -431,3 +431,45 @@ async fn a_probed_pool_measures_its_widths_and_drafts_as_before() {
         b.iter().map(|x| &x.2).collect::<Vec<_>>()
     );
 }
+
+/// Not a check but a measurement (`cargo test --release -p approxy-verifier --test
+/// draft_runtime -- --ignored --nocapture layouts_of_a_batch`): what the batch's layouts cost
+/// with four rows of 1,024 positions, parking one of them and taking it back, ten times each.
+/// Prints each layout's milliseconds; the first ones write pages the process has not touched.
+#[test]
+#[ignore]
+fn layouts_of_a_batch_are_timed() {
+    use approxy_verifier::draft::rows::Member;
+    const LEN: usize = 1024;
+    let mut s = session();
+    let prompt: Vec<u32> = (0..LEN as u32).map(|i| 100 + i % 5000).collect();
+    for seq in 0..4 {
+        s.rows_prefill(seq, &prompt, &|| false).unwrap();
+    }
+    let member = |seq: u64, row: Option<usize>| Member { seq, row, len: LEN };
+    let capacity = approxy_verifier::draft::kv::batch_capacity(LEN + 1);
+    let all: Vec<Member> = (0..4).map(|q| member(q, None)).collect();
+    s.rows_arrange(&all, &[], capacity).unwrap();
+    let (mut parks, mut backs) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let three: Vec<Member> = (0..3).map(|q| member(q, Some(q as usize))).collect();
+        let t = std::time::Instant::now();
+        s.rows_arrange(&three, &[member(3, Some(3))], capacity)
+            .unwrap();
+        parks.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut four = three.clone();
+        four.push(member(3, None));
+        let t = std::time::Instant::now();
+        s.rows_arrange(&four, &[], capacity).unwrap();
+        backs.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let ms = |v: &[f64]| {
+        v.iter()
+            .map(|m| format!("{m:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("four rows of {LEN} positions, capacity {capacity}:");
+    println!("  park one, lay out three (ms): {}", ms(&parks));
+    println!("  lay out four, one back (ms): {}", ms(&backs));
+}
