@@ -185,6 +185,8 @@ fn usage(p: &Priced, a: &Answer) -> Value {
     u["approxy"]["grammar_refusals"] = json!(s.grammar_refusals);
     u["approxy"]["grammar_picks"] = json!(s.grammar_picks);
     u["approxy"]["target_call_records"] = json!(s.calls);
+    // Of the calls, the warm of the prompt (`target.cache.warm`): 0 or 1.
+    u["approxy"]["target_warms"] = json!(s.target_warms);
     u["approxy"]["price_class"] = json!(m.policy.price.class());
     u["approxy"]["cost_unit"] = json!(p.unit.name());
     u["approxy"]["estimated_cost"] = json!(cost.approxy);

@@ -27,6 +27,7 @@ mod cursor;
 mod lookup;
 mod pacing;
 mod run;
+mod warm;
 
 pub use calls::{CallKind, CallRecord, TargetTime, target_time};
 use cursor::Cursor;
@@ -278,8 +279,11 @@ pub struct Stats {
     pub grammar_picks: u32,
     /// Target tokens emitted.
     pub target_tokens: u32,
-    /// Calls made to the target.
+    /// Calls made to the target (a warm included).
     pub target_calls: u32,
+    /// Of those, calls that sent the prompt to the target's cache as the answer started
+    /// (`target.cache.warm`): 0 or 1. The call cap does not count it.
+    pub target_warms: u32,
     /// Draft tokens the verifier rejected.
     pub verifier_rejections: u32,
     /// True when the rejection budget ran out and the target finished the answer.
@@ -395,6 +399,7 @@ impl Stats {
             grammar_picks,
             target_tokens,
             target_calls,
+            target_warms,
             verifier_rejections,
             bailed_out,
             cost_guard,
@@ -436,6 +441,7 @@ impl Stats {
         self.grammar_picks += grammar_picks;
         self.target_tokens += target_tokens;
         self.target_calls += target_calls;
+        self.target_warms += target_warms;
         self.verifier_rejections += verifier_rejections;
         self.bailed_out |= bailed_out;
         self.cost_guard |= cost_guard;
@@ -592,6 +598,7 @@ impl Engine {
         tx: mpsc::Sender<TokenEvent>,
     ) -> Result<Stats, EngineError> {
         let mut run = Run::new(self, req, tx, verifier.reads_context());
+        run.start_warm().await;
         let mut cursor = Cursor::new(lease);
         let mut out = cursor.prefill(run.req.prompt.clone()).await?;
         let mut sampler = Sampler::new(run.req.sampling);
@@ -748,3 +755,5 @@ mod overlap_tests;
 mod sampled_tests;
 #[cfg(test)]
 mod scripted_tests;
+#[cfg(test)]
+mod warm_tests;

@@ -335,6 +335,27 @@ pub struct ScriptedTarget {
     facts_fail: Option<std::sync::Arc<AtomicUsize>>,
     /// The answers it was told are over, in order.
     done: Mutex<Vec<u64>>,
+    /// Where it warms prompts ([`TargetClient::warm`]): how long a warm takes.
+    warm_delay: Option<Duration>,
+    warms: Mutex<Vec<ContinuationRequest>>,
+    /// Warms running now (one that was dropped unfinished is not).
+    warms_running: std::sync::Arc<AtomicUsize>,
+}
+
+/// Counts a warm as running while it lives.
+struct Running(std::sync::Arc<AtomicUsize>);
+
+impl Running {
+    fn new(n: &std::sync::Arc<AtomicUsize>) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ScriptedTarget {
@@ -358,7 +379,30 @@ impl ScriptedTarget {
             facts: TargetFacts::default(),
             facts_fail: None,
             done: Mutex::new(Vec::new()),
+            warm_delay: None,
+            warms: Mutex::new(Vec::new()),
+            warms_running: Default::default(),
         }
+    }
+
+    /// The same target warming prompts, as llama-server does on a named slot: each warm takes
+    /// `delay`, and reports its prompt computed at 1 ms a token.
+    pub fn with_warms(mut self, delay: Duration) -> Self {
+        self.warm_delay = Some(delay);
+        self
+    }
+
+    /// Warms asked so far.
+    pub fn warm_calls(&self) -> Vec<ContinuationRequest> {
+        self.warms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Warms running now.
+    pub fn warms_running(&self) -> usize {
+        self.warms_running.load(Ordering::SeqCst)
     }
 
     /// The same target unable to say what it is (a `/props` that answers 404 behind a proxy,
@@ -704,6 +748,31 @@ impl TargetClient for ScriptedTarget {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(answer);
+    }
+
+    fn warms(&self) -> bool {
+        self.warm_delay.is_some()
+    }
+
+    async fn warm(&self, req: &ContinuationRequest) -> Result<Option<Continuation>, TargetError> {
+        let Some(delay) = self.warm_delay else {
+            return Ok(None);
+        };
+        self.warms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(req.clone());
+        let _running = Running::new(&self.warms_running);
+        tokio::time::sleep(delay).await;
+        Ok(Some(Continuation {
+            timings: Some(TargetTimings {
+                prompt_tokens: req.prefix.len() as u64,
+                prompt_ms: req.prefix.len() as f64,
+                ..TargetTimings::default()
+            }),
+            cached_prompt_tokens: Some(0),
+            ..Continuation::default()
+        }))
     }
 
     async fn health(&self) -> Result<(), TargetError> {

@@ -126,6 +126,44 @@ async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held
     );
 }
 
+/// A warm computes an answer's prompt on the slot it holds and generates nothing: the answer's
+/// first call then finds the whole prompt cached there and computes only what follows.
+#[tokio::test]
+async fn a_warmed_prompt_is_cached_for_the_answers_first_call() {
+    let mut cfg = common::target_config(&common::target_url());
+    cfg.cache_hints.slots = true;
+    cfg.cache_hints.warm = true;
+    let target = LlamaCppTarget::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+    let answer = approxy_verifier::targets::next_answer();
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut req = common::chat_req(
+        &format!("Request {nonce}: name the largest lake of each continent, with its area."),
+        &[],
+        0,
+    );
+    req.answer = Some(answer);
+    let warmed = target.warm(&req).await.unwrap().expect("a slot was free");
+    let t = warmed.timings.expect("llama-server reports its timings");
+    let prompt = req.prefix.len();
+    assert!(
+        t.prompt_tokens as usize >= prompt / 2 && t.predicted_ms < 1.0,
+        "the warm computed the prompt and generated nothing: {t:?}"
+    );
+    // The answer's first call, after three drafted tokens.
+    let mut first = req.clone();
+    first.prefix.extend([785, 7772, 374]);
+    first.max_tokens = 1;
+    let c = target.continue_tokens(&first).await.unwrap();
+    target.answer_done(answer);
+    let cached = c.cached_prompt_tokens.unwrap_or(0) as usize;
+    assert!(
+        cached >= prompt,
+        "{cached} of the prompt's {prompt} tokens were cached"
+    );
+}
+
 /// A stub upstream: answers every request with `status` after `delay`, counting calls.
 async fn stub(status: u16, delay: Duration) -> (String, Arc<AtomicU32>) {
     let calls = Arc::new(AtomicU32::new(0));

@@ -729,6 +729,17 @@ max_cost_ratio = -1
             with("vllm", "cache = { slots = true }")
                 .is_err_and(|e| e.to_string().contains("target.cache.slots"))
         );
+        // A warm goes to the answer's slot, so it needs slots named.
+        assert!(
+            with("llama_cpp", "cache = { slots = true, warm = true }")?
+                .target
+                .cache_hints
+                .warm
+        );
+        assert!(
+            with("llama_cpp", "cache = { warm = true }")
+                .is_err_and(|e| e.to_string().contains("target.cache.warm"))
+        );
         assert_eq!(
             with("vllm", "")?.target.cache_rules,
             CacheRules {
@@ -746,6 +757,7 @@ max_cost_ratio = -1
                 key: false,
                 affinity_header: Some("x-session-affinity".into()),
                 slots: false,
+                warm: false,
             }
         );
         assert_eq!(

@@ -109,6 +109,10 @@ pub struct RawCache {
     /// cache must be off (`--cache-ram 0`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<bool>,
+    /// Send each answer's prompt to its slot as the answer starts, computed while the draft
+    /// writes (needs `slots`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<bool>,
     /// Shortest prefix the cache serves (OpenAI: 1024).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_tokens: Option<u64>,

@@ -271,9 +271,14 @@ impl Validator {
             key: cache.key.unwrap_or(can.text_level),
             affinity_header: cache.affinity_header,
             slots: cache.slots.unwrap_or(false),
+            warm: cache.warm.unwrap_or(false),
         };
         if cache_hints.slots && !can.names_slots {
             self.err("target.cache.slots: llama_cpp targets only (llama-server's `id_slot`)");
+        }
+        if cache_hints.warm && !cache_hints.slots {
+            // The warmed cache must be the one the answer's calls read: a slot it names.
+            self.err("target.cache.warm: needs target.cache.slots = true");
         }
         let cache_rules = CacheRules {
             min_tokens: cache.min_tokens.unwrap_or(0),

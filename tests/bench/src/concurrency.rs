@@ -370,6 +370,7 @@ fn policy(
     // The target is started with `--cache-ram 0`, as slots need (`servers::start_llama_slots`).
     policy.target.cache = Some(approxy_gateway::policy::raw::RawCache {
         slots: Some(base.target.cache_hints.slots),
+        warm: Some(base.target.cache_hints.warm),
         ..Default::default()
     });
     Ok(policy)

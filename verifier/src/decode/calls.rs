@@ -20,6 +20,9 @@ pub enum CallKind {
     Window,
     /// The rest of the answer, written by the target.
     HandOff,
+    /// The prompt computed into the target's cache as the answer started, nothing generated
+    /// (see `warm`).
+    Warm,
 }
 
 /// One target call.

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::calls::{CallKind, CallRecord, settle};
 use super::cursor::Cursor;
+use super::warm::{WarmCall, Warmed};
 use super::{
     Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats,
     TIE_MARGIN, TokenEvent, Verification,
@@ -169,6 +170,8 @@ pub(super) struct Run<'a> {
     repeats: Option<CallRepeats>,
     /// Where in the JSON answer the next token goes, kept where the model judges by place.
     place: Option<JsonPlace>,
+    /// The prompt on its way to the target's cache, until the first call (see `warm`).
+    warm: Option<WarmCall>,
 }
 
 /// What the grammar did before the draft proposes a token.
@@ -245,6 +248,65 @@ impl<'a> Run<'a> {
             place,
             grammar,
             draft_owns_next: false,
+            warm: None,
+        }
+    }
+
+    /// Sends the prompt to the target's cache, where the target warms one and the answer may
+    /// call it (at threshold 0 the draft writes everything).
+    pub(super) async fn start_warm(&mut self) {
+        let target = &self.engine.target;
+        let draft_only = self.req.threshold <= 0.0
+            && self.req.settings.verification == Verification::Approximate;
+        if !target.warms() || draft_only {
+            return;
+        }
+        let req = ContinuationRequest {
+            prefix: self.req.prompt.clone(),
+            prompt_len: self.req.prompt.len(),
+            messages: self.req.messages.clone(),
+            max_tokens: 0,
+            sampling: self.req.sampling,
+            model: self.req.model.clone(),
+            top_logprobs: 0,
+            answer: Some(self.answer.id),
+            allowed: Vec::new(),
+        };
+        self.warm = Some(WarmCall::start(target.clone(), req));
+        // Its request goes out before the draft's prefill takes this task.
+        tokio::task::yield_now().await;
+    }
+
+    /// Before the answer's first call: waits for the warm (the call would wait for the slot
+    /// anyway) and counts it, so that the call's prefix is sent after it and counted as
+    /// cached. Returns at once when there is none, or once the client has gone.
+    async fn settle_warm(&mut self) {
+        let Some(mut warm) = self.warm.take() else {
+            return;
+        };
+        if let Some(w) =
+            unless_client_gone(&self.tx, &mut self.stats.target_wait, warm.finished()).await
+        {
+            self.count_warm(w);
+        }
+    }
+
+    /// Counts a warm as a call of the prompt, nothing generated: at its own timings where it
+    /// finished; at the learned rates where it was aborted unfinished.
+    fn count_warm(&mut self, w: Warmed) {
+        let done = match w {
+            Warmed::Nothing => return,
+            Warmed::Unfinished => None,
+            Warmed::Done(c) => Some(c),
+        };
+        let prompt = self.req.prompt.len() as u64;
+        self.count_call(CallKind::Warm, prompt, 0);
+        self.stats.target_warms += 1;
+        self.call_reported = false;
+        if let Some(c) = done {
+            self.absorb(c.cached_prompt_tokens, c.timings, 0);
+            // The next call's prefix starts with what the warm computed.
+            self.last_prefix_len = prompt;
         }
     }
 
@@ -306,7 +368,7 @@ impl<'a> Run<'a> {
         self.req
             .settings
             .max_target_calls
-            .is_some_and(|cap| self.stats.target_calls + 1 >= cap)
+            .is_some_and(|cap| self.calls_capped() + 1 >= cap)
     }
 
     /// True when the request has made every target call it may: only after a grammar refused
@@ -315,7 +377,12 @@ impl<'a> Run<'a> {
         self.req
             .settings
             .max_target_calls
-            .is_some_and(|cap| self.stats.target_calls >= cap)
+            .is_some_and(|cap| self.calls_capped() >= cap)
+    }
+
+    /// The calls the cap counts: all but the warm.
+    fn calls_capped(&self) -> u32 {
+        self.stats.target_calls - self.stats.target_warms
     }
 
     /// True once, after the grammar refused a target token (see `draft_owns_next`).
@@ -447,8 +514,9 @@ impl<'a> Run<'a> {
     }
 
     /// The exact prefix for the next call (prompt and everything emitted), with that call
-    /// counted in the stats.
-    fn next_call(&mut self, kind: CallKind, n: u32) -> ContinuationRequest {
+    /// counted in the stats; after the warm, if one is still out.
+    async fn next_call(&mut self, kind: CallKind, n: u32) -> ContinuationRequest {
+        self.settle_warm().await;
         let prefix = self.prefix();
         let len = prefix.len() as u64;
         let cacheable = self
@@ -510,7 +578,7 @@ impl<'a> Run<'a> {
         }) else {
             return Ok(None);
         };
-        let mut creq = self.next_call(CallKind::Correction, 1);
+        let mut creq = self.next_call(CallKind::Correction, 1).await;
         creq.allowed = allowed;
         creq.top_logprobs = 0;
         let engine = self.engine;
@@ -716,7 +784,7 @@ impl<'a> Run<'a> {
         from: &PositionOutput,
         n: u32,
     ) -> Result<Option<FinishReason>, EngineError> {
-        let creq = self.next_call(CallKind::Correction, n);
+        let creq = self.next_call(CallKind::Correction, n).await;
         let engine = self.engine;
         let call = engine.target.continue_tokens(&creq);
         let Some(cont) = self.wait(cursor, from, None, n as usize + 1, call).await? else {
@@ -784,6 +852,7 @@ impl<'a> Run<'a> {
         let window = &drafted.tokens;
         // The cursor now has every window token but the last ahead.
         let prefix = self.prefix();
+        self.settle_warm().await;
         let sent = (prefix.len() + window.len()) as u64;
         let cacheable = self.cacheable_prefix(prefix.len() as u64, true);
         if let Some(reason) = self.guard_judges(window.len(), 1) {
@@ -1052,7 +1121,7 @@ impl<'a> Run<'a> {
     /// Opens a streamed call for at most `n` tokens after the current prefix; `None` when the
     /// client went away first.
     async fn open_stream(&mut self, n: u32) -> Result<Option<TokenStream>, EngineError> {
-        let creq = self.next_call(CallKind::HandOff, n);
+        let creq = self.next_call(CallKind::HandOff, n).await;
         let call = self.engine.target.stream_tokens(&creq);
         Ok(
             unless_client_gone(&self.tx, &mut self.stats.target_wait, call)
@@ -1199,7 +1268,7 @@ impl<'a> Run<'a> {
         resync: u32,
         end: SpanClose,
     ) -> Result<SpanEnd, EngineError> {
-        let creq = self.next_call(CallKind::Span, max_span);
+        let creq = self.next_call(CallKind::Span, max_span).await;
         let engine = self.engine;
         // A guess is used only while the target keeps to the draft's path, and the span ends
         // once the draft has predicted `resync` tokens: more guesses than that are rarely used
@@ -1435,6 +1504,11 @@ impl<'a> Run<'a> {
                     })
                     .await;
             }
+        }
+        if let Some(warm) = self.warm.take() {
+            // No call came after it (the draft wrote the whole answer): whatever it finished
+            // is counted, and if unfinished it is stopped.
+            self.count_warm(warm.now());
         }
         let total = self.stats.target_generated();
         settle(&mut self.stats.calls, total);

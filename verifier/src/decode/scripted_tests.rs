@@ -110,7 +110,7 @@ pub(super) async fn run_with(
         "who wrote what adds up"
     );
     assert_eq!(
-        (target.calls().len() + target.window_calls().len()) as u32,
+        (target.calls().len() + target.window_calls().len() + target.warm_calls().len()) as u32,
         stats.target_calls
     );
     Ok(Outcome {
@@ -340,7 +340,7 @@ async fn a_client_that_leaves_abandons_the_target_call_in_flight() -> Result<(),
     Ok(())
 }
 
-fn span(max_span: u32, resync: u32) -> Correction {
+pub(super) fn span(max_span: u32, resync: u32) -> Correction {
     Correction::Span {
         max_span,
         resync,

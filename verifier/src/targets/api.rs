@@ -247,6 +247,18 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
     async fn health(&self) -> Result<(), TargetError>;
     /// `answer` makes no more calls: what the target client kept for it may go.
     fn answer_done(&self, _answer: u64) {}
+    /// Whether [`TargetClient::warm`] sends anything: only a target that keeps an answer's
+    /// cache in one place it can name (llama-server's slots), where the policy asks.
+    fn warms(&self) -> bool {
+        false
+    }
+    /// Computes `req.prefix` into the cache the answer's calls will read, generating nothing,
+    /// while the draft writes: the answer's first call then computes only what was drafted.
+    /// `Ok(None)` when nothing was sent (no place to warm: every slot is held). The answer
+    /// (`req.answer`) is the one whose calls follow.
+    async fn warm(&self, _req: &ContinuationRequest) -> Result<Option<Continuation>, TargetError> {
+        Ok(None)
+    }
 }
 
 /// What a target says of itself, each `None` where it does not say.

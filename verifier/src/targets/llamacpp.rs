@@ -244,6 +244,41 @@ impl TargetClient for LlamaCppTarget {
         self.pins.release(answer);
     }
 
+    fn warms(&self) -> bool {
+        self.cfg.cache_hints.warm && self.cfg.cache_hints.slots
+    }
+
+    /// `n_predict: 0` on the answer's slot: llama-server computes the prompt into the slot's
+    /// cache and samples nothing more (it reports one token predicted, in a microsecond: the
+    /// one sampled from the prompt's last position, which is not used).
+    async fn warm(&self, req: &ContinuationRequest) -> Result<Option<Continuation>, TargetError> {
+        if !self.warms() {
+            return Ok(None);
+        }
+        let mut b = self.body_for(req, false).await;
+        if b.get("id_slot").is_none() {
+            // Every slot is held: the server would choose one, and the answer's first call,
+            // which names none either, might land on another.
+            return Ok(None);
+        }
+        b["n_predict"] = json!(0);
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completion"),
+            &b,
+            None,
+        )
+        .await?;
+        Ok(Some(Continuation {
+            cached_prompt_tokens: v["timings"]["cache_n"]
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok()),
+            timings: TargetTimings::from_llama(&v["timings"]),
+            ..Continuation::default()
+        }))
+    }
+
     /// From `/props`: a slot's context (`default_generation_settings.n_ctx`, the server's
     /// context divided among its parallel slots) and whether it takes images and audio
     /// (`modalities.vision`, `.audio`: a model without a projector answers either with a 500).
@@ -338,6 +373,8 @@ mod tests {
     /// `id_slot` of every call; the slots it saw, and how often `/props` was asked.
     struct SlotStub {
         slots: std::sync::Mutex<Vec<Option<u64>>>,
+        /// Each call's `n_predict`.
+        predicts: std::sync::Mutex<Vec<Option<u64>>>,
         props: std::sync::atomic::AtomicU32,
         total: Option<u64>,
     }
@@ -348,6 +385,7 @@ mod tests {
         use axum::routing::{get, post};
         let stub = Arc::new(SlotStub {
             slots: std::sync::Mutex::default(),
+            predicts: std::sync::Mutex::default(),
             props: Default::default(),
             total,
         });
@@ -367,14 +405,56 @@ mod tests {
                 post(
                     |State(s): State<Arc<SlotStub>>, axum::Json(b): axum::Json<Value>| async move {
                         s.slots.lock().unwrap().push(b["id_slot"].as_u64());
-                        axum::Json(json!({"tokens": [5], "stop_type": "limit"}))
+                        s.predicts.lock().unwrap().push(b["n_predict"].as_u64());
+                        let n = b["prompt"].as_array().map_or(0, Vec::len);
+                        axum::Json(json!({"tokens": [5], "stop_type": "limit", "timings": {
+                            "cache_n": 0, "prompt_n": n, "prompt_ms": 2.5,
+                            "predicted_n": 1, "predicted_ms": 0.001}}))
                     },
                 ),
             )
             .with_state(stub.clone());
         let mut cfg = serve_stub(app).await;
         cfg.cache_hints.slots = named;
+        cfg.cache_hints.warm = named;
         (stub, LlamaCppTarget::new(cfg).unwrap())
+    }
+
+    /// A warm computes the prompt on the slot the answer's calls then name, generating
+    /// nothing; where every slot is held, or the policy does not ask, nothing is sent.
+    #[tokio::test]
+    async fn a_warm_goes_to_the_slot_the_answers_calls_take() {
+        let (stub, target) = slot_stub(Some(1), true).await;
+        assert!(target.warms());
+        let warmed = target.warm(&call_of(Some(1), vec![1, 2, 3])).await.unwrap();
+        let t = warmed.and_then(|c| c.timings).unwrap();
+        assert_eq!((t.prompt_tokens, t.prompt_ms), (3, 2.5));
+        target
+            .continue_tokens(&call_of(Some(1), vec![1, 2, 3, 4]))
+            .await
+            .unwrap();
+        assert_eq!(*stub.slots.lock().unwrap(), vec![Some(0), Some(0)]);
+        assert_eq!(*stub.predicts.lock().unwrap(), vec![Some(0), Some(1)]);
+        // Answer 1 holds the one slot: answer 2 has nowhere to warm.
+        assert!(
+            target
+                .warm(&call_of(Some(2), vec![7]))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(stub.slots.lock().unwrap().len(), 2, "nothing sent");
+
+        let (stub, target) = slot_stub(Some(2), false).await;
+        assert!(!target.warms());
+        assert!(
+            target
+                .warm(&call_of(Some(1), vec![1]))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(stub.slots.lock().unwrap().is_empty());
     }
 
     fn call_of(answer: Option<u64>, prefix: Vec<u32>) -> ContinuationRequest {

@@ -49,6 +49,9 @@ pub struct CacheHints {
     /// Keep each answer's calls on one server slot (llama-server's `id_slot`; see
     /// [`super::slots`]). Only for a server whose RAM prompt cache is off (`--cache-ram 0`).
     pub slots: bool,
+    /// Send each answer's prompt to the slot it holds as the answer starts, to be computed
+    /// while the draft writes ([`super::TargetClient::warm`]); needs `slots`.
+    pub warm: bool,
 }
 
 impl CacheHints {
