@@ -1,8 +1,8 @@
 //! The answer's prompt sent to the target's cache as the answer starts
 //! ([`crate::targets::TargetClient::warm`]): the target computes it while the draft prefills
 //! and writes, so the answer's first call computes only what was drafted. Without it that
-//! first call computes the whole prompt while the stream waits; on one core of llama-server a
-//! 400-token prompt takes about 5 s.
+//! first call computes the whole prompt while the stream waits (tests/README.md, "Warming the
+//! slot": it pays where the target has cores of its own, and costs where it shares the draft's).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
