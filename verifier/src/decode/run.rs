@@ -261,17 +261,7 @@ impl<'a> Run<'a> {
         if !target.warms() || draft_only {
             return;
         }
-        let req = ContinuationRequest {
-            prefix: self.req.prompt.clone(),
-            prompt_len: self.req.prompt.len(),
-            messages: self.req.messages.clone(),
-            max_tokens: 0,
-            sampling: self.req.sampling,
-            model: self.req.model.clone(),
-            top_logprobs: 0,
-            answer: Some(self.answer.id),
-            allowed: Vec::new(),
-        };
+        let req = self.request(self.req.prompt.clone(), 0);
         self.warm = Some(WarmCall::start(target.clone(), req));
         // Its request goes out before the draft's prefill takes this task.
         tokio::task::yield_now().await;
@@ -527,18 +517,24 @@ impl<'a> Run<'a> {
         self.count_call(kind, len, cacheable);
         self.last_prefix_len = len;
         self.call_reported = false;
+        let mut creq = self.request(prefix, n);
+        if self.grammar.is_some() {
+            creq.top_logprobs = GRAMMAR_ALTERNATIVES;
+        }
+        creq
+    }
+
+    /// A call of this answer for `max_tokens` after `prefix`, with the request's sampling and
+    /// model, asking for no alternatives.
+    fn request(&self, prefix: Vec<u32>, max_tokens: u32) -> ContinuationRequest {
         ContinuationRequest {
             prefix,
             prompt_len: self.req.prompt.len(),
             messages: self.req.messages.clone(),
-            max_tokens: n,
+            max_tokens,
             sampling: self.req.sampling,
             model: self.req.model.clone(),
-            top_logprobs: if self.grammar.is_some() {
-                GRAMMAR_ALTERNATIVES
-            } else {
-                0
-            },
+            top_logprobs: 0,
             answer: Some(self.answer.id),
             allowed: Vec::new(),
         }
