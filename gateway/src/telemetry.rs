@@ -136,6 +136,11 @@ fn describe_drafting() {
         "Requests each batched draft step ran for"
     );
     describe_counter!(
+        "approxy_draft_idle_rows_total",
+        Unit::Count,
+        "Rows of batched draft decode steps that ran filler for a stream not back in time"
+    );
+    describe_counter!(
         "approxy_draft_worker_panics_total",
         Unit::Count,
         "Draft worker panics (the worker's batch is reset and it carries on)"

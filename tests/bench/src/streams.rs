@@ -174,6 +174,7 @@ fn run_context(
     let mut step_alone = None;
     for &c in counts {
         let before = rss_bytes(pid).unwrap_or(0);
+        let rows_before = pool.rows();
         let ready = Arc::new(tokio::sync::Barrier::new(c));
         let (speeds, leases): (Vec<f64>, Vec<Box<dyn Draft>>) = rt.block_on(async {
             let tasks: Vec<_> = (0..c)
@@ -196,6 +197,8 @@ fn run_context(
             anyhow::Ok(v.into_iter().unzip())
         })?;
         let streaming = rss_bytes(pid).unwrap_or(0);
+        let rows_after = pool.rows();
+        let (stepped, asked) = (rows_after.0 - rows_before.0, rows_after.1 - rows_before.1);
         drop(leases);
         // What the streams' end gives back: the worker frees the batch when the last leaves.
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -219,6 +222,9 @@ fn run_context(
             "step_ms": step_ms,
             // All streams' throughput against one alone if the steps were all the time spent.
             "steps_allow_vs_one_alone": step_ms.zip(step_one).map(|(m, m1)| c as f64 * m1 / m),
+            // Of the rows the decode steps ran, the share a stream had asked for: the others
+            // ran filler for a stream not back from its last step in time.
+            "rows_asked_share": (stepped > 0).then(|| asked as f64 / stepped as f64),
             "rss_mib_before": before as f64 / (1 << 20) as f64,
             "rss_mib_streaming": streaming as f64 / (1 << 20) as f64,
             "rss_mib_after": after as f64 / (1 << 20) as f64,
@@ -261,7 +267,7 @@ pub fn markdown(report: &serde_json::Value) -> String {
     };
     let mut md = format!(
         "The draft alone, one worker on one core (`{}`), {} prompt tokens a stream, {} tokens timed; {}, {}.\n\n\
-         | context | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | step ms (what the steps allow) | resident MiB, streaming / after |\n|---|---|---|---|---|---|---|---|\n",
+         | context | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | step ms (what the steps allow) | rows asked for | resident MiB, streaming / after |\n|---|---|---|---|---|---|---|---|---|\n",
         report["command"].as_str().unwrap_or(""),
         contexts
             .iter()
@@ -275,7 +281,7 @@ pub fn markdown(report: &serde_json::Value) -> String {
     for r in report["results"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {} | {:.0} / {:.0} |\n",
+            "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {} | {} | {:.0} / {:.0} |\n",
             row_context(r).map_or("-".into(), |c| c.to_string()),
             r["streams"],
             f("tokens_per_second_all"),
@@ -287,6 +293,10 @@ pub fn markdown(report: &serde_json::Value) -> String {
                 "{m:.1} ({:.2}x)",
                 r["steps_allow_vs_one_alone"].as_f64().unwrap_or(0.0)
             )),
+            // Reports before the rows were counted have none.
+            r["rows_asked_share"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{:.1} %", 100.0 * s)),
             f("rss_mib_streaming"),
             f("rss_mib_after"),
         ));
@@ -358,6 +368,9 @@ mod tests {
             "step_ms": 40.0, "steps_allow_vs_one_alone": all,
             "rss_mib_streaming": 500.0, "rss_mib_after": 490.0,
         });
+        if context != Some(128) {
+            r["rows_asked_share"] = json!(0.875);
+        }
         if let Some(c) = context {
             r["context"] = json!(c);
         }
@@ -384,6 +397,7 @@ mod tests {
         let md = markdown(&report);
         assert!(md.contains("128, 1024 prompt tokens"), "{md}");
         assert!(md.contains("| 128 | 8 | 64.0 |"), "{md}");
+        assert!(md.contains("(2.10x) | 87.5 % |"), "{md}");
         assert!(md.contains("read at 1024 tokens"), "{md}");
         assert!(md.contains("measured 2.10: not met"), "{md}");
         assert!(
@@ -409,6 +423,7 @@ mod tests {
         });
         let md = markdown(&report);
         assert!(md.contains("| 1024 | 8 |"), "{md}");
+        assert!(md.contains("(2.10x) | 87.5 % |"), "{md}");
         assert!(md.contains("read at 1024 tokens"), "{md}");
         assert!(!md.contains("other contexts"), "{md}");
     }

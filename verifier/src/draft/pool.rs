@@ -42,9 +42,9 @@ struct Job {
     reply: Reply,
 }
 
-/// How long a worker waits, after a step, for the sequences of that step to ask for their
-/// next one before it steps without them: their decode loops read the outputs and verify in
-/// well under this, and one that has gone to the target is not waited for again.
+/// The least a worker waits, after a step, for the sequences of that step to ask for their
+/// next one before it steps without them (see [`gather_wait`]); one that has gone to the
+/// target is not waited for again.
 pub const GATHER: Duration = Duration::from_millis(2);
 
 /// What a worker shares with the leases: its load and its measured speed.
@@ -58,6 +58,10 @@ struct Load {
     times: Mutex<StepTimes>,
     /// Positions each leased stream may reach (prompt and answer), for the memory bound.
     reserved: Mutex<HashMap<SeqId, usize>>,
+    /// Rows the decode steps ran, and how many of them a stream had asked for: the rest
+    /// carried filler for a stream of the batch that was not back in time.
+    rows_stepped: AtomicU64,
+    rows_asked: AtomicU64,
 }
 
 struct Worker {
@@ -180,6 +184,16 @@ impl DraftPool {
     /// streams stepping together (see [`StepTimes::speed`]).
     pub fn speed(&self, i: usize, live: usize) -> Option<f64> {
         self.workers.get(i)?.load.times.lock().ok()?.speed(live)
+    }
+
+    /// Rows the workers' decode steps ran, and how many of them streams had asked for.
+    pub fn rows(&self) -> (u64, u64) {
+        self.workers.iter().fold((0, 0), |(s, a), w| {
+            (
+                s + w.load.rows_stepped.load(Ordering::Relaxed),
+                a + w.load.rows_asked.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// Whether worker `w` can take one more stream reaching `positions` positions.
@@ -369,7 +383,7 @@ fn worker_loop<M: Rows>(mut batch: Batch<M>, rx: &Receiver<Job>, load: &Load) {
                 Err(_) => return,
             }
         }
-        let deadline = stepped_at + GATHER;
+        let deadline = stepped_at + gather_wait(load, batch.width());
         loop {
             queue.extend(rx.try_iter());
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -487,11 +501,32 @@ fn run_step<M: Rows>(
     let single = asks.iter().all(|a| a.tokens.len() == 1);
     let results = timed_extend(batch, &asks, load, single);
     metrics::histogram!("approxy_draft_step_streams").record(asks.len() as f64);
+    if single {
+        let idle = batch.width().saturating_sub(asks.len());
+        load.rows_stepped
+            .fetch_add(batch.width() as u64, Ordering::Relaxed);
+        load.rows_asked
+            .fetch_add(asks.len() as u64, Ordering::Relaxed);
+        metrics::counter!("approxy_draft_idle_rows_total").increment(idle as u64);
+    }
     let seqs = jobs.iter().map(|j| j.seq).collect();
     for (job, r) in jobs.into_iter().zip(results) {
         let _ = job.reply.send(r);
     }
     Some(seqs)
+}
+
+/// How long the worker waits after a step of `width` rows for that step's streams to ask
+/// again: a row's share of the step, at least [`GATHER`]. Stepping without a late stream
+/// runs its row on filler, which costs the batch about a row's share of the step, and the
+/// stream then waits a whole step; waiting that long for it costs the batch no more. With a
+/// fixed 2 ms, eight streams whose loops each read their 151,936 logits on one runtime thread
+/// left one row in eight to filler (`approxy bench streams` reports the rows so wasted).
+fn gather_wait(load: &Load, width: usize) -> Duration {
+    let step_ms = load.times.lock().ok().and_then(|t| t.predict(width));
+    step_ms.map_or(GATHER, |ms| {
+        GATHER.max(Duration::from_secs_f64(ms / 1e3 / width.max(1) as f64))
+    })
 }
 
 /// One batched run of `asks`; when `record`, its time goes into the worker's step times at the
