@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod capacity;
+mod gather;
 pub mod kv;
 pub mod lazy;
 pub mod pool;

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -19,6 +19,7 @@ use async_trait::async_trait;
 
 use super::batch::{Batch, Extend, Rows, SeqId};
 use super::capacity::StepTimes;
+use super::gather::Gather;
 use super::session::DraftSession;
 use super::{Draft, DraftConfig, DraftMeta, DraftWorkers, PositionOutput};
 use crate::error::EngineError;
@@ -40,12 +41,10 @@ struct Job {
     seq: SeqId,
     op: Op,
     reply: Reply,
+    /// When the call was made: how soon a stream asks again after its answer, whenever the
+    /// worker sees the ask.
+    asked: Instant,
 }
-
-/// The least a worker waits, after a step, for the sequences of that step to ask for their
-/// next one before it steps without them (see [`gather_wait`]); one that has gone to the
-/// target is not waited for again.
-pub const GATHER: Duration = Duration::from_millis(2);
 
 /// What a worker shares with the leases: its load and its measured speed.
 #[derive(Debug, Default)]
@@ -317,6 +316,7 @@ impl DraftLease {
             seq: self.seq,
             op,
             reply,
+            asked: Instant::now(),
         };
         match self.workers[self.idx].tx.try_send(job) {
             Ok(()) => {}
@@ -362,6 +362,7 @@ impl Drop for DraftLease {
             seq: self.seq,
             op: Op::Close,
             reply,
+            asked: Instant::now(),
         });
         if let Ok(mut r) = w.load.reserved.lock() {
             r.remove(&self.seq);
@@ -370,37 +371,41 @@ impl Drop for DraftLease {
     }
 }
 
-/// The worker: takes what is queued, waits briefly for the streams of the last step, runs
-/// the cheap calls at once, one prefill, then one batched step for every extend.
+/// The worker: takes what is queued, waits briefly for the streams of the last step that keep
+/// pace (see [`Gather`]), runs the cheap calls at once, one prefill, then one batched step for
+/// every extend.
 fn worker_loop<M: Rows>(mut batch: Batch<M>, rx: &Receiver<Job>, load: &Load) {
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut stepped: Vec<SeqId> = Vec::new();
     let mut stepped_at = Instant::now();
+    let mut gather = Gather::default();
     loop {
         if queue.is_empty() {
             match rx.recv() {
-                Ok(j) => queue.push_back(j),
+                Ok(j) => take(&mut queue, &mut gather, j),
                 Err(_) => return,
             }
         }
-        let deadline = stepped_at + gather_wait(load, batch.width());
+        let deadline = stepped_at + gather.wait();
         loop {
-            queue.extend(rx.try_iter());
+            for j in rx.try_iter() {
+                take(&mut queue, &mut gather, j);
+            }
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 run_cheap(&mut batch, &mut queue);
             }));
             if run.is_err() {
                 recover(&mut batch, &mut queue);
             }
-            let waiting = stepped
-                .iter()
-                .any(|s| batch.holds(*s) && !queue.iter().any(|j| j.seq == *s));
+            let waiting = stepped.iter().any(|s| {
+                batch.holds(*s) && gather.waits_for(*s) && !queue.iter().any(|j| j.seq == *s)
+            });
             let now = Instant::now();
             if !waiting || now >= deadline {
                 break;
             }
             match rx.recv_timeout(deadline - now) {
-                Ok(j) => queue.push_back(j),
+                Ok(j) => take(&mut queue, &mut gather, j),
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -411,8 +416,15 @@ fn worker_loop<M: Rows>(mut batch: Batch<M>, rx: &Receiver<Job>, load: &Load) {
         }));
         match run {
             Ok(Some(s)) => {
-                stepped = s;
                 stepped_at = Instant::now();
+                let step_ms = load
+                    .times
+                    .lock()
+                    .ok()
+                    .and_then(|t| t.predict(batch.width()));
+                gather.keep(|q| batch.holds(q));
+                gather.answered(&s, stepped_at, Gather::wait_after(step_ms, batch.width()));
+                stepped = s;
             }
             Ok(None) => {}
             Err(_) => recover(&mut batch, &mut queue),
@@ -421,6 +433,14 @@ fn worker_loop<M: Rows>(mut batch: Batch<M>, rx: &Receiver<Job>, load: &Load) {
             batch.trim(IDLE_KV_POSITIONS);
         }
     }
+}
+
+/// Queues `job`, noting how soon its stream asked again (see [`Gather::asked`]).
+fn take(queue: &mut VecDeque<Job>, gather: &mut Gather, job: Job) {
+    if matches!(job.op, Op::Extend(..) | Op::Rollback(_)) {
+        gather.asked(job.seq, job.asked);
+    }
+    queue.push_back(job);
 }
 
 /// Rollbacks and closes, which compute nothing, and calls whose caller has gone.
@@ -514,19 +534,6 @@ fn run_step<M: Rows>(
         let _ = job.reply.send(r);
     }
     Some(seqs)
-}
-
-/// How long the worker waits after a step of `width` rows for that step's streams to ask
-/// again: a row's share of the step, at least [`GATHER`]. Stepping without a late stream
-/// runs its row on filler, which costs the batch about a row's share of the step, and the
-/// stream then waits a whole step; waiting that long for it costs the batch no more. With a
-/// fixed 2 ms, eight streams whose loops each read their 151,936 logits on one runtime thread
-/// left one row in eight to filler (`approxy bench streams` reports the rows so wasted).
-fn gather_wait(load: &Load, width: usize) -> Duration {
-    let step_ms = load.times.lock().ok().and_then(|t| t.predict(width));
-    step_ms.map_or(GATHER, |ms| {
-        GATHER.max(Duration::from_secs_f64(ms / 1e3 / width.max(1) as f64))
-    })
 }
 
 /// One batched run of `asks`; when `record`, its time goes into the worker's step times at the

@@ -1,4 +1,5 @@
 use std::sync::Mutex;
+use std::time::Duration;
 
 use super::super::batch::tests::{Scripted, output_of};
 use super::*;
@@ -237,7 +238,7 @@ async fn a_stream_dropped_mid_call_leaves_the_others_untouched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_slower_than_the_least_wait_still_step_together() {
     // Each stream takes 3 to 6 ms between its steps (decode loops scanning their logits on a
-    // busy core), longer than GATHER; a step of four rows takes 40 ms, so the worker waits 10.
+    // busy core), longer than the least wait (2 ms); a step of four rows takes 40 ms, so the worker waits 10.
     let (pool, _) = pool(4, 0.0, Duration::from_millis(40));
     let slow = |d: Box<dyn Draft>, first: u32| async move {
         let mut next = d.prefill(vec![first, first + 1]).await.unwrap().logits[0] as u32;
@@ -257,7 +258,7 @@ async fn streams_slower_than_the_least_wait_still_step_together() {
     }
     let (stepped, asked) = pool.rows();
     // The streams start one prefill a round apart, so a first step may run without one. A
-    // fixed wait of GATHER stepped 76 rows for these 40.
+    // fixed wait of 2 ms stepped 76 rows for these 40.
     assert!(
         asked as f64 >= 0.8 * stepped as f64,
         "{asked} of {stepped} rows asked for: the worker stepped without streams it should have waited for"
