@@ -187,6 +187,8 @@ fn usage(p: &Priced, a: &Answer) -> Value {
     u["approxy"]["target_call_records"] = json!(s.calls);
     // Of the calls, the warm of the prompt (`target.cache.warm`): 0 or 1.
     u["approxy"]["target_warms"] = json!(s.target_warms);
+    // Of the calls, those that took a span on (`correction.ask = "fewest"`).
+    u["approxy"]["span_continuations"] = json!(s.span_continuations);
     u["approxy"]["price_class"] = json!(m.policy.price.class());
     u["approxy"]["cost_unit"] = json!(p.unit.name());
     u["approxy"]["estimated_cost"] = json!(cost.approxy);

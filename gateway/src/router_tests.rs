@@ -378,13 +378,18 @@ async fn a_span_correction_is_reported_in_usage() {
     assert_eq!(v["choices"][0]["message"]["content"], "abcdefghij");
     let a = &v["usage"]["approxy"];
     assert_eq!(a["correction"], "span");
+    // An unpriced model on llama-server asks for the fewest tokens that could end the span:
+    // d e f (the rejected position and the 2 that could agree; none did), then g h, which
+    // did. The target stopped by itself each time: nothing is billed for a close.
     assert_eq!(
         (
             a["target_calls"].as_u64(),
+            a["span_continuations"].as_u64(),
             a["span_resyncs"].as_u64(),
-            a["target_tokens"].as_u64()
+            a["target_tokens"].as_u64(),
+            a["target_inflight_tokens"].as_u64()
         ),
-        (Some(1), Some(1), Some(5))
+        (Some(2), Some(1), Some(1), Some(5), Some(0))
     );
 }
 

@@ -100,7 +100,26 @@ pub enum Correction {
         resync: u32,
         /// What decides, once the draft agrees, whether the span ends.
         end: SpanClose,
+        /// Tokens each of its calls asks for.
+        ask: SpanAsk,
     },
+}
+
+/// How many tokens each call of a span asks the target for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpanAsk {
+    /// The rest of the span, in one streamed call that is closed where the span ends: one
+    /// call a span, but a target that notices a closed stream only at its next write goes on
+    /// generating meanwhile ([`TOKENS_IN_FLIGHT_AT_CLOSE`] on llama-server), and those tokens
+    /// are paid for unseen.
+    #[default]
+    All,
+    /// The fewest that could end the span (the agreeing tokens still missing, and the
+    /// rejected position's on the first call); while the span has not ended, another call
+    /// takes it on from where the last stopped. The target stops by itself at each call's
+    /// end, so nothing is generated unseen, for a call more wherever the draft does not catch
+    /// up at once. For a target whose calls are cheap (a prompt cache on the same slot).
+    Fewest,
 }
 
 /// Whether a span the draft has caught up with ends there.
@@ -302,6 +321,9 @@ pub struct Stats {
     /// Spans the draft caught up with that went on because the cost guard would not have made
     /// the next call (`SpanClose::Expected`).
     pub spans_kept: u32,
+    /// Calls that took a span on after the call before it gave the fewest tokens that could
+    /// have ended it (`SpanAsk::Fewest`); counted in `target_calls`, not by the call cap.
+    pub span_continuations: u32,
     /// Tokens the target generated that were not used (a span cancelled mid-chunk); paid for
     /// all the same.
     pub target_discarded_tokens: u64,
@@ -408,6 +430,7 @@ impl Stats {
             call_cap,
             resyncs,
             spans_kept,
+            span_continuations,
             target_discarded_tokens,
             target_inflight_tokens,
             windows,
@@ -451,6 +474,7 @@ impl Stats {
         self.spans_for_windows |= spans_for_windows;
         self.resyncs += resyncs;
         self.spans_kept += spans_kept;
+        self.span_continuations += span_continuations;
         self.target_discarded_tokens += target_discarded_tokens;
         self.target_inflight_tokens += target_inflight_tokens;
         self.windows += windows;

@@ -41,7 +41,7 @@ pub mod verify;
 
 pub use decode::{
     BailoutBudget, Correction, DecodeSettings, Engine, FinishReason, GenerateRequest, Source,
-    SpanClose, Stats, TokenEvent, Verification,
+    SpanAsk, SpanClose, Stats, TokenEvent, Verification,
 };
 pub use draft::lazy::LazyDraftPool;
 pub use draft::pool::{DraftLease, DraftPool};

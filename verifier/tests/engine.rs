@@ -12,7 +12,7 @@ use std::time::Duration;
 use approxy_verifier::targets::{ContinuationRequest, LlamaCppTarget, TargetClient};
 use approxy_verifier::{
     BailoutBudget, Correction, DraftPool, DraftWorkers, EngineError, FinishReason, SamplingParams,
-    Source, SpanClose, TargetError, TokenEvent,
+    Source, SpanAsk, SpanClose, TargetError, TokenEvent,
 };
 use common::Counting;
 
@@ -155,6 +155,7 @@ async fn span_corrections_with_nothing_accepted_equal_target_greedy_in_few_calls
             max_span: 16,
             resync: 3,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         };
         let (ids, _, stats) = common::run(&engine, &pool, req)
             .await
@@ -203,6 +204,7 @@ async fn span_corrections_resync_and_make_fewer_calls_than_one_token_corrections
             max_span: 32,
             resync: 3,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         };
         let (_, _, span) = common::run(&engine, &pool, req)
             .await
@@ -242,6 +244,7 @@ async fn overlapped_spans_give_the_same_answer_in_the_same_calls() {
                 max_span: 32,
                 resync: 3,
                 end: SpanClose::Resync,
+                ask: SpanAsk::All,
             };
             req.settings_mut().overlap = overlap;
             let (ids, _, stats) = common::run(&engine, &pool, req)

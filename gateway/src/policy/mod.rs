@@ -427,6 +427,7 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use approxy_verifier::SpanAsk;
 
     const GOOD: &str = r#"
 [target]
@@ -806,12 +807,15 @@ max_cost_ratio = -1
             c(with("correction = { mode = \"fixed\", tokens = 3 }")?),
             Some(Correction::Fixed { tokens: 3 })
         );
+        // GOOD gives a price list, which bills every call's re-sent prefix: one streamed call
+        // a span.
         assert_eq!(
             c(with("correction = { mode = \"span\" }")?),
             Some(Correction::Span {
                 max_span: 32,
                 resync: 3,
                 end: validate::DEFAULT_SPAN_CLOSE,
+                ask: SpanAsk::All,
             })
         );
         assert_eq!(
@@ -822,8 +826,35 @@ max_cost_ratio = -1
                 max_span: 16,
                 resync: 2,
                 end: validate::DEFAULT_SPAN_CLOSE,
+                ask: SpanAsk::All,
             })
         );
+        // Without one, llama-server (which writes on after a closed stream) is asked for the
+        // fewest tokens; vLLM, which aborts a closed stream at once, for the whole span.
+        let unpriced = |kind: &str| {
+            GOOD.replace("kind = \"llama_cpp\"", &format!("kind = {kind:?}"))
+                .replace(
+                    "price = { input = 0.5, cached_input = 0.05, output = 1.5 }\n",
+                    "correction = { mode = \"span\" }\n",
+                )
+        };
+        for (kind, ask) in [("llama_cpp", SpanAsk::Fewest), ("vllm", SpanAsk::All)] {
+            assert!(
+                matches!(
+                    c(Policy::parse(&unpriced(kind), Path::new("p.toml"))?),
+                    Some(Correction::Span { ask: a, .. }) if a == ask
+                ),
+                "{kind}"
+            );
+        }
+        for (word, ask) in [("fewest", SpanAsk::Fewest), ("all", SpanAsk::All)] {
+            assert!(matches!(
+                c(with(&format!(
+                    "correction = {{ mode = \"span\", ask = \"{word}\" }}"
+                ))?),
+                Some(Correction::Span { ask: a, .. }) if a == ask
+            ));
+        }
         for (word, end) in [
             ("expected", approxy_verifier::SpanClose::Expected),
             ("resync", approxy_verifier::SpanClose::Resync),
@@ -835,7 +866,8 @@ max_cost_ratio = -1
                 Some(Correction::Span {
                     max_span: 32,
                     resync: 3,
-                    end
+                    end,
+                    ask: SpanAsk::All,
                 })
             );
         }
@@ -844,6 +876,8 @@ max_cost_ratio = -1
             "correction = { mode = \"fixed\", resync = 3 }",
             "correction = { mode = \"fixed\", end = \"expected\" }",
             "correction = { mode = \"span\", end = \"never\" }",
+            "correction = { mode = \"span\", ask = \"some\" }",
+            "correction = { mode = \"fixed\", ask = \"fewest\" }",
             "correction = { mode = \"sometimes\" }",
             "correction = { mode = \"span\", max_span = 0 }",
             "correction_tokens = 2\ncorrection = { mode = \"fixed\" }",

@@ -309,7 +309,7 @@ pub struct RawModel {
 }
 
 /// `correction = { mode = "fixed", tokens = N }` or
-/// `{ mode = "span", max_span = N, resync = K, end = "expected" | "resync" }`.
+/// `{ mode = "span", max_span = N, resync = K, end = "expected" | "resync", ask = "fewest" | "all" }`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCorrection {
@@ -328,6 +328,12 @@ pub struct RawCorrection {
     /// call) or `resync` (always).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end: Option<String>,
+    /// Span: what each call asks for: `fewest` (the tokens that could end the span, another
+    /// call following while it has not ended) or `all` (the rest of the span in one stream,
+    /// closed where it ends). By default `fewest` for a target that writes on after a closed
+    /// stream (llama-server) unless the model gives a price list, else `all`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
 }
 
 /// Bail-out budget.

@@ -9,7 +9,7 @@ use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::grammar::{Fence, JsonLayout};
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
-use approxy_verifier::{BailoutBudget, Correction, SpanClose, TargetKind, Verification};
+use approxy_verifier::{BailoutBudget, Correction, SpanAsk, SpanClose, TargetKind, Verification};
 
 use super::raw::{
     RawBailout, RawBusyRates, RawCache, RawCorrection, RawDraft, RawGateway, RawModel,
@@ -472,7 +472,12 @@ impl Validator {
         let mode = self.mode(&f, &m.mode);
         let verifier = self.verifier(&f, m.verifier.as_deref());
         let threshold = self.threshold(&f, &m, mode, &verifier);
-        let correction = self.model_correction(&f, &m);
+        // A span asks for only the tokens it could use where a close would cost more than a
+        // call: a target that writes on after a close, paid for in its own time (a price
+        // list bills every call's re-sent prefix).
+        let fewest =
+            kind.abilities().writes_after_close && !matches!(m.price, Some(RawPricing::List(_)));
+        let correction = self.model_correction(&f, &m, fewest);
         let verification = self.verification(&f, m.verification.as_deref(), kind);
         let (max_cost_ratio, guard) = self.guard(&f, &m);
         let bailout = self.bailout(&f, m.bailout.as_ref());
@@ -697,7 +702,7 @@ impl Validator {
         }
     }
 
-    fn model_correction(&mut self, f: Field, m: &RawModel) -> Correction {
+    fn model_correction(&mut self, f: Field, m: &RawModel, fewest: bool) -> Correction {
         match (m.correction_tokens, &m.correction) {
             (Some(_), Some(_)) => {
                 self.err(format!(
@@ -708,7 +713,7 @@ impl Validator {
                 Correction::Fixed { tokens: 1 }
             }
             (Some(tokens), None) => self.fixed(&f("correction_tokens"), tokens),
-            (None, Some(c)) => self.correction(&f("correction"), c),
+            (None, Some(c)) => self.correction(&f("correction"), c, fewest),
             (None, None) => Correction::Fixed { tokens: 1 },
         }
     }
@@ -883,12 +888,14 @@ impl Validator {
         Correction::Fixed { tokens }
     }
 
-    fn correction(&mut self, field: &str, c: &RawCorrection) -> Correction {
+    /// `fewest`: what a span's calls ask for by default (see [`SpanAsk`]).
+    fn correction(&mut self, field: &str, c: &RawCorrection, fewest: bool) -> Correction {
         match c.mode.as_str() {
             "fixed" => {
-                if c.max_span.is_some() || c.resync.is_some() || c.end.is_some() {
+                if c.max_span.is_some() || c.resync.is_some() || c.end.is_some() || c.ask.is_some()
+                {
                     self.err(format!(
-                        "{field}: max_span, resync and end belong to mode = \"span\""
+                        "{field}: max_span, resync, end and ask belong to mode = \"span\""
                     ));
                 }
                 self.fixed(field, c.tokens.unwrap_or(1))
@@ -915,10 +922,23 @@ impl Validator {
                         DEFAULT_SPAN_CLOSE
                     }
                 };
+                let ask = match c.ask.as_deref() {
+                    None if fewest => SpanAsk::Fewest,
+                    None => SpanAsk::All,
+                    Some("fewest") => SpanAsk::Fewest,
+                    Some("all") => SpanAsk::All,
+                    Some(other) => {
+                        self.err(format!(
+                            "{field}: ask {other:?} is not one of \"fewest\", \"all\""
+                        ));
+                        SpanAsk::All
+                    }
+                };
                 Correction::Span {
                     max_span,
                     resync,
                     end,
+                    ask,
                 }
             }
             other => {

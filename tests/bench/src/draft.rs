@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use approxy_verifier::decode::{Correction, DecodeSettings, Engine, GenerateRequest, SpanClose};
+use approxy_verifier::decode::{
+    Correction, DecodeSettings, Engine, GenerateRequest, SpanAsk, SpanClose,
+};
 use approxy_verifier::sampling::argmax;
 use approxy_verifier::targets::{Continuation, ContinuationRequest};
 use approxy_verifier::verify::Features;
@@ -193,6 +195,7 @@ async fn engine_speed(
                     max_span: 32,
                     resync: 3,
                     end: SpanClose::Resync,
+                    ask: SpanAsk::All,
                 },
                 ..DecodeSettings::default()
             }),

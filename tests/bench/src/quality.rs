@@ -34,7 +34,7 @@ use approxy_gateway::policy::raw::{
 };
 use approxy_gateway::policy::{ModelPolicy, Policy, Price, Pricing};
 use approxy_setup::Home;
-use approxy_verifier::{Correction, SpanClose};
+use approxy_verifier::{Correction, SpanAsk, SpanClose};
 
 pub use super::configs::{Config, Route, configs};
 pub use super::summary::{ConfigRun, ProblemRun, RunSummary, Summary, summarize};
@@ -162,6 +162,7 @@ pub(crate) fn raw_correction(c: Correction) -> RawCorrection {
             max_span,
             resync,
             end,
+            ask,
         } => RawCorrection {
             mode: "span".into(),
             max_span: Some(max_span),
@@ -170,6 +171,13 @@ pub(crate) fn raw_correction(c: Correction) -> RawCorrection {
                 match end {
                     SpanClose::Expected => "expected",
                     SpanClose::Resync => "resync",
+                }
+                .into(),
+            ),
+            ask: Some(
+                match ask {
+                    SpanAsk::Fewest => "fewest",
+                    SpanAsk::All => "all",
                 }
                 .into(),
             ),
@@ -186,20 +194,19 @@ pub fn correction_words(c: Correction) -> String {
         Correction::Span {
             max_span,
             resync,
-            end: SpanClose::Resync,
+            end,
+            ask,
         } => {
-            format!(
+            let mut words = format!(
                 "a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row"
-            )
-        }
-        Correction::Span {
-            max_span,
-            resync,
-            end: SpanClose::Expected,
-        } => {
-            format!(
-                "a streamed span of up to {max_span} target tokens per rejection, ended once the draft predicts {resync} in a row if the cost guard would make the next call"
-            )
+            );
+            if end == SpanClose::Expected {
+                words += " if the cost guard would make the next call";
+            }
+            if ask == SpanAsk::Fewest {
+                words += ", each call asking for the fewest tokens that could end it";
+            }
+            words
         }
     }
 }

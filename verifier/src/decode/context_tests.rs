@@ -130,6 +130,7 @@ async fn the_loop_and_training_see_the_same_context_after_spans() -> Result<(), 
             max_span: 8,
             resync: 2,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         },
         Verification::Approximate,
     )

@@ -92,6 +92,7 @@ async fn target_tokens_the_grammar_refuses_end_its_part_and_the_draft_writes_the
             max_span: 8,
             resync: 2,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         },
     ] {
         let mut req = constrained(GrammarSpec::JsonSchema(person()), 0.99, 64);
@@ -139,6 +140,7 @@ async fn a_target_that_ends_inside_the_object_leaves_the_rest_to_the_draft()
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
+        ask: SpanAsk::All,
     };
     let o = run(
         DraftScript::says("{\"age\": 42, \"ok\": false}", 0.3),
@@ -249,6 +251,7 @@ fn corrections() -> [Correction; 2] {
             max_span: 8,
             resync: 2,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         },
     ]
 }

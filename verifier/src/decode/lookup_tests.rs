@@ -122,7 +122,7 @@ proptest! {
         script.confidence = confidence;
         let mut req = with_prompt(request(0.5, 32), &prompt);
         if span {
-            req.settings_mut().correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync };
+            req.settings_mut().correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync, ask: SpanAsk::All };
         }
         let (off, on) = rt
             .block_on(both(script, &target, req, most))

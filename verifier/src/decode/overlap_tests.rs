@@ -65,6 +65,7 @@ async fn guesses_drafted_during_a_span_are_kept_where_the_target_agrees() -> Res
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
+        ask: SpanAsk::All,
     };
     let (off, on) = both(
         unsure_draft("abcdefghij"),
@@ -95,6 +96,7 @@ async fn guesses_that_the_target_overrules_are_rolled_back() -> Result<(), Engin
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
+        ask: SpanAsk::All,
     };
     let mut draft = DraftScript::says("abcxyzghij", 0.95);
     draft.confidence = vec![0.95, 0.95, 0.95, 0.1];
@@ -135,6 +137,7 @@ async fn without_overlap_the_draft_waits() -> Result<(), EngineError> {
         max_span: 32,
         resync: 3,
         end: SpanClose::Resync,
+        ask: SpanAsk::All,
     };
     let o = run(
         unsure_draft("abcdefghij"),
@@ -169,7 +172,7 @@ proptest! {
         let windows = mode >= 2;
         match mode {
             0 => req.settings_mut().correction = Correction::Fixed { tokens: 2 },
-            1 => req.settings_mut().correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync },
+            1 => req.settings_mut().correction = Correction::Span { max_span: 8, resync: 2, end: SpanClose::Resync, ask: SpanAsk::All },
             2 => req.settings_mut().verification = Verification::ApproximateWindows,
             _ => req.settings_mut().verification = Verification::Exact,
         }

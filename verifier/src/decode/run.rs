@@ -11,8 +11,8 @@ use super::calls::{CallKind, CallRecord, settle};
 use super::cursor::Cursor;
 use super::warm::{WarmCall, Warmed};
 use super::{
-    Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanClose, Stats,
-    TIE_MARGIN, TokenEvent, Verification,
+    Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanAsk,
+    SpanClose, Stats, TIE_MARGIN, TokenEvent, Verification,
 };
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
@@ -116,6 +116,39 @@ pub(super) enum Corrected {
     Resume(PositionOutput),
     /// The generation ended.
     Finished(FinishReason),
+}
+
+/// How a span ends and what its calls ask for (the policy's `Correction::Span`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SpanRule {
+    /// Its longest.
+    pub max_span: u32,
+    /// Agreeing tokens that let it end.
+    pub resync: u32,
+    /// Whether it ends once they have.
+    pub end: SpanClose,
+    /// Tokens each call asks for.
+    pub ask: SpanAsk,
+}
+
+/// Where a span stands between its calls.
+struct SpanProgress {
+    /// The draft's output at the next position.
+    out: PositionOutput,
+    /// Target tokens so far, over its calls.
+    received: u32,
+    /// Of the last of those, how many in a row the draft predicted with confidence.
+    agreeing: u32,
+    /// Whether it went on after the draft caught up (`SpanClose::Expected`).
+    kept: bool,
+}
+
+/// How one call of a span ended.
+enum CallEnd {
+    /// The span ended in it.
+    Span(SpanEnd),
+    /// It gave this many tokens and the span has not ended.
+    Gave(SpanProgress, u32),
 }
 
 /// How a span ended.
@@ -372,7 +405,7 @@ impl<'a> Run<'a> {
 
     /// The calls the cap counts: all but the warm.
     fn calls_capped(&self) -> u32 {
-        self.stats.target_calls - self.stats.target_warms
+        self.stats.target_calls - self.stats.target_warms - self.stats.span_continuations
     }
 
     /// True once, after the grammar refused a target token (see `draft_owns_next`).
@@ -1238,11 +1271,16 @@ impl<'a> Run<'a> {
                 None if self.last_target_tokens.is_empty() => Corrected::Resume(out),
                 None => Corrected::Produced(self.last_target_tokens.clone()),
             },
-            Correction::Span { resync, end, .. } => {
-                match self
-                    .span(cursor, verifier, out, asked, resync.max(1), end)
-                    .await?
-                {
+            Correction::Span {
+                resync, end, ask, ..
+            } => {
+                let rule = SpanRule {
+                    max_span: asked,
+                    resync: resync.max(1),
+                    end,
+                    ask,
+                };
+                match self.span(cursor, verifier, out, rule).await? {
                     SpanEnd::Resume(next) => Corrected::Resume(next),
                     SpanEnd::Finished(reason) => Corrected::Finished(reason),
                 }
@@ -1253,47 +1291,90 @@ impl<'a> Run<'a> {
     /// Streams a correction of at most `max_span` tokens. Each target token is emitted as it
     /// arrives and fed to the draft (tokens that arrived together in one call); the draft's
     /// output before it says whether the draft would have written it, confidently. After
-    /// `resync` such tokens in a row the stream may be dropped (`end` decides), which closes
-    /// the connection and stops the target, and drafting resumes.
+    /// `resync` such tokens in a row the span may end (`end` decides), and drafting resumes.
+    /// Under [`SpanAsk::All`] one call asks for the whole span, and its stream is closed
+    /// where the span ends, which stops the target. Under [`SpanAsk::Fewest`] each call asks
+    /// for the fewest tokens that could end the span, and another follows while it has not
+    /// ended: no stream is closed early, for a target that writes on after a close.
     pub(super) async fn span(
         &mut self,
         cursor: &mut Cursor<'_>,
         verifier: &dyn Verifier,
-        mut out: PositionOutput,
-        max_span: u32,
-        resync: u32,
-        end: SpanClose,
+        out: PositionOutput,
+        rule: SpanRule,
     ) -> Result<SpanEnd, EngineError> {
-        let creq = self.next_call(CallKind::Span, max_span).await;
-        let engine = self.engine;
+        let mut at = SpanProgress {
+            out,
+            received: 0,
+            agreeing: 0,
+            kept: false,
+        };
+        loop {
+            let left = rule.max_span - at.received;
+            // The first token is where the draft was rejected, so it cannot agree.
+            let fewest = rule.resync.saturating_sub(at.agreeing) + u32::from(at.received == 0);
+            let asked = match rule.ask {
+                SpanAsk::Fewest if !at.kept && fewest < left => fewest,
+                _ => left,
+            };
+            if at.received > 0 {
+                self.stats.span_continuations += 1;
+            }
+            let creq = self.next_call(CallKind::Span, asked).await;
+            let got;
+            (at, got) = match self.span_call(cursor, verifier, &creq, rule, at).await? {
+                CallEnd::Span(end) => return Ok(end),
+                CallEnd::Gave(at, got) => (at, got),
+            };
+            if got == 0 {
+                return Err(TargetError::Protocol("target streamed no tokens".into()).into());
+            }
+            // The call gave what it was asked for and the span may go on: the next call
+            // continues it. Otherwise (the span's length, or a target that stopped short) the
+            // draft resumes.
+            if got < asked || at.received >= rule.max_span {
+                return Ok(SpanEnd::Resume(at.out));
+            }
+        }
+    }
+
+    /// Reads one call of a span (see [`Run::span`]): the span's end if it ended in it, else
+    /// where the span stands and the tokens the call gave.
+    async fn span_call(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        verifier: &dyn Verifier,
+        creq: &ContinuationRequest,
+        rule: SpanRule,
+        mut at: SpanProgress,
+    ) -> Result<CallEnd, EngineError> {
         // A guess is used only while the target keeps to the draft's path, and the span ends
         // once the draft has predicted `resync` tokens: more guesses than that are rarely used
         // and take cores a target on the same machine could use.
-        let guesses = resync as usize + 1;
+        let guesses = rule.resync as usize + 1;
+        let engine = self.engine;
         let Some(stream) = self
             .wait(
                 cursor,
-                &out,
+                &at.out,
                 None,
                 guesses,
-                engine.target.stream_tokens(&creq),
+                engine.target.stream_tokens(creq),
             )
             .await?
         else {
-            return Ok(SpanEnd::Finished(FinishReason::Cancelled));
+            return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Cancelled)));
         };
         let mut stream = stream?;
-        let mut received = 0u64;
-        let mut agreeing = 0u32;
-        let mut kept = false;
+        let mut got = 0u32;
         // The stream ended while what had arrived was taken: it is not read again.
         let mut ended = false;
         while !ended {
             let Some(first) = self
-                .wait(cursor, &out, None, guesses, stream.next())
+                .wait(cursor, &at.out, None, guesses, stream.next())
                 .await?
             else {
-                return Ok(SpanEnd::Finished(FinishReason::Cancelled));
+                return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Cancelled)));
             };
             let Some(first) = first else { break };
             let Arrived {
@@ -1303,19 +1384,19 @@ impl<'a> Run<'a> {
                 failed,
             } = self.take_arrived(first, &mut stream, &mut ended);
             for (i, &token) in batch.iter().enumerate() {
-                received += 1;
+                at.received += 1;
+                got += 1;
                 self.last_prefix_len += 1;
                 let unused = (batch.len() - i - 1) as u64;
-                let (confident, entropy) = if out.top1() == token {
-                    self.judge(verifier, &out, token)
+                let (confident, entropy) = if at.out.top1() == token {
+                    self.judge(verifier, &at.out, token)
                 } else {
                     (false, None)
                 };
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += unused + 1;
-                    if !ended {
-                        self.count_unread(&mut stream);
-                    }
+                    let done = got >= creq.max_tokens;
+                    self.end_call(&mut stream, ended, done).await;
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
@@ -1323,56 +1404,51 @@ impl<'a> Run<'a> {
                     // draft goes on after it.
                     if let Some(alt) = self.allowed_alternative(alternatives.get(i)).await? {
                         if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
-                            return Ok(SpanEnd::Finished(reason));
+                            return Ok(CallEnd::Span(SpanEnd::Finished(reason)));
                         }
-                        out = cursor.commit(&[alt]).await?;
+                        at.out = cursor.commit(&[alt]).await?;
                     }
-                    return Ok(SpanEnd::Resume(out));
+                    return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
                 }
-                agreeing = if confident { agreeing + 1 } else { 0 };
-                let seen = self.record(&out, token, entropy);
+                at.agreeing = if confident { at.agreeing + 1 } else { 0 };
+                let seen = self.record(&at.out, token, entropy);
                 if let Some(reason) = self.emit(&[token], Source::Target, seen).await? {
                     self.stats.target_discarded_tokens += unused;
-                    if ended {
-                        // Nothing is left to read.
-                    } else if self.upstream_is_done(reason, received, u64::from(creq.max_tokens)) {
-                        self.drain_usage(&mut stream).await;
-                    } else {
-                        self.count_unread(&mut stream);
-                    }
-                    return Ok(SpanEnd::Finished(reason));
+                    let done =
+                        self.upstream_is_done(reason, u64::from(got), u64::from(creq.max_tokens));
+                    self.end_call(&mut stream, ended, done).await;
+                    return Ok(CallEnd::Span(SpanEnd::Finished(reason)));
                 }
                 if cursor.ahead_output(0, token).is_none() {
                     // This token and those after it that have arrived, up to the fewest that
                     // could end the span (all confident), go to the draft in one call: cheaper
                     // than one call each, and none is fed that the span may not need.
-                    let n = (resync.saturating_sub(agreeing) as usize + 1).min(batch.len() - i);
+                    let n =
+                        (rule.resync.saturating_sub(at.agreeing) as usize + 1).min(batch.len() - i);
                     cursor.feed(&batch[i..i + n], 0).await?;
                 }
-                out = cursor.commit(&[token]).await?;
-                if agreeing >= resync && !self.keeps_span(end, max_span, &mut kept) {
+                at.out = cursor.commit(&[token]).await?;
+                if at.agreeing >= rule.resync
+                    && !self.keeps_span(rule.end, rule.max_span, &mut at.kept)
+                {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;
-                    if !ended {
-                        self.count_unread(&mut stream);
-                    }
-                    return Ok(SpanEnd::Resume(out));
+                    let done = got >= creq.max_tokens;
+                    self.end_call(&mut stream, ended, done).await;
+                    return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
                 }
             }
             if let Some(e) = failed {
                 return Err(e.into());
             }
             if eos && !self.refuses_end() {
-                return Ok(SpanEnd::Finished(FinishReason::Stop));
+                return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Stop)));
             }
             if eos {
-                return Ok(SpanEnd::Resume(out));
+                return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
             }
         }
-        if received == 0 {
-            return Err(TargetError::Protocol("target streamed no tokens".into()).into());
-        }
-        Ok(SpanEnd::Resume(out))
+        Ok(CallEnd::Gave(at, got))
     }
 
     /// The tokens of a streamed chunk and of whatever else has arrived meanwhile (a fast
@@ -1452,6 +1528,19 @@ impl<'a> Run<'a> {
             FinishReason::Length => received >= asked,
             FinishReason::Stop => !self.hit_stop_sequence,
             FinishReason::Cancelled => false,
+        }
+    }
+
+    /// Leaves a call's stream that is still open once its tokens are no longer wanted: read
+    /// to its end when the target has nothing left to generate (`done`: it gave all it was
+    /// asked for, or its end-of-sequence), else closed, which stops the target.
+    async fn end_call(&mut self, stream: &mut TokenStream, ended: bool, done: bool) {
+        if ended {
+            // Nothing is left to read.
+        } else if done {
+            self.drain_usage(stream).await;
+        } else {
+            self.count_unread(stream);
         }
     }
 

@@ -345,6 +345,7 @@ pub(super) fn span(max_span: u32, resync: u32) -> Correction {
         max_span,
         resync,
         end: SpanClose::Resync,
+        ask: SpanAsk::All,
     }
 }
 
@@ -383,6 +384,43 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
         o.stats.spend().target_output_tokens,
         6 + crate::decode::TOKENS_IN_FLIGHT_AT_CLOSE
     );
+    Ok(())
+}
+
+/// Under `SpanAsk::Fewest` the same span is asked for in two calls, each for the fewest tokens
+/// that could end it, so the target stops by itself and no stream is closed early.
+#[tokio::test]
+async fn a_span_asking_the_fewest_tokens_closes_no_stream_early() -> Result<(), EngineError> {
+    let mut req = request(0.5, 64);
+    req.settings_mut().correction = Correction::Span {
+        max_span: 32,
+        resync: 3,
+        end: SpanClose::Resync,
+        ask: SpanAsk::Fewest,
+    };
+    let target =
+        ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
+    let o = run(diverging_draft(), target, req).await?;
+    assert_eq!(o.text, "abcdefghij", "the same answer as one streamed call");
+    // d e f g (the rejected position and the 3 that could agree): only g did; then h i, the
+    // two still missing, and the draft has caught up.
+    let asked: Vec<u32> = o.target.calls().iter().map(|c| c.max_tokens).collect();
+    assert_eq!(asked, [4, 2]);
+    assert_eq!(
+        (
+            o.stats.target_calls,
+            o.stats.span_continuations,
+            o.stats.resyncs
+        ),
+        (2, 1, 1)
+    );
+    assert_eq!((o.stats.target_tokens, o.stats.draft_tokens), (6, 4));
+    assert_eq!(o.target.streamed_tokens(), 6);
+    assert_eq!(
+        o.stats.target_inflight_tokens, 0,
+        "no stream was closed early"
+    );
+    assert_eq!(o.stats.spend().target_output_tokens, 6);
     Ok(())
 }
 
@@ -600,6 +638,7 @@ async fn an_expected_span_end_goes_on_where_the_guard_would_refuse_the_next_call
             max_span: 32,
             resync: 3,
             end,
+            ask: SpanAsk::All,
         };
         req.cost_guard = guard;
         req
@@ -1243,6 +1282,7 @@ async fn the_budget_guard_decides_differently_priced_by_the_target_s_time()
             max_span: 32,
             resync: 3,
             end: SpanClose::Resync,
+            ask: SpanAsk::All,
         };
         req.cost_guard = Some(Guard::Budget(BudgetGuard {
             price,

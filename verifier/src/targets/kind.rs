@@ -79,6 +79,13 @@ pub struct Abilities {
     /// Can keep an answer's calls on one of its slots when the policy asks
     /// (`target.cache.slots`; llama-server's `id_slot`).
     pub names_slots: bool,
+    /// Goes on generating after approxy closes a stream before its end, until it notices at
+    /// its next write (llama-server: [`crate::cost::TOKENS_IN_FLIGHT_AT_CLOSE`], measured;
+    /// vLLM aborts at once). A span's calls then ask by default for only the tokens that
+    /// could end it ([`crate::SpanAsk::Fewest`]), which its prompt cache makes cheap, unless
+    /// the model gives a price list. Not said of hosted APIs, where each call re-sends the
+    /// prefix at the input price.
+    pub writes_after_close: bool,
     /// What its base URL needs to name its OpenAI-compatible API (passthrough's base).
     pub openai_suffix: &'static str,
     /// Where its server's own counters are, from its base URL (`/metrics` in a format
@@ -113,6 +120,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: true,
                 names_slots: true,
+                writes_after_close: true,
                 openai_suffix: "/v1",
                 // With `--metrics` (the run command starts it so).
                 counters: |base| Some(join(base, "/metrics")),
@@ -127,6 +135,9 @@ impl TargetKind {
                 cache_block: 16,
                 fills_context: false,
                 names_slots: false,
+                // It generated nothing after approxy closed a stream (policies/README.md,
+                // "Busy pricing").
+                writes_after_close: false,
                 openai_suffix: "",
                 // At the server root, beside the `/v1` the base URL names.
                 counters: |base| {
@@ -147,6 +158,7 @@ impl TargetKind {
                 // It refuses a request whose prompt and `max_new_tokens` exceed the context.
                 fills_context: false,
                 names_slots: false,
+                writes_after_close: false,
                 // The base URL is the server root; its OpenAI API is under `/v1`.
                 openai_suffix: "/v1",
                 // Its `--enable-metrics` counters are named otherwise and give no compute time.
@@ -162,6 +174,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 names_slots: false,
+                writes_after_close: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, tok, text| {
@@ -180,6 +193,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 names_slots: false,
+                writes_after_close: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, tok, text| {
@@ -199,6 +213,7 @@ impl TargetKind {
                 cache_block: 1,
                 fills_context: false,
                 names_slots: false,
+                writes_after_close: false,
                 openai_suffix: "",
                 counters: |_| None,
                 connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),
