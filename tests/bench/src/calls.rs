@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use approxy_gateway::policy::raw::{
-    RawBailout, RawDraft, RawGateway, RawModel, RawPolicy, RawPricing, RawStructuredThreshold,
-    RawTarget,
+    RawBailout, RawCorrection, RawDraft, RawGateway, RawModel, RawPolicy, RawPricing,
+    RawStructuredThreshold, RawTarget,
 };
 use approxy_gateway::policy::{GuardPolicy, ModelPolicy, Policy};
 use approxy_setup::Home;
@@ -129,6 +129,9 @@ pub enum CallConfig {
     Default,
     /// The shipped policy with prompt lookup proposing up to [`LOOKUP_TOKENS`] tokens.
     DefaultLookup,
+    /// The shipped policy with each span asked for in one streamed call, closed where the
+    /// span ends (`correction.ask = "all"`, the default on llama-server until 2026-11-29).
+    DefaultStreamed,
     /// The shipped policy with the strict guard (the default until 2026-11-25).
     Strict,
     /// Spans, no cost guard.
@@ -149,10 +152,11 @@ pub enum CallConfig {
 }
 
 /// Every configuration, in report order.
-pub const ALL: [CallConfig; 11] = [
+pub const ALL: [CallConfig; 12] = [
     CallConfig::TargetOnly,
     CallConfig::Default,
     CallConfig::DefaultLookup,
+    CallConfig::DefaultStreamed,
     CallConfig::Strict,
     CallConfig::Span,
     CallConfig::SpanOverlap,
@@ -170,6 +174,7 @@ impl CallConfig {
             Self::TargetOnly => "target-only",
             Self::Default => "default",
             Self::DefaultLookup => "default-lookup",
+            Self::DefaultStreamed => "default-streamed",
             Self::Strict => "strict",
             Self::Span => "span",
             Self::SpanOverlap => "span-overlap",
@@ -210,6 +215,7 @@ impl CallConfig {
             Self::TargetOnly => "target only (passthrough)",
             Self::Default => "default policy (spans, budget guard)",
             Self::DefaultLookup => "default policy with prompt lookup (8 tokens)",
+            Self::DefaultStreamed => "default policy, one streamed call a span",
             Self::Strict => "default policy, strict guard",
             Self::Span => "spans, no cost guard",
             Self::SpanOverlap => "spans, no cost guard, overlap",
@@ -333,6 +339,19 @@ pub(crate) fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task
     })
 }
 
+/// The base policy's correction, as a configuration runs it: what a span's calls ask for is
+/// left to the target's kind on vLLM (the base was resolved for llama-server), and is one
+/// streamed call in `default-streamed`.
+fn correction(base: &ModelPolicy, c: CallConfig) -> RawCorrection {
+    let raw = super::quality::raw_correction(base.correction);
+    let ask = match c {
+        CallConfig::DefaultStreamed if raw.mode == "span" => Some("all".into()),
+        _ if c.vllm() => None,
+        _ => raw.ask.clone(),
+    };
+    RawCorrection { ask, ..raw }
+}
+
 fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
     if c.passthrough() {
         return RawModel {
@@ -344,7 +363,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         mode: "approximate".into(),
         verifier: Some("confidence".into()),
         threshold: Some(base.threshold.raw()),
-        correction: Some(super::quality::raw_correction(base.correction)),
+        correction: Some(correction(base, c)),
         verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
             .then(|| "exact".into()),
         // The guard is off except in the policy's own configurations: elsewhere the calls
@@ -352,9 +371,10 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         max_cost_ratio: Some(base.max_cost_ratio),
         guard: Some(
             match c {
-                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault => {
-                    base.guard.name()
-                }
+                CallConfig::Default
+                | CallConfig::DefaultLookup
+                | CallConfig::DefaultStreamed
+                | CallConfig::VllmDefault => base.guard.name(),
                 CallConfig::Strict => "strict",
                 _ => "off",
             }
@@ -362,14 +382,20 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         ),
         hard_cost_cap: match (c, base.guard) {
             (
-                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault,
+                CallConfig::Default
+                | CallConfig::DefaultLookup
+                | CallConfig::DefaultStreamed
+                | CallConfig::VllmDefault,
                 GuardPolicy::Budget { hard_cap, .. },
             ) => Some(hard_cap),
             _ => None,
         },
         budget_window: match (c, base.guard) {
             (
-                CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault,
+                CallConfig::Default
+                | CallConfig::DefaultLookup
+                | CallConfig::DefaultStreamed
+                | CallConfig::VllmDefault,
                 GuardPolicy::Budget { window, .. },
             ) => Some(format!("{}ms", window.as_millis())),
             _ => None,
@@ -1408,6 +1434,7 @@ fn goals(runs: &[CallsRun], base: &ModelPolicy) -> String {
         for c in [
             CallConfig::Default,
             CallConfig::DefaultLookup,
+            CallConfig::DefaultStreamed,
             CallConfig::Strict,
             CallConfig::Span,
             CallConfig::SpanOverlap,
@@ -1625,6 +1652,7 @@ fn policy_goal(c: CallConfig, base: &ModelPolicy, agg: f64, worst: f64) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use approxy_verifier::{Correction, SpanAsk};
 
     #[test]
     fn a_radix_cache_serves_everything_a_request_sent_or_received_but_one_token() {
@@ -1683,11 +1711,28 @@ mod tests {
                     continue;
                 }
                 assert_eq!(got.overlap, c.id().ends_with("overlap"), "{}", c.id());
-                assert_eq!(got.correction, m.correction);
+                // The shipped policy's spans ask for the fewest tokens on llama-server; on
+                // vLLM, and in `default-streamed`, one streamed call a span.
+                let want = match m.correction {
+                    Correction::Span {
+                        max_span,
+                        resync,
+                        end,
+                        ..
+                    } if c == CallConfig::DefaultStreamed || c.vllm() => Correction::Span {
+                        max_span,
+                        resync,
+                        end,
+                        ask: SpanAsk::All,
+                    },
+                    other => other,
+                };
+                assert_eq!(got.correction, want, "{}", c.id());
                 let guard = match c {
-                    CallConfig::Default | CallConfig::DefaultLookup | CallConfig::VllmDefault => {
-                        m.guard
-                    }
+                    CallConfig::Default
+                    | CallConfig::DefaultLookup
+                    | CallConfig::DefaultStreamed
+                    | CallConfig::VllmDefault => m.guard,
                     CallConfig::Strict => GuardPolicy::Strict,
                     _ => GuardPolicy::Off,
                 };

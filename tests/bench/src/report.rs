@@ -43,7 +43,8 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         section.push_str(&calls);
     }
     // Written by the runs of deploy/bench-busy.sh (the busy-priced default, the thresholds it
-    // was chosen against, vLLM with its windows) and deploy/bench-lookup.sh.
+    // was chosen against, vLLM with its windows), deploy/bench-lookup.sh and
+    // deploy/bench-span-ask.sh.
     for (dir, title, script) in [
         (
             "calls-busy",
@@ -69,6 +70,11 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             "calls-lookup",
             "Prompt lookup on copy-heavy prompts and on HumanEval",
             "deploy/bench-lookup.sh",
+        ),
+        (
+            "calls-span-ask",
+            "What a span's calls ask for on llama-server",
+            "deploy/bench-span-ask.sh",
         ),
     ] {
         if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
