@@ -85,9 +85,9 @@ pub struct CallsOptions {
         value_delimiter = ','
     )]
     pub delays_ms: Vec<u64>,
-    /// Only these configurations (default: the llama.cpp ones): target-only, default,
-    /// strict, span, span-overlap, vllm-target-only, vllm-exact, vllm-exact-overlap,
-    /// vllm-approximate, vllm-default.
+    /// Only these configurations (default: the llama.cpp ones but default-streamed):
+    /// target-only, default, default-lookup, default-streamed, strict, span, span-overlap,
+    /// vllm-target-only, vllm-exact, vllm-exact-overlap, vllm-approximate, vllm-default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Results directory.
@@ -669,13 +669,14 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The configurations `--only` names (by default every one but vLLM's); an error when none.
+/// The configurations `--only` names (by default every one but vLLM's and `default-streamed`,
+/// which only `deploy/bench-span-ask.sh` compares); an error when none.
 fn wanted_configs(opts: &CallsOptions) -> anyhow::Result<Vec<CallConfig>> {
     let wanted: Vec<CallConfig> = ALL
         .into_iter()
         .filter(|c| {
             if opts.only.is_empty() {
-                !c.vllm()
+                !c.vllm() && *c != CallConfig::DefaultStreamed
             } else {
                 opts.only.iter().any(|o| o == c.id())
             }
@@ -1653,6 +1654,27 @@ fn policy_goal(c: CallConfig, base: &ModelPolicy, agg: f64, worst: f64) -> Strin
 mod tests {
     use super::*;
     use approxy_verifier::{Correction, SpanAsk};
+
+    #[test]
+    fn by_default_every_llama_cpp_configuration_runs_but_the_streamed_comparison() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            opts: CallsOptions,
+        }
+        let parse = |args: &[&str]| -> anyhow::Result<Vec<CallConfig>> {
+            let cli = <Cli as clap::Parser>::try_parse_from(args)?;
+            wanted_configs(&cli.opts)
+        };
+        let all = parse(&["calls"]).unwrap();
+        assert!(all.contains(&CallConfig::Default) && all.contains(&CallConfig::DefaultLookup));
+        assert!(!all.contains(&CallConfig::DefaultStreamed));
+        assert!(!all.iter().any(|c| c.vllm()), "{all:?}");
+        assert_eq!(
+            parse(&["calls", "--only", "default,default-streamed"]).unwrap(),
+            [CallConfig::Default, CallConfig::DefaultStreamed]
+        );
+    }
 
     #[test]
     fn a_radix_cache_serves_everything_a_request_sent_or_received_but_one_token() {
