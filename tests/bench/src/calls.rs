@@ -343,13 +343,13 @@ pub(crate) fn tasks(home: &Home, opts: &CallsOptions) -> anyhow::Result<Vec<Task
 /// left to the target's kind on vLLM (the base was resolved for llama-server), and is one
 /// streamed call in `default-streamed`.
 fn correction(base: &ModelPolicy, c: CallConfig) -> RawCorrection {
-    let raw = super::quality::raw_correction(base.correction);
-    let ask = match c {
-        CallConfig::DefaultStreamed if raw.mode == "span" => Some("all".into()),
-        _ if c.vllm() => None,
-        _ => raw.ask.clone(),
-    };
-    RawCorrection { ask, ..raw }
+    let mut raw = super::quality::raw_correction(base.correction);
+    match c {
+        CallConfig::DefaultStreamed if raw.mode == "span" => raw.ask = Some("all".into()),
+        _ if c.vllm() => raw.ask = None,
+        _ => {}
+    }
+    raw
 }
 
 fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
