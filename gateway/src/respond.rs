@@ -245,6 +245,8 @@ fn record_metrics(p: &Priced, outcome: &'static str) {
         metrics::counter!("approxy_cost_guard_total").increment(1);
     }
     metrics::counter!("approxy_span_resyncs_total").increment(u64::from(s.resyncs));
+    metrics::counter!("approxy_span_continuations_total")
+        .increment(u64::from(s.span_continuations));
     // The metrics facade's counters are integers; a gauge that only grows carries the dollars
     // (or, busy-priced, the seconds).
     match p.unit {

@@ -114,6 +114,11 @@ fn describe_drafting() {
         Unit::Count,
         "Target spans ended where the draft caught up with the target"
     );
+    describe_counter!(
+        "approxy_span_continuations_total",
+        Unit::Count,
+        "Further calls a target span took because the tokens asked for did not end it"
+    );
     describe_gauge!(
         "approxy_draft_workers",
         "Draft workers configured (1 - idle / this is the draft's saturation)"

@@ -62,6 +62,9 @@ pub struct ApproxyUsage {
     /// Tokens billed for streams closed before their end (generated after the close).
     #[serde(default)]
     pub target_inflight_tokens: u64,
+    /// Further calls spans took because a call's tokens did not end them (`ask = "fewest"`).
+    #[serde(default)]
+    pub span_continuations: u64,
     /// What the target said it served from its cache, when every call said.
     #[serde(default)]
     pub target_reported_cached_tokens: Option<u64>,

@@ -77,6 +77,13 @@ pub struct ConcurrencyRun {
     pub answers: Vec<Answer>,
     /// What the target counted during the run.
     pub target_account: Option<TargetAccount>,
+    /// CPU seconds the target's process used during the run: its busy time, where its slots'
+    /// seconds overlap (absent in runs saved before 2026-11-29 21:00 UTC).
+    #[serde(default)]
+    pub target_cpu_seconds: Option<f64>,
+    /// The same for the gateway's process (the draft, the verifier and the proxy).
+    #[serde(default)]
+    pub gateway_cpu_seconds: Option<f64>,
     /// The gateway's resident memory at the end, and its peak, MiB.
     pub gateway_rss_mib: f64,
     /// Peak resident memory of the gateway, MiB.
@@ -119,6 +126,11 @@ pub struct Figures {
     pub saturated_share: f64,
     /// The target's counted prompt and generation seconds, per answer (its slots' time summed).
     pub target_seconds_per_answer: Option<f64>,
+    /// The target's CPU seconds over the run's wall seconds: the cores it kept busy (at most 1
+    /// pinned).
+    pub target_cores_busy: Option<f64>,
+    /// The same for the gateway.
+    pub gateway_cores_busy: Option<f64>,
     /// HumanEval answers that passed.
     pub passed: Option<usize>,
     /// Requests that failed.
@@ -151,6 +163,12 @@ impl ConcurrencyRun {
                 .target_account
                 .as_ref()
                 .map(|a| (a.prompt_seconds + a.predicted_seconds) / n),
+            target_cores_busy: self
+                .target_cpu_seconds
+                .map(|s| s / self.wall_seconds.max(1e-9)),
+            gateway_cores_busy: self
+                .gateway_cpu_seconds
+                .map(|s| s / self.wall_seconds.max(1e-9)),
             passed: (self.sample == Sample::HumanEval).then(|| {
                 self.answers
                     .iter()
@@ -193,7 +211,7 @@ struct Ctx<'a> {
 async fn run_one(
     ctx: &Ctx<'_>,
     gateway: &servers::Server,
-    target_url: &str,
+    target: &servers::Server,
     layout: Layout,
     mode: &str,
     clients: usize,
@@ -203,7 +221,13 @@ async fn run_one(
         Sample::HumanEval => &humaneval::STOP,
         _ => &[],
     };
+    let target_url = target.url.as_str();
     let before = target_account::read(&ctx.http, target_url, Duration::from_secs(10)).await?;
+    let pids = (
+        target.pid().context("the target has no pid")?,
+        gateway.pid().context("the gateway has no pid")?,
+    );
+    let cpu_before = (servers::cpu_seconds(pids.0), servers::cpu_seconds(pids.1));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let model = calls::model_name(config(mode));
@@ -232,8 +256,12 @@ async fn run_one(
         }))
         .await;
     let wall_seconds = started.elapsed().as_secs_f64();
+    // Read at once: the target's counters below may wait for cancelled streams to settle.
+    let spent = |pid: u32, before: Option<f64>| Some(servers::cpu_seconds(pid)? - before?);
+    let (target_cpu_seconds, gateway_cpu_seconds) =
+        (spent(pids.0, cpu_before.0), spent(pids.1, cpu_before.1));
     let after = target_account::read(&ctx.http, target_url, Duration::from_secs(10)).await?;
-    let pid = gateway.pid().context("the gateway has no pid")?;
+    let pid = pids.1;
     let mib = |b: Option<u64>| b.unwrap_or(0) as f64 / (1 << 20) as f64;
     let (rss, peak) = (
         mib(servers::rss_bytes(pid)),
@@ -290,6 +318,8 @@ async fn run_one(
         wall_seconds,
         answers,
         target_account: Some(after.since(&before)),
+        target_cpu_seconds,
+        gateway_cpu_seconds,
         gateway_rss_mib: rss,
         gateway_peak_mib: peak,
         instructions,
@@ -421,7 +451,7 @@ async fn run_layout(ctx: &Ctx<'_>, base: &Policy, layout: Layout) -> anyhow::Res
             timeout: Duration::from_secs(600),
         };
         let _ = client::complete(&ctx.http, &warm).await;
-        let run = run_one(ctx, &gateway, target.url.as_str(), layout, mode, clients).await?;
+        let run = run_one(ctx, &gateway, &target, layout, mode, clients).await?;
         let f = run.figures();
         eprintln!(
             "{} {mode} C={clients}: {:.2} answers/min, {:.1} tokens/s, stream p50 {:.1}, ttft p50 {:.2}s, saturated {:.0}%, passed {:?}",
@@ -475,7 +505,9 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
          the shipped policy, passthrough the same gateway with the model passed through. The \
          target's slot-seconds are its own prompt and generation seconds (`/metrics`), summed over \
          its slots: with several clients they overlap, so they grow with C while the target is \
-         busy the whole run either way.\n",
+         busy the whole run either way. Cores busy are each process's CPU seconds over the run's \
+         wall seconds (`/proc/PID/stat`): pinned, each has one core, so the target's figure is \
+         the share of the run it was computing.\n",
     );
     let mut keys: Vec<(Sample, String)> =
         runs.iter().map(|r| (r.sample, r.layout.clone())).collect();
@@ -498,7 +530,7 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
                 .max()
                 .unwrap_or("")
         ));
-        md.push_str("| mode | clients | answers/min | tokens/s | stream tokens/s p50 / p10 | TTFT p50 / p99 (s) | passed through, saturated | target slot-seconds per answer | gateway RSS / peak (MiB) | quality |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        md.push_str("| mode | clients | answers/min | tokens/s | stream tokens/s p50 / p10 | TTFT p50 / p99 (s) | passed through, saturated | target slot-seconds per answer | cores busy, target / gateway | gateway RSS / peak (MiB) | quality |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &here {
             let f = r.figures();
             let quality = match (f.passed, r.instructions) {
@@ -507,7 +539,7 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
                 _ => "-".into(),
             };
             md.push_str(&format!(
-                "| {} | {} | {:.2} | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.0} % | {} | {:.0} / {:.0} | {}{} |\n",
+                "| {} | {} | {:.2} | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.0} % | {} | {} | {:.0} / {:.0} | {}{} |\n",
                 r.mode,
                 r.clients,
                 f.answers_per_minute,
@@ -518,6 +550,10 @@ pub fn markdown(runs: &[ConcurrencyRun]) -> String {
                 f.ttft_p99,
                 100.0 * f.saturated_share,
                 f.target_seconds_per_answer.map_or("-".into(), |s| format!("{s:.1}")),
+                match (f.target_cores_busy, f.gateway_cores_busy) {
+                    (Some(t), Some(g)) => format!("{t:.2} / {g:.2}"),
+                    _ => "-".into(),
+                },
                 r.gateway_rss_mib,
                 r.gateway_peak_mib,
                 quality,

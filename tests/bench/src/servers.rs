@@ -224,6 +224,25 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     proc_status_bytes(pid, "VmRSS")
 }
 
+/// Clock ticks a second in `/proc/PID/stat`'s times: `USER_HZ`, fixed at 100 in the kernel's
+/// user interface on x86 Linux (what `getconf CLK_TCK` prints).
+const USER_HZ: f64 = 100.0;
+
+/// CPU seconds a process has used so far, user and system, over all its threads, ended ones
+/// included (`/proc/PID/stat`'s utime and stime).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`cpu_seconds`] from a stat line. The command name may hold spaces and parentheses, so the
+/// fields are counted from after its last `)`: the state is field 3, utime 14 and stime 15.
+fn stat_cpu_seconds(stat: &str) -> Option<f64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some((ticks(11)? + ticks(12)?) as f64 / USER_HZ)
+}
+
 /// Empties vLLM's prefix cache, so that a configuration does not find the prompts an earlier
 /// one already computed (within a run, its own re-sent prefixes are still cached, as in
 /// production). Retries while requests still hold blocks.
@@ -274,4 +293,28 @@ pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Res
         .wait_healthy("/health", Duration::from_secs(600))
         .await?;
     Ok(server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name_whatever_it_holds() {
+        let line =
+            "4242 (llama (x) server) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 66 0 0 20 0 5 0";
+        assert_eq!(stat_cpu_seconds(line), Some(13.0));
+        assert_eq!(stat_cpu_seconds("4242 (cut) S 1 2"), None);
+    }
+
+    #[test]
+    fn this_process_has_used_some_cpu_time() {
+        let start = std::time::Instant::now();
+        let mut spin = 0u64;
+        while start.elapsed() < Duration::from_millis(60) {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
+        let used = cpu_seconds(std::process::id()).expect("/proc/self/stat");
+        assert!(used > 0.0, "{used}");
+    }
 }

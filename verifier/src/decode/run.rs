@@ -47,6 +47,11 @@ const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// Awaits a target call, adding the time to `waited`, unless the client goes away first
 /// (`None`): the call in flight is then dropped instead of waited for, which also closes its
 /// connection and stops the target.
+/// Tokens a call asked for `asked` may still generate once `arrived` have come.
+fn left(asked: u32, arrived: usize) -> u64 {
+    u64::from(asked).saturating_sub(arrived as u64)
+}
+
 async fn unless_client_gone<T>(
     tx: &mpsc::Sender<TokenEvent>,
     waited: &mut Duration,
@@ -1188,7 +1193,7 @@ impl<'a> Run<'a> {
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
-                    self.count_unread(&mut stream);
+                    self.count_unread(&mut stream, left(n, received));
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
@@ -1206,7 +1211,7 @@ impl<'a> Run<'a> {
                     if self.upstream_is_done(reason, received as u64, u64::from(n)) {
                         self.drain_usage(&mut stream).await;
                     } else {
-                        self.count_unread(&mut stream);
+                        self.count_unread(&mut stream, left(n, received));
                     }
                     return Ok(HandOff::Finished(reason));
                 }
@@ -1393,10 +1398,11 @@ impl<'a> Run<'a> {
                 } else {
                     (false, None)
                 };
+                // What the call may still generate beyond what has arrived.
+                let more = left(creq.max_tokens, got as usize + unused as usize);
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += unused + 1;
-                    let done = got >= creq.max_tokens;
-                    self.end_call(&mut stream, ended, done).await;
+                    self.end_call(&mut stream, ended, more).await;
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
@@ -1416,7 +1422,8 @@ impl<'a> Run<'a> {
                     self.stats.target_discarded_tokens += unused;
                     let done =
                         self.upstream_is_done(reason, u64::from(got), u64::from(creq.max_tokens));
-                    self.end_call(&mut stream, ended, done).await;
+                    let more = if done { 0 } else { more };
+                    self.end_call(&mut stream, ended, more).await;
                     return Ok(CallEnd::Span(SpanEnd::Finished(reason)));
                 }
                 if cursor.ahead_output(0, token).is_none() {
@@ -1433,8 +1440,7 @@ impl<'a> Run<'a> {
                 {
                     self.stats.resyncs += 1;
                     self.stats.target_discarded_tokens += unused;
-                    let done = got >= creq.max_tokens;
-                    self.end_call(&mut stream, ended, done).await;
+                    self.end_call(&mut stream, ended, more).await;
                     return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
                 }
             }
@@ -1532,15 +1538,15 @@ impl<'a> Run<'a> {
     }
 
     /// Leaves a call's stream that is still open once its tokens are no longer wanted: read
-    /// to its end when the target has nothing left to generate (`done`: it gave all it was
-    /// asked for, or its end-of-sequence), else closed, which stops the target.
-    async fn end_call(&mut self, stream: &mut TokenStream, ended: bool, done: bool) {
+    /// to its end when the target has nothing left to generate (`more` is 0: it gave all it
+    /// was asked for, or its end-of-sequence), else closed, which stops the target.
+    async fn end_call(&mut self, stream: &mut TokenStream, ended: bool, more: u64) {
         if ended {
             // Nothing is left to read.
-        } else if done {
+        } else if more == 0 {
             self.drain_usage(stream).await;
         } else {
-            self.count_unread(stream);
+            self.count_unread(stream, more);
         }
     }
 
@@ -1548,13 +1554,16 @@ impl<'a> Run<'a> {
     /// target generated those tokens, so they are billed (the stream is read a token per
     /// draft step, so a backlog builds while the draft works). Tokens still on the wire, and
     /// those the target writes before it notices the close, are not seen: they are billed as
-    /// [`super::TOKENS_IN_FLIGHT_AT_CLOSE`], measured.
-    fn count_unread(&mut self, stream: &mut TokenStream) {
+    /// [`super::TOKENS_IN_FLIGHT_AT_CLOSE`], measured, but never more than the call could
+    /// still generate (`more`, counted from what had arrived before).
+    fn count_unread(&mut self, stream: &mut TokenStream, mut more: u64) {
         while let Some(Some(Ok(chunk))) = stream.next().now_or_never() {
-            self.stats.target_discarded_tokens += chunk.tokens.len() as u64;
+            let n = chunk.tokens.len() as u64;
+            self.stats.target_discarded_tokens += n;
+            more = more.saturating_sub(n);
             self.absorb(chunk.cached_prompt_tokens, chunk.timings, chunk.extra_calls);
         }
-        self.stats.target_inflight_tokens += super::TOKENS_IN_FLIGHT_AT_CLOSE;
+        self.stats.target_inflight_tokens += super::TOKENS_IN_FLIGHT_AT_CLOSE.min(more);
     }
 
     /// Reads the rest of a stream that has nothing left to generate (see

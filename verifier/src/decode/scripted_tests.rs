@@ -387,6 +387,29 @@ async fn a_span_follows_the_target_until_the_draft_catches_up_then_stops_it()
     Ok(())
 }
 
+/// A stream closed one token before the end of what its call asked for is billed that one
+/// token in flight, not the measured allowance: the target cannot write more than it was asked.
+#[tokio::test]
+async fn a_close_bills_no_more_in_flight_than_the_call_could_still_write() -> Result<(), EngineError>
+{
+    let mut req = request(0.5, 64);
+    // d e f g h i reach the resync: the seventh token asked for is the one left.
+    req.settings_mut().correction = span(7, 3);
+    let target =
+        ScriptedTarget::says("abcdefghij", None).with_token_delay(Duration::from_millis(2));
+    let o = run(diverging_draft(), target, req).await?;
+    assert_eq!(o.text, "abcdefghij");
+    assert_eq!(o.target.calls()[0].max_tokens, 7);
+    assert_eq!((o.stats.resyncs, o.stats.target_tokens), (1, 6));
+    assert_eq!(
+        o.stats.target_discarded_tokens + o.stats.target_inflight_tokens,
+        1,
+        "one token left to write, read or not"
+    );
+    assert_eq!(o.stats.spend().target_output_tokens, 7);
+    Ok(())
+}
+
 /// Under `SpanAsk::Fewest` the same span is asked for in two calls, each for the fewest tokens
 /// that could end it, so the target stops by itself and no stream is closed early.
 #[tokio::test]
