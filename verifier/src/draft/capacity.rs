@@ -2,7 +2,9 @@
 //! admission rule on them. A worker that would draft each of its streams slower than the
 //! policy's floor once one more joins takes no more: the request passes through at once
 //! (`draft_saturated`), as one that finds every worker full does. A width is the rows a step
-//! ran: the streams in the batch, not those parked.
+//! ran: the streams in the batch, not those parked. A stream waiting on the target is parked,
+//! so fewer streams step together than a worker holds: admission prices the width that the
+//! measured share of them would step at with one more.
 
 use std::time::Duration;
 
@@ -16,16 +18,28 @@ pub const PROBE_WIDEST: usize = 16;
 /// Weight of the newest step in the running mean.
 const ALPHA: f64 = 0.2;
 
+/// What the time-weighted share of streams stepping keeps of its past at each step: about the
+/// last 50 steps count.
+const SHARE_DECAY: f64 = 0.98;
+
 /// Mean step time per batch width, in milliseconds, for steps of one token a row (the decode
 /// steps that set a stream's speed).
 #[derive(Debug, Clone)]
 pub struct StepTimes {
     ms: [Option<f64>; WIDTHS],
+    /// Running sums of the steps' time, and of their time times the share of the worker's
+    /// streams each ran (see [`StepTimes::record_share`]).
+    time: f64,
+    shared_time: f64,
 }
 
 impl Default for StepTimes {
     fn default() -> Self {
-        Self { ms: [None; WIDTHS] }
+        Self {
+            ms: [None; WIDTHS],
+            time: 0.0,
+            shared_time: 0.0,
+        }
     }
 }
 
@@ -37,6 +51,30 @@ impl StepTimes {
         };
         let ms = took.as_secs_f64() * 1e3;
         *slot = Some(slot.map_or(ms, |m| m + ALPHA * (ms - m)));
+    }
+
+    /// Records that a step of `took` ran `width` rows while the worker held `live` streams
+    /// (the others parked, waiting on the target). Weighted by time, as a stream drafting
+    /// spends its time in the steps, and the wide ones take longest.
+    pub fn record_share(&mut self, width: usize, live: usize, took: Duration) {
+        if live == 0 {
+            return;
+        }
+        let ms = took.as_secs_f64() * 1e3;
+        let share = (width as f64 / live as f64).min(1.0);
+        self.time = SHARE_DECAY * self.time + ms;
+        self.shared_time = SHARE_DECAY * self.shared_time + ms * share;
+    }
+
+    /// The rows a step would run with `streams` held: the measured share of them, at least
+    /// one; all of them before any step is measured.
+    pub fn width_with(&self, streams: usize) -> usize {
+        let share = if self.time > 0.0 {
+            self.shared_time / self.time
+        } else {
+            1.0
+        };
+        ((share * streams as f64).ceil() as usize).clamp(1, streams.max(1))
     }
 
     /// The mean step time at `width` rows: measured; between two measured widths, on the line
@@ -77,10 +115,14 @@ impl StepTimes {
     }
 
     /// Whether one more stream may join `live` ones without any of them drafting slower than
-    /// `floor` tokens a second (a floor of 0 admits up to the stream limit; an unmeasured
-    /// width is admitted, and its first steps measure it).
+    /// `floor` tokens a second, at the width the measured share of them would step at (a
+    /// floor of 0 admits up to the stream limit; an unmeasured width is admitted, and its
+    /// first steps measure it).
     pub fn admits(&self, live: usize, floor: f64) -> bool {
-        floor <= 0.0 || self.speed(live + 1).is_none_or(|s| s >= floor)
+        floor <= 0.0
+            || self
+                .speed(self.width_with(live + 1))
+                .is_none_or(|s| s >= floor)
     }
 }
 
@@ -147,5 +189,49 @@ mod tests {
         assert!(t.admits(4, 12.0));
         // No floor: only the stream limit counts.
         assert!(t.admits(100, 0.0));
+    }
+
+    #[test]
+    fn admission_prices_the_share_of_streams_that_step_together() {
+        let mut t = StepTimes::default();
+        t.record(1, ms(25));
+        t.record(2, ms(30));
+        t.record(4, ms(40));
+        t.record(5, ms(80));
+        assert_eq!(t.width_with(5), 5, "nothing measured: every stream steps");
+        // Four streams held, two in each step: the others wait on the target.
+        for _ in 0..200 {
+            t.record_share(2, 4, ms(30));
+        }
+        assert_eq!(t.width_with(5), 3);
+        assert!(
+            t.admits(4, 20.0),
+            "a fifth stream steps at 3 rows: 29 tokens/s"
+        );
+        // They come back: every held stream steps, and the fifth is refused again.
+        for _ in 0..200 {
+            t.record_share(4, 4, ms(40));
+        }
+        assert_eq!(t.width_with(5), 5);
+        assert!(!t.admits(4, 20.0));
+    }
+
+    #[test]
+    fn the_share_is_weighted_by_the_steps_time() {
+        let mut t = StepTimes::default();
+        // One stream alone in short steps as often as four together in long ones: a stream
+        // drafting spends most of its time in the wide steps.
+        for _ in 0..100 {
+            t.record_share(1, 4, ms(10));
+            t.record_share(4, 4, ms(90));
+        }
+        assert_eq!(t.width_with(8), 8, "share 0.925 of 8 rounds up");
+        assert_eq!(t.width_with(4), 4);
+        t.record_share(3, 0, ms(50));
+        assert_eq!(
+            t.width_with(4),
+            4,
+            "a step with no streams held says nothing"
+        );
     }
 }

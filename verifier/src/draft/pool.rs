@@ -547,7 +547,9 @@ fn timed_extend<M: Rows>(
     let started = Instant::now();
     let results = batch.extend(asks);
     if record && let Ok(mut t) = load.times.lock() {
-        t.record(batch.width(), started.elapsed());
+        let took = started.elapsed();
+        t.record(batch.width(), took);
+        t.record_share(batch.width(), batch.live(), took);
     }
     results
 }

@@ -172,6 +172,26 @@ async fn a_worker_too_slow_for_the_floor_takes_no_more_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_waiting_on_the_target_leave_room_under_the_floor() {
+    // 10 ms a step: 100 tokens/s alone, and a wider step is priced at a whole step a row. Two
+    // streams are held, one drafting, the other parked as if waiting on the target: half of
+    // them step. A third is priced at the 2 rows half of three would step at (50 tokens/s),
+    // not at 3 (33), and is let in under a floor of 40.
+    let (pool, widths) = pool(8, 40.0, Duration::from_millis(10));
+    let a = pool.try_lease().unwrap();
+    let b = pool.try_lease().unwrap();
+    b.prefill(vec![9, 9, 9]).await.unwrap();
+    a.prefill(vec![1, 2, 3]).await.unwrap();
+    for _ in 0..20 {
+        a.extend(vec![5], false).await.unwrap();
+    }
+    assert!(widths.lock().unwrap().iter().all(|&w| w == 1));
+    assert!(pool.speed(0, 3).is_some_and(|s| s < 40.0));
+    assert!(pool.try_lease().is_some(), "the third stream was refused");
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probed_worker_admits_by_the_widths_it_stepped() {
     // 10 ms a step whatever the width. Unprobed, a third stream would be priced at a whole
     // step a row (30 ms, 33 tokens/s) and refused under a floor of 40.
