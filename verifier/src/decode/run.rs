@@ -44,14 +44,14 @@ const PICK_LIMIT: usize = 256;
 /// Longest wait for the last event of a stream whose tokens have all arrived.
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
-/// Awaits a target call, adding the time to `waited`, unless the client goes away first
-/// (`None`): the call in flight is then dropped instead of waited for, which also closes its
-/// connection and stops the target.
 /// Tokens a call asked for `asked` may still generate once `arrived` have come.
 fn left(asked: u32, arrived: usize) -> u64 {
     u64::from(asked).saturating_sub(arrived as u64)
 }
 
+/// Awaits a target call, adding the time to `waited`, unless the client goes away first
+/// (`None`): the call in flight is then dropped instead of waited for, which also closes its
+/// connection and stops the target.
 async fn unless_client_gone<T>(
     tx: &mpsc::Sender<TokenEvent>,
     waited: &mut Duration,
