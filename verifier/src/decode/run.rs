@@ -45,7 +45,7 @@ const PICK_LIMIT: usize = 256;
 const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Tokens a call asked for `asked` may still generate once `arrived` have come.
-fn left(asked: u32, arrived: usize) -> u64 {
+fn unwritten(asked: u32, arrived: usize) -> u64 {
     u64::from(asked).saturating_sub(arrived as u64)
 }
 
@@ -1193,7 +1193,8 @@ impl<'a> Run<'a> {
             for (i, &token) in chunk.tokens.iter().enumerate() {
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i) as u64;
-                    self.count_unread(&mut stream, left(n, received));
+                    self.end_call(&mut stream, false, unwritten(n, received))
+                        .await;
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
@@ -1208,11 +1209,9 @@ impl<'a> Run<'a> {
                 taken.push(token);
                 if let Some(reason) = self.emit(&[token], Source::Target, None).await? {
                     self.stats.target_discarded_tokens += (chunk.tokens.len() - i - 1) as u64;
-                    if self.upstream_is_done(reason, received as u64, u64::from(n)) {
-                        self.drain_usage(&mut stream).await;
-                    } else {
-                        self.count_unread(&mut stream, left(n, received));
-                    }
+                    let done = self.upstream_is_done(reason, received as u64, u64::from(n));
+                    let more = if done { 0 } else { unwritten(n, received) };
+                    self.end_call(&mut stream, false, more).await;
                     return Ok(HandOff::Finished(reason));
                 }
             }
@@ -1399,7 +1398,7 @@ impl<'a> Run<'a> {
                     (false, None)
                 };
                 // What the call may still generate beyond what has arrived.
-                let more = left(creq.max_tokens, got as usize + unused as usize);
+                let more = unwritten(creq.max_tokens, got as usize + unused as usize);
                 if self.refuses(token) {
                     self.stats.target_discarded_tokens += unused + 1;
                     self.end_call(&mut stream, ended, more).await;
