@@ -53,13 +53,16 @@ start_other_target() {
 
 # start_vllm PORT LOGFILE: starts vLLM (CPU build, from `approxy setup --vllm`) serving the
 # draft model as float32 under the name $VLLM_ALIAS, waits until healthy (start-up takes a
-# minute or two), sets VLLM_PID.
+# minute or two), sets VLLM_PID. Its token-in endpoint (--enable-scale-out) with the cached
+# prompt tokens in its usage (--enable-prompt-tokens-details) is how approxy scores a window
+# from its prefix cache; without them windows recompute their prefix.
 VLLM_ALIAS="qwen2.5-coder-0.5b-instruct-f32"
+VLLM_WINDOW_FLAGS=(--enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details)
 start_vllm() {
   local port="$1" log="$2"
   VLLM_CPU_KVCACHE_SPACE=2 "$APPROXY_HOME/venv/vllm/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$APPROXY_HOME/models/draft-hf" --served-model-name "$VLLM_ALIAS" --host 127.0.0.1 --port "$port" \
-    --max-model-len 4096 --dtype float32 --enforce-eager >"$log" 2>&1 &
+    --max-model-len 4096 --dtype float32 --enforce-eager "${VLLM_WINDOW_FLAGS[@]}" >"$log" 2>&1 &
   VLLM_PID=$!
   wait_healthy vLLM "$VLLM_PID" "http://127.0.0.1:$port/health" "$log" 600
 }

@@ -189,6 +189,9 @@ fn usage(p: &Priced, a: &Answer) -> Value {
     u["approxy"]["target_warms"] = json!(s.target_warms);
     // Of the calls, those that took a span on (`correction.ask = "fewest"`).
     u["approxy"]["span_continuations"] = json!(s.span_continuations);
+    // Of the calls, windows scored again without the target's prefix cache (stale rows at
+    // cached positions: `targets::token_in`).
+    u["approxy"]["window_rescores"] = json!(s.window_rescores);
     u["approxy"]["price_class"] = json!(m.policy.price.class());
     u["approxy"]["cost_unit"] = json!(p.unit.name());
     u["approxy"]["estimated_cost"] = json!(cost.approxy);

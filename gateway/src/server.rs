@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
+use approxy_verifier::targets::WindowRoute;
 use approxy_verifier::targets::counters::TargetCounters;
 use approxy_verifier::template::ChatTemplate;
 use approxy_verifier::{DraftConfig, DraftWorkers, LazyDraftPool, Tokenizer};
@@ -112,6 +113,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("approxy listening on http://{addr}");
     tokio::spawn(watch_policy(state.clone()));
     tokio::spawn(watch_counters(state.clone()));
+    tokio::spawn(watch_window_route(state.clone()));
     if state.runtime().policy.needs_draft() {
         // The grammar compiler (half a second for the draft's vocabulary) is built now, beside
         // the first requests, so the first structured request does not wait for it.
@@ -397,6 +399,48 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
             false
         }
     }
+}
+
+/// Asks the current target how it scores windows, until it has said (it may still be
+/// starting), and again after a reload brings another target; the answer goes on `/metrics`
+/// as `approxy_target_window_route` and in one log line (the client's). Asked at start-up,
+/// the first window of the first request is then priced at the route in use.
+async fn watch_window_route(state: AppState) {
+    // The target client asked last, and the route it gave (`None`: it scores no windows).
+    let mut said: Option<(usize, Option<WindowRoute>)> = None;
+    let mut every = tokio::time::interval(COUNTERS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let rt = state.runtime();
+        let target = rt.engine.target();
+        // The client's address names it: a reload builds a new one.
+        let id = Arc::as_ptr(target).cast::<()>() as usize;
+        if said.is_some_and(|(asked, _)| asked == id) {
+            continue;
+        }
+        let Ok(Ok(route)) =
+            tokio::time::timeout(Duration::from_secs(30), target.window_route()).await
+        else {
+            continue;
+        };
+        if let Some((_, Some(old))) = said {
+            route_gauge(old).set(0.0);
+        }
+        if let Some(r) = route {
+            route_gauge(r).set(1.0);
+        }
+        said = Some((id, route));
+    }
+}
+
+/// The gauge that says a window route is in use.
+fn route_gauge(r: WindowRoute) -> metrics::Gauge {
+    metrics::gauge!(
+        "approxy_target_window_route",
+        "endpoint" => r.endpoint,
+        "reads_cache" => if r.reads_cache { "true" } else { "false" }
+    )
 }
 
 /// How often a target's counters are read (the first time at once, so that a fresh gateway's

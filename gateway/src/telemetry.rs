@@ -195,6 +195,15 @@ fn describe_cost() {
         "approxy_target_seconds_total",
         "The target's time on approximate answers, seconds: measured = as it reported, false = estimated at the learned rates for calls it did not time"
     );
+    describe_counter!(
+        "approxy_window_rescores_total",
+        Unit::Count,
+        "Window calls to vLLM's token-in endpoint made again without its prefix cache (a window row sat at a cached position, stale there)"
+    );
+    describe_gauge!(
+        "approxy_target_window_route",
+        "1 for how the target scores windows: endpoint, and whether the prefix comes from its cache (reads_cache)"
+    );
     describe_gauge!(
         "approxy_target_rate_ms",
         "What the target's time costs, learned from its reports: ms per computed prompt token (prefill), per generated token (generate) and per call (call)"

@@ -162,6 +162,12 @@ def test_exact_mode_gives_the_targets_own_greedy_answer(start_gateway):
     u = approxy_usage(sampled)
     assert sampled.headers["x-approxy-mode"] == "approximate" and u["verification"] == "exact" and u["windows"] > 0, u
     assert sampled.parse().choices[0].message.content
+    # vLLM was started with its token-in endpoint (deploy/bootstrap.sh): windows read its prefix
+    # cache, and the gateway says so.
+    metrics = urllib.request.urlopen(g.url + "/metrics", timeout=10).read().decode()
+    route = 'approxy_target_window_route{endpoint="/inference/v1/generate",reads_cache="true"} 1'
+    assert route in metrics, [l for l in metrics.splitlines() if "window_route" in l]
+    assert "windows are scored from the target's prefix cache" in g.logs()
 
 
 def _target_counters():

@@ -337,6 +337,9 @@ pub struct Stats {
     pub window_tokens: u64,
     /// Of those, tokens the target agreed with (emitted as draft tokens).
     pub window_accepted: u64,
+    /// Window calls made again without the target's cache, whose rows at cached positions
+    /// were stale (vLLM's token-in endpoint; see `targets::token_in`).
+    pub window_rescores: u32,
     /// Of those, tokens that were not the target's own choice but its relaxed rule accepted.
     pub window_relaxed_accepts: u64,
     /// Window positions where the target chose another token than the draft's by a margin
@@ -436,6 +439,7 @@ impl Stats {
             windows,
             window_tokens,
             window_accepted,
+            window_rescores,
             window_relaxed_accepts,
             target_input_tokens,
             target_cacheable_input_tokens,
@@ -480,6 +484,7 @@ impl Stats {
         self.windows += windows;
         self.window_tokens += window_tokens;
         self.window_accepted += window_accepted;
+        self.window_rescores += window_rescores;
         self.window_relaxed_accepts += window_relaxed_accepts;
         self.target_input_tokens += target_input_tokens;
         self.target_cacheable_input_tokens += target_cacheable_input_tokens;

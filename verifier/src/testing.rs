@@ -321,6 +321,9 @@ pub struct ScriptedTarget {
     generated: std::sync::Arc<AtomicUsize>,
     windows: Option<Mutex<Vec<WindowRequest>>>,
     windows_cached: bool,
+    /// Its window calls read stale rows from its cache and are made again without it, as
+    /// vLLM's token-in endpoint's are when a window row sits at a cached position.
+    windows_stale: bool,
     timings: bool,
     alternative: f32,
     /// Its second choice at each answer position, reported where top log-probabilities are
@@ -371,6 +374,7 @@ impl ScriptedTarget {
             generated: Default::default(),
             windows: None,
             windows_cached: true,
+            windows_stale: false,
             timings: false,
             alternative: 0.0,
             second: Vec::new(),
@@ -474,6 +478,13 @@ impl ScriptedTarget {
     /// not: a request for prompt log-probabilities skips reading it).
     pub fn with_uncached_windows(mut self) -> Self {
         self.windows_cached = false;
+        self
+    }
+
+    /// The same target, its window calls made twice: once from its cache, whose rows were
+    /// stale (it served the whole prefix), and again without it (see `targets::token_in`).
+    pub fn with_stale_windows(mut self) -> Self {
+        self.windows_stale = true;
         self
     }
 
@@ -677,6 +688,10 @@ impl TargetClient for ScriptedTarget {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             log.push(req.clone());
+            if self.windows_stale {
+                // The same call made again without the cache.
+                log.push(req.clone());
+            }
             log.len()
         };
         self.act_out_fault(n).await?;
@@ -713,10 +728,13 @@ impl TargetClient for ScriptedTarget {
         } else {
             Vec::new()
         };
+        let prefix = u32::try_from(req.prefix.len()).unwrap_or(u32::MAX);
         Ok(Some(WindowScore {
             top,
             margins,
             logprobs,
+            cached_prompt_tokens: self.windows_stale.then_some(0),
+            stale_cached: self.windows_stale.then_some(prefix),
         }))
     }
 

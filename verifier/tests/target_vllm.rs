@@ -1,7 +1,9 @@
 //! The `vllm` target kind against a real vLLM (CPU build) serving the draft model dequantised
-//! to float32: the shared target-client suite, and the decode loop with every token taken
-//! from vLLM. `deploy/test-all.sh` starts vLLM and runs these with `--ignored` once the
-//! llama-server tests are done (both servers on two cores at once would starve each other).
+//! to float32: the shared target-client suite, windows scored from vLLM's prefix cache through
+//! its token-in endpoint (and through `/v1/completions` where the endpoint is off), and the
+//! decode loop with every token taken from vLLM. `deploy/test-all.sh` starts vLLM with the
+//! flags the token-in endpoint needs and runs these with `--ignored` once the llama-server
+//! tests are done (both servers on two cores at once would starve each other).
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,7 +16,7 @@ use approxy_verifier::Verification;
 use approxy_verifier::draft::pool::DraftPool;
 use approxy_verifier::targets::{
     ChatPrefixTarget, OpenAiCompletionsTarget, OpenAiTextTarget, PrefixStyle, TargetClient,
-    WindowRequest,
+    WindowRequest, WindowRoute, WindowScore,
 };
 
 fn vllm_url() -> String {
@@ -296,4 +298,209 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
         100.0 * calls as f64 / tokens as f64,
         proposed as f64 / windows.max(1) as f64
     );
+}
+
+/// The real vLLM behind a proxy that answers its token-in endpoint as vLLM does when it was
+/// started without `--enable-scale-out` (403 and its error body) and passes every other call
+/// through: fault injection for the fallback, every score still the real server's.
+async fn without_token_in() -> OpenAiCompletionsTarget {
+    use axum::body::Bytes;
+    use axum::http::{Method, StatusCode, Uri};
+    use axum::response::IntoResponse;
+    let upstream = vllm_url();
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+        let (upstream, http) = (upstream.clone(), http.clone());
+        async move {
+            if uri.path().starts_with("/inference/") {
+                let error = serde_json::json!({"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.", "type": "PermissionDeniedError", "code": 403}});
+                return (StatusCode::FORBIDDEN, axum::Json(error)).into_response();
+            }
+            let r = http
+                .request(method, format!("{upstream}{uri}"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            (status, r.bytes().await.unwrap_or_default()).into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut cfg = vllm_config();
+    cfg.base_url = format!("http://{addr}/v1");
+    OpenAiCompletionsTarget::new(cfg).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// vLLM's own counters: the sum of a metric's samples (`None` when it has none).
+async fn counter(name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{}/metrics", vllm_url()))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// What vLLM counted for the requests it finished: prompt tokens it computed (not served
+/// from its prefix cache), requests, prefix-cache queries and hits (tokens).
+async fn kv_counts() -> [f64; 4] {
+    let mut out = [0.0; 4];
+    for (o, name) in out.iter_mut().zip([
+        "vllm:request_prefill_kv_computed_tokens_sum",
+        "vllm:request_prefill_kv_computed_tokens_count",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ]) {
+        *o = counter(name)
+            .await
+            .unwrap_or_else(|| panic!("vLLM's /metrics has no {name}"));
+    }
+    out
+}
+
+/// The counts after one more finished request than `before` (vLLM records a request's when
+/// it finishes, a moment after its answer).
+async fn kv_counts_after(before: [f64; 4]) -> [f64; 4] {
+    for _ in 0..50 {
+        let now = kv_counts().await;
+        if now[1] > before[1] {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("vLLM did not count the window's request");
+}
+
+/// Every entry of two scores' rows within `tol` of each other (log-probabilities), and the
+/// same top tokens.
+fn assert_same_rows(cached: &WindowScore, fresh: &WindowScore, tol: f32) {
+    assert_eq!(cached.top, fresh.top);
+    assert_eq!(cached.logprobs.len(), fresh.logprobs.len());
+    for (i, (a, b)) in cached.logprobs.iter().zip(&fresh.logprobs).enumerate() {
+        for (t, lp) in b {
+            let other = a
+                .iter()
+                .find(|e| e.0 == *t)
+                .unwrap_or_else(|| panic!("row {i}: token {t} missing from the cached scores"));
+            assert!(
+                (other.1 - lp).abs() <= tol,
+                "row {i}, token {t}: {} from the cache against {lp} computed fresh",
+                other.1
+            );
+        }
+    }
+}
+
+/// A window scored from vLLM's prefix cache has the values a fresh computation of the same
+/// positions has; vLLM computes only the window and the part of the prefix past its cached
+/// blocks; and a window whose rows sit at cached positions (the same window again) is scored
+/// again without the cache, to the same values. Through a server without the endpoint the
+/// client falls back to `/v1/completions`, which computes everything afresh.
+#[tokio::test]
+#[ignore = "needs a real vLLM: deploy/test-all.sh runs it with --ignored"]
+async fn windows_from_vllms_prefix_cache_match_a_fresh_computation() {
+    let c = vllm();
+    assert_eq!(
+        c.window_route().await.unwrap_or_else(|e| panic!("{e}")),
+        Some(WindowRoute {
+            endpoint: "/inference/v1/generate",
+            reads_cache: true
+        }),
+        "vLLM must be started with --enable-scale-out --enable-prompt-tokens-details (deploy/bootstrap.sh, start_vllm)"
+    );
+    let fresh = without_token_in().await;
+    let route = fresh.window_route().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        route.map(|r| (r.endpoint, r.reads_cache)),
+        Some(("/v1/completions", false))
+    );
+    let tok = common::tokenizer();
+    let prompt = common::chat_prompt(
+        "Write a Python function is_prime(n) with a docstring, then explain it in three sentences.",
+    );
+    let drafted = tok
+        .encode("def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n    if n < 2:\n        return False\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let w = |prefix: Vec<u32>, window: &[u32]| WindowRequest {
+        prefix,
+        window: window.to_vec(),
+        model: None,
+        sampling: None,
+        top_logprobs: 5,
+    };
+    // The prompt into the cache, as an answer's first call puts it there.
+    c.continue_tokens(&common::req(prompt.clone(), 1))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A window after the prompt and a first token new to the server. Sixteen tokens: once
+    // computed, a whole block boundary lies past the prefix, so the same window again has a
+    // row at a cached position.
+    assert!(drafted.len() >= 17, "{} drafted tokens", drafted.len());
+    let prefix = [prompt.as_slice(), &drafted[..1]].concat();
+    let window = &drafted[1..17];
+    let before = kv_counts().await;
+    let cached = c
+        .score_window(&w(prefix.clone(), window))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no scores"));
+    let after = kv_counts_after(before).await;
+    let served = cached
+        .cached_prompt_tokens
+        .unwrap_or_else(|| panic!("no cached count"));
+    assert_eq!(cached.stale_cached, None);
+    assert!(
+        u64::from(served) + 16 >= prompt.len() as u64,
+        "{served} of the {}-token prompt served from the cache",
+        prompt.len()
+    );
+    let computed = after[0] - before[0];
+    let (queried, hit) = (after[2] - before[2], after[3] - before[3]);
+    eprintln!(
+        "a window of {} on a prefix of {}: vLLM computed {computed} prompt tokens, its cache served {hit} of {queried} queried (cached_tokens {served})",
+        window.len(),
+        prefix.len()
+    );
+    assert!(
+        computed <= (window.len() + 1 + 16) as f64,
+        "a window computed {computed} prompt tokens: more than its own {} and one block",
+        window.len() + 1
+    );
+    assert_eq!(
+        computed as u64 + u64::from(served),
+        (prefix.len() + window.len()) as u64
+    );
+    assert!(hit > 0.0 && hit <= queried);
+    // The same positions from scratch (the fallback route reads no cache).
+    let scratch = fresh
+        .score_window(&w(prefix.clone(), window))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no scores"));
+    assert_same_rows(&cached, &scratch, 1e-3);
+    // The same window again: every row of it is now at a cached position, stale there. The
+    // client scores it again without the cache, to the same values.
+    let again = c
+        .score_window(&w(prefix.clone(), window))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no scores"));
+    let stale = again.stale_cached.unwrap_or_else(|| {
+        panic!(
+            "the same window again was read from the cache: {:?}",
+            again.cached_prompt_tokens
+        )
+    });
+    assert!(stale as usize >= prefix.len());
+    assert_same_rows(&again, &scratch, 1e-3);
 }

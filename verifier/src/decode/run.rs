@@ -926,6 +926,16 @@ impl<'a> Run<'a> {
         };
         check_scores(&score, window.len(), sampled || rule.is_some())?;
         self.count_call(CallKind::Window, sent, cacheable);
+        self.call_reported = false;
+        if let Some(first) = score.stale_cached {
+            // The call read stale rows and was made again, its prefix computed whole: two
+            // calls, the first billed at what its cache served.
+            self.absorb(Some(first), None, 0);
+            self.count_call(CallKind::Window, sent, 0);
+            self.call_reported = false;
+            self.stats.window_rescores += 1;
+        }
+        self.absorb(score.cached_prompt_tokens, None, 0);
         self.last_prefix_len = sent + 1;
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;

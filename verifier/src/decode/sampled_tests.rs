@@ -226,6 +226,7 @@ impl TargetClient for ToyTarget {
             margins: vec![None; req.window.len()],
             top,
             logprobs,
+            ..WindowScore::default()
         }))
     }
 

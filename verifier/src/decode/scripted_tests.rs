@@ -818,6 +818,73 @@ async fn window_calls_that_skip_the_targets_cache_are_billed_uncached() -> Resul
     Ok(())
 }
 
+/// A window whose rows were stale in the target's cache is scored again without it: the
+/// answer is the same, and each such window is two calls, its input billed twice, the second
+/// time with nothing served from the cache.
+#[tokio::test]
+async fn a_window_scored_again_without_the_cache_is_billed_as_two_calls() -> Result<(), EngineError>
+{
+    let mut req = request(0.5, 64);
+    req.settings_mut().verification = Verification::Exact;
+    let fresh = run(
+        DraftScript::says("abcxyzghij", 0.95),
+        ScriptedTarget::says("abcdefghij", None).with_windows(),
+        req.clone(),
+    )
+    .await?;
+    let stale = run(
+        DraftScript::says("abcxyzghij", 0.95),
+        ScriptedTarget::says("abcdefghij", None)
+            .with_windows()
+            .with_stale_windows(),
+        req,
+    )
+    .await?;
+    assert_eq!(stale.text, fresh.text);
+    assert_eq!(stale.stats.windows, fresh.stats.windows);
+    assert!(stale.stats.windows > 0);
+    assert_eq!(fresh.stats.window_rescores, 0);
+    assert_eq!(stale.stats.window_rescores, stale.stats.windows);
+    assert_eq!(
+        stale.stats.target_calls,
+        fresh.stats.target_calls + stale.stats.windows
+    );
+    let window_input: u64 = stale
+        .stats
+        .calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Window)
+        .map(|c| c.sent)
+        .sum();
+    let fresh_input: u64 = fresh
+        .stats
+        .calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Window)
+        .map(|c| c.sent)
+        .sum();
+    assert_eq!(window_input, 2 * fresh_input);
+    // Every window call said what its cache served: the whole prefix for the stale read,
+    // nothing for the call made again.
+    let reported: Vec<(u64, bool)> = stale
+        .stats
+        .calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Window)
+        .map(|c| (c.cached, c.cached_reported))
+        .collect();
+    assert!(reported.iter().all(|&(_, said)| said), "{reported:?}");
+    assert!(
+        reported.iter().skip(1).step_by(2).all(|&(c, _)| c == 0),
+        "{reported:?}"
+    );
+    assert!(
+        reported.iter().step_by(2).all(|&(c, _)| c > 0),
+        "{reported:?}"
+    );
+    Ok(())
+}
+
 /// Relaxed windows keep a draft token the target would not have chosen when the rule accepts
 /// it from the target's probabilities: here the target gives each differing draft token 0.4
 /// against its own 0.6 (reported with the draft's token first, so the order is the engine's

@@ -170,6 +170,22 @@ pub struct WindowScore {
     /// log-probability at temperature 1) for the target's top entries and the window token.
     /// When sampling, the last entry of `top` is the target's sampled token, not its top one.
     pub logprobs: Vec<Vec<(u32, f32)>>,
+    /// Prompt tokens the target reports its prefix cache served, when it says.
+    pub cached_prompt_tokens: Option<u32>,
+    /// When the call read stale rows from the cache and was made again without reading it
+    /// (the whole prefix computed): the prompt tokens the first call's cache served. Both
+    /// calls are billed.
+    pub stale_cached: Option<u32>,
+}
+
+/// How a target scores windows: the endpoint, and whether a window's prefix is served from
+/// its cache or computed again each time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowRoute {
+    /// The path the window calls go to.
+    pub endpoint: &'static str,
+    /// Whether the prefix comes from the target's cache.
+    pub reads_cache: bool,
 }
 
 /// A piece of a streamed continuation.
@@ -226,11 +242,19 @@ pub trait TargetClient: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
     /// Whether a window call's prefix can be served from the target's prompt cache. vLLM's
-    /// cannot: a request that asks for prompt log-probabilities skips reading the prefix cache
+    /// is, through its token-in endpoint where the server offers it; through `/v1/completions`
+    /// a request that asks for prompt log-probabilities skips reading the prefix cache
     /// (vllm/sampling_params.py, `skip_reading_prefix_cache`), so the whole prefix is computed
-    /// and billed as new input every time.
+    /// and billed as new input every time. Until [`TargetClient::window_route`] has found out,
+    /// what it says is the costlier case.
     fn windows_read_cache(&self) -> bool {
         true
+    }
+    /// How this target scores windows, asking the server once where that depends on how it
+    /// was started (vLLM's token-in endpoint); `Ok(None)` where it scores none. An error:
+    /// the server did not say (not up yet); ask again later.
+    async fn window_route(&self) -> Result<Option<WindowRoute>, TargetError> {
+        Ok(None)
     }
     /// Whether a continuation keeps its token to [`ContinuationRequest::allowed`], choosing
     /// its own best among them. Where not, the engine does not ask (the draft writes there).

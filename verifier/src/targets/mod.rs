@@ -10,7 +10,8 @@
 //!   `/v1/completions` with a token-id prompt as vLLM serves, SGLang's `/generate`) and
 //!   text-level ones (`/v1/completions` with a text prompt, chat completions that continue a
 //!   partial assistant message, both over `text`), which need no tokenizer in common with the
-//!   draft.
+//!   draft. `token_in` is vLLM's token-in endpoint, where the `vllm` kind scores windows from
+//!   the server's prefix cache.
 //!
 //! One shared test suite in `tests/` holds every client to the same contract.
 
@@ -26,12 +27,13 @@ pub mod retry;
 pub mod sglang;
 pub mod slots;
 pub mod text;
+pub mod token_in;
 pub mod trace;
 pub mod transport;
 
 pub use api::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetFacts, TargetTimings,
-    TokenStream, WindowRequest, WindowScore, next_answer,
+    TokenStream, WindowRequest, WindowRoute, WindowScore, next_answer,
 };
 pub use chat_only::ChatOnlyTarget;
 pub use chat_prefix::{ChatPrefixTarget, PrefixStyle};

@@ -3,23 +3,33 @@
 //! `__verbose.tokens` (llama.cpp's server with `verbose` and `return_tokens`). A server that
 //! returns only text cannot be used for exact-prefix continuation (re-tokenising text need
 //! not give back the ids the model produced), so that is a protocol error, not a guess.
+//!
+//! Windows go to vLLM's token-in endpoint where the server offers it, so their prefix comes
+//! from the prefix cache ([`token_in`]); `/v1/completions` with `prompt_logprobs` is the
+//! fallback, which computes the whole prefix again on every window.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use super::token_in::{self, RouteCell};
 use super::{
     Continuation, ContinuationRequest, StreamChunk, TargetClient, TargetConfig, TargetFacts,
-    TargetTimings, TokenStream, WindowRequest, WindowScore, get_json, get_ok, http_client, join,
-    post_json, post_sse, reported_cached_tokens, token_ids, tokenized,
+    TargetTimings, TokenStream, WindowRequest, WindowRoute, WindowScore, get_json, get_ok,
+    http_client, join, post_json, post_sse, reported_cached_tokens, token_ids, tokenized,
 };
 use crate::error::TargetError;
+use crate::sampling::SamplingParams;
 
 /// Client for OpenAI-style completions with token ids.
 #[derive(Debug, Clone)]
 pub struct OpenAiCompletionsTarget {
     cfg: TargetConfig,
     http: reqwest::Client,
+    /// How its server scores windows, once asked (shared by the client's clones).
+    route: Arc<RouteCell>,
 }
 
 impl OpenAiCompletionsTarget {
@@ -28,6 +38,7 @@ impl OpenAiCompletionsTarget {
         Ok(Self {
             http: http_client(&cfg)?,
             cfg,
+            route: Arc::default(),
         })
     }
 
@@ -77,6 +88,158 @@ impl OpenAiCompletionsTarget {
             .apply_to_body(&mut body, &req.cache_key());
         body
     }
+}
+
+impl OpenAiCompletionsTarget {
+    /// The model to name in a window call.
+    fn model_of<'a>(&'a self, req: &'a WindowRequest) -> &'a str {
+        req.model.as_deref().unwrap_or(&self.cfg.model)
+    }
+
+    /// A window through `/v1/completions` with `prompt_logprobs`: the whole prefix computed
+    /// again. `Ok(None)` when the server returns no prompt log-probabilities.
+    async fn score_recomputed(
+        &self,
+        req: &WindowRequest,
+    ) -> Result<Option<WindowScore>, TargetError> {
+        let (sampling, top) = window_sampling(req);
+        let prompt = [req.prefix.as_slice(), req.window.as_slice()].concat();
+        let mut body = json!({
+            "model": self.model_of(req),
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": sampling.temperature.max(0.0),
+            "prompt_logprobs": top,
+            "return_token_ids": true,
+            "skip_special_tokens": false,
+        });
+        if req.sampling.is_some() {
+            // The token after the window is the target's own sample; the log-probabilities
+            // (raw, before temperature) give its distribution at every window position.
+            body["top_p"] = json!(sampling.top_p);
+            if let Some(seed) = sampling.seed {
+                body["seed"] = json!(seed as i64);
+            }
+        }
+        let v = post_json(
+            &self.http,
+            &self.cfg,
+            &join(&self.cfg.base_url, "completions"),
+            &body,
+            None,
+        )
+        .await?;
+        let choice = &v["choices"][0];
+        // vLLM puts them on the choice; a server without the feature returns none at all.
+        let Some(positions) = choice["prompt_logprobs"]
+            .as_array()
+            .or_else(|| v["prompt_logprobs"].as_array())
+        else {
+            return Ok(None);
+        };
+        let mut score = window_score(req, positions, &choice["token_ids"])?;
+        score.cached_prompt_tokens = reported_cached_tokens(&v["usage"]);
+        Ok(Some(score))
+    }
+
+    /// A window through the token-in endpoint, its prefix read from the cache; scored again
+    /// without the cache when a window row was among the cached ones (see [`token_in`]).
+    async fn score_from_cache(&self, req: &WindowRequest) -> Result<WindowScore, TargetError> {
+        let (sampling, top) = window_sampling(req);
+        let url = join(&self.root(), token_in::PATH);
+        let prompt_len = req.prefix.len() + req.window.len();
+        let call = |read_cache: bool| {
+            let body = token_in::window_body(req, self.model_of(req), &sampling, top, read_cache);
+            let url = url.clone();
+            async move { post_json(&self.http, &self.cfg, &url, &body, None).await }
+        };
+        let mut v = call(true).await?;
+        let mut stale_cached = None;
+        if !token_in::rows_fresh(&v, req.prefix.len(), prompt_len) {
+            stale_cached = Some(token_in::cached_tokens(&v).map_or(0, saturate));
+            metrics::counter!("approxy_window_rescores_total").increment(1);
+            tracing::debug!(
+                cached = ?token_in::cached_tokens(&v),
+                prefix = req.prefix.len(),
+                "a window row was among the cached ones; scoring it again without the cache"
+            );
+            v = call(false).await?;
+        }
+        let positions = v["prompt_logprobs"].as_array().ok_or_else(|| {
+            TargetError::Protocol(
+                "the token-in endpoint returned no prompt log-probabilities".into(),
+            )
+        })?;
+        let mut score = window_score(req, positions, &v["choices"][0]["token_ids"])?;
+        score.cached_prompt_tokens = token_in::cached_tokens(&v).map(saturate);
+        score.stale_cached = stale_cached;
+        Ok(score)
+    }
+}
+
+/// A count as the call records keep it.
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The sampling a window call asks for and how many log-probabilities at each position:
+/// greedy with the top one (or the relaxed rule's top entries), or the request's sampling with
+/// [`SAMPLED_TOP_LOGPROBS`].
+fn window_sampling(req: &WindowRequest) -> (SamplingParams, u32) {
+    match &req.sampling {
+        Some(s) => (*s, SAMPLED_TOP_LOGPROBS.max(req.top_logprobs)),
+        None => (SamplingParams::default(), req.top_logprobs.max(1)),
+    }
+}
+
+/// A window's score from the rows of a prompt of `prefix + window` (`positions`, one per
+/// prompt token) and the token generated after it (the first of `generated`).
+fn window_score(
+    req: &WindowRequest,
+    positions: &[Value],
+    generated: &Value,
+) -> Result<WindowScore, TargetError> {
+    let prompt_len = req.prefix.len() + req.window.len();
+    if positions.len() != prompt_len {
+        return Err(TargetError::Protocol(format!(
+            "{} prompt log-probabilities for {prompt_len} prompt tokens",
+            positions.len(),
+        )));
+    }
+    let entries_wanted = req.sampling.is_some() || req.top_logprobs > 0;
+    let mut top = Vec::with_capacity(req.window.len() + 1);
+    let mut margins = Vec::with_capacity(req.window.len());
+    let mut logprobs = Vec::new();
+    for (i, &w) in req.window.iter().enumerate() {
+        let position = &positions[req.prefix.len() + i];
+        let (t, m) = top_of(position, w).ok_or_else(|| {
+            TargetError::Protocol(format!("no rank-1 token at window position {i}"))
+        })?;
+        top.push(t);
+        margins.push(m);
+        if entries_wanted {
+            logprobs.push(entries_of(position).ok_or_else(|| {
+                TargetError::Protocol(format!(
+                    "unreadable log-probabilities at window position {i}"
+                ))
+            })?);
+        }
+    }
+    let next = token_ids(generated)
+        .and_then(|t| t.first().copied())
+        .ok_or_else(|| {
+            TargetError::Protocol(
+                "the target returned no token ids (needs `return_token_ids` support)".into(),
+            )
+        })?;
+    top.push(next);
+    Ok(WindowScore {
+        top,
+        margins,
+        logprobs,
+        cached_prompt_tokens: None,
+        stale_cached: None,
+    })
 }
 
 /// The top token at one prompt position of vLLM's `prompt_logprobs` (`{"<id>": {"logprob",
@@ -205,89 +368,49 @@ impl TargetClient for OpenAiCompletionsTarget {
         })))
     }
 
+    /// True once the server was found to offer its token-in endpoint (see [`token_in`]).
     fn windows_read_cache(&self) -> bool {
-        false
+        self.route.get().is_some_and(|r| r.reads_cache)
     }
 
-    async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
-        let mut prompt = req.prefix.clone();
-        prompt.extend_from_slice(&req.window);
-        let mut body = json!({
-            "model": req.model.as_deref().unwrap_or(&self.cfg.model),
-            "prompt": prompt,
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": 1,
-            "return_token_ids": true,
-            "skip_special_tokens": false,
-        });
-        if req.top_logprobs > 0 {
-            body["prompt_logprobs"] = json!(req.top_logprobs);
+    async fn window_route(&self) -> Result<Option<WindowRoute>, TargetError> {
+        if let Some(r) = self.route.get() {
+            return Ok(Some(r));
         }
-        if let Some(s) = &req.sampling {
-            // The token after the window is the target's own sample; the log-probabilities
-            // (raw, before temperature) give its distribution at every window position.
-            body["temperature"] = json!(s.temperature);
-            body["top_p"] = json!(s.top_p);
-            body["prompt_logprobs"] = json!(SAMPLED_TOP_LOGPROBS);
-            if let Some(seed) = s.seed {
-                body["seed"] = json!(seed as i64);
-            }
-        }
-        let v = post_json(
+        let answer = post_json(
             &self.http,
             &self.cfg,
-            &join(&self.cfg.base_url, "completions"),
-            &body,
+            &join(&self.root(), token_in::PATH),
+            &token_in::probe_body(&self.cfg.model),
             None,
         )
-        .await?;
-        let choice = &v["choices"][0];
-        // vLLM puts them on the choice; a server without the feature returns none at all.
-        let Some(positions) = choice["prompt_logprobs"]
-            .as_array()
-            .or_else(|| v["prompt_logprobs"].as_array())
-        else {
-            return Ok(None);
-        };
-        if positions.len() != prompt.len() {
-            return Err(TargetError::Protocol(format!(
-                "{} prompt log-probabilities for {} prompt tokens",
-                positions.len(),
-                prompt.len()
-            )));
-        }
-        let mut top = Vec::with_capacity(req.window.len() + 1);
-        let mut margins = Vec::with_capacity(req.window.len());
-        let mut logprobs = Vec::new();
-        for (i, &w) in req.window.iter().enumerate() {
-            let position = &positions[req.prefix.len() + i];
-            let (t, m) = top_of(position, w).ok_or_else(|| {
-                TargetError::Protocol(format!("no rank-1 token at window position {i}"))
-            })?;
-            top.push(t);
-            margins.push(m);
-            if req.sampling.is_some() || req.top_logprobs > 0 {
-                logprobs.push(entries_of(position).ok_or_else(|| {
-                    TargetError::Protocol(format!(
-                        "unreadable log-probabilities at window position {i}"
-                    ))
-                })?);
+        .await;
+        let route = token_in::route_of(answer)?;
+        if self.route.set(route) {
+            if route.reads_cache {
+                tracing::info!(
+                    endpoint = route.endpoint,
+                    "windows are scored from the target's prefix cache"
+                );
+            } else {
+                tracing::warn!(
+                    endpoint = route.endpoint,
+                    hint = token_in::fallback_hint(),
+                    "windows recompute their prefix on this target"
+                );
             }
         }
-        let next = token_ids(&choice["token_ids"])
-            .and_then(|t| t.first().copied())
-            .ok_or_else(|| {
-                TargetError::Protocol(
-                    "the target returned no token ids (needs `return_token_ids` support)".into(),
-                )
-            })?;
-        top.push(next);
-        Ok(Some(WindowScore {
-            top,
-            margins,
-            logprobs,
-        }))
+        Ok(Some(route))
+    }
+
+    /// From the prefix cache through the token-in endpoint where the server offers it, else
+    /// through `/v1/completions`, which recomputes the prefix.
+    async fn score_window(&self, req: &WindowRequest) -> Result<Option<WindowScore>, TargetError> {
+        let route = self.window_route().await?;
+        if route.is_some_and(|r| r.reads_cache) {
+            return self.score_from_cache(req).await.map(Some);
+        }
+        self.score_recomputed(req).await
     }
 
     fn picks_among_tokens(&self) -> bool {
@@ -346,6 +469,9 @@ pub(crate) fn max_model_len(list: &Value, model: Option<&str>) -> Option<usize> 
         .as_u64()
         .and_then(|n| usize::try_from(n).ok())
 }
+
+#[cfg(test)]
+mod window_tests;
 
 #[cfg(test)]
 mod tests {

@@ -308,6 +308,7 @@ fn window_score(req: &WindowRequest, v: &Value) -> Result<WindowScore, TargetErr
         TargetError::Protocol("SGLang generated no token after the window".into())
     })?;
     score.top.push(next);
+    score.cached_prompt_tokens = cached_tokens(meta);
     Ok(score)
 }
 
