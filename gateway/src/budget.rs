@@ -1,5 +1,5 @@
-//! The budget guard's side in the gateway: one ledger per policy entry and prompt kind, kept
-//! across policy reloads, read when a request starts (the model's rates and whether its
+//! The budget guard's side in the gateway: one ledger per policy entry, prompt kind and output
+//! (structured or free text), kept across policy reloads, read when a request starts (the model's rates and whether its
 //! traffic is within budget) and written when it ends; and its gauges on `/metrics`.
 
 use std::collections::HashMap;
@@ -44,27 +44,59 @@ pub struct Account {
     ledger: Arc<Ledger>,
     model: String,
     kind: PromptKind,
+    output: Output,
     unit: Unit,
 }
 
-/// The ledgers, by policy entry and prompt kind.
+/// What kind of answer a ledger keeps: structured answers (a grammar forces many of their
+/// tokens, so they cost the target far less than free text) and free text each have their own,
+/// so that cheap structured traffic cannot let costly free text go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// Free text.
+    Text,
+    /// Under a grammar (JSON mode, a schema, tools).
+    Structured,
+}
+
+impl Output {
+    /// The answer's output kind: structured when it is drafted under a grammar.
+    pub fn of(structured: bool) -> Self {
+        if structured {
+            Output::Structured
+        } else {
+            Output::Text
+        }
+    }
+
+    /// Its name on `/metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Output::Text => "text",
+            Output::Structured => "structured",
+        }
+    }
+}
+
+/// The ledgers, by policy entry, prompt kind and output.
 #[derive(Default)]
 pub struct Ledgers {
-    by_key: Mutex<HashMap<(String, PromptKind), Arc<Ledger>>>,
+    by_key: Mutex<HashMap<(String, PromptKind, Output), Arc<Ledger>>>,
 }
 
 impl Ledgers {
-    /// The ledger of policy entry `model` (an id or `"*"`) for prompts of `kind`, kept over
-    /// `window` (a reload that changes the window starts it afresh).
+    /// The ledger of policy entry `model` (an id or `"*"`) for prompts of `kind` answered as
+    /// `output`, kept over `window` (a reload that changes the window starts it afresh).
     pub(crate) fn ledger(
         &self,
         model: &str,
         kind: PromptKind,
+        output: Output,
         window: std::time::Duration,
     ) -> Arc<Ledger> {
         let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
         let entry = map
-            .entry((model.to_string(), kind))
+            .entry((model.to_string(), kind, output))
             .or_insert_with(|| Arc::new(Ledger::new(window)));
         if entry.window() != Ledger::kept(window) {
             *entry = Arc::new(Ledger::new(window));
@@ -72,15 +104,15 @@ impl Ledgers {
         Arc::clone(entry)
     }
 
-    /// The engine's guard for a request of `kind` under `mp` (policy entry `model`), its
-    /// target's work priced at `price` (the model's class at the rates of now), and the
-    /// account its spend goes to (budget guard only).
+    /// The engine's guard for a request of `kind` answered as `output` under `mp` (policy
+    /// entry `model`), its target's work priced at `price` (the model's class at the rates of
+    /// now), and the account its spend goes to (budget guard only).
     pub fn guard(
         &self,
         mp: &ModelPolicy,
         price: Pricing,
         model: &str,
-        kind: PromptKind,
+        (kind, output): (PromptKind, Output),
         cache: CacheRules,
     ) -> (Option<Guard>, Option<Account>) {
         match mp.guard {
@@ -94,7 +126,7 @@ impl Ledgers {
                 None,
             ),
             GuardPolicy::Budget { hard_cap, window } => {
-                let ledger = self.ledger(model, kind, window);
+                let ledger = self.ledger(model, kind, output, window);
                 let view = ledger.view();
                 let guard = BudgetGuard {
                     price,
@@ -110,6 +142,7 @@ impl Ledgers {
                     ledger,
                     model: model.to_string(),
                     kind,
+                    output,
                     unit: price.unit(),
                 };
                 (Some(Guard::Budget(guard)), Some(account))
@@ -144,6 +177,7 @@ impl Account {
             let mut l = vec![
                 metrics::Label::new("model", self.model.clone()),
                 metrics::Label::new("kind", self.kind.name()),
+                metrics::Label::new("output", self.output.name()),
             ];
             l.extend(side.map(|s| metrics::Label::new("side", s)));
             l
@@ -168,5 +202,43 @@ impl Account {
         let rates = v.rates(prior(self.kind), PRIOR_TOKENS);
         metrics::gauge!("approxy_budget_calls_per_token", labels(None)).set(rates.calls_per_token);
         metrics::gauge!("approxy_budget_target_share", labels(None)).set(rates.target_share);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Structured answers, whose tokens a grammar forces, cost the target far less than free
+    /// text: each has its own ledger, so cheap JSON traffic cannot keep costly chat under
+    /// budget.
+    #[test]
+    fn structured_answers_and_free_text_keep_separate_ledgers() {
+        let ledgers = Ledgers::default();
+        let window = std::time::Duration::from_secs(3600);
+        let text = ledgers.ledger("*", PromptKind::Chat, Output::Text, window);
+        let json = ledgers.ledger("*", PromptKind::Chat, Output::Structured, window);
+        assert!(!Arc::ptr_eq(&text, &json));
+        let cheap = CostEstimate {
+            approxy: 1.0,
+            passthrough: 10.0,
+        };
+        for _ in 0..20 {
+            json.record(cheap, 10, Default::default());
+        }
+        let costly = CostEstimate {
+            approxy: 14.0,
+            passthrough: 10.0,
+        };
+        text.record(costly, 10, Default::default());
+        assert!(json.view().cost_ratio().is_some_and(|r| r < 0.2));
+        assert!(text.view().cost_ratio().is_some_and(|r| r > 1.3));
+        // The same key finds the same ledger.
+        let again = ledgers.ledger("*", PromptKind::Chat, Output::Text, window);
+        assert!(Arc::ptr_eq(&text, &again));
+        assert_eq!(
+            (Output::of(true).name(), Output::of(false).name()),
+            ("structured", "text")
+        );
     }
 }

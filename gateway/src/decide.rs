@@ -449,9 +449,11 @@ async fn plan(
     }
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
     let price = mp.price.at(|| rt.meter.rates());
-    let (guard, account) = shared
-        .ledgers
-        .guard(mp, price, &model.key, kind, model.decode.cache);
+    let output = crate::budget::Output::of(constraint.is_some());
+    let (guard, account) =
+        shared
+            .ledgers
+            .guard(mp, price, &model.key, (kind, output), model.decode.cache);
     let mut generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,

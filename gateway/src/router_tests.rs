@@ -1897,10 +1897,12 @@ guard = "strict"
         Some("code") => PromptKind::Code,
         _ => PromptKind::Chat,
     };
-    let ledger = state
-        .shared
-        .ledgers
-        .ledger("budget", kind, crate::policy::DEFAULT_BUDGET_WINDOW);
+    let ledger = state.shared.ledgers.ledger(
+        "budget",
+        kind,
+        crate::budget::Output::Text,
+        crate::policy::DEFAULT_BUDGET_WINDOW,
+    );
     let v = ledger.view();
     assert_eq!(v.requests, 1);
     assert!((v.approxy - spent).abs() < 1e-12 && (v.passthrough - passthrough).abs() < 1e-12);
