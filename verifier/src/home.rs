@@ -59,6 +59,11 @@ impl Home {
     pub fn draft_hf_dir(&self) -> PathBuf {
         self.root.join("models").join("draft-hf")
     }
+    /// The 1.5B target dequantised to float32 safetensors, for a vLLM target (`approxy setup
+    /// --vllm`).
+    pub fn target_hf_dir(&self) -> PathBuf {
+        self.root.join("models").join("target-hf")
+    }
     /// The venv with vLLM's CPU build.
     pub fn vllm_venv(&self) -> PathBuf {
         self.root.join("venv").join("vllm")

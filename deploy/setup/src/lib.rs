@@ -6,7 +6,7 @@
 //! Layout:
 //! - `run` (here): the steps in order, with progress and a summary.
 //! - `steps`: each step: registry packages fetched, verified, converted or built.
-//! - `vllm`: the optional vLLM test target (its venv and the float32 draft it serves).
+//! - `vllm`: the optional vLLM test target (its venv and the float32 checkpoints it serves).
 //! - `assets`: pinned sources, versions and sha256 of everything fetched.
 //! - `cpu`: this CPU's SIMD features and the llama.cpp build options they allow.
 //! - `fingerprint`: what makes a converted draft the shipped one (its weights and logits
@@ -82,7 +82,7 @@ impl Step {
     fn wanted(&self, opts: &SetupOptions) -> bool {
         match self.key {
             // The test command's parts: vLLM, a model with another tokenizer, Prometheus.
-            "vllm-venv" | "smollm2-gguf" | "prometheus" => opts.vllm,
+            "vllm-venv" | "smollm2-gguf" | "prometheus" | "target-hf" => opts.vllm,
             // The variants start from the float32 checkpoint vLLM serves.
             "draft-hf" => opts.vllm || opts.draft_variants,
             "draft-variants" => opts.draft_variants,
@@ -104,7 +104,7 @@ impl Step {
 }
 
 /// Every step, in the order they run: later steps use what earlier ones provide.
-const STEPS: [Step; 12] = [
+const STEPS: [Step; 13] = [
     Step::new(
         "draft-gguf",
         "draft model (Qwen2.5-Coder-0.5B)",
@@ -164,6 +164,12 @@ const STEPS: [Step; 12] = [
         "draft model as float32 safetensors (for vLLM)",
         false,
         vllm::draft_hf,
+    ),
+    Step::new(
+        "target-hf",
+        "target model as float32 safetensors (for vLLM)",
+        false,
+        vllm::target_hf,
     ),
     Step::new(
         "vllm-venv",

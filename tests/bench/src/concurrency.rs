@@ -347,6 +347,9 @@ pub async fn run(opts: &ConcurrencyOptions) -> anyhow::Result<()> {
         instructions_dir: "tests/bench/instructions".into(),
         copy_dir: "tests/bench/copy".into(),
         fresh: opts.fresh,
+        // Not used: the sweep runs against llama-server.
+        vllm_model: Default::default(),
+        relaxed_rule: "ratio:0.5".into(),
     };
     let tasks = calls::tasks(&home, &calls_opts)?;
     std::fs::create_dir_all(opts.out.join("raw"))?;

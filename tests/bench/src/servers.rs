@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
 use approxy_setup::Home;
@@ -263,18 +263,70 @@ pub async fn reset_vllm_prefix_cache(http: &reqwest::Client, url: &str) -> anyho
     anyhow::bail!("vLLM at {url} did not reset its prefix cache")
 }
 
-/// The name vLLM serves the float32 draft checkpoint under (as the test command's vLLM does).
-pub const VLLM_MODEL: &str = "qwen2.5-coder-0.5b-instruct-f32";
+/// Which checkpoint a benchmark's vLLM serves (`--vllm-model`): both are GGUFs dequantised to
+/// float32 by `approxy setup --vllm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VllmModel {
+    /// The 1.5B target, the draft's real pair (the weights llama-server serves).
+    #[default]
+    Target,
+    /// The draft itself: three times faster, one model at two precisions.
+    Draft,
+}
 
-/// Starts vLLM (from `approxy setup --vllm`) serving the draft's float32 checkpoint: the one
-/// target here that returns prompt log-probabilities, for exact windows. Pinned, on core 0.
+impl VllmModel {
+    /// The name vLLM serves it under (the test command's vLLM uses the same names).
+    pub fn served_name(self) -> &'static str {
+        match self {
+            VllmModel::Target => "qwen2.5-coder-1.5b-instruct-f32",
+            VllmModel::Draft => "qwen2.5-coder-0.5b-instruct-f32",
+        }
+    }
+
+    /// Its checkpoint's directory.
+    pub fn dir(self, home: &Home) -> std::path::PathBuf {
+        match self {
+            VllmModel::Target => home.target_hf_dir(),
+            VllmModel::Draft => home.draft_hf_dir(),
+        }
+    }
+}
+
+/// The checkpoint this process's benchmarks serve on vLLM: set once from the command line
+/// (`set_vllm_model`), the target until then.
+static VLLM_MODEL: std::sync::OnceLock<VllmModel> = std::sync::OnceLock::new();
+
+/// Chooses the checkpoint vLLM serves for the rest of this process; a second choice is an
+/// error (the runs saved so far were made with the first).
+pub fn set_vllm_model(m: VllmModel) -> anyhow::Result<()> {
+    let kept = *VLLM_MODEL.get_or_init(|| m);
+    anyhow::ensure!(
+        kept == m,
+        "vLLM already serves the {kept:?} checkpoint here"
+    );
+    Ok(())
+}
+
+/// The checkpoint vLLM serves here.
+pub fn vllm_model() -> VllmModel {
+    VLLM_MODEL.get().copied().unwrap_or_default()
+}
+
+/// Starts vLLM (from `approxy setup --vllm`) serving [`vllm_model`]'s float32 checkpoint: the
+/// one target here that returns prompt log-probabilities, for windows. Pinned, on core 0.
 pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Result<Server> {
     let port = free_port()?;
     let python = approxy_setup::vllm::vllm_python(home);
     let mut cmd = command(&python, (layout == Layout::Pinned).then_some("0"));
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-        .arg(home.draft_hf_dir())
-        .args(["--served-model-name", VLLM_MODEL, "--host", "127.0.0.1"])
+        .arg(vllm_model().dir(home))
+        .args([
+            "--served-model-name",
+            vllm_model().served_name(),
+            "--host",
+            "127.0.0.1",
+        ])
         .args(["--port", &port.to_string()])
         .args([
             "--max-model-len",
@@ -282,6 +334,13 @@ pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Res
             "--dtype",
             "float32",
             "--enforce-eager",
+        ])
+        // The token-in endpoint and the cached count a window from the prefix cache needs
+        // (approxy_verifier::targets::token_in).
+        .args([
+            "--enable-scale-out",
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
         ])
         .env("VLLM_CPU_KVCACHE_SPACE", "2")
         // For /reset_prefix_cache (see `reset_vllm_prefix_cache`), as vLLM's own sweeps do.
