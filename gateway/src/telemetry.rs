@@ -198,7 +198,7 @@ fn describe_cost() {
     describe_counter!(
         "approxy_window_rescores_total",
         Unit::Count,
-        "Window calls to vLLM's token-in endpoint made again without its prefix cache (a window row sat at a cached position, stale there)"
+        "Window calls to vLLM's token-in endpoint made again: without its prefix cache (stale: a window row sat at a cached position) or through /v1/completions (refused)"
     );
     describe_gauge!(
         "approxy_target_window_route",

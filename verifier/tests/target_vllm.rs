@@ -254,16 +254,17 @@ async fn exact_mode_equals_vllm_greedy_on_five_prompts() {
             req.settings_mut().overlap = overlap;
             let (ids, _, stats) = common::run(&engine, &pool, req)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap_or_else(|e| panic!("{e:?}"));
             eprintln!(
-                "{p:?} (overlap {overlap}, guesses {} used {}): {} tokens, {} target calls, {} windows (mean {:.1} tokens, {:.0} % accepted), near ties {:?}",
+                "{p:?} (overlap {overlap}, guesses {} used {}): {} tokens, {} target calls, {} windows (mean {:.1} tokens, {:.0} % accepted, {} scored again without the cache), near ties {:?}",
+                stats.overlap_guesses,
+                stats.overlap_guesses_used,
                 stats.completion_tokens,
                 stats.target_calls,
                 stats.windows,
                 stats.window_tokens as f64 / f64::from(stats.windows.max(1)),
                 100.0 * stats.window_accepted as f64 / stats.window_tokens.max(1) as f64,
-                stats.overlap_guesses,
-                stats.overlap_guesses_used,
+                stats.window_rescores,
                 stats.near_ties
             );
             if ids != expected {
@@ -381,6 +382,10 @@ async fn kv_counts_after(before: [f64; 4]) -> [f64; 4] {
     panic!("vLLM did not count the window's request");
 }
 
+/// The block vLLM's prefix cache serves prompts in: the test set-up starts it with
+/// `--block-size 32`, the smallest its CPU kernels take (its CPU default is 128).
+const BLOCK: usize = 32;
+
 /// Every entry of two scores' rows within `tol` of each other (log-probabilities), and the
 /// same top tokens.
 fn assert_same_rows(cached: &WindowScore, fresh: &WindowScore, tol: f32) {
@@ -425,11 +430,18 @@ async fn windows_from_vllms_prefix_cache_match_a_fresh_computation() {
         Some(("/v1/completions", false))
     );
     let tok = common::tokenizer();
-    let prompt = common::chat_prompt(
-        "Write a Python function is_prime(n) with a docstring, then explain it in three sentences.",
-    );
+    // New to the server each run (its cache outlives the test): only the system prompt's blocks
+    // may be cached before the test puts the prompt there.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let prompt = common::chat_prompt(&format!(
+        "Write a Python function is_prime(n) with a docstring, then explain it in three sentences. (Request {run}.)"
+    ));
     let drafted = tok
-        .encode("def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n    if n < 2:\n        return False\n")
+        .encode(
+            "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n    if n < 2:\n        return False\n    for d in range(2, int(n ** 0.5) + 1):\n        if n % d == 0:\n            return False\n    return True\n",
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     let w = |prefix: Vec<u32>, window: &[u32]| WindowRequest {
         prefix,
@@ -442,12 +454,12 @@ async fn windows_from_vllms_prefix_cache_match_a_fresh_computation() {
     c.continue_tokens(&common::req(prompt.clone(), 1))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    // A window after the prompt and a first token new to the server. Sixteen tokens: once
+    // A window after the prompt and a first token new to the server, a block long: once
     // computed, a whole block boundary lies past the prefix, so the same window again has a
     // row at a cached position.
-    assert!(drafted.len() >= 17, "{} drafted tokens", drafted.len());
+    assert!(drafted.len() > BLOCK, "{} drafted tokens", drafted.len());
     let prefix = [prompt.as_slice(), &drafted[..1]].concat();
-    let window = &drafted[1..17];
+    let window = &drafted[1..=BLOCK];
     let before = kv_counts().await;
     let cached = c
         .score_window(&w(prefix.clone(), window))
@@ -460,7 +472,7 @@ async fn windows_from_vllms_prefix_cache_match_a_fresh_computation() {
         .unwrap_or_else(|| panic!("no cached count"));
     assert_eq!(cached.stale_cached, None);
     assert!(
-        u64::from(served) + 16 >= prompt.len() as u64,
+        served as usize + BLOCK >= prompt.len(),
         "{served} of the {}-token prompt served from the cache",
         prompt.len()
     );
@@ -472,9 +484,9 @@ async fn windows_from_vllms_prefix_cache_match_a_fresh_computation() {
         prefix.len()
     );
     assert!(
-        computed <= (window.len() + 1 + 16) as f64,
+        computed <= (window.len() + BLOCK) as f64,
         "a window computed {computed} prompt tokens: more than its own {} and one block",
-        window.len() + 1
+        window.len()
     );
     assert_eq!(
         computed as u64 + u64::from(served),

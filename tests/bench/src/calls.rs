@@ -1360,7 +1360,45 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
             pair(a.billed.cached_input, counted.cached_input),
         ));
     }
+    s.push_str(&window_prompts(here));
     s
+}
+
+/// What each run's window calls computed of their prompts: the prompt tokens a window call
+/// sent less those the target said its cache served (or the cache rules' estimate where it did
+/// not say), on average, beside the window tokens it scored.
+fn window_prompts(here: &[&CallsRun]) -> String {
+    let mut lines = String::new();
+    for r in here {
+        let (mut calls, mut computed, mut sent) = (0u64, 0u64, 0u64);
+        for c in r
+            .prompts
+            .iter()
+            .filter_map(|p| p.generation.approxy.as_ref())
+            .flat_map(|u| &u.target_call_records)
+            .filter(|c| c.kind == "window")
+        {
+            calls += 1;
+            computed += c.sent.saturating_sub(c.cached);
+            sent += c.sent;
+        }
+        if calls > 0 {
+            let a = aggregate(r);
+            lines.push_str(&format!(
+                "- {}: {calls} window calls, each computing {:.1} of the {:.0} prompt tokens it sent on average ({:.1} window tokens scored)\n",
+                r.config.label(),
+                computed as f64 / calls as f64,
+                sent as f64 / calls as f64,
+                a.windows.1 as f64 / a.windows.0.max(1) as f64,
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return lines;
+    }
+    format!(
+        "\nPrompt tokens the target computed per window call (what it sent less what its prefix cache served, as the target reported):\n\n{lines}"
+    )
 }
 
 /// The shape the GPU goals are judged on: a 32B model serving 8 streams at once.

@@ -337,10 +337,13 @@ pub async fn start_vllm(home: &Home, layout: Layout, logs: &Path) -> anyhow::Res
         ])
         // The token-in endpoint and the cached count a window from the prefix cache needs
         // (approxy_verifier::targets::token_in).
+        // Blocks of 32, the smallest vLLM's CPU kernels take (its CPU default is 128).
         .args([
             "--enable-scale-out",
             "--enable-prefix-caching",
             "--enable-prompt-tokens-details",
+            "--block-size",
+            "32",
         ])
         .env("VLLM_CPU_KVCACHE_SPACE", "2")
         // For /reset_prefix_cache (see `reset_vllm_prefix_cache`), as vLLM's own sweeps do.

@@ -98,6 +98,12 @@ pub(crate) fn route_of(answer: Result<Value, TargetError>) -> Result<WindowRoute
     }
 }
 
+/// Whether a window call's status is the endpoint refusing that request (a client error other
+/// than a rate limit or an auth failure), which the fallback route may still score.
+pub(crate) fn refused(status: u16) -> bool {
+    matches!(status, 400 | 404 | 405 | 413 | 422)
+}
+
 /// Why the fallback is in use, for the log line that says so.
 pub(crate) fn fallback_hint() -> &'static str {
     "start vLLM with --enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details \

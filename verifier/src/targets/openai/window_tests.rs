@@ -25,6 +25,8 @@ const BLOCK: usize = 16;
 struct Stub {
     /// Answers the token-in endpoint as a server without `--enable-scale-out` does.
     refuse: bool,
+    /// A token whose presence makes the token-in endpoint answer 400.
+    bad_request_on: Option<u32>,
     /// Every prompt it computed, whose full blocks its cache holds.
     computed: Mutex<Vec<Vec<u32>>>,
     /// (path, skip_reading_prefix_cache) of every call, in order.
@@ -81,6 +83,11 @@ async fn generate(State(stub): State<Arc<Stub>>, Json(body): Json<Value>) -> Res
         return (StatusCode::FORBIDDEN, Json(error)).into_response();
     }
     let prompt: Vec<u32> = serde_json::from_value(body["token_ids"].clone()).unwrap();
+    if stub.bad_request_on.is_some_and(|t| prompt.contains(&t)) {
+        let error =
+            json!({"error": {"message": "bad request", "type": "BadRequestError", "code": 400}});
+        return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+    }
     let p = &body["sampling_params"];
     let skip = p["skip_reading_prefix_cache"].as_bool().unwrap_or(true);
     assert_eq!(
@@ -113,10 +120,15 @@ async fn completions(State(stub): State<Arc<Stub>>, Json(body): Json<Value>) -> 
 }
 
 async fn serve(refuse: bool) -> (Arc<Stub>, OpenAiCompletionsTarget) {
-    let stub = Arc::new(Stub {
+    serve_stub_of(Stub {
         refuse,
         ..Stub::default()
-    });
+    })
+    .await
+}
+
+async fn serve_stub_of(stub: Stub) -> (Arc<Stub>, OpenAiCompletionsTarget) {
+    let stub = Arc::new(stub);
     let app = Router::new()
         .route("/inference/v1/generate", post(generate))
         .route("/v1/completions", post(completions))
@@ -204,4 +216,28 @@ async fn a_server_without_the_endpoint_scores_windows_through_completions() {
     c.score_window(&window(0..16, &[16])).await.unwrap();
     let calls = stub.calls.lock().unwrap();
     assert_eq!(*calls, [("completions", true), ("completions", true)]);
+}
+
+#[tokio::test]
+async fn a_window_the_token_in_endpoint_refuses_is_scored_through_completions() {
+    let (stub, c) = serve_stub_of(Stub {
+        bad_request_on: Some(77),
+        ..Stub::default()
+    })
+    .await;
+    let s = c
+        .score_window(&window(0..16, &[16, 77]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.top, vec![16, 17, 78]);
+    assert!(
+        c.windows_read_cache(),
+        "one refusal does not change the route"
+    );
+    assert_eq!(
+        *stub.calls.lock().unwrap(),
+        [("generate", true), ("completions", true)],
+        "the probe, then the refused window through /v1/completions"
+    );
 }
