@@ -11,20 +11,32 @@
 # carry vLLM's busy time by its own counters, prompt tokens computed per window, and the same
 # calls projected on the H200 table (deploy/gpu/window_cost.json). Each run is resumable (saved
 # runs are reused; pass --fresh to start over).
-# Usage: [PROBLEMS=8] [CHAT=8] [INSTRUCTIONS=8] [MAX_TOKENS=192] ./deploy/bench-windows.sh [--fresh]
+# VLLM_MODEL=draft serves the draft's own float32 checkpoint instead (three times faster here,
+# one model at two precisions: it measures the calls, not the pair's quality).
+# Usage: [VLLM_MODEL=target|draft] [SAMPLES="humaneval chat instructions"] [PROBLEMS=8] [CHAT=8]
+#        [INSTRUCTIONS=8] [MAX_TOKENS=192] [CONFIGS=...] ./deploy/bench-windows.sh [--fresh]
 export APPROXY_SETUP_ARGS="${APPROXY_SETUP_ARGS:---vllm}"
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
+VLLM_MODEL="${VLLM_MODEL:-target}"
+case "$VLLM_MODEL" in target) SIZE=1.5b ;; draft) SIZE=0.5b ;; *) echo "VLLM_MODEL is target or draft" >&2; exit 2 ;; esac
+SAMPLES="${SAMPLES:-humaneval chat instructions}"
 PROBLEMS="${PROBLEMS:-8}"
 CHAT="${CHAT:-8}"
 INSTRUCTIONS="${INSTRUCTIONS:-8}"
 MAX_TOKENS="${MAX_TOKENS:-192}"
+CONFIGS="${CONFIGS:-vllm-target-only,vllm-exact,vllm-relaxed,vllm-approximate}"
 START=$(date +%s)
 OUT="$REPO/deploy/results/windows"
-CONFIGS=vllm-target-only,vllm-exact,vllm-relaxed,vllm-approximate
-run() { "$APPROXY" bench calls --layouts pinned --target-delay 0 --vllm-model target --only "$CONFIGS" "$@"; }
-run --sample humaneval --prompts "$PROBLEMS" --max-tokens "$MAX_TOKENS" --relaxed-rule ratio:0.5 \
-  --out "$OUT/humaneval" "$@"
-run --sample chat --prompts "$CHAT" --max-tokens 128 --relaxed-rule ratio:0.8 --out "$OUT/chat" "$@"
-run --sample instructions --prompts "$INSTRUCTIONS" --max-tokens 160 --relaxed-rule ratio:0.8 \
-  --out "$OUT/instructions" "$@"
+run() { "$APPROXY" bench calls --layouts pinned --target-delay 0 --vllm-model "$VLLM_MODEL" --only "$CONFIGS" "$@"; }
+for sample in $SAMPLES; do
+  case "$sample" in
+    humaneval) run --sample humaneval --prompts "$PROBLEMS" --max-tokens "$MAX_TOKENS" --relaxed-rule ratio:0.5 \
+      --out "$OUT/humaneval-$SIZE" "${@}" ;;
+    chat) run --sample chat --prompts "$CHAT" --max-tokens 128 --relaxed-rule ratio:0.8 --out "$OUT/chat-$SIZE" "${@}" ;;
+    instructions) run --sample instructions --prompts "$INSTRUCTIONS" --max-tokens 160 --relaxed-rule ratio:0.8 \
+      --out "$OUT/instructions-$SIZE" "${@}" ;;
+    *) echo "unknown sample $sample" >&2; exit 2 ;;
+  esac
+done
+"$APPROXY" bench report
 echo "==> done in $(( $(date +%s) - START ))s (set-up excluded) on $(nproc) cores, $(date -u +%Y-%m-%d)"

@@ -401,8 +401,9 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
     }
 }
 
-/// Asks the current target how it scores windows, until it has said (it may still be
-/// starting), and again after a reload brings another target; the answer goes on `/metrics`
+/// Asks the current target how it scores windows: until it has said (it may still be
+/// starting), again after a reload brings another target, and whenever its client moves to the
+/// fallback (see `approxy_verifier::targets::token_in`); the answer goes on `/metrics`
 /// as `approxy_target_window_route` and in one log line (the client's). Asked at start-up,
 /// the first window of the first request is then priced at the route in use.
 async fn watch_window_route(state: AppState) {
@@ -414,16 +415,18 @@ async fn watch_window_route(state: AppState) {
         every.tick().await;
         let rt = state.runtime();
         let target = rt.engine.target();
-        // The client's address names it: a reload builds a new one.
+        // The client's address names it: a reload builds a new one. Once a client has said, it
+        // answers from what it keeps, so asking again each tick costs nothing and sees a client
+        // that moved to the fallback.
         let id = Arc::as_ptr(target).cast::<()>() as usize;
-        if said.is_some_and(|(asked, _)| asked == id) {
-            continue;
-        }
         let Ok(Ok(route)) =
             tokio::time::timeout(Duration::from_secs(30), target.window_route()).await
         else {
             continue;
         };
+        if said == Some((id, route)) {
+            continue;
+        }
         if let Some((_, Some(old))) = said {
             route_gauge(old).set(0.0);
         }

@@ -735,6 +735,7 @@ impl TargetClient for ScriptedTarget {
             logprobs,
             cached_prompt_tokens: self.windows_stale.then_some(0),
             stale_cached: self.windows_stale.then_some(prefix),
+            refused: false,
         }))
     }
 

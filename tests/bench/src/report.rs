@@ -67,6 +67,36 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             "deploy/bench-busy.sh",
         ),
         (
+            "windows/humaneval-1.5b",
+            "vLLM windows from its prefix cache on code, the 1.5B target on vLLM",
+            "deploy/bench-windows.sh",
+        ),
+        (
+            "windows/chat-1.5b",
+            "vLLM windows from its prefix cache on chat, the 1.5B target on vLLM",
+            "deploy/bench-windows.sh",
+        ),
+        (
+            "windows/instructions-1.5b",
+            "vLLM windows from its prefix cache on instructions, the 1.5B target on vLLM",
+            "deploy/bench-windows.sh",
+        ),
+        (
+            "windows/humaneval-0.5b",
+            "vLLM windows from its prefix cache on code, the draft's own float32 checkpoint as the target",
+            "deploy/bench-windows.sh",
+        ),
+        (
+            "windows/chat-0.5b",
+            "vLLM windows from its prefix cache on chat, the draft's own float32 checkpoint as the target",
+            "deploy/bench-windows.sh",
+        ),
+        (
+            "windows/instructions-0.5b",
+            "vLLM windows from its prefix cache on instructions, the draft's own float32 checkpoint as the target",
+            "deploy/bench-windows.sh",
+        ),
+        (
             "calls-lookup",
             "Prompt lookup on copy-heavy prompts and on HumanEval",
             "deploy/bench-lookup.sh",

@@ -927,10 +927,13 @@ impl<'a> Run<'a> {
         check_scores(&score, window.len(), sampled || rule.is_some())?;
         self.count_call(CallKind::Window, sent, cacheable);
         self.call_reported = false;
-        if let Some(first) = score.stale_cached {
-            // The call read stale rows and was made again, its prefix computed whole: two
-            // calls, the first billed at what its cache served.
-            self.absorb(Some(first), None, 0);
+        if score.stale_cached.is_some() || score.refused {
+            // The call read stale rows (or was refused for them) and was made again, its
+            // prefix computed whole: two calls, the first billed at what its cache served
+            // where it said, else at the cache rules' estimate.
+            self.absorb(score.stale_cached, None, 0);
+            // The first call's one generated token was never used.
+            self.stats.target_discarded_tokens += 1;
             self.count_call(CallKind::Window, sent, 0);
             self.call_reported = false;
             self.stats.window_rescores += 1;

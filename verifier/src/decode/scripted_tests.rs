@@ -882,6 +882,20 @@ async fn a_window_scored_again_without_the_cache_is_billed_as_two_calls() -> Res
         reported.iter().step_by(2).all(|&(c, _)| c > 0),
         "{reported:?}"
     );
+    // Each first call generated its one token for nothing: it is paid.
+    assert_eq!(
+        stale.stats.target_discarded_tokens,
+        fresh.stats.target_discarded_tokens + u64::from(stale.stats.windows)
+    );
+    let first_calls: Vec<u64> = stale
+        .stats
+        .calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Window)
+        .step_by(2)
+        .map(|c| c.generated)
+        .collect();
+    assert!(first_calls.iter().all(|&g| g == 1), "{first_calls:?}");
     Ok(())
 }
 

@@ -176,6 +176,10 @@ pub struct WindowScore {
     /// (the whole prefix computed): the prompt tokens the first call's cache served. Both
     /// calls are billed.
     pub stale_cached: Option<u32>,
+    /// The call was refused (vLLM answers 400 when a stale row holds a value JSON cannot
+    /// carry) and made again through the route that recomputes the prefix: both calls are
+    /// billed, the first at the cache rules' estimate.
+    pub refused: bool,
 }
 
 /// How a target scores windows: the endpoint, and whether a window's prefix is served from

@@ -239,6 +239,7 @@ fn window_score(
         logprobs,
         cached_prompt_tokens: None,
         stale_cached: None,
+        refused: false,
     })
 }
 
@@ -410,8 +411,10 @@ impl TargetClient for OpenAiCompletionsTarget {
         if route.is_some_and(|r| r.reads_cache) {
             match self.score_from_cache(req).await {
                 // A window the token-in endpoint refused is scored where every server of this
-                // kind scores one, rather than failing the answer (it refused one in about a
-                // hundred runs of the exact-mode test, its reason unlogged).
+                // kind scores one, rather than failing the answer. vLLM 0.32 refuses one when a
+                // stale row (uninitialised memory: `LogprobsTensors.empty_cpu`) holds a NaN or
+                // an infinity, which its JSON encoder will not write ("Out of range float
+                // values are not JSON compliant", 400).
                 Err(TargetError::Status { status, body }) if token_in::refused(status) => {
                     metrics::counter!("approxy_window_rescores_total", "reason" => "refused")
                         .increment(1);
@@ -420,8 +423,21 @@ impl TargetClient for OpenAiCompletionsTarget {
                         body = %body.chars().take(500).collect::<String>(),
                         "the token-in endpoint refused a window; scoring it through /v1/completions"
                     );
+                    if self.route.refused() {
+                        tracing::warn!(
+                            refusals = token_in::REFUSALS_TO_GIVE_UP,
+                            "the token-in endpoint refused windows in a row; windows recompute their prefix from now on"
+                        );
+                    }
+                    let score = self.score_recomputed(req).await?;
+                    return Ok(score.map(|s| WindowScore { refused: true, ..s }));
                 }
-                scored => return scored.map(Some),
+                scored => {
+                    if scored.is_ok() {
+                        self.route.scored();
+                    }
+                    return scored.map(Some);
+                }
             }
         }
         self.score_recomputed(req).await

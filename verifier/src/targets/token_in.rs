@@ -46,9 +46,22 @@ pub(crate) const RECOMPUTED: WindowRoute = WindowRoute {
 };
 
 /// What a client has learned of its server's route: nothing yet, or one of the two. Kept for
-/// the client's life: a server's flags do not change while it runs.
+/// the client's life (a server's flags do not change while it runs), except that a server whose
+/// token-in endpoint refuses [`REFUSALS_TO_GIVE_UP`] windows in a row is moved to the fallback:
+/// each refused window costs a call that is lost and then a call that recomputes its prefix.
 #[derive(Debug, Default)]
-pub(crate) struct RouteCell(AtomicU8);
+pub(crate) struct RouteCell {
+    route: AtomicU8,
+    /// Windows refused since the last one scored.
+    refusals: std::sync::atomic::AtomicU32,
+}
+
+/// Refused windows in a row after which a client scores windows through the fallback. vLLM
+/// 0.32's CPU build serving the 1.5B target refused every window scored from its cache (the
+/// stale rows held values JSON cannot carry); serving the 0.5B draft it refused about one in
+/// sixteen: `deploy/vllm/window_probe.py` and tests/README.md, "Windows from vLLM's prefix
+/// cache".
+pub(crate) const REFUSALS_TO_GIVE_UP: u32 = 3;
 
 const UNKNOWN: u8 = 0;
 const CACHED: u8 = 1;
@@ -57,7 +70,7 @@ const FALLBACK: u8 = 2;
 impl RouteCell {
     /// The route, once known.
     pub(crate) fn get(&self) -> Option<WindowRoute> {
-        match self.0.load(Ordering::Relaxed) {
+        match self.route.load(Ordering::Relaxed) {
             CACHED => Some(FROM_CACHE),
             FALLBACK => Some(RECOMPUTED),
             _ => None,
@@ -67,7 +80,23 @@ impl RouteCell {
     /// Keeps `route`; true the first time one is kept (for the one log line that says it).
     pub(crate) fn set(&self, route: WindowRoute) -> bool {
         let v = if route.reads_cache { CACHED } else { FALLBACK };
-        self.0.swap(v, Ordering::Relaxed) == UNKNOWN
+        self.route.swap(v, Ordering::Relaxed) == UNKNOWN
+    }
+
+    /// Counts a window the endpoint scored.
+    pub(crate) fn scored(&self) {
+        self.refusals.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a window the endpoint refused; true when that makes [`REFUSALS_TO_GIVE_UP`] in a
+    /// row and the client has moved to the fallback (once).
+    pub(crate) fn refused(&self) -> bool {
+        let n = self.refusals.fetch_add(1, Ordering::Relaxed) + 1;
+        n >= REFUSALS_TO_GIVE_UP
+            && self
+                .route
+                .compare_exchange(CACHED, FALLBACK, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 
@@ -240,5 +269,20 @@ mod tests {
         assert!(cell.set(FROM_CACHE));
         assert!(!cell.set(FROM_CACHE));
         assert_eq!(cell.get(), Some(FROM_CACHE));
+    }
+
+    #[test]
+    fn refusals_in_a_row_move_the_client_to_the_fallback_once() {
+        let cell = RouteCell::default();
+        cell.set(FROM_CACHE);
+        assert!(!cell.refused());
+        assert!(!cell.refused());
+        cell.scored();
+        assert!(!cell.refused());
+        assert!(!cell.refused());
+        assert_eq!(cell.get(), Some(FROM_CACHE), "two in a row");
+        assert!(cell.refused(), "the third in a row");
+        assert_eq!(cell.get(), Some(RECOMPUTED));
+        assert!(!cell.refused(), "said once");
     }
 }

@@ -231,6 +231,7 @@ async fn a_window_the_token_in_endpoint_refuses_is_scored_through_completions() 
         .unwrap()
         .unwrap();
     assert_eq!(s.top, vec![16, 17, 78]);
+    assert!(s.refused && s.stale_cached.is_none());
     assert!(
         c.windows_read_cache(),
         "one refusal does not change the route"
@@ -240,4 +241,35 @@ async fn a_window_the_token_in_endpoint_refuses_is_scored_through_completions() 
         [("generate", true), ("completions", true)],
         "the probe, then the refused window through /v1/completions"
     );
+}
+
+#[tokio::test]
+async fn windows_refused_three_times_in_a_row_move_the_client_to_the_fallback() {
+    let (stub, c) = serve_stub_of(Stub {
+        bad_request_on: Some(77),
+        ..Stub::default()
+    })
+    .await;
+    assert_eq!(c.window_route().await.unwrap(), Some(token_in::FROM_CACHE));
+    for _ in 0..token_in::REFUSALS_TO_GIVE_UP {
+        assert!(c.windows_read_cache());
+        let s = c
+            .score_window(&window(0..16, &[77]))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(s.refused);
+    }
+    assert!(!c.windows_read_cache());
+    assert_eq!(c.window_route().await.unwrap(), Some(token_in::RECOMPUTED));
+    // A window the endpoint would have scored goes to /v1/completions now.
+    let s = c
+        .score_window(&window(0..16, &[16]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!s.refused);
+    let calls = stub.calls.lock().unwrap();
+    assert_eq!(calls.last(), Some(&("completions", true)));
+    assert_eq!(calls.iter().filter(|c| c.0 == "completions").count(), 4);
 }
