@@ -849,28 +849,21 @@ async fn a_window_scored_again_without_the_cache_is_billed_as_two_calls() -> Res
         stale.stats.target_calls,
         fresh.stats.target_calls + stale.stats.windows
     );
-    let window_input: u64 = stale
-        .stats
-        .calls
-        .iter()
-        .filter(|c| c.kind == CallKind::Window)
-        .map(|c| c.sent)
-        .sum();
-    let fresh_input: u64 = fresh
-        .stats
-        .calls
-        .iter()
-        .filter(|c| c.kind == CallKind::Window)
-        .map(|c| c.sent)
-        .sum();
-    assert_eq!(window_input, 2 * fresh_input);
+    let window_calls = |o: &Outcome| -> Vec<CallRecord> {
+        o.stats
+            .calls
+            .iter()
+            .filter(|c| c.kind == CallKind::Window)
+            .cloned()
+            .collect()
+    };
+    let (stale_calls, fresh_calls) = (window_calls(&stale), window_calls(&fresh));
+    let input = |calls: &[CallRecord]| calls.iter().map(|c| c.sent).sum::<u64>();
+    assert_eq!(input(&stale_calls), 2 * input(&fresh_calls));
     // Every window call said what its cache served: the whole prefix for the stale read,
     // nothing for the call made again.
-    let reported: Vec<(u64, bool)> = stale
-        .stats
-        .calls
+    let reported: Vec<(u64, bool)> = stale_calls
         .iter()
-        .filter(|c| c.kind == CallKind::Window)
         .map(|c| (c.cached, c.cached_reported))
         .collect();
     assert!(reported.iter().all(|&(_, said)| said), "{reported:?}");
@@ -887,14 +880,7 @@ async fn a_window_scored_again_without_the_cache_is_billed_as_two_calls() -> Res
         stale.stats.target_discarded_tokens,
         fresh.stats.target_discarded_tokens + u64::from(stale.stats.windows)
     );
-    let first_calls: Vec<u64> = stale
-        .stats
-        .calls
-        .iter()
-        .filter(|c| c.kind == CallKind::Window)
-        .step_by(2)
-        .map(|c| c.generated)
-        .collect();
+    let first_calls: Vec<u64> = stale_calls.iter().step_by(2).map(|c| c.generated).collect();
     assert!(first_calls.iter().all(|&g| g == 1), "{first_calls:?}");
     Ok(())
 }
