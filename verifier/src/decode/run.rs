@@ -925,20 +925,7 @@ impl<'a> Run<'a> {
             return Ok(WindowEnd::Unsupported(start));
         };
         check_scores(&score, window.len(), sampled || rule.is_some())?;
-        self.count_call(CallKind::Window, sent, cacheable);
-        self.call_reported = false;
-        if score.stale_cached.is_some() || score.refused {
-            // The call read stale rows (or was refused for them) and was made again, its
-            // prefix computed whole: two calls, the first billed at what its cache served
-            // where it said, else at the cache rules' estimate.
-            self.absorb(score.stale_cached, None, 0);
-            // The first call's one generated token was never used.
-            self.stats.target_discarded_tokens += 1;
-            self.count_call(CallKind::Window, sent, 0);
-            self.call_reported = false;
-            self.stats.window_rescores += 1;
-        }
-        self.absorb(score.cached_prompt_tokens, None, 0);
+        self.count_window(&score, sent, cacheable);
         self.last_prefix_len = sent + 1;
         self.stats.windows += 1;
         self.stats.window_tokens += window.len() as u64;
@@ -955,6 +942,25 @@ impl<'a> Run<'a> {
         self.stats.window_accepted += accepted as u64;
         self.emit_window(cursor, &start, window, accepted, own)
             .await
+    }
+
+    /// Counts a window's call, `sent` prompt tokens of which the cache rules say `cacheable`
+    /// could be served, with what the target reported of its cache.
+    fn count_window(&mut self, score: &WindowScore, sent: u64, cacheable: u64) {
+        self.count_call(CallKind::Window, sent, cacheable);
+        self.call_reported = false;
+        if score.stale_cached.is_some() || score.refused {
+            // The call read stale rows (or was refused for them) and was made again, its
+            // prefix computed whole: two calls, the first billed at what its cache served
+            // where it said, else at the cache rules' estimate.
+            self.absorb(score.stale_cached, None, 0);
+            // The first call's one generated token was never used.
+            self.stats.target_discarded_tokens += 1;
+            self.count_call(CallKind::Window, sent, 0);
+            self.call_reported = false;
+            self.stats.window_rescores += 1;
+        }
+        self.absorb(score.cached_prompt_tokens, None, 0);
     }
 
     /// Runs the draft ahead from `first` (the token it proposes at `start`) to a window of

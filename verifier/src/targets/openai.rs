@@ -88,9 +88,7 @@ impl OpenAiCompletionsTarget {
             .apply_to_body(&mut body, &req.cache_key());
         body
     }
-}
 
-impl OpenAiCompletionsTarget {
     /// The model to name in a window call.
     fn model_of<'a>(&'a self, req: &'a WindowRequest) -> &'a str {
         req.model.as_deref().unwrap_or(&self.cfg.model)
