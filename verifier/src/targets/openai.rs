@@ -154,7 +154,7 @@ impl OpenAiCompletionsTarget {
         let mut v = call(true).await?;
         let mut stale_cached = None;
         if !token_in::rows_fresh(&v, req.prefix.len(), prompt_len) {
-            stale_cached = Some(token_in::cached_tokens(&v).map_or(0, saturate));
+            stale_cached = Some(token_in::cached_tokens(&v).unwrap_or(0));
             metrics::counter!("approxy_window_rescores_total", "reason" => "stale").increment(1);
             tracing::debug!(
                 cached = ?token_in::cached_tokens(&v),
@@ -169,15 +169,10 @@ impl OpenAiCompletionsTarget {
             )
         })?;
         let mut score = window_score(req, positions, &v["choices"][0]["token_ids"])?;
-        score.cached_prompt_tokens = token_in::cached_tokens(&v).map(saturate);
+        score.cached_prompt_tokens = token_in::cached_tokens(&v);
         score.stale_cached = stale_cached;
         Ok(score)
     }
-}
-
-/// A count as the call records keep it.
-fn saturate(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The sampling a window call asks for and how many log-probabilities at each position:

@@ -58,9 +58,9 @@ pub(crate) struct RouteCell {
 
 /// Refused windows in a row after which a client scores windows through the fallback. vLLM
 /// 0.32's CPU build serving the 1.5B target refused every window scored from its cache (the
-/// stale rows held values JSON cannot carry); serving the 0.5B draft it refused about one in
-/// sixteen: `deploy/vllm/window_probe.py` and tests/README.md, "Windows from vLLM's prefix
-/// cache".
+/// stale rows held values JSON cannot carry: `deploy/vllm/window_probe.py`); serving the 0.5B
+/// draft it refused 4 of 68 (`deploy/bench-windows.sh`). tests/README.md, "Windows from vLLM's
+/// prefix cache".
 pub(crate) const REFUSALS_TO_GIVE_UP: u32 = 3;
 
 const UNKNOWN: u8 = 0;
@@ -140,15 +140,15 @@ pub(crate) fn fallback_hint() -> &'static str {
 }
 
 /// Prompt tokens the answer says the prefix cache served.
-pub(crate) fn cached_tokens(v: &Value) -> Option<u64> {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64()
+pub(crate) fn cached_tokens(v: &Value) -> Option<u32> {
+    super::reported_cached_tokens(&v["usage"])
 }
 
 /// Whether every window row of an answer is fresh: its first row (at the prefix's length) is
 /// past the tokens the cache served, and there is a row for every prompt token.
 pub(crate) fn rows_fresh(v: &Value, prefix_len: usize, prompt_len: usize) -> bool {
     let rows = v["prompt_logprobs"].as_array().map_or(0, Vec::len);
-    rows == prompt_len && cached_tokens(v).is_some_and(|c| c < prefix_len as u64)
+    rows == prompt_len && cached_tokens(v).is_some_and(|c| (c as usize) < prefix_len)
 }
 
 /// The window call: `prefix + window`, one token generated after it (greedy, or sampled at
