@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle};
+use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle, Unsupported};
 use approxy_verifier::{Draft, GenerateRequest, Verification};
 
 use crate::error::ApiError;
@@ -289,8 +289,18 @@ async fn admit(
                 layout: m.policy.json_layout,
                 fence: m.policy.json_fence,
             };
+            let param = match spec {
+                GrammarSpec::Tools(_) => "tools",
+                _ => "response_format",
+            };
             match compile(&state.shared, spec, style).await {
                 Ok(c) => Some(c),
+                // Over the grammar's limits: a constrained target would spend long on it and
+                // refuse it too, so it is the client's to mend, at no target's expense.
+                Err(why) if why.over_limits() => {
+                    tracing::info!(%why, "schema refused");
+                    return Err(ApiError::bad(param, why.to_string()));
+                }
                 Err(why) => {
                     tracing::info!(%why, "schema passed through");
                     return Ok(Admission::Passthrough(Reason::SchemaUnsupported));
@@ -335,19 +345,21 @@ fn answerable_tools(
     }
 }
 
-/// The grammar for a structured answer, compiled off the async runtime (or from the cache).
+/// The grammar for a structured answer, compiled off the async runtime (or from the cache),
+/// or why the schema is not served. A compiler that cannot be built or that failed passes
+/// the request through, as for a schema it does not read.
 async fn compile(
     shared: &Shared,
     spec: GrammarSpec,
     style: JsonStyle,
-) -> Result<Constraint, String> {
-    let grammars = shared.grammars().await?;
+) -> Result<Constraint, Unsupported> {
+    let grammars = shared.grammars().await.map_err(Unsupported::Refused)?;
     let started = std::time::Instant::now();
     let compiled = tokio::task::spawn_blocking(move || grammars.constraint(&spec, style))
         .await
-        .map_err(|e| format!("grammar compilation: {e}"))?;
+        .map_err(|e| Unsupported::Refused(format!("grammar compilation: {e}")))?;
     metrics::histogram!("approxy_grammar_compile_seconds").record(started.elapsed().as_secs_f64());
-    compiled.map_err(|e| e.to_string())
+    compiled
 }
 
 /// The prompt's token ids and its kind. Rendering and tokenizing a prompt of megabytes takes

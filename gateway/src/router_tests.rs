@@ -701,6 +701,50 @@ async fn passthrough_reasons_and_the_body_reaches_the_target_unchanged() {
     }
 }
 
+/// Schemas over the grammar's limits are the client's to mend: a 400 naming the field, with
+/// the cause in one line, never passed through (a grammar-constrained target would work long on
+/// them and refuse them too). Before, a `$ref` cycle under a fence failed at the answer's first
+/// token as the gateway's 500.
+#[tokio::test]
+async fn schemas_over_the_grammars_limits_are_refused_without_a_target_call() {
+    let state = Setup::new("hello", 0.95, "hello").state().await;
+    let recursion = json!({
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/b"}}, "required": ["x"],
+        "$defs": {
+            "a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/b"}}, "required": ["x"]},
+            "b": {"type": "object", "properties": {"y": {"$ref": "#/$defs/a"}}, "required": ["y"]}
+        }
+    });
+    let schemas = [
+        json!({"$ref": "#"}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+        recursion,
+    ];
+    for schema in schemas {
+        for stream in [false, true] {
+            let format =
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+            let body = chat("m", json!({"response_format": format, "stream": stream}));
+            let (status, _, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{schema}");
+            let v = json_of(&bytes);
+            assert_eq!(v["error"]["param"], "response_format");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("limits") && !message.contains('\n'),
+                "{message}"
+            );
+        }
+    }
+    // Tools' parameters are schemas too.
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}});
+    let body = chat("m", json!({"tools": [tool], "tool_choice": "required"}));
+    let (status, _, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&bytes).0, json!("tools"));
+}
+
 #[tokio::test]
 async fn other_routes_pass_through_and_unknown_paths_are_404() {
     let state = Setup::new("x", 0.9, "x").state().await;

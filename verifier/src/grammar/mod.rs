@@ -164,18 +164,57 @@ impl GrammarSpec {
     }
 }
 
-/// Why a grammar was not compiled: the request passes through (`schema_unsupported`).
+/// Why a grammar was not compiled. A schema over approxy's grammar limits is the client's
+/// to mend ([`Unsupported::over_limits`]): a grammar-constrained target would spend long on it
+/// and refuse it too, as OpenAI's own structured outputs cap a schema's size. Any other
+/// refusal (a keyword llguidance does not read) passes through as `schema_unsupported`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Unsupported {
     /// The schema's text is over [`MAX_SCHEMA_BYTES`].
     #[error("the schema is {0} bytes, over the {MAX_SCHEMA_BYTES} compiled")]
     TooLarge(usize),
-    /// llguidance refused it (an unsupported keyword, an unsatisfiable schema, its limits).
+    /// It admits no finite answer, or its answer's first tokens are over llguidance's parser
+    /// limits: a `$ref` cycle, required properties that recurse, thousands of optional ones.
+    #[error("the schema is over the grammar's limits: {0}")]
+    Unbounded(String),
+    /// llguidance refused it (an unsupported keyword, an unsatisfiable schema).
     #[error("the schema cannot be compiled: {0}")]
     Refused(String),
-    /// It compiled, slower than [`COMPILE_TIME_LIMIT`].
+    /// It compiled, and reached its first free token, slower than [`COMPILE_TIME_LIMIT`].
     #[error("the schema took {0:?} to compile")]
     TooSlow(Duration),
+}
+
+impl Unsupported {
+    /// Whether the schema is over approxy's limits (the client's 400), rather than written in
+    /// a form only the target may read (a passthrough).
+    pub fn over_limits(&self) -> bool {
+        !matches!(self, Unsupported::Refused(_))
+    }
+
+    /// llguidance's error, as one line without the parser's state (which quotes the client's
+    /// schema), sorted by whether it is a limit.
+    fn from_llguidance(e: &str) -> Self {
+        let line = e.lines().next().unwrap_or_default();
+        let line: String = line.chars().take(200).collect();
+        const LIMITS: [&str; 7] = [
+            "NoExtensionBias",
+            "circular reference",
+            "Too many items",
+            "items; max is",
+            "too big",
+            "TooComplex",
+            "no token is allowed",
+        ];
+        if line == "NoExtensionBias" || line.is_empty() {
+            return Unsupported::Unbounded("it admits no finite JSON value".into());
+        }
+        if LIMITS.iter().any(|l| line.contains(l)) {
+            Unsupported::Unbounded(line)
+        } else {
+            Unsupported::Refused(line)
+        }
+    }
 }
 
 /// Compiled grammars, FIFO-bounded.
@@ -190,6 +229,8 @@ pub struct Grammars {
     factory: ParserFactory,
     cache: Mutex<Cache>,
     eos: Vec<u32>,
+    /// [`FENCE_OPEN`] in the draft's tokens: the way into a fenced answer's value.
+    fence_open: Vec<u32>,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -214,6 +255,7 @@ impl Grammars {
             factory,
             cache: Mutex::new(Cache::default()),
             eos: eos.to_vec(),
+            fence_open: tokenizer.encode_plain(FENCE_OPEN)?,
         })
     }
 
@@ -230,7 +272,7 @@ impl Grammars {
         let style = style.into();
         let laid_out = self.constraint_as(spec, style);
         match laid_out {
-            Err(Unsupported::Refused(_) | Unsupported::TooLarge(_))
+            Err(Unsupported::Refused(_) | Unsupported::TooLarge(_) | Unsupported::Unbounded(_))
                 if style.layout != JsonLayout::Compact =>
             {
                 let compact = JsonStyle {
@@ -255,7 +297,7 @@ impl Grammars {
         if let Some(found) = self.cached(&key) {
             return found.map(wrap);
         }
-        let compiled = self.compile(grammar, key.len());
+        let compiled = self.compile(grammar, key.len(), fenced);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.map.contains_key(&key) {
             if cache.order.len() >= CACHED_GRAMMARS
@@ -277,27 +319,67 @@ impl Grammars {
         })
     }
 
-    fn compile(&self, grammar: TopLevelGrammar, bytes: usize) -> Result<Matcher, Unsupported> {
+    fn compile(
+        &self,
+        grammar: TopLevelGrammar,
+        bytes: usize,
+        fenced: bool,
+    ) -> Result<Matcher, Unsupported> {
         if bytes > MAX_SCHEMA_BYTES {
             return Err(Unsupported::TooLarge(bytes));
         }
         let started = Instant::now();
         let parser = self.factory.create_parser(grammar);
-        let mut matcher = Matcher::new(parser);
-        // The first mask builds the lexer's start: a schema that compiles but cannot give
-        // one is as unsupported as one that does not compile.
-        let first = matcher.compute_mask();
+        let matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
-            return Err(Unsupported::Refused(e));
+            return Err(Unsupported::from_llguidance(&e));
         }
-        if let Err(e) = first {
-            return Err(Unsupported::Refused(e.to_string()));
+        // A schema that compiles can still fail at its answer's first token (a `$ref` cycle
+        // has no value to start; required recursion forces tokens until the parser's limits):
+        // a copy walks to the first free choice, inside the fence where there is one, so that
+        // such a schema is refused here, once and cached, never mid-answer.
+        let mut probe = matcher.deep_clone();
+        if fenced
+            && matches!(probe.validate_tokens(&self.fence_open), Ok(n) if n == self.fence_open.len())
+        {
+            probe
+                .consume_tokens(&self.fence_open)
+                .map_err(|e| Unsupported::from_llguidance(&e.to_string()))?;
         }
+        self.walk_to_first_choice(&mut probe, started)?;
         let took = started.elapsed();
         if took > COMPILE_TIME_LIMIT {
             return Err(Unsupported::TooSlow(took));
         }
         Ok(matcher)
+    }
+
+    /// Takes the forced tokens until the answer's first free choice (or its end), as the
+    /// decode loop would, within [`COMPILE_TIME_LIMIT`] of `started`.
+    fn walk_to_first_choice(&self, m: &mut Matcher, started: Instant) -> Result<(), Unsupported> {
+        let refused =
+            |m: &Matcher, e: String| Unsupported::from_llguidance(&m.get_error().unwrap_or(e));
+        loop {
+            if m.is_stopped() {
+                return Ok(());
+            }
+            let forced = m.compute_ff_tokens();
+            if m.is_error() {
+                return Err(refused(m, "forced tokens".into()));
+            }
+            if started.elapsed() > COMPILE_TIME_LIMIT {
+                return Err(Unsupported::TooSlow(started.elapsed()));
+            }
+            if forced.is_empty() {
+                let mask = m.compute_mask().map_err(|e| refused(m, e.to_string()))?;
+                if mask.is_zero() {
+                    return Err(refused(m, "no token is allowed".into()));
+                }
+                return Ok(());
+            }
+            m.consume_tokens(&forced)
+                .map_err(|e| refused(m, e.to_string()))?;
+        }
     }
 
     fn wrap(&self, matcher: Matcher, several_calls: bool, fenced: bool) -> Constraint {

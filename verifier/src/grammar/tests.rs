@@ -365,3 +365,65 @@ fn a_fenced_answer_is_the_models_pick_and_the_fence_is_forced_once_begun() {
     assert_eq!(Fence::parse(Fence::Optional.name()), Some(Fence::Optional));
     assert_eq!(Fence::parse("yes"), None);
 }
+
+/// Schemas that compile but cannot start an answer: refused at compile time as over the
+/// grammar's limits (the client's 400), fenced or not, never left to fail mid-answer.
+#[test]
+fn schemas_that_fail_at_their_first_token_are_refused_when_compiled() {
+    let g = grammars();
+    let cycles = [
+        json!({"$ref": "#"}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+    ];
+    let recursion = json!({
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/b"}}, "required": ["x"],
+        "$defs": {
+            "a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/b"}}, "required": ["x"]},
+            "b": {"type": "object", "properties": {"y": {"$ref": "#/$defs/a"}}, "required": ["y"]}
+        }
+    });
+    let optional: serde_json::Map<String, Value> = (0..2000)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    let optional = json!({"type": "object", "properties": optional});
+    for schema in cycles.iter().chain([&recursion, &optional]) {
+        for layout in [JsonLayout::Compact, JsonLayout::Indented] {
+            for fence in [Fence::Never, Fence::Optional, Fence::Always] {
+                let spec = GrammarSpec::JsonSchema(schema.clone());
+                let got = g.constraint(&spec, JsonStyle { layout, fence });
+                let Err(why) = got else {
+                    panic!("{schema} {layout:?} {fence:?} compiled")
+                };
+                assert!(why.over_limits(), "{schema}: {why}");
+                let text = why.to_string();
+                assert!(!text.contains('\n') && !text.contains("$defs"), "{text}");
+                let kept = g.cache.lock().unwrap().map.len();
+                assert_eq!(
+                    g.constraint(&spec, JsonStyle { layout, fence }).err(),
+                    Some(why)
+                );
+                assert_eq!(
+                    g.cache.lock().unwrap().map.len(),
+                    kept,
+                    "answered from the cache"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn only_limits_are_the_clients_fault() {
+    assert!(!Unsupported::Refused("Unimplemented keys: [\"if\"]".into()).over_limits());
+    assert!(Unsupported::TooLarge(MAX_SCHEMA_BYTES + 1).over_limits());
+    assert!(Unsupported::TooSlow(Duration::from_secs(2)).over_limits());
+    let row = "Current row has 8007 items; max is 2000; consider making your grammar left-recursive\n<state>\n{\"schema\": 1}";
+    assert_eq!(
+        Unsupported::from_llguidance(row),
+        Unsupported::Unbounded(
+            "Current row has 8007 items; max is 2000; consider making your grammar left-recursive"
+                .into()
+        )
+    );
+}
