@@ -56,6 +56,16 @@ pub enum ApiError {
         /// `gateway.body_idle_timeout` in seconds.
         idle_secs: u64,
     },
+    /// The body is not JSON by its `content-type` (another type, or a charset other than
+    /// UTF-8): parsed anyway, a UTF-16 body would read as garbage.
+    #[error("the request body must be JSON in UTF-8 (content-type: application/json), not {0:?}")]
+    UnsupportedMediaType(String),
+    /// A transfer coding the gateway does not decode (RFC 9112 6.1: 501): read as chunked, a
+    /// gzip body would reach the target as its compressed bytes.
+    #[error(
+        "the transfer coding {0:?} is not supported; send the body uncompressed, chunked or with a length"
+    )]
+    UnsupportedTransferCoding(String),
     /// Too many requests in flight.
     #[error("the gateway is at capacity; retry shortly")]
     Overloaded,
@@ -155,6 +165,16 @@ impl ApiError {
                 "invalid_request_error",
                 Some("request_timeout"),
             ),
+            ApiError::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                Some("unsupported_media_type"),
+            ),
+            ApiError::UnsupportedTransferCoding(_) => (
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                Some("unsupported_transfer_coding"),
+            ),
             ApiError::Overloaded => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -226,6 +246,8 @@ impl ApiError {
             | ApiError::UriTooLong(_)
             | ApiError::HeadersTooLarge { .. }
             | ApiError::BodyTimeout { .. }
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::UnsupportedTransferCoding(_)
             | ApiError::UpstreamRejected(_)
             | ApiError::UpstreamRejectedWith { .. } => "client",
             ApiError::BadGateway

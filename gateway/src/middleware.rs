@@ -59,8 +59,13 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// Refuses a request target or headers past the gateway's limits: 414 and 431 in the OpenAI
 /// shape, carrying the request id, where hyper's own refusals past its larger limits have no
-/// body.
+/// body. Refuses what the gateway would otherwise misread: a transfer coding other than
+/// `chunked` (501; hyper decodes only the chunking) and more than one `authorization` (only the
+/// first would be checked).
 pub async fn protocol_limits(req: Request, next: Next) -> Response {
+    if let Some(e) = misread(req.headers()) {
+        return e.into_response();
+    }
     let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if uri > MAX_URI_BYTES {
         return ApiError::UriTooLong(MAX_URI_BYTES).into_response();
@@ -75,6 +80,64 @@ pub async fn protocol_limits(req: Request, next: Next) -> Response {
         .into_response();
     }
     next.run(req).await
+}
+
+/// What in the headers the gateway would misread, if anything.
+fn misread(h: &header::HeaderMap) -> Option<ApiError> {
+    let codings = h.get_all(header::TRANSFER_ENCODING).iter().flat_map(|v| {
+        String::from_utf8_lossy(v.as_bytes())
+            .split(',')
+            .map(|c| c.trim().to_ascii_lowercase())
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+    });
+    if let Some(other) = codings.into_iter().find(|c| c != "chunked") {
+        return Some(ApiError::UnsupportedTransferCoding(other));
+    }
+    if h.get_all(header::AUTHORIZATION).iter().count() > 1 {
+        return Some(ApiError::bad(
+            "authorization",
+            "more than one Authorization header: send one",
+        ));
+    }
+    None
+}
+
+/// Refuses a body the gateway reads as JSON whose `content-type` says otherwise (415): another
+/// type, or a charset other than UTF-8, which read as JSON would be garbage. No `content-type`
+/// is read as JSON, as OpenAI's API does. Routes the gateway only forwards (file uploads are
+/// multipart) are not checked.
+pub fn json_body(h: &header::HeaderMap) -> Result<(), ApiError> {
+    let types: Vec<_> = h.get_all(header::CONTENT_TYPE).iter().collect();
+    match types.as_slice() {
+        [] => Ok(()),
+        [one] if json_in_utf8(one.as_bytes()) => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType(
+            types
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+    }
+}
+
+/// Whether a `content-type` says JSON (`application/json` or a `+json` type) in UTF-8 (no
+/// charset, or `utf-8`; JSON has no other, RFC 8259 8.1).
+fn json_in_utf8(value: &[u8]) -> bool {
+    let value = String::from_utf8_lossy(value).to_ascii_lowercase();
+    let mut parts = value.split(';').map(str::trim);
+    let essence = parts.next().unwrap_or_default();
+    let json = essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|t| t.ends_with("+json"));
+    json && parts.all(|p| match p.split_once('=') {
+        Some((k, v)) if k.trim() == "charset" => {
+            matches!(v.trim().trim_matches('"'), "utf-8" | "utf8")
+        }
+        _ => true,
+    })
 }
 
 /// Takes the request's runtime once, for every layer and handler after this one (see

@@ -1306,6 +1306,98 @@ async fn a_long_uri_or_a_header_flood_is_refused_in_the_openai_shape_with_an_id(
     }
 }
 
+/// What the gateway would misread is refused: before, a gzip transfer coding was read as plain
+/// chunking, only the first of two `Authorization` headers was checked (right, then wrong: 200),
+/// and `text/plain` or a UTF-16 charset was parsed as JSON.
+#[tokio::test]
+async fn codings_duplicate_keys_and_bodies_that_are_not_json_are_refused() {
+    let mut setup = Setup::new("hello", 0.95, "hello");
+    setup.client_keys = vec!["right".into()];
+    let state = setup.state().await;
+    let with = |pairs: &[(&str, &str)]| {
+        let mut req = post("/v1/chat/completions", &chat("m", json!({"max_tokens": 2})));
+        req.headers_mut().remove(header::CONTENT_TYPE);
+        for (k, v) in pairs {
+            req.headers_mut()
+                .append(k.parse::<header::HeaderName>().unwrap(), v.parse().unwrap());
+        }
+        req
+    };
+    let key = ("authorization", "Bearer right");
+    let cases = [
+        (
+            vec![key, ("transfer-encoding", "gzip, chunked")],
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported_transfer_coding",
+        ),
+        (
+            vec![
+                key,
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "br"),
+            ],
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported_transfer_coding",
+        ),
+        (
+            vec![key, ("authorization", "Bearer wrong")],
+            StatusCode::BAD_REQUEST,
+            "authorization",
+        ),
+        (
+            vec![("authorization", "Bearer wrong"), key],
+            StatusCode::BAD_REQUEST,
+            "authorization",
+        ),
+        (
+            vec![key, ("content-type", "text/plain")],
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            vec![key, ("content-type", "application/json; charset=utf-16")],
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            vec![
+                key,
+                ("content-type", "application/json"),
+                ("content-type", "text/plain"),
+            ],
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+    ];
+    for (headers, status, code) in cases {
+        let (got, id, bytes) = call(&state, with(&headers)).await;
+        let (param, got_code) = error_of(&bytes);
+        let named = if status == StatusCode::BAD_REQUEST {
+            param
+        } else {
+            got_code
+        };
+        assert_eq!((got, named), (status, json!(code)), "{headers:?}");
+        assert!(id.contains_key("x-request-id"));
+    }
+    // JSON by any of its spellings, or no type at all, is read.
+    for ok in [
+        vec![key],
+        vec![key, ("content-type", "application/json")],
+        vec![key, ("content-type", "Application/JSON; charset=\"UTF-8\"")],
+        vec![key, ("content-type", "application/vnd.api+json")],
+        vec![key, ("transfer-encoding", "Chunked")],
+    ] {
+        let (got, _, bytes) = call(&state, with(&ok)).await;
+        assert_eq!(
+            got,
+            StatusCode::OK,
+            "{ok:?}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
     let state = Setup::new("x", 0.9, "x").state().await;

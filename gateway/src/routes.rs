@@ -34,6 +34,9 @@ pub async fn completions(State(state): State<AppState>, req: Request) -> Respons
 async fn generate(state: AppState, endpoint: Endpoint, req: Request) -> Response {
     // The request's own runtime: a policy reload mid-request does not change its rules.
     let rt = state.runtime_of(req.extensions());
+    if let Err(e) = crate::middleware::json_body(req.headers()) {
+        return e.into_response();
+    }
     let limit = rt.policy.gateway.max_body_bytes;
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
