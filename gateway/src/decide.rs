@@ -95,8 +95,32 @@ pub async fn decide(
     let decision = choose(state, rt, endpoint, headers, &json, map).await?;
     if matches!(decision, Decision::Passthrough(_)) {
         passable(rt, &state.shared, map)?;
+        within_the_targets_answers(rt, map).await?;
     }
     Ok(decision)
+}
+
+/// Refuses a request to pass through whose `n` is over the answers the target writes at once
+/// (llama-server's slots): it would refuse it with a 400 of its own, counted against it, after
+/// the request had waited for the decision. Within `gateway.max_n`, such an `n` is served
+/// only where the draft takes every answer (`n` streams free).
+async fn within_the_targets_answers(
+    rt: &Runtime,
+    map: &Map<String, Value>,
+) -> Result<(), ValidationError> {
+    let n = map
+        .get("n")
+        .and_then(Value::as_f64)
+        .map_or(1, |n| n as usize);
+    match rt.target_facts().await.parallel {
+        Some(most) if n > most => Err(ValidationError::Invalid {
+            param: "n".into(),
+            reason: format!(
+                "n = {n} is more than the {most} answers the target writes at once; this request is one the target answers itself, so ask for at most {most}"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses, on either path, a prompt whose length alone says it cannot fit the target's

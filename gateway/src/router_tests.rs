@@ -26,6 +26,7 @@ use approxy_verifier::testing::{
 
 use crate::policy::Policy;
 use crate::policy::PromptKind;
+use crate::server::Reloaded;
 use crate::stack::router;
 use crate::state::{AppState, Runtime, Shared};
 
@@ -628,6 +629,54 @@ async fn n_answers_are_n_draft_runs_with_their_usage_summed() {
     let body = chat("m", json!({"n": 3, "max_tokens": 4}));
     let (_, headers, _) = call(&state, post("/v1/chat/completions", &body)).await;
     assert_eq!(headers["x-approxy-passthrough-reason"], "draft_saturated");
+}
+
+/// An `n` over the target's slots, on a request the target would answer itself, is the
+/// client's 400 naming `n` at once. Before, `n` from 9 to 16 (over the draft's 8 streams)
+/// passed through to a 2-slot llama-server, whose 400 was counted against the target.
+#[tokio::test]
+async fn n_over_the_targets_slots_is_refused_where_the_target_would_answer() {
+    let mut setup = Setup::new("hello", 0.95, "hello");
+    setup.target = setup.target.with_parallel(2);
+    setup.workers = 3;
+    let state = setup.state().await;
+    // Passed through (a passthrough model; more answers than the draft has streams).
+    for (model, n) in [("pt", 3), ("m", 9)] {
+        let (status, _, bytes) = call(
+            &state,
+            post("/v1/chat/completions", &chat(model, json!({"n": n}))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{model} n={n}");
+        assert_eq!(error_of(&bytes).0, "n");
+        let message = json_of(&bytes)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(message.contains("at most 2"), "{message}");
+    }
+    // Within the slots it passes; over them, answered by the draft, it is served.
+    let (status, headers, _) = call(
+        &state,
+        post("/v1/chat/completions", &chat("pt", json!({"n": 2}))),
+    )
+    .await;
+    assert_eq!(
+        (status, &headers["x-approxy-mode"]),
+        (StatusCode::OK, &"passthrough".parse().unwrap())
+    );
+    let (status, headers, _) = call(
+        &state,
+        post(
+            "/v1/chat/completions",
+            &chat("m", json!({"n": 3, "max_tokens": 4})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, &headers["x-approxy-mode"]),
+        (StatusCode::OK, &"approximate".parse().unwrap())
+    );
 }
 
 #[tokio::test]
@@ -1656,8 +1705,30 @@ fn auth_fails_closed_and_a_reload_cannot_turn_it_off() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.toml");
     std::fs::write(&file, "[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:9\"\n\n[gateway]\nauth = \"none\"\n").unwrap();
-    assert!(!crate::server::reload(&state, &file));
+    assert_eq!(crate::server::reload(&state, &file), Reloaded::Rejected);
     assert!(!state.runtime().client_keys.is_empty());
+    // Keys read at start-up are named, not silently "applied" (before, a changed
+    // `max_concurrent_requests` logged "policy reloaded" and changed nothing); the rest serves.
+    std::fs::write(&file, "[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:9\"\n\n[gateway]\napi_keys_env = \"CARGO_PKG_NAME\"\nmax_concurrent_requests = 7\nidle_timeout = \"5s\"\nmax_n = 3\n").unwrap();
+    assert_eq!(
+        crate::server::reload(&state, &file),
+        Reloaded::AppliedUntilRestart(vec![
+            "gateway.max_concurrent_requests",
+            "gateway.idle_timeout"
+        ])
+    );
+    assert_eq!(state.runtime().policy.gateway.max_n, 3);
+    std::fs::write(&file, "[target]\nkind = \"llama_cpp\"\nbase_url = \"http://127.0.0.1:9\"\n\n[gateway]\napi_keys_env = \"CARGO_PKG_NAME\"\nmax_concurrent_requests = 7\nidle_timeout = \"5s\"\nmax_n = 4\n").unwrap();
+    // Still not applied, and said again; the running runtime says what runs.
+    assert_eq!(
+        crate::server::reload(&state, &file),
+        Reloaded::AppliedUntilRestart(vec![
+            "gateway.max_concurrent_requests",
+            "gateway.idle_timeout"
+        ])
+    );
+    assert_eq!(state.runtime().policy.gateway.max_concurrent_requests, 64);
+    assert_eq!(state.runtime().policy.gateway.max_n, 4);
 }
 
 /// Policies A and B differ in their client key and their body limit, and a reload swaps them

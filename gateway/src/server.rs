@@ -368,13 +368,40 @@ async fn watch_policy(state: AppState) {
     }
 }
 
-/// Validates the file and swaps the runtime in; returns whether it was applied.
-pub fn reload(state: &AppState, path: &Path) -> bool {
-    let result = Policy::load(path).map_err(anyhow::Error::from).and_then(|p| {
+/// What a reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The new policy serves every request from now.
+    Applied,
+    /// It serves, but these keys are read only at start-up: they keep their old values until
+    /// the next start.
+    AppliedUntilRestart(Vec<&'static str>),
+    /// It was invalid, or would open a closed gateway: the running policy stays.
+    Rejected,
+}
+
+impl Reloaded {
+    /// Its `outcome` on `approxy_policy_reloads_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Reloaded::Applied => "applied",
+            Reloaded::AppliedUntilRestart(_) => "restart_needed",
+            Reloaded::Rejected => "rejected",
+        }
+    }
+}
+
+/// Validates the file and swaps the runtime in. Keys read only at start-up are not applied:
+/// the log names them, so an operator who raised a limit knows it is not raised yet.
+pub fn reload(state: &AppState, path: &Path) -> Reloaded {
+    let mut at_next_start = Vec::new();
+    let result = Policy::load(path).map_err(anyhow::Error::from).and_then(|mut p| {
         let old = state.runtime();
         if p.draft != old.policy.draft {
-            tracing::warn!("[draft] changes take effect at the next restart");
+            at_next_start.push("[draft]");
+            p.draft = old.policy.draft.clone();
         }
+        at_next_start.extend(p.gateway.keep_start_up_keys(&old.policy.gateway));
         // A file edit must not open a gateway that was closed.
         if old.policy.gateway.auth == Auth::Keys && p.gateway.auth == Auth::None {
             anyhow::bail!("the new policy turns client auth off (gateway.auth = \"none\"); restart to do that");
@@ -386,19 +413,25 @@ pub fn reload(state: &AppState, path: &Path) -> bool {
         }
         Runtime::build(p, &state.shared)
     });
-    match result {
+    let reloaded = match result {
         Ok(rt) => {
             state.replace(rt);
-            metrics::counter!("approxy_policy_reloads_total", "outcome" => "applied").increment(1);
-            tracing::info!(policy = %path.display(), "policy reloaded");
-            true
+            if at_next_start.is_empty() {
+                tracing::info!(policy = %path.display(), "policy reloaded");
+                Reloaded::Applied
+            } else {
+                let keys = at_next_start.join(", ");
+                tracing::warn!(policy = %path.display(), %keys, "policy reloaded; these keys take effect at the next start");
+                Reloaded::AppliedUntilRestart(at_next_start)
+            }
         }
         Err(e) => {
-            metrics::counter!("approxy_policy_reloads_total", "outcome" => "rejected").increment(1);
             tracing::error!(error = %e, "new policy rejected; keeping the running one");
-            false
+            Reloaded::Rejected
         }
-    }
+    };
+    metrics::counter!("approxy_policy_reloads_total", "outcome" => reloaded.outcome()).increment(1);
+    reloaded
 }
 
 /// Asks the current target how it scores windows: until it has said (it may still be

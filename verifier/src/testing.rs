@@ -423,6 +423,12 @@ impl ScriptedTarget {
         self
     }
 
+    /// The same target saying it writes at most `n` answers at once (llama-server's slots).
+    pub fn with_parallel(mut self, n: usize) -> Self {
+        self.facts.parallel = Some(n);
+        self
+    }
+
     /// The same target saying whether it takes images (as llama-server's `/props` does).
     pub fn taking_images(mut self, images: bool) -> Self {
         self.facts.images = Some(images);

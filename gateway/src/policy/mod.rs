@@ -112,6 +112,52 @@ pub struct GatewayPolicy {
     pub default_max_tokens: u32,
 }
 
+impl GatewayPolicy {
+    /// Keeps `running`'s values of the keys read once, at start-up (the request slots, the
+    /// connection watcher's caps and deadlines, which include the write wait), and names those
+    /// this policy would have changed. The policy a reload swaps in so says what runs, and the
+    /// next reload compares with that.
+    pub fn keep_start_up_keys(&mut self, running: &GatewayPolicy) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        let mut keep = |key: &'static str, differs: bool| {
+            if differs {
+                changed.push(key);
+            }
+        };
+        keep(
+            "gateway.max_concurrent_requests",
+            self.max_concurrent_requests != running.max_concurrent_requests,
+        );
+        keep(
+            "gateway.max_connections",
+            self.max_connections != running.max_connections,
+        );
+        keep(
+            "gateway.max_connections_per_ip",
+            self.max_connections_per_ip != running.max_connections_per_ip,
+        );
+        keep(
+            "gateway.header_timeout",
+            self.header_timeout != running.header_timeout,
+        );
+        keep(
+            "gateway.idle_timeout",
+            self.idle_timeout != running.idle_timeout,
+        );
+        keep(
+            "gateway.write_idle_timeout",
+            self.write_idle_timeout != running.write_idle_timeout,
+        );
+        self.max_concurrent_requests = running.max_concurrent_requests;
+        self.max_connections = running.max_connections;
+        self.max_connections_per_ip = running.max_connections_per_ip;
+        self.header_timeout = running.header_timeout;
+        self.idle_timeout = running.idle_timeout;
+        self.write_idle_timeout = running.write_idle_timeout;
+        changed
+    }
+}
+
 /// What passthrough may forward, validated.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PassthroughPolicy {
@@ -1068,7 +1114,7 @@ max_cost_ratio = -1
     }
 
     #[test]
-    fn deadlines_are_more_than_zero_and_at_most_a_week_but_a_backoff_may_be_zero() {
+    fn deadlines_have_a_floor_and_a_ceiling_of_a_week_but_a_backoff_may_be_zero() {
         let with = |gateway: &str, backoff: &str| {
             let text = GOOD
                 .replace(
@@ -1083,8 +1129,12 @@ max_cost_ratio = -1
         };
         assert_eq!(with("", "0ms"), Vec::<String>::new());
         for (key, value, says) in [
-            ("write_idle_timeout", "0s", "more than zero"),
-            ("body_timeout", "0ms", "more than zero"),
+            ("write_idle_timeout", "0s", "at least 100ms"),
+            ("body_timeout", "0ms", "at least 100ms"),
+            ("body_idle_timeout", "99ms", "at least 100ms"),
+            ("header_timeout", "1ms", "at least 100ms"),
+            ("request_timeout", "1ms", "at least 1s"),
+            ("request_timeout", "999ms", "at least 1s"),
             ("idle_timeout", "100000h", "longer than 7 days"),
             ("request_timeout", "2562047788015215h", "longer than 7 days"),
         ] {

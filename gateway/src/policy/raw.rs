@@ -180,7 +180,7 @@ pub struct RawGateway {
     /// Time a streamed answer waits for a client that stopped reading before giving up, e.g. "60s".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_idle_timeout: Option<String>,
-    /// Time limit to produce a response (head), e.g. "300s".
+    /// Time limit to produce a response (head), e.g. "300s"; at least 1 s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<String>,
     /// Largest `max_tokens` a request may ask for.

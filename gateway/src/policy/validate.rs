@@ -87,6 +87,14 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 /// The longest duration a policy may set.
 const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The shortest network deadline a policy may set (a target call, a body, an idle or a write
+/// wait): below it a loaded machine's scheduling alone would trip it.
+pub const LEAST_DEADLINE: Duration = Duration::from_millis(100);
+
+/// The shortest `gateway.request_timeout`: a whole answer's head, a tokenization and a first
+/// target call at least.
+pub const LEAST_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A model's field's full name, `models."<id>".<key>`, for its problems.
 type Field<'a> = &'a dyn Fn(&str) -> String;
 
@@ -100,12 +108,20 @@ impl Validator {
         self.problems.push(m.into());
     }
 
-    /// A deadline or timeout: more than zero (a zero one refuses every body or drops every
-    /// stream at once) and at most [`MAX_DURATION`] (past that an instant plus it overflows).
-    fn duration(&mut self, field: &str, v: Option<String>, default: Duration) -> Duration {
+    /// A deadline or timeout: at least `least` (a zero one refuses every body or drops every
+    /// stream at once; a 1 ms `request_timeout` made every request a 504 `target_timeout`, an
+    /// operator's mistake read as a target outage) and at most [`MAX_DURATION`] (past that an
+    /// instant plus it overflows).
+    fn duration(
+        &mut self,
+        field: &str,
+        v: Option<String>,
+        default: Duration,
+        least: Duration,
+    ) -> Duration {
         let d = self.duration_or_zero(field, v, default);
-        if d.is_zero() {
-            self.err(format!("{field}: must be more than zero"));
+        if d < least {
+            self.err(format!("{field}: must be at least {least:?}"));
             return default;
         }
         d
@@ -182,7 +198,12 @@ impl Validator {
             kind,
             base_url: t.base_url,
             api_key_env: t.api_key_env,
-            timeout: self.duration("target.timeout", t.timeout, Duration::from_secs(120)),
+            timeout: self.duration(
+                "target.timeout",
+                t.timeout,
+                Duration::from_secs(120),
+                LEAST_DEADLINE,
+            ),
             retries: t.retries.unwrap_or(2),
             backoff: self.duration_or_zero("target.backoff", t.backoff, Duration::from_millis(200)),
             ca_file: t.ca_file.as_deref().map(|p| self.path(p)),
@@ -323,21 +344,25 @@ impl Validator {
                 "gateway.request_timeout",
                 g.request_timeout,
                 Duration::from_secs(600),
+                LEAST_REQUEST_TIMEOUT,
             ),
             header_timeout: self.duration(
                 "gateway.header_timeout",
                 g.header_timeout,
                 Duration::from_secs(10),
+                LEAST_DEADLINE,
             ),
             body_timeout: self.duration(
                 "gateway.body_timeout",
                 g.body_timeout,
                 Duration::from_secs(30),
+                LEAST_DEADLINE,
             ),
             body_idle_timeout: self.duration(
                 "gateway.body_idle_timeout",
                 g.body_idle_timeout,
                 Duration::from_secs(10),
+                LEAST_DEADLINE,
             ),
             max_n: g.max_n.unwrap_or(16),
             max_response_bytes: g.max_response_bytes.unwrap_or(32 << 20),
@@ -346,12 +371,14 @@ impl Validator {
                 "gateway.idle_timeout",
                 g.idle_timeout,
                 Duration::from_secs(60),
+                LEAST_DEADLINE,
             ),
             max_connections_per_ip: g.max_connections_per_ip.unwrap_or(256),
             write_idle_timeout: self.duration(
                 "gateway.write_idle_timeout",
                 g.write_idle_timeout,
                 Duration::from_secs(60),
+                LEAST_DEADLINE,
             ),
             max_tokens_limit: g.max_tokens_limit.unwrap_or(8192),
             default_max_tokens: g.default_max_tokens.unwrap_or(512),

@@ -298,4 +298,7 @@ pub struct TargetFacts {
     pub images: Option<bool>,
     /// Whether it takes audio in messages.
     pub audio: Option<bool>,
+    /// The most answers it writes at once, where it has such a bound (llama-server's slots:
+    /// it refuses a request whose `n` is over them).
+    pub parallel: Option<usize>,
 }

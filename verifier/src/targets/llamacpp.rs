@@ -280,8 +280,9 @@ impl TargetClient for LlamaCppTarget {
     }
 
     /// From `/props`: a slot's context (`default_generation_settings.n_ctx`, the server's
-    /// context divided among its parallel slots) and whether it takes images and audio
-    /// (`modalities.vision`, `.audio`: a model without a projector answers either with a 500).
+    /// context divided among its parallel slots), whether it takes images and audio
+    /// (`modalities.vision`, `.audio`: a model without a projector answers either with a 500),
+    /// and its slots (`total_slots`).
     async fn facts(&self) -> Result<TargetFacts, TargetError> {
         let v = get_json(&self.http, &self.cfg, &join(&self.cfg.base_url, "props")).await?;
         Ok(props_facts(&v))
@@ -303,6 +304,7 @@ fn props_facts(v: &Value) -> TargetFacts {
             .and_then(|n| usize::try_from(n).ok()),
         images: v["modalities"]["vision"].as_bool(),
         audio: v["modalities"]["audio"].as_bool(),
+        parallel: props_slots(v),
     }
 }
 
@@ -322,6 +324,7 @@ mod tests {
                 context_length: Some(4096),
                 images: Some(false),
                 audio: Some(false),
+                parallel: Some(2),
             }
         );
         assert_eq!(props_facts(&json!({})), TargetFacts::default());

@@ -477,6 +477,7 @@ impl TargetClient for OpenAiCompletionsTarget {
             ),
             images: None,
             audio: None,
+            parallel: None,
         })
     }
 }

@@ -382,6 +382,7 @@ impl TargetClient for SglangTarget {
             ),
             images: None,
             audio: None,
+            parallel: None,
         })
     }
 }
