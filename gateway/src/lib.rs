@@ -18,7 +18,6 @@
 //! - `route`: which paths are served or forwarded, and which could resolve elsewhere upstream.
 //! - `respond`: engine tokens to an OpenAI response (SSE or JSON) with `usage.approxy` and cost.
 //! - `tool_calls`: an answer's text to OpenAI's `tool_calls`, whole or as streamed deltas.
-//! - `json_fence`: a JSON answer's text without the Markdown fence the model may write around it.
 //! - `passthrough`: forwards a request to the target unchanged and streams the answer back.
 //! - `middleware`: auth, body limit, load shedding, timeout, request metrics.
 //! - `body_budget`: the bytes bodies being read may hold, and one client address's share.
@@ -33,7 +32,6 @@ pub mod budget;
 pub mod connection;
 pub mod decide;
 pub mod error;
-pub mod json_fence;
 pub mod meters;
 pub mod middleware;
 pub mod passthrough;

@@ -24,7 +24,6 @@ use approxy_verifier::{
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
-use crate::json_fence::{self, FenceReader};
 use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
@@ -116,7 +115,8 @@ struct Answer {
     draft_threads: usize,
     /// The answer may call tools: its text is read for calls.
     tools: bool,
-    /// The answer is JSON that may come inside a Markdown fence, which the client is not sent.
+    /// The answer is JSON that may come inside a Markdown fence: the engine sends no text for
+    /// the fence, and those empty pieces are not sent on.
     fenced: bool,
     /// Answers asked for (`n`).
     n: usize,
@@ -549,7 +549,6 @@ fn complete(a: &Answer, texts: Vec<String>, p: &Priced) -> Response {
         .enumerate()
         .map(|(index, text)| {
             let ended = p.finishes.get(index).copied().flatten();
-            let text = if a.fenced { json_fence::strip(&text) } else { text };
             match ids.endpoint {
                 Endpoint::Chat if a.tools => {
                     let (message, calls) = tool_calls::message(&text);
@@ -644,12 +643,12 @@ async fn send_within(
 }
 
 /// One answer's place in a stream: whether its first chunk (which names the role) is still to
-/// go, and the readers of its text: of its calls when it may call tools, of its fence when it
-/// is JSON that may be fenced.
+/// go, the reader of its calls when it may call tools, and whether it is JSON that may be
+/// fenced.
 struct Streamed {
     first: bool,
     calls: Option<CallReader>,
-    fence: Option<FenceReader>,
+    fenced: bool,
 }
 
 impl Streamed {
@@ -657,23 +656,15 @@ impl Streamed {
         Self {
             first: true,
             calls: answer.tools.then(CallReader::default),
-            fence: answer.fenced.then(FenceReader::default),
+            fenced: answer.fenced,
         }
     }
 
     /// The chunks for more of answer `index`'s text.
     fn chunks(&mut self, ids: &Ids, index: usize, text: &str) -> Vec<Value> {
-        let unfenced;
-        let text = match &mut self.fence {
-            Some(fence) => {
-                unfenced = fence.feed(text);
-                if unfenced.is_empty() && !self.first {
-                    return Vec::new();
-                }
-                unfenced.as_str()
-            }
-            None => text,
-        };
+        if self.fenced && text.is_empty() && !self.first {
+            return Vec::new();
+        }
         match &mut self.calls {
             Some(reader) => {
                 let pieces = reader.feed(text);
@@ -696,12 +687,6 @@ impl Streamed {
             }
             None => Vec::new(),
         };
-        if let Some(held) = self.fence.as_mut().map(FenceReader::finish)
-            && !held.is_empty()
-        {
-            out.push(ids.chunk(index, Some(&held), None, self.first));
-            self.first = false;
-        }
         let called = self.calls.as_ref().map_or(0, CallReader::calls);
         out.push(ids.chunk(index, None, Some(finish_str(ended, called)), self.first));
         out

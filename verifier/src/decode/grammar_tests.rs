@@ -426,3 +426,61 @@ async fn under_a_grammar_windows_give_way_to_spans_and_the_stats_say_so() -> Res
     assert!(!o.stats.spans_for_windows);
     Ok(())
 }
+
+/// Stop strings are matched against what the client receives: never the fence around a JSON
+/// answer, and a structured answer they cut is not whole, so it ends as `Length`. Before, a
+/// `json_object` answer with `stop: ["{"]` came back as the fence's own text with `"stop"`,
+/// and `stop: ["```"]` as an empty answer with `"stop"`.
+#[tokio::test]
+async fn stop_strings_see_the_json_not_its_fence_and_a_cut_answer_is_not_stop()
+-> Result<(), EngineError> {
+    use crate::grammar::{Fence, JsonStyle};
+    let grammars =
+        Grammars::new(&tiny_tokenizer(), VOCAB, &[IM_END, END_OF_TEXT]).expect("tiny vocabulary");
+    let fenced = |stop: &[&str]| GenerateRequest {
+        constraint: Some(
+            grammars
+                .constraint(
+                    &GrammarSpec::JsonSchema(person()),
+                    JsonStyle {
+                        layout: JsonLayout::Compact,
+                        fence: Fence::Always,
+                    },
+                )
+                .expect("compiles"),
+        ),
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        ..request(0.5, 64)
+    };
+    let answer = "```json\n{\"age\": 42, \"ok\": true}\n```";
+    // The fence is never the client's, so a stop string on it finds nothing.
+    let o = run(
+        DraftScript::says(answer, 0.95),
+        ScriptedTarget::says("unused", None),
+        fenced(&["```", "json"]),
+    )
+    .await?;
+    assert_eq!(o.text, "{\"age\": 42, \"ok\": true}");
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    // A stop string inside the JSON cuts it: what was sent is not a whole value.
+    for stop in [&["{", "\n"][..], &[", \"ok\""], &["}"]] {
+        let o = run(
+            DraftScript::says(answer, 0.95),
+            ScriptedTarget::says("unused", None),
+            fenced(stop),
+        )
+        .await?;
+        assert!(!o.text.contains('`'), "{stop:?}: {:?}", o.text);
+        assert!(
+            serde_json::from_str::<Value>(&o.text).is_err(),
+            "{stop:?}: {:?}",
+            o.text
+        );
+        assert_eq!(
+            o.stats.finish_reason,
+            Some(FinishReason::Length),
+            "{stop:?}"
+        );
+    }
+    Ok(())
+}

@@ -17,6 +17,7 @@ use super::{
 use crate::cost::{CallPlan, GuardReason};
 use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
+use crate::grammar::fence::FenceReader;
 use crate::grammar::tools::CallRepeats;
 use crate::grammar::{Constraint, JsonPlace, Mask, Next, Place};
 use crate::sampling::{Sampler, SamplingParams, nucleus, prob_of, residual};
@@ -194,6 +195,11 @@ pub(super) struct Run<'a> {
     pub(super) windows_unsupported: bool,
     last_source: Source,
     hit_stop_sequence: bool,
+    /// A JSON answer's reader of its fence, which the client is not sent and stop strings
+    /// are not matched against.
+    fence: Option<FenceReader>,
+    /// A JSON answer's text as sent, to tell whether a stop string left it whole.
+    json_sent: Option<String>,
     /// The call in flight has reported its cached prompt tokens.
     call_reported: bool,
     /// The answer's context, kept when the verifier reads it.
@@ -254,6 +260,8 @@ impl<'a> Run<'a> {
         let grammar = req.constraint.take();
         let place =
             (grammar.is_some() && req.settings.json_thresholds.is_some()).then(JsonPlace::new);
+        let json_with_stops =
+            grammar.as_ref().is_some_and(Constraint::json) && !req.stop.is_empty();
         let stats = Stats {
             prompt_tokens: req.prompt.len() as u32,
             ..Stats::default()
@@ -275,6 +283,11 @@ impl<'a> Run<'a> {
             last_target_tokens: Vec::new(),
             last_source: Source::Draft,
             hit_stop_sequence: false,
+            fence: grammar
+                .as_ref()
+                .is_some_and(Constraint::fenced)
+                .then(FenceReader::default),
+            json_sent: json_with_stops.then(String::new),
             call_reported: false,
             context: keep_context.then(Context::new),
             // Windows are scored on the draft's free run ahead, which no grammar checks.
@@ -514,10 +527,14 @@ impl<'a> Run<'a> {
                     self.stop.add(stop);
                 }
             }
-            let (text, stop) = match self.stop.push(&delta) {
+            let client = self.client_text(&delta);
+            let (text, stop) = match self.stop.push(&client) {
                 StopResult::Continue(t) => (t, false),
                 StopResult::Stop(t) => (t, true),
             };
+            if let Some(sent) = &mut self.json_sent {
+                sent.push_str(&text);
+            }
             if self
                 .tx
                 .send(TokenEvent {
@@ -532,13 +549,36 @@ impl<'a> Run<'a> {
             }
             if stop {
                 self.hit_stop_sequence = true;
-                return Ok(Some(FinishReason::Stop));
+                return Ok(Some(self.stopped_by_string()));
             }
             if self.remaining() == 0 {
                 return Ok(Some(FinishReason::Length));
             }
         }
         Ok(None)
+    }
+
+    /// What of the answer's next text the client receives: all of it, but a JSON answer's
+    /// fence.
+    fn client_text(&mut self, delta: &str) -> String {
+        match &mut self.fence {
+            Some(fence) => fence.feed(delta),
+            None => delta.to_string(),
+        }
+    }
+
+    /// How an answer a stop string cut ends: `Stop`, but for a JSON answer whose text as sent
+    /// is not a whole JSON value, which ends as if cut by its token limit (`Length`): every
+    /// structured answer that ends with `Stop` is valid for its schema. Cut JSON that parses
+    /// is whole for the schema too, as the grammar let each of its values close; a top-level
+    /// number cut short is the exception no client schema in practice has.
+    fn stopped_by_string(&self) -> FinishReason {
+        match &self.json_sent {
+            Some(sent) if serde_json::from_str::<serde::de::IgnoredAny>(sent).is_err() => {
+                FinishReason::Length
+            }
+            _ => FinishReason::Stop,
+        }
     }
 
     /// The exact prefix for the next call (prompt and everything emitted), with that call
@@ -1601,7 +1641,11 @@ impl<'a> Run<'a> {
     pub(super) async fn finish(mut self, reason: FinishReason) -> Result<Stats, EngineError> {
         if reason != FinishReason::Cancelled && !self.hit_stop_sequence {
             // Whatever was held back (an incomplete character, a possible stop string) is text.
-            let tail = self.decoder.flush()?;
+            let flushed = self.decoder.flush()?;
+            let mut tail = self.client_text(&flushed);
+            if let Some(fence) = &mut self.fence {
+                tail.push_str(&fence.finish());
+            }
             let text = match self.stop.push(&tail) {
                 StopResult::Continue(t) => t + &self.stop.finish(),
                 StopResult::Stop(t) => t,

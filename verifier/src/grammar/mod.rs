@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::error::EngineError;
 use crate::tokenizer::Tokenizer;
 
+pub mod fence;
 mod indented;
 pub mod place;
 pub mod tools;
@@ -292,8 +293,9 @@ impl Grammars {
     ) -> Result<Constraint, Unsupported> {
         let (key, grammar) = spec.grammar(style.layout, style.fence);
         let several = matches!(spec, GrammarSpec::Tools(t) if t.several_calls());
-        let fenced = style.fence != Fence::Never && !matches!(spec, GrammarSpec::Tools(_));
-        let wrap = |m: Matcher| self.wrap(m, several, fenced);
+        let json = !matches!(spec, GrammarSpec::Tools(_));
+        let fenced = style.fence != Fence::Never && json;
+        let wrap = |m: Matcher| self.wrap(m, several, fenced, json);
         if let Some(found) = self.cached(&key) {
             return found.map(wrap);
         }
@@ -382,12 +384,13 @@ impl Grammars {
         }
     }
 
-    fn wrap(&self, matcher: Matcher, several_calls: bool, fenced: bool) -> Constraint {
+    fn wrap(&self, matcher: Matcher, several_calls: bool, fenced: bool, json: bool) -> Constraint {
         Constraint {
             matcher,
             eos: self.eos.clone(),
             several_calls,
             fenced,
+            json,
         }
     }
 }
@@ -437,6 +440,7 @@ pub struct Constraint {
     eos: Vec<u32>,
     several_calls: bool,
     fenced: bool,
+    json: bool,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -452,6 +456,7 @@ impl Clone for Constraint {
             eos: self.eos.clone(),
             several_calls: self.several_calls,
             fenced: self.fenced,
+            json: self.json,
         }
     }
 }
@@ -471,6 +476,11 @@ impl Constraint {
     /// of what the client is sent.
     pub fn fenced(&self) -> bool {
         self.fenced
+    }
+
+    /// Whether the answer is one JSON value (`response_format`), not text or tool calls.
+    pub fn json(&self) -> bool {
+        self.json
     }
 
     /// What comes next.

@@ -1,6 +1,7 @@
 //! Takes off the Markdown fence a model may wrap a JSON answer in (the grammar allows it, as
-//! llama-server's does: see `approxy_verifier::grammar::FENCE_OPEN`), so the client gets the
-//! JSON alone, as llama-server's own answer gives it.
+//! llama-server's does: see [`FENCE_OPEN`]), so the client gets the JSON alone, as
+//! llama-server's own answer gives it. The decode loop reads its text through this before its
+//! stop strings: they are matched against what the client receives, never the fence.
 //!
 //! The grammar allows the fence only whole and only around the whole answer, and inside JSON
 //! no line break is followed by a backtick (a string's line breaks are escaped), so the text
@@ -8,7 +9,7 @@
 //! not to start with it, and once it was taken off, a line break is held until what follows
 //! shows it is not the closing.
 
-use approxy_verifier::grammar::{FENCE_CLOSE, FENCE_OPEN};
+use super::{FENCE_CLOSE, FENCE_OPEN};
 
 /// Reads one answer's text as it streams.
 #[derive(Debug, Default)]
