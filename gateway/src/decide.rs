@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle, Unsupported};
+use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle, ToolChoice, Unsupported};
 use approxy_verifier::{Draft, GenerateRequest, Verification};
 
 use crate::error::ApiError;
@@ -259,6 +259,9 @@ async fn admit(
         request::parse(json).map_err(|(path, reason)| ValidationError::from_parse(path, reason))?;
     let mut valid = validate::validate(endpoint, typed, &rt.policy.gateway)?;
     valid.tools = tools;
+    if let Some(s) = spec.as_ref().filter(|s| s.choice == ToolChoice::Auto) {
+        valid.auto_tools = s.tools.clone();
+    }
     let requested = validate::requested_threshold(headers, mp)?;
     match rt.tokenizer_check().await {
         Ok(TokenizerCheck::Different(_)) => {

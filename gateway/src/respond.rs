@@ -28,7 +28,7 @@ use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
 use crate::state::{ModelRuntime, Runtime};
-use crate::tool_calls::{self, CallReader};
+use crate::tool_calls::{self, BareCalls, CallReader};
 
 fn correction_name(c: Correction) -> &'static str {
     match c {
@@ -115,6 +115,8 @@ struct Answer {
     draft_threads: usize,
     /// The answer may call tools: its text is read for calls.
     tools: bool,
+    /// The tools it may call in a form of its own (`tool_choice: "auto"`).
+    bare_calls: Option<Arc<BareCalls>>,
     /// The answer is JSON that may come inside a Markdown fence: the engine sends no text for
     /// the fence, and those empty pieces are not sent on.
     fenced: bool,
@@ -429,6 +431,7 @@ pub async fn approximate(
         dial,
         draft_threads,
         tools: !valid.tools.is_empty(),
+        bare_calls: (!valid.auto_tools.is_empty()).then(|| BareCalls::new(&valid.auto_tools)),
         fenced: request.constraint.as_ref().is_some_and(Constraint::fenced),
         n,
     };
@@ -551,7 +554,7 @@ fn complete(a: &Answer, texts: Vec<String>, p: &Priced) -> Response {
             let ended = p.finishes.get(index).copied().flatten();
             match ids.endpoint {
                 Endpoint::Chat if a.tools => {
-                    let (message, calls) = tool_calls::message(&text);
+                    let (message, calls) = tool_calls::message(&text, a.bare_calls.clone());
                     let finish = finish_str(ended, calls);
                     json!({"index": index, "message": message, "logprobs": null, "finish_reason": finish})
                 }
@@ -655,7 +658,9 @@ impl Streamed {
     fn new(answer: &Answer) -> Self {
         Self {
             first: true,
-            calls: answer.tools.then(CallReader::default),
+            calls: answer
+                .tools
+                .then(|| CallReader::reading_bare(answer.bare_calls.clone())),
             fenced: answer.fenced,
         }
     }

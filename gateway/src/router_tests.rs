@@ -521,6 +521,56 @@ async fn a_fenced_json_answer_reaches_the_client_without_its_fence() {
     assert!(content.starts_with('{') && !content.contains('`'), "{v}");
 }
 
+/// `tool_choice: "auto"`, every SDK's default: an answer the model writes as bare JSON naming
+/// a declared tool is a call, streamed or not (before: content, 0 calls of 5).
+#[tokio::test]
+async fn under_auto_a_call_written_as_bare_json_is_a_tool_call() {
+    let call_text = "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}";
+    let state = Setup::new(call_text, 0.95, "").state().await;
+    let tool = json!({"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                       "required": ["zone"], "additionalProperties": false}}});
+    let body = chat(
+        "m",
+        json!({"tools": [tool], "max_tokens": 60, "temperature": 0}),
+    );
+    let (status, headers, bytes) = call(&state, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-approxy-mode"], "approximate");
+    let v = json_of(&bytes);
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], Value::Null, "{v}");
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "get_time");
+    assert_eq!(
+        message["tool_calls"][0]["function"]["arguments"],
+        "{\"zone\":\"UTC\"}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
+    let chunks: Vec<Value> = String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "", "no text went out");
+    let names: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"].get("name"))
+        .collect();
+    assert_eq!(names, [&json!("get_time")]);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+}
+
 #[tokio::test]
 async fn tool_requests_are_answered_as_tool_calls() {
     let state = Setup::new("hello", 0.95, "").state().await;

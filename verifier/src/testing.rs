@@ -458,8 +458,8 @@ impl ScriptedTarget {
 
     /// The same target keeping a call's token to the set it is given
     /// ([`ContinuationRequest::allowed`]), as llama-server does with a logit bias: the first of
-    /// its own token, its second choice and `text`'s byte at that answer position that the
-    /// set holds (else the set's first).
+    /// its own token (its end, past its answer), its second choice and `text`'s byte at that
+    /// answer position that the set holds (else the set's first).
     pub fn with_picks(mut self, text: &str) -> Self {
         self.picks = Some(text.bytes().map(u32::from).collect());
         self
@@ -627,14 +627,20 @@ impl TargetClient for ScriptedTarget {
         self.act_out_fault(n).await?;
         let start = req.prefix.len() - answer_position(&req.prefix);
         if let Some(picks) = self.picks.as_ref().filter(|_| !req.allowed.is_empty()) {
-            let ranked = [&self.answer, &self.second, picks];
-            let pick = ranked
-                .iter()
-                .filter_map(|r| r.get(start))
+            // Past its answer's end its own pick is the end, where the set holds it.
+            let own = self.answer.get(start).copied().or(Some(IM_END));
+            let pick = own
+                .into_iter()
+                .chain(
+                    [&self.second, picks]
+                        .iter()
+                        .filter_map(|r| r.get(start).copied()),
+                )
                 .find(|t| req.allowed.contains(t))
-                .unwrap_or(&req.allowed[0]);
+                .unwrap_or(req.allowed[0]);
             return Ok(Continuation {
-                tokens: vec![*pick],
+                tokens: vec![pick],
+                stopped_on_eos: pick == IM_END,
                 ..Continuation::default()
             });
         }

@@ -37,6 +37,9 @@ pub struct ValidRequest {
     pub include_usage: bool,
     /// The tools the chat template renders (`tools`, as sent; empty without tools).
     pub tools: Vec<Value>,
+    /// The tools an answer may call in a form of its own, bare or fenced JSON
+    /// (`tool_choice: "auto"`; empty otherwise).
+    pub auto_tools: Vec<approxy_verifier::grammar::Tool>,
 }
 
 fn in_range(
@@ -126,6 +129,7 @@ pub fn validate(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         tools: Vec::new(),
+        auto_tools: Vec::new(),
     })
 }
 

@@ -484,3 +484,71 @@ async fn stop_strings_see_the_json_not_its_fence_and_a_cut_answer_is_not_stop()
     }
     Ok(())
 }
+
+/// Under `required` (or `auto`), after a whole call the answer may end or call again: a further
+/// call is the target's to open. Before, a confident draft went on, and the grammar then made it
+/// name some tool (a currency call for a weather question).
+#[tokio::test]
+async fn after_a_call_only_the_target_opens_another() -> Result<(), EngineError> {
+    use crate::grammar::{Tool, ToolChoice, ToolsSpec};
+    let tool = |name: &str| Tool {
+        name: name.into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": false}),
+    };
+    let spec = GrammarSpec::Tools(ToolsSpec {
+        tools: vec![tool("weather"), tool("convert")],
+        choice: ToolChoice::Required,
+        parallel: true,
+    });
+    let call = |n: &str| {
+        format!(
+            "<tool_call>\n{{\"name\": \"{n}\", \"arguments\": {{\"city\": \"Oslo\"}}}}\n</tool_call>"
+        )
+    };
+    let one = call("weather");
+    let two = format!("{one}\n{}", call("convert"));
+    // The draft would go on to a second call; the target, which ends after one, is asked.
+    let o = run(
+        DraftScript::says(&two, 0.95),
+        ScriptedTarget::says(&one, None).with_picks(""),
+        constrained(spec.clone(), 0.5, 400),
+    )
+    .await?;
+    assert_eq!(o.text, one);
+    assert_eq!(o.stats.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(o.stats.grammar_picks, 1);
+    // A target that opens the second call has it.
+    let o = run(
+        DraftScript::says(&two, 0.95),
+        ScriptedTarget::says(&two, None).with_picks(""),
+        constrained(spec.clone(), 0.5, 400),
+    )
+    .await?;
+    assert_eq!(o.text, two);
+    // A draft that ends by itself is not asked about: ending adds no call.
+    let o = run(
+        DraftScript::says(&one, 0.95),
+        ScriptedTarget::says(&two, None).with_picks(""),
+        constrained(spec, 0.5, 400),
+    )
+    .await?;
+    assert_eq!((o.text.as_str(), o.stats.target_calls), (one.as_str(), 0));
+    // Under `auto`, text may end anywhere too: only the end of a call is asked about.
+    let auto = GrammarSpec::Tools(ToolsSpec {
+        tools: vec![tool("weather")],
+        choice: ToolChoice::Auto,
+        parallel: true,
+    });
+    let o = run(
+        DraftScript::says("It is sunny in Oslo.", 0.95),
+        ScriptedTarget::says("unused", None).with_picks(""),
+        constrained(auto, 0.5, 400),
+    )
+    .await?;
+    assert_eq!(
+        (o.text.as_str(), o.stats.target_calls),
+        ("It is sunny in Oslo.", 0)
+    );
+    Ok(())
+}

@@ -372,6 +372,18 @@ impl<'a> Run<'a> {
                     .await?
             }
             Next::Choose(mask) => {
+                // After a whole call, where the answer may end or call again: a further call is
+                // the target's to open. A confident draft went on there and the grammar, once a
+                // call was open, made it name some tool (a currency call for a weather
+                // question); ending adds nothing, so the draft ends by itself.
+                let after_a_call = self.repeats.as_ref().is_some_and(CallRepeats::after_a_call)
+                    && g.accepting()
+                    && !self.engine.eos.contains(&out.top1());
+                if after_a_call && let Some(t) = self.target_pick_or_end(&mask).await? {
+                    return self
+                        .emit_before_the_draft(cursor, &[t], Source::Target)
+                        .await;
+                }
                 // The draft's own choice is not allowed here: masked, its distribution says
                 // only how it ranks what it did not want, often with a confidence near 1 (an
                 // enum member it would never have written). The target picks instead.
@@ -639,6 +651,21 @@ impl<'a> Run<'a> {
     /// already. `None` where the target cannot keep to a set, more than [`PICK_LIMIT`] are
     /// allowed, or no call may be made (the request's threshold of 0 makes none).
     async fn target_pick(&mut self, mask: Option<&Mask>) -> Result<Option<u32>, EngineError> {
+        self.pick(mask, false).await
+    }
+
+    /// As [`Run::target_pick`], where the answer may also end here: the target's pick may be
+    /// its end (an end-of-sequence id, which [`Run::emit`] takes as the answer's end).
+    async fn target_pick_or_end(&mut self, mask: &Mask) -> Result<Option<u32>, EngineError> {
+        self.pick(Some(mask), true).await
+    }
+
+    async fn pick(
+        &mut self,
+        mask: Option<&Mask>,
+        may_end: bool,
+    ) -> Result<Option<u32>, EngineError> {
+        let end = self.engine.eos.first().copied().filter(|_| may_end);
         if !self.engine.target.picks_among_tokens()
             || self.req.threshold <= 0.0
             || self.calls_exhausted()
@@ -646,12 +673,13 @@ impl<'a> Run<'a> {
         {
             return Ok(None);
         }
-        let Some(allowed) = self.grammar.as_mut().and_then(|g| match mask {
+        let Some(mut allowed) = self.grammar.as_mut().and_then(|g| match mask {
             Some(m) => g.few_of(m, PICK_LIMIT),
             None => g.allowed_tokens(PICK_LIMIT),
         }) else {
             return Ok(None);
         };
+        allowed.extend(end);
         let mut creq = self.next_call(CallKind::Correction, 1).await;
         creq.allowed = allowed;
         creq.top_logprobs = 0;
@@ -664,10 +692,22 @@ impl<'a> Run<'a> {
         let cont = cont?;
         self.absorb(cont.cached_prompt_tokens, cont.timings, cont.extra_calls);
         self.last_prefix_len += cont.tokens.len() as u64;
-        let pick =
-            cont.tokens.first().copied().filter(|t| {
-                (*t as usize) < engine.tokenizer.vocab_size() && !engine.eos.contains(t)
-            });
+        if let Some(e) = end
+            && cont.tokens.is_empty()
+            && cont.stopped_on_eos
+        {
+            // It ended at once: its end was its pick.
+            self.stats.grammar_picks += 1;
+            return Ok(Some(e));
+        }
+        let pick = cont.tokens.first().copied().filter(|t| {
+            (*t as usize) < engine.tokenizer.vocab_size()
+                && (!engine.eos.contains(t) || end == Some(*t))
+        });
+        if let Some(e) = pick.filter(|t| engine.eos.contains(t)) {
+            self.stats.grammar_picks += 1;
+            return Ok(Some(e));
+        }
         let Some(t) = pick.filter(|&t| self.grammar.as_mut().is_some_and(|g| g.allows(t))) else {
             // A target that did not keep to the set: the draft writes the position.
             return Ok(None);

@@ -5,11 +5,10 @@
 //! `tool_choice` picks what the answer may be: text or calls (`auto`), calls only
 //! (`required`), one call of one tool (a named tool), or text only (`none`).
 //!
-//! Only the tagged form is a call. Qwen2.5's small models often write a call's JSON bare, with
-//! no tags, when nothing forces them; reading that as a call too was tried on the tool sample
-//! (`approxy bench structured`, 2026-11-27): the target under the grammar then called the
-//! right tools on 10 of 18 prompts against 11, and approxy on 9 against 11, since after a
-//! tool's result the model would call again where it should answer.
+//! The grammar's calls are the tagged form. Qwen2.5's small models often write a call's JSON
+//! bare, with no tags, when nothing forces them: under `auto` the gateway reads a whole answer
+//! of bare or fenced JSON that names a declared tool with valid arguments as a call too
+//! (`gateway/src/tool_calls.rs`), since that is what every SDK's default choice gets.
 
 use serde_json::Value;
 
@@ -135,6 +134,8 @@ pub struct CallRepeats {
     pending: String,
     /// Calls watched for repeats so far.
     watched: usize,
+    /// Calls completed so far.
+    closed: usize,
 }
 
 /// Calls watched at most, and the longest watched: each is a stop string, and the stop
@@ -144,6 +145,11 @@ const MAX_WATCHED: usize = 32;
 const MAX_WATCHED_BYTES: usize = 2048;
 
 impl CallRepeats {
+    /// Whether the answer so far ends with a whole call: where it may end or call again.
+    pub fn after_a_call(&self) -> bool {
+        self.closed > 0 && self.pending.is_empty()
+    }
+
     /// Reads more of the answer's text; for each call it completes, the text that would
     /// repeat it after a separator (a stop string for the rest of the answer).
     pub fn feed(&mut self, text: &str) -> Vec<String> {
@@ -155,6 +161,7 @@ impl CallRepeats {
                 return repeats;
             };
             let end = open + close + CALL_CLOSE.len();
+            self.closed += 1;
             if self.watched < MAX_WATCHED && end - open <= MAX_WATCHED_BYTES {
                 self.watched += 1;
                 repeats.push(format!("\n{}", &self.pending[open..end]));
