@@ -186,6 +186,8 @@ fn usage(p: &Priced, a: &Answer) -> Value {
     u["approxy"]["forced_tokens"] = json!(s.forced_tokens);
     u["approxy"]["grammar_refusals"] = json!(s.grammar_refusals);
     u["approxy"]["grammar_picks"] = json!(s.grammar_picks);
+    // Draft tokens sent to the target because the draft's run looped or ran long unheard.
+    u["approxy"]["loop_checks"] = json!(s.loop_checks);
     u["approxy"]["target_call_records"] = json!(s.calls);
     // Of the calls, the warm of the prompt (`target.cache.warm`): 0 or 1.
     u["approxy"]["target_warms"] = json!(s.target_warms);

@@ -26,6 +26,7 @@ mod calls;
 mod cursor;
 mod lookup;
 mod pacing;
+mod repeats;
 mod run;
 mod warm;
 
@@ -305,6 +306,9 @@ pub struct Stats {
     pub target_warms: u32,
     /// Draft tokens the verifier rejected.
     pub verifier_rejections: u32,
+    /// Draft tokens sent to the target as if rejected because the draft's run since the
+    /// target's last say was a loop or too long (see `decode/repeats.rs`).
+    pub loop_checks: u32,
     /// True when the rejection budget ran out and the target finished the answer.
     pub bailed_out: bool,
     /// True when the cost guard handed the rest of the answer to the target.
@@ -422,6 +426,7 @@ impl Stats {
             grammar_refusals,
             grammar_alternatives,
             grammar_picks,
+            loop_checks,
             target_tokens,
             target_calls,
             target_warms,
@@ -466,6 +471,7 @@ impl Stats {
         self.grammar_refusals += grammar_refusals;
         self.grammar_alternatives += grammar_alternatives;
         self.grammar_picks += grammar_picks;
+        self.loop_checks += loop_checks;
         self.target_tokens += target_tokens;
         self.target_calls += target_calls;
         self.target_warms += target_warms;
@@ -655,9 +661,15 @@ impl Engine {
             // sampled one, which need not be the draft's top-1. Where the grammar refused the
             // target's token, or refused part of the last call the request may make, the
             // draft's is taken unjudged.
+            // A draft run that loops, or that ran long unheard, goes to the target as if
+            // rejected: a looping draft is at its most confident (`decode/repeats.rs`).
+            let runaway = !owned && !exact && run.loops.runaway();
             let (accepted, entropy) = if owned {
                 (true, None)
             } else if exact {
+                (false, None)
+            } else if runaway {
+                run.stats.loop_checks += 1;
                 (false, None)
             } else {
                 run.judge(verifier, &out, proposal)
@@ -677,7 +689,7 @@ impl Engine {
                 }
                 vec![proposal]
             } else {
-                if !exact {
+                if !exact && !runaway {
                     run.stats.verifier_rejections += 1;
                 }
                 if accepted_run > 0 {

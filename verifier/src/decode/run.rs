@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::calls::{CallKind, CallRecord, settle};
 use super::cursor::Cursor;
+use super::repeats::LoopWatch;
 use super::warm::{WarmCall, Warmed};
 use super::{
     Correction, Engine, FinishReason, GenerateRequest, OVERLAP_MAX_AHEAD, Source, SpanAsk,
@@ -195,6 +196,8 @@ pub(super) struct Run<'a> {
     pub(super) windows_unsupported: bool,
     last_source: Source,
     hit_stop_sequence: bool,
+    /// The draft's tokens since the target's last say, watched for a runaway loop.
+    pub(super) loops: LoopWatch,
     /// A JSON answer's reader of its fence, which the client is not sent and stop strings
     /// are not matched against.
     fence: Option<FenceReader>,
@@ -283,6 +286,7 @@ impl<'a> Run<'a> {
             last_target_tokens: Vec::new(),
             last_source: Source::Draft,
             hit_stop_sequence: false,
+            loops: LoopWatch::default(),
             fence: grammar
                 .as_ref()
                 .is_some_and(Constraint::fenced)
@@ -520,12 +524,18 @@ impl<'a> Run<'a> {
             // Counted here, with completion_tokens, so an end-of-sequence token (never
             // emitted) is counted by neither and the three always add up.
             match source {
-                Source::Draft => self.stats.draft_tokens += 1,
+                Source::Draft => {
+                    self.stats.draft_tokens += 1;
+                    self.loops.draft(id);
+                }
                 Source::Grammar => {
                     self.stats.draft_tokens += 1;
                     self.stats.forced_tokens += 1;
                 }
-                Source::Target => self.stats.target_tokens += 1,
+                Source::Target => {
+                    self.stats.target_tokens += 1;
+                    self.loops.heard();
+                }
             }
             let delta = self.decoder.push(id)?;
             if let Some(p) = &mut self.place {
@@ -740,6 +750,9 @@ impl<'a> Run<'a> {
 
     /// Counts a call that sends `sent` tokens, `cacheable` of which the cache can serve.
     fn count_call(&mut self, kind: CallKind, sent: u64, cacheable: u64) {
+        if kind != CallKind::Warm {
+            self.loops.heard();
+        }
         self.stats.target_calls += 1;
         self.stats.target_input_tokens += sent;
         self.stats.target_cacheable_input_tokens += cacheable;

@@ -172,7 +172,9 @@ impl GrammarSpec {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Unsupported {
     /// The schema's text is over [`MAX_SCHEMA_BYTES`].
-    #[error("the schema is {0} bytes, over the {MAX_SCHEMA_BYTES} compiled")]
+    #[error(
+        "the schema is over the grammar's limits: {0} bytes, over the {MAX_SCHEMA_BYTES} compiled"
+    )]
     TooLarge(usize),
     /// It admits no finite answer, or its answer's first tokens are over llguidance's parser
     /// limits: a `$ref` cycle, required properties that recurse, thousands of optional ones.
@@ -182,7 +184,9 @@ pub enum Unsupported {
     #[error("the schema cannot be compiled: {0}")]
     Refused(String),
     /// It compiled, and reached its first free token, slower than [`COMPILE_TIME_LIMIT`].
-    #[error("the schema took {0:?} to compile")]
+    #[error(
+        "the schema is over the grammar's limits: it took {0:?} to compile and reach its first free token, over {COMPILE_TIME_LIMIT:?}"
+    )]
     TooSlow(Duration),
 }
 
