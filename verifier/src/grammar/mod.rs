@@ -36,8 +36,14 @@ pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// the refusal is cached too).
 pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(1);
 
-/// Compiled grammars kept.
+/// Grammars kept, compiled or refused.
 const CACHED_GRAMMARS: usize = 256;
+
+/// Most text of the grammars kept compiled (their cache keys: the schema or Lark text). A
+/// compiled grammar's memory grows with its text, so the cache is bounded in bytes as well as
+/// in entries: 256 large schemas would otherwise hold hundreds of MiB (deploy/README.md,
+/// "Sizing"). A refusal keeps only its key.
+pub const CACHED_GRAMMAR_TEXT: usize = 1 << 20;
 
 /// JSON on one line under a grammar: no free whitespace, and the separators the chat models
 /// write on one line (and `json.dumps` does). Free whitespace would leave every separator to
@@ -222,11 +228,42 @@ impl Unsupported {
     }
 }
 
-/// Compiled grammars, FIFO-bounded.
+/// Compiled grammars, FIFO-bounded in entries and in the text of those compiled.
 #[derive(Default)]
 struct Cache {
     map: HashMap<String, Result<Matcher, Unsupported>>,
     order: VecDeque<String>,
+    /// The text of the compiled grammars held ([`CACHED_GRAMMAR_TEXT`] at most).
+    text: usize,
+}
+
+impl Cache {
+    /// What an entry weighs against [`CACHED_GRAMMAR_TEXT`].
+    fn weight(key: &str, entry: &Result<Matcher, Unsupported>) -> usize {
+        if entry.is_ok() { key.len() } else { 0 }
+    }
+
+    /// Keeps `entry` under `key`, dropping the oldest entries until both bounds hold.
+    fn keep(&mut self, key: String, entry: Result<Matcher, Unsupported>) {
+        if self.map.contains_key(&key) {
+            return;
+        }
+        let weight = Self::weight(&key, &entry);
+        if weight > CACHED_GRAMMAR_TEXT {
+            return;
+        }
+        while self.order.len() >= CACHED_GRAMMARS || self.text + weight > CACHED_GRAMMAR_TEXT {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(e) = self.map.remove(&old) {
+                self.text -= Self::weight(&old, &e);
+            }
+        }
+        self.text += weight;
+        self.order.push_back(key.clone());
+        self.map.insert(key, entry);
+    }
 }
 
 /// The grammar compiler for one draft vocabulary, with its cache.
@@ -304,17 +341,15 @@ impl Grammars {
             return found.map(wrap);
         }
         let compiled = self.compile(grammar, key.len(), fenced);
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if !cache.map.contains_key(&key) {
-            if cache.order.len() >= CACHED_GRAMMARS
-                && let Some(old) = cache.order.pop_front()
-            {
-                cache.map.remove(&old);
-            }
-            cache.order.push_back(key.clone());
-            cache.map.insert(key, compiled.clone());
-        }
-        compiled.map(|m| wrap(m.deep_clone()))
+        let kept = match &compiled {
+            Ok(m) => Ok(m.deep_clone()),
+            Err(e) => Err(e.clone()),
+        };
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keep(key, kept);
+        compiled.map(wrap)
     }
 
     fn cached(&self, key: &str) -> Option<Result<Matcher, Unsupported>> {

@@ -427,3 +427,34 @@ fn only_limits_are_the_clients_fault() {
         )
     );
 }
+
+/// The cache is bounded by the text of the grammars it holds compiled, not only their number:
+/// twenty distinct schemas of 60 KB each would otherwise all stay.
+#[test]
+fn the_cache_holds_at_most_its_text_bound_of_compiled_grammars() {
+    let g = grammars();
+    let big = |i: usize| {
+        let description = format!("{i} {}", "x".repeat(60_000));
+        GrammarSpec::JsonSchema(json!({"type": "object", "description": description}))
+    };
+    for i in 0..20 {
+        g.constraint(&big(i), JsonLayout::Compact)
+            .expect("compiles");
+        let cache = g.cache.lock().unwrap();
+        assert!(
+            cache.text <= CACHED_GRAMMAR_TEXT,
+            "{} after {i}",
+            cache.text
+        );
+        let held: usize = cache
+            .map
+            .iter()
+            .filter(|(_, e)| e.is_ok())
+            .map(|(k, _)| k.len())
+            .sum();
+        assert_eq!(held, cache.text);
+    }
+    let cache = g.cache.lock().unwrap();
+    assert!(cache.map.len() < 20, "{} kept", cache.map.len());
+    assert!(cache.text > CACHED_GRAMMAR_TEXT / 2, "the newest are kept");
+}
