@@ -302,38 +302,10 @@ async fn admit(
         (None, f) => f,
     };
     let constraint = match structured {
-        Format::Structured(spec) if m.decode.verification.target_scores_every_token() => {
-            // The target scores every token: its own constrained answer is what the policy
-            // asks for.
-            let reason = match spec {
-                GrammarSpec::Tools(_) => Reason::Tools,
-                _ => Reason::ResponseFormat,
-            };
-            return Ok(Admission::Passthrough(reason));
-        }
-        Format::Structured(spec) => {
-            let style = JsonStyle {
-                layout: m.policy.json_layout,
-                fence: m.policy.json_fence,
-            };
-            let param = match spec {
-                GrammarSpec::Tools(_) => "tools",
-                _ => "response_format",
-            };
-            match compile(&state.shared, spec, style).await {
-                Ok(c) => Some(c),
-                // Over the grammar's limits: a constrained target would spend long on it and
-                // refuse it too, so it is the client's to mend, at no target's expense.
-                Err(why) if why.over_limits() => {
-                    tracing::info!(%why, "schema refused");
-                    return Err(ApiError::bad(param, why.to_string()));
-                }
-                Err(why) => {
-                    tracing::info!(%why, "schema passed through");
-                    return Ok(Admission::Passthrough(Reason::SchemaUnsupported));
-                }
-            }
-        }
+        Format::Structured(spec) => match constrain(state, m, spec).await? {
+            Ok(c) => Some(c),
+            Err(reason) => return Ok(Admission::Passthrough(reason)),
+        },
         Format::Text | Format::Unknown => None,
     };
     Ok(Admission::Admitted(Box::new(Admitted {
@@ -344,6 +316,40 @@ async fn admit(
         requested,
         constraint,
     })))
+}
+
+/// The grammar a structured answer follows, or why the target answers the request instead: a
+/// model whose target scores every token (its own constrained answer is what the policy asks
+/// for), or a schema the grammar engine does not read. A schema over the grammar's limits is
+/// the client's 400: a constrained target would spend long on it and refuse it too, so it is
+/// the client's to mend, at no target's expense.
+async fn constrain(
+    state: &AppState,
+    m: &ModelRuntime,
+    spec: GrammarSpec,
+) -> Result<Result<Constraint, Reason>, ApiError> {
+    let (param, reason) = match spec {
+        GrammarSpec::Tools(_) => ("tools", Reason::Tools),
+        _ => ("response_format", Reason::ResponseFormat),
+    };
+    if m.decode.verification.target_scores_every_token() {
+        return Ok(Err(reason));
+    }
+    let style = JsonStyle {
+        layout: m.policy.json_layout,
+        fence: m.policy.json_fence,
+    };
+    match compile(&state.shared, spec, style).await {
+        Ok(c) => Ok(Ok(c)),
+        Err(why) if why.over_limits() => {
+            tracing::info!(%why, "schema refused");
+            Err(ApiError::bad(param, why.to_string()))
+        }
+        Err(why) => {
+            tracing::info!(%why, "schema passed through");
+            Ok(Err(Reason::SchemaUnsupported))
+        }
+    }
 }
 
 /// The tools approxy answers a chat request with (as sent, for the template) and their

@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
+use crate::request::validate::ValidRequest;
 use crate::state::{ModelRuntime, Runtime};
 use crate::tool_calls::{self, BareCalls, CallReader};
 
@@ -122,6 +123,29 @@ struct Answer {
     fenced: bool,
     /// Answers asked for (`n`).
     n: usize,
+}
+
+impl Answer {
+    /// The answer to `valid`, generated as `request` says, by `draft_threads` threads a worker,
+    /// `n` times.
+    fn new(
+        valid: &ValidRequest,
+        request: &GenerateRequest,
+        model: Arc<ModelRuntime>,
+        dial: Dial,
+        (draft_threads, n): (usize, usize),
+    ) -> Self {
+        Self {
+            ids: Ids::new(valid.model.clone(), valid.endpoint),
+            model,
+            dial,
+            draft_threads,
+            tools: !valid.tools.is_empty(),
+            bare_calls: (!valid.auto_tools.is_empty()).then(|| BareCalls::new(&valid.auto_tools)),
+            fenced: request.constraint.as_ref().is_some_and(Constraint::fenced),
+            n,
+        }
+    }
 }
 
 fn usage(p: &Priced, a: &Answer) -> Value {
@@ -427,16 +451,7 @@ pub async fn approximate(
         trace,
         approxy_verifier::targets::retry::within(deadline, generation),
     ));
-    let answer = Answer {
-        ids: Ids::new(valid.model.clone(), valid.endpoint),
-        model,
-        dial,
-        draft_threads,
-        tools: !valid.tools.is_empty(),
-        bare_calls: (!valid.auto_tools.is_empty()).then(|| BareCalls::new(&valid.auto_tools)),
-        fenced: request.constraint.as_ref().is_some_and(Constraint::fenced),
-        n,
-    };
+    let answer = Answer::new(&valid, &request, model, dial, (draft_threads, n));
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;

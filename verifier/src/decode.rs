@@ -36,7 +36,7 @@ pub use cursor::OVERLAP_MAX_AHEAD;
 use lookup::Lookup;
 use pacing::RejectionWindow;
 pub use pacing::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN, WindowSize};
-use run::{Corrected, GrammarStep, Run, WindowEnd};
+use run::{Corrected, GrammarStep, Run, Verdict, WindowEnd};
 
 /// Who produced a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -655,27 +655,13 @@ impl Engine {
                 GrammarStep::Finished(reason) => break reason,
             };
             let proposal = sampler.pick_at(&out);
-            let exact = run.req.settings.verification.target_scores_every_token();
-            let owned = run.take_draft_turn() || run.calls_exhausted();
-            // The verifier judges the token that would be emitted: at temperature > 0 the
-            // sampled one, which need not be the draft's top-1. Where the grammar refused the
-            // target's token, or refused part of the last call the request may make, the
-            // draft's is taken unjudged.
-            // A draft run that loops, or that ran long unheard, goes to the target as if
-            // rejected: a looping draft is at its most confident (`decode/repeats.rs`).
-            let runaway = !owned && !exact && run.loops.runaway();
-            let (accepted, entropy) = if owned {
-                (true, None)
-            } else if exact {
-                (false, None)
-            } else if runaway {
-                run.stats.loop_checks += 1;
-                (false, None)
-            } else {
-                run.judge(verifier, &out, proposal)
-            };
-            let mut over_budget =
-                !exact && !owned && window.as_mut().is_some_and(|w| w.push(!accepted));
+            let Verdict {
+                accepted,
+                entropy,
+                in_window,
+                by_verifier,
+            } = run.verdict(verifier, &out, proposal);
+            let mut over_budget = in_window && window.as_mut().is_some_and(|w| w.push(!accepted));
             let at_call_cap = !accepted && run.next_call_is_the_last();
             if at_call_cap {
                 run.stats.call_cap = true;
@@ -689,7 +675,7 @@ impl Engine {
                 }
                 vec![proposal]
             } else {
-                if !exact && !runaway {
+                if by_verifier {
                     run.stats.verifier_rejections += 1;
                 }
                 if accepted_run > 0 {

@@ -179,6 +179,19 @@ impl Drop for Answer<'_> {
     }
 }
 
+/// How a draft token fared ([`Run::verdict`]).
+pub(super) struct Verdict {
+    /// It is emitted.
+    pub(super) accepted: bool,
+    /// The draft's entropy there, where the verifier computed it.
+    pub(super) entropy: Option<f32>,
+    /// The decision counts towards the bail-out budget (neither the draft's own turn nor a
+    /// target that scores every token).
+    pub(super) in_window: bool,
+    /// The verifier made it (a rejection is then the verifier's).
+    pub(super) by_verifier: bool,
+}
+
 /// State of one generation.
 pub(super) struct Run<'a> {
     engine: &'a Engine,
@@ -807,6 +820,40 @@ impl<'a> Run<'a> {
     /// The exact token prefix so far: the prompt and everything emitted.
     fn prefix(&self) -> Vec<u32> {
         [self.req.prompt.as_slice(), self.emitted.as_slice()].concat()
+    }
+
+    /// How the draft's `token` after its output `out` fares. The verifier judges the token
+    /// that would be emitted: at temperature > 0 the sampled one, which need not be the draft's
+    /// top-1. Where the grammar refused the target's token, or refused part of the last call
+    /// the request may make, the draft's is taken unjudged; where the target scores every
+    /// token, none is taken. A draft run that loops, or ran long unheard, goes to the target
+    /// as if rejected: a looping draft is at its most confident (`decode/repeats.rs`).
+    pub(super) fn verdict(
+        &mut self,
+        verifier: &dyn Verifier,
+        out: &PositionOutput,
+        token: u32,
+    ) -> Verdict {
+        let exact = self.req.settings.verification.target_scores_every_token();
+        let owned = self.take_draft_turn() || self.calls_exhausted();
+        let in_window = !exact && !owned;
+        let runaway = in_window && self.loops.runaway();
+        let (accepted, entropy) = if owned {
+            (true, None)
+        } else if exact {
+            (false, None)
+        } else if runaway {
+            self.stats.loop_checks += 1;
+            (false, None)
+        } else {
+            self.judge(verifier, out, token)
+        };
+        Verdict {
+            accepted,
+            entropy,
+            in_window,
+            by_verifier: in_window && !runaway,
+        }
     }
 
     /// Whether the verifier accepts `token` after the draft's output `out`, at the request's
