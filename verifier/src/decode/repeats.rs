@@ -1,63 +1,72 @@
-//! Runaway loops in the draft's own text. A draft caught in a repetition loop is at its most
-//! confident, so a confidence verifier never asks the target whether it would stop: asked for
-//! a lowercase water cycle in under 100 words, the draft wrote "evaporation, condensation,
-//! precipitation, collection, runoff, drainage," until `max_tokens` where the target alone
-//! stops after its second pass. The watch sees the draft's tokens since the target last had a
-//! say; when they end in the same stretch said [`TIMES`] times over, or run longer than
-//! [`LONGEST_UNHEARD`], the loop's next draft token goes to the target as if rejected (a window,
-//! a span or a hand-off, as the policy corrects), which ends the loop where the target would.
-//! Twice, not three times: a target asked after a third pass reads a loop in its own context
-//! and goes on with it, where after the second it still stops (tests/README.md, "Runaway
-//! loops").
+//! Runaway loops in the answer. A draft caught in a repetition loop is at its most confident,
+//! so a confidence verifier never asks the target whether it would stop: asked for a lowercase
+//! water cycle in under 100 words, the draft wrote "evaporation, condensation, precipitation,
+//! collection, runoff, drainage," until `max_tokens` where the target alone stops during its
+//! second pass. Asking the target once the loop is plain comes too late: after two passes a
+//! target reads the loop in its own context and goes on with it. So while the answer copies a
+//! stretch of [`COPIED`] tokens or more of its own earlier text, each draft token goes to the
+//! target as if rejected (a window, a span or a hand-off, as the policy corrects), and the
+//! target writes the copy for as long as it goes on: where the target would leave the loop,
+//! the answer does. A draft that runs [`LONGEST_UNHEARD`] tokens with no say of the target's is
+//! put to it too, loop or not.
 
-/// Times a stretch must come in a row to be a loop.
-pub const TIMES: usize = 2;
+/// Fewest tokens in a row, repeated from earlier in the answer, that make it a copy.
+pub const COPIED: usize = 10;
 
-/// Longest stretch (in tokens) watched for repeats.
-pub const LONGEST_STRETCH: usize = 48;
-
-/// Fewest tokens a loop spans: shorter repeats (`----`, `0, 0, 0`) are text, not a runaway.
-pub const SHORTEST_LOOP: usize = 12;
+/// Most recent tokens of the answer searched for the copy's source.
+pub const HISTORY: usize = 1024;
 
 /// Most draft tokens in a row with no say of the target's: past it the next one is the
 /// target's to judge, loop or not.
 pub const LONGEST_UNHEARD: usize = 256;
 
-/// The draft's tokens since the target's last say.
+/// The answer's recent tokens and the draft's run since the target's last say.
 #[derive(Debug, Default)]
 pub struct LoopWatch {
-    unheard: Vec<u32>,
+    recent: Vec<u32>,
+    unheard: usize,
 }
 
 impl LoopWatch {
-    /// The draft's token went out unjudged by the target.
+    /// A token of the draft's went out unjudged by the target.
     pub fn draft(&mut self, token: u32) {
-        self.unheard.push(token);
+        self.push(token);
+        self.unheard += 1;
     }
 
-    /// The target had its say (a token of its own, a window, a pick).
+    /// A token of the target's went out.
+    pub fn target(&mut self, token: u32) {
+        self.push(token);
+        self.heard();
+    }
+
+    /// The target had its say (a window it scored, a call).
     pub fn heard(&mut self) {
-        self.unheard.clear();
+        self.unheard = 0;
     }
 
-    /// Whether the draft's run since the target's last say is a loop, or too long unheard.
+    fn push(&mut self, token: u32) {
+        if self.recent.len() == 2 * HISTORY {
+            self.recent.drain(..HISTORY);
+        }
+        self.recent.push(token);
+    }
+
+    /// Whether the next draft token is the target's to judge: the answer is copying its own
+    /// earlier text, or the draft has run too long unheard.
     pub fn runaway(&self) -> bool {
-        self.unheard.len() >= LONGEST_UNHEARD || self.looping()
+        self.unheard >= LONGEST_UNHEARD || self.copying()
     }
 
-    /// Whether the run ends in one stretch [`TIMES`] in a row, spanning [`SHORTEST_LOOP`] or
-    /// more tokens.
-    fn looping(&self) -> bool {
-        let t = &self.unheard;
-        (1..=LONGEST_STRETCH).any(|period| {
-            let span = period * TIMES;
-            span >= SHORTEST_LOOP
-                && span <= t.len()
-                && t[t.len() - span..]
-                    .iter()
-                    .zip(&t[t.len() - span + period..])
-                    .all(|(a, b)| a == b)
-        })
+    /// Whether the answer's last [`COPIED`] tokens came before, within [`HISTORY`].
+    fn copying(&self) -> bool {
+        let t = &self.recent;
+        if t.len() <= COPIED {
+            return false;
+        }
+        let tail = &t[t.len() - COPIED..];
+        let from = t.len().saturating_sub(HISTORY);
+        t[from..t.len() - 1].windows(COPIED).any(|w| w == tail)
     }
 }
 
@@ -75,29 +84,31 @@ mod tests {
     }
 
     #[test]
-    fn a_stretch_said_twice_is_a_loop_and_a_short_one_is_not() {
-        let six: Vec<u32> = (1..=6).collect();
-        let twice: Vec<u32> = [&[99, 98][..], &six, &six].concat();
-        assert!(watched(&twice).runaway());
-        assert!(
-            !watched(&twice[..twice.len() - 1]).runaway(),
-            "one and most of a second"
-        );
-        // `----` and `0, 0, 0`: repeats under the shortest loop are text.
-        assert!(!watched(&[7; SHORTEST_LOOP - 1]).runaway());
-        assert!(watched(&[7; SHORTEST_LOOP]).runaway());
-        // Once the target has had its say, the count starts again.
-        let mut w = watched(&twice);
-        w.heard();
+    fn an_answer_that_copies_its_own_stretch_is_a_loop_while_it_copies() {
+        let twelve: Vec<u32> = (1..=12).collect();
+        let mut answer = [&[99, 98][..], &twelve, &twelve[..COPIED - 1]].concat();
+        assert!(!watched(&answer).runaway(), "a copy one token short");
+        answer.push(twelve[COPIED - 1]);
+        assert!(watched(&answer).runaway());
+        // Each token that goes on copying keeps it so, whoever wrote it.
+        let mut w = watched(&answer);
+        w.target(twelve[COPIED]);
+        assert!(w.runaway());
+        // A token that leaves the copy ends it.
+        w.target(500);
         assert!(!w.runaway());
-        w.draft(1);
-        assert!(!w.runaway());
+        // Repeats under the copy's length are text (`----`, `0, 0, 0`).
+        assert!(!watched(&[7; COPIED]).runaway());
+        assert!(watched(&[7; COPIED + 1]).runaway());
     }
 
     #[test]
     fn a_long_unheard_run_is_the_targets_to_judge_loop_or_not() {
         let varied: Vec<u32> = (0..LONGEST_UNHEARD as u32).collect();
         assert!(!watched(&varied[..LONGEST_UNHEARD - 1]).runaway());
-        assert!(watched(&varied).runaway());
+        let mut w = watched(&varied);
+        assert!(w.runaway());
+        w.heard();
+        assert!(!w.runaway());
     }
 }

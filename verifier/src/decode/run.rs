@@ -547,7 +547,7 @@ impl<'a> Run<'a> {
                 }
                 Source::Target => {
                     self.stats.target_tokens += 1;
-                    self.loops.heard();
+                    self.loops.target(id);
                 }
             }
             let delta = self.decoder.push(id)?;
