@@ -243,6 +243,16 @@ async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, axum::http::
     )
 }
 
+/// A stream's JSON chunks (its `data: {...}` events), in order.
+fn sse_chunks(b: &Bytes) -> Vec<Value> {
+    String::from_utf8_lossy(b)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn json_of(b: &Bytes) -> Value {
     serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
 }
@@ -549,12 +559,7 @@ async fn under_auto_a_call_written_as_bare_json_is_a_tool_call() {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
-    let chunks: Vec<Value> = String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let chunks = sse_chunks(&bytes);
     let content: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -597,12 +602,7 @@ async fn tool_requests_are_answered_as_tool_calls() {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let (_, _, bytes) = call(&state, post("/v1/chat/completions", &streamed)).await;
-    let chunks: Vec<Value> = String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let chunks = sse_chunks(&bytes);
     let deltas: Vec<&Value> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
