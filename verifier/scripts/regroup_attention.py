@@ -12,7 +12,7 @@ faults for a batch of streams on a CPU:
   whenever one of its streams takes the target's text or a lookup's proposals.
 - Its CPU kernel multiplies one query head at a time, so the query heads that share a key-value
   head each read that head's whole cache: 7 reads of every row's cache a step for this draft
-  (`deploy/draft-step-ops.sh`).
+  (`tests/bench/scripts/draft-step-ops.sh`).
 
 What replaces each GroupQueryAttention node (its projections, norms and weights are untouched):
 - the packed projection is split into queries, keys and values, and the rotary embedding is

@@ -81,7 +81,7 @@ pub(crate) enum BenchCmd {
     /// Rewrite the results section of tests/README.md from the JSON the benchmarks wrote.
     Report {
         /// Results directory.
-        #[arg(long, default_value = "deploy/results")]
+        #[arg(long, default_value = "tests/bench/results")]
         out: PathBuf,
         /// Markdown file to update (between its bench-results markers): the tests' and
         /// benchmarks' reference.

@@ -555,7 +555,7 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
         // A confidence policy reads the confidence curve even of a file that chose a learned
         // head (the ratio:0.2 calibration did), not the head's.
         let ratio = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../deploy/results/acceptance-rules/by-rule/ratio_0.2");
+            .join("../tests/bench/results/acceptance-rules/by-rule/ratio_0.2");
         let cal = format!(
             "calibration = {:?}",
             ratio.join("calibration.json").display().to_string()

@@ -92,7 +92,7 @@ pub struct CallsOptions {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results/calls")]
+    #[arg(long, default_value = "tests/bench/results/calls")]
     pub out: PathBuf,
     /// Output limit per prompt.
     #[arg(long, default_value_t = 384)]
@@ -704,7 +704,7 @@ pub async fn run(opts: &CallsOptions) -> anyhow::Result<()> {
 }
 
 /// The configurations `--only` names (by default every one but vLLM's and `default-streamed`,
-/// which only `deploy/bench-span-ask.sh` compares); an error when none.
+/// which only `tests/bench/scripts/bench-span-ask.sh` compares); an error when none.
 fn wanted_configs(opts: &CallsOptions) -> anyhow::Result<Vec<CallConfig>> {
     let wanted: Vec<CallConfig> = ALL
         .into_iter()

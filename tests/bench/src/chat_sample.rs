@@ -64,9 +64,9 @@ mod tests {
         let sample = held_out_chat(&corpus, 40);
         assert_eq!(sample.len(), 40);
         assert!(sample.iter().all(|p| p.kind == "chat"));
-        // The prompts `approxy train collect --prompts 300` (deploy/train-default.sh, the
+        // The prompts `approxy train collect --prompts 300` (training/scripts/train-default.sh, the
         // shipped calibration) reads: 150 chat prompts, its sources in turn.
-        let script = std::fs::read_to_string(root.join("deploy/train-default.sh"))?;
+        let script = std::fs::read_to_string(root.join("training/scripts/train-default.sh"))?;
         assert!(
             script.contains("PROMPTS=\"${1:-300}\""),
             "the default changed"

@@ -48,7 +48,7 @@ pub struct ConcurrencyOptions {
     #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results/concurrency")]
+    #[arg(long, default_value = "tests/bench/results/concurrency")]
     pub out: PathBuf,
     /// Policy whose "*" model is approxy's configuration.
     #[arg(long, default_value = "policies/default.toml")]
@@ -503,7 +503,7 @@ pub fn load_all(out: &Path) -> anyhow::Result<Vec<ConcurrencyRun>> {
 /// The report: one table per sample and layout, and where the goal stands.
 pub fn markdown(runs: &[ConcurrencyRun]) -> String {
     let mut md = String::from(
-        "Written by `approxy bench concurrency` (`./deploy/bench-concurrency.sh`). One llama-server \
+        "Written by `approxy bench concurrency` (`./tests/bench/scripts/bench-concurrency.sh`). One llama-server \
          with 16 slots; C clients share the prompts, each taking the next one free; approxy runs \
          the shipped policy, passthrough the same gateway with the model passed through. The \
          target's slot-seconds are its own prompt and generation seconds (`/metrics`), summed over \

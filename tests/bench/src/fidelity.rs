@@ -29,7 +29,7 @@ use super::servers::{self, Layout};
 use super::stats;
 
 /// The sample is drawn from the first 100 prompts of each kind, the templated sources (what
-/// `deploy/train-default.sh` collected on when the fidelity table was first measured; it keeps
+/// `training/scripts/train-default.sh` collected on when the fidelity table was first measured; it keeps
 /// this sample so the table stays comparable) ...
 pub const CALIBRATION_PROMPTS: usize = 200;
 /// ... held out by the seed `approxy train fit` splits with, so no verifier was fitted on them.
@@ -64,7 +64,7 @@ pub struct FidelityOptions {
     #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results/draft-fidelity")]
+    #[arg(long, default_value = "tests/bench/results/draft-fidelity")]
     pub out: PathBuf,
     /// Ignore saved answers and measurements.
     #[arg(long)]
@@ -252,7 +252,7 @@ fn wanted_variants(
     for (v, dir) in &all {
         anyhow::ensure!(
             dir.join(approxy_verifier::draft::DRAFT_GRAPH).is_file(),
-            "no {} draft at {}: run `approxy setup --draft-variants` (deploy/bench-draft-fidelity.sh does)",
+            "no {} draft at {}: run `approxy setup --draft-variants` (tests/bench/scripts/bench-draft-fidelity.sh does)",
             v.name,
             dir.display()
         );
@@ -499,7 +499,7 @@ pub fn markdown(r: &FidelityReport, answers: &Answers) -> String {
     let most = threads.last().copied().unwrap_or(2);
     let count = |kind: &str| answers.answers.iter().filter(|a| a.kind == kind).count();
     let mut s = format!(
-        "Measured {} on {}: `./deploy/bench-draft-fidelity.sh`. Teacher-forced on the target's \
+        "Measured {} on {}: `./tests/bench/scripts/bench-draft-fidelity.sh`. Teacher-forced on the target's \
          ({}) greedy answers (up to {} tokens) to the calibration's held-out prompts ({} code, \
          {} chat); agreement = share of answer positions where the draft's top token is the \
          target's. Speed: greedy decode of {} tokens after a short prompt, one draft worker.\n\n",

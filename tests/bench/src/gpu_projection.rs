@@ -1,5 +1,5 @@
 //! What approxy's target calls would cost on a GPU-hosted target: a projection from a measured
-//! table (`deploy/gpu/window_cost.json`, one H200, 2026-11-26), not a measurement of approxy on
+//! table (`tests/bench/gpu/window_cost.json`, one H200, 2026-11-26), not a measurement of approxy on
 //! a GPU. The table times one forward pass of B sequences each appending K tokens to a cached
 //! context of L tokens, in decode steps (t(B, K) / t(B, 1)) and in milliseconds.
 //!
@@ -33,11 +33,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
 /// The table's place, from the repository root.
-pub const TABLE_FILE: &str = "deploy/gpu/window_cost.json";
+pub const TABLE_FILE: &str = "tests/bench/gpu/window_cost.json";
 
 /// What the numbers are, in every heading and caption: the table's file, machine and date.
 pub const SOURCE: &str =
-    "projection from a measured table (deploy/gpu/window_cost.json, H200, 2026-11-26)";
+    "projection from a measured table (tests/bench/gpu/window_cost.json, H200, 2026-11-26)";
 
 /// The shapes the Markdown shows: the 32B and 7B targets alone and in a batch of 8, and the 32B
 /// at the longer measured context.

@@ -13,7 +13,7 @@
 //!   position (target share, pass@1, the target's likelihood of the answers), and what the
 //!   cheapest call plan for those answers would cost (`call_floor`).
 //! - `gpu_projection`: approxy's calls and passthrough's priced in a GPU target's time, a
-//!   projection from a measured table (`deploy/gpu/window_cost.json`).
+//!   projection from a measured table (`tests/bench/gpu/window_cost.json`).
 //! - `structured`: structured output (JSON Schemas, JSON mode) through approxy against
 //!   target-only: validity, field agreement, who wrote the tokens, and compile times.
 //! - `overhead`: what passthrough adds over calling a fast stub upstream directly.

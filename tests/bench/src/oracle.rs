@@ -112,12 +112,12 @@ pub struct OracleOptions {
     #[arg(long, default_value = "training/data/prompts.jsonl")]
     pub corpus: PathBuf,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results/oracle")]
+    #[arg(long, default_value = "tests/bench/results/oracle")]
     pub out: PathBuf,
     /// An `approxy bench calls` result whose pinned target-only runs give the target's
     /// milliseconds per prompt and per generated token, for the cheapest plans' busy time.
     // None: no busy time (the flag always gives one).
-    #[arg(long, default_value = "deploy/results/calls/calls.json")]
+    #[arg(long, default_value = "tests/bench/results/calls/calls.json")]
     pub busy_from: Option<PathBuf>,
 }
 
@@ -1251,7 +1251,7 @@ mod tests {
     #[test]
     fn busy_time_is_priced_from_the_target_counters_of_a_calls_run() {
         let committed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../deploy/results/calls/calls.json");
+            .join("../../tests/bench/results/calls/calls.json");
         let classes = cost_classes(Some(&committed));
         let (_, busy) = classes.iter().find(|c| c.0 == BUSY).expect("a busy class");
         assert_eq!(busy.cached_input, 0.0);

@@ -33,7 +33,7 @@ pub struct OverheadOptions {
     #[arg(long, default_value_t = 50)]
     pub connections: u32,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results")]
+    #[arg(long, default_value = "tests/bench/results")]
     pub out: PathBuf,
 }
 

@@ -62,7 +62,7 @@ pub struct QualityOptions {
     pub only: Vec<String>,
     /// Results directory.
     // JSON, Markdown, PNG; raw per-configuration files under `raw/`.
-    #[arg(long, default_value = "deploy/results")]
+    #[arg(long, default_value = "tests/bench/results")]
     pub out: PathBuf,
     /// Output limit per problem.
     #[arg(long, default_value_t = 384)]

@@ -14,70 +14,70 @@ const BEGIN: &str =
 const END: &str = "<!-- bench-results:end -->";
 
 /// The saved runs of `approxy bench calls` the Results show, each a directory under
-/// `deploy/results` with its heading and the script that writes it: deploy/bench-busy.sh (the
+/// `tests/bench/results` with its heading and the script that writes it: tests/bench/scripts/bench-busy.sh (the
 /// busy-priced default, the thresholds it was chosen against, vLLM with its windows),
-/// deploy/bench-windows.sh (windows from vLLM's prefix cache), deploy/bench-lookup.sh and
-/// deploy/bench-span-ask.sh.
+/// tests/bench/scripts/bench-windows.sh (windows from vLLM's prefix cache), tests/bench/scripts/bench-lookup.sh and
+/// tests/bench/scripts/bench-span-ask.sh.
 const CALLS_SECTIONS: [(&str, &str, &str); 12] = [
     (
         "calls-busy",
         "The default priced by the target's time",
-        "deploy/bench-busy.sh",
+        "tests/bench/scripts/bench-busy.sh",
     ),
     (
         "calls-busy-code-0.70",
         "The same at threshold 0.70 on code (the earlier default)",
-        "deploy/bench-busy.sh",
+        "tests/bench/scripts/bench-busy.sh",
     ),
     (
         "calls-busy-chat-0.70",
         "The same at threshold 0.70 on chat (the earlier default)",
-        "deploy/bench-busy.sh",
+        "tests/bench/scripts/bench-busy.sh",
     ),
     (
         "calls-busy-vllm",
         "vLLM as the target, priced by its time",
-        "deploy/bench-busy.sh",
+        "tests/bench/scripts/bench-busy.sh",
     ),
     (
         "windows/humaneval-1.5b",
         "vLLM windows from its prefix cache on code, the 1.5B target on vLLM",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "windows/chat-1.5b",
         "vLLM windows from its prefix cache on chat, the 1.5B target on vLLM",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "windows/instructions-1.5b",
         "vLLM windows from its prefix cache on instructions, the 1.5B target on vLLM",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "windows/humaneval-0.5b",
         "vLLM windows from its prefix cache on code, the draft's own float32 checkpoint as the target",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "windows/chat-0.5b",
         "vLLM windows from its prefix cache on chat, the draft's own float32 checkpoint as the target",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "windows/instructions-0.5b",
         "vLLM windows from its prefix cache on instructions, the draft's own float32 checkpoint as the target",
-        "deploy/bench-windows.sh",
+        "tests/bench/scripts/bench-windows.sh",
     ),
     (
         "calls-lookup",
         "Prompt lookup on copy-heavy prompts and on HumanEval",
-        "deploy/bench-lookup.sh",
+        "tests/bench/scripts/bench-lookup.sh",
     ),
     (
         "calls-span-ask",
         "What a span's calls ask for on llama-server",
-        "deploy/bench-span-ask.sh",
+        "tests/bench/scripts/bench-span-ask.sh",
     ),
 ];
 
@@ -95,7 +95,7 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
                 relative(out, readme.parent().unwrap_or(Path::new("")))
             ));
         }
-        Err(_) => section.push_str("No quality results yet: run `./deploy/bench.sh`.\n\n"),
+        Err(_) => section.push_str("No quality results yet: run `./tests/bench/scripts/bench.sh`.\n\n"),
     }
     match std::fs::read(out.join("overhead.json")) {
         Ok(b) => {
@@ -103,9 +103,9 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             section.push_str("### Gateway overhead in passthrough (`approxy bench overhead`)\n\n");
             section.push_str(&overhead_markdown(&o));
         }
-        Err(_) => section.push_str("No overhead results yet: run `./deploy/bench.sh`.\n"),
+        Err(_) => section.push_str("No overhead results yet: run `./tests/bench/scripts/bench.sh`.\n"),
     }
-    // Written by `approxy bench calls` (deploy/bench-calls.sh) from its saved runs.
+    // Written by `approxy bench calls` (tests/bench/scripts/bench-calls.sh) from its saved runs.
     if let Ok(calls) = std::fs::read_to_string(out.join("calls").join("calls.md")) {
         section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
         section.push_str(&calls);
@@ -116,18 +116,18 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
             section.push_str(&md);
         }
     }
-    // Written by deploy/bench-concurrency.sh: `approxy bench concurrency` and `approxy bench
+    // Written by tests/bench/scripts/bench-concurrency.sh: `approxy bench concurrency` and `approxy bench
     // streams`.
     let conc = out.join("concurrency");
     let sweep = std::fs::read_to_string(conc.join("concurrency.md")).ok();
     let streams: Option<serde_json::Value> = std::fs::read(conc.join("streams.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    // Written by deploy/draft-step-ops.sh (ONNX Runtime's profiler, from Python).
+    // Written by tests/bench/scripts/draft-step-ops.sh (ONNX Runtime's profiler, from Python).
     let ops = std::fs::read_to_string(conc.join("draft-step-ops.md")).ok();
     if sweep.is_some() || streams.is_some() || ops.is_some() {
         section.push_str(
-            "\n### How many users one target serves through approxy (`deploy/bench-concurrency.sh`)\n\n",
+            "\n### How many users one target serves through approxy (`tests/bench/scripts/bench-concurrency.sh`)\n\n",
         );
         if let Some(md) = sweep {
             section.push_str(&md);
@@ -138,16 +138,16 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
         }
         if let Some(md) = ops {
             section
-                .push_str("\n#### A draft step by ONNX operator (`deploy/draft-step-ops.sh`)\n\n");
+                .push_str("\n#### A draft step by ONNX operator (`tests/bench/scripts/draft-step-ops.sh`)\n\n");
             section.push_str(&md);
         }
     }
-    // Written by `approxy bench structured` (deploy/bench-structured.sh).
+    // Written by `approxy bench structured` (tests/bench/scripts/bench-structured.sh).
     if let Some(md) = super::structured::load_markdown(&out.join("structured")) {
-        section.push_str("\n### Structured output (`deploy/bench-structured.sh`)\n\n");
+        section.push_str("\n### Structured output (`tests/bench/scripts/bench-structured.sh`)\n\n");
         section.push_str(&md);
     }
-    // Written by `approxy bench draft-fidelity` (deploy/bench-draft-fidelity.sh).
+    // Written by `approxy bench draft-fidelity` (tests/bench/scripts/bench-draft-fidelity.sh).
     if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
         section.push_str(
             "\n### The draft's fidelity by conversion (`approxy bench draft-fidelity`)\n\n",
@@ -195,12 +195,12 @@ mod tests {
     #[test]
     fn links_are_relative_to_the_file_they_are_written_into() {
         assert_eq!(
-            relative(Path::new("deploy/results"), Path::new("tests")),
-            "../deploy/results"
+            relative(Path::new("tests/bench/results"), Path::new("tests")),
+            "bench/results"
         );
         assert_eq!(
-            relative(Path::new("deploy/results"), Path::new("")),
-            "deploy/results"
+            relative(Path::new("tests/bench/results"), Path::new("")),
+            "tests/bench/results"
         );
         assert_eq!(relative(Path::new("/a/b/c"), Path::new("/a/d")), "../b/c");
         assert_eq!(relative(Path::new("/a/b"), Path::new("/a/b")), ".");

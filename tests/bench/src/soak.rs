@@ -72,7 +72,7 @@ pub struct SoakOptions {
     )]
     pub hang_after: Duration,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results")]
+    #[arg(long, default_value = "tests/bench/results")]
     pub out: PathBuf,
 }
 

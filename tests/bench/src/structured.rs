@@ -42,7 +42,7 @@ pub struct StructuredOptions {
     #[arg(long, default_value_t = 300)]
     pub max_tokens: u32,
     /// Results directory.
-    #[arg(long, default_value = "deploy/results/structured")]
+    #[arg(long, default_value = "tests/bench/results/structured")]
     pub out: PathBuf,
     /// Policy whose "*" model is approxy's configuration.
     #[arg(long, default_value = "policies/default.toml")]

@@ -2,7 +2,7 @@
 //! part (a forward pass, however few tokens it reads), a part per prompt token its cache does
 //! not serve, and a part per token it generates. On the CPU llama-server here a prompt token
 //! costs about 0.27 of a generated one; on a GPU, where one pass scores 16 tokens for about the
-//! price of one decode step, about 0.06 (`deploy/gpu/window_cost.json`). Costs are seconds of
+//! price of one decode step, about 0.06 (`tests/bench/gpu/window_cost.json`). Costs are seconds of
 //! the target's time, not USD.
 
 use serde::{Deserialize, Serialize};

@@ -59,7 +59,7 @@ pub(crate) struct RouteCell {
 /// Refused windows in a row after which a client scores windows through the fallback. vLLM
 /// 0.32's CPU build serving the 1.5B target refused every window scored from its cache (the
 /// stale rows held values JSON cannot carry: `deploy/vllm/window_probe.py`); serving the 0.5B
-/// draft it refused 4 of 68 (`deploy/bench-windows.sh`). tests/README.md, "Windows from vLLM's
+/// draft it refused 4 of 68 (`tests/bench/scripts/bench-windows.sh`). tests/README.md, "Windows from vLLM's
 /// prefix cache".
 pub(crate) const REFUSALS_TO_GIVE_UP: u32 = 3;
 
