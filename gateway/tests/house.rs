@@ -239,16 +239,32 @@ fn paths_named(code: &str) -> Vec<String> {
     paths
 }
 
-/// The module a path names, resolved from module `at`: the longest prefix that is a file.
-fn target_of(path: &str, at: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
-    let mut segs = path.split("::").filter(|s| !s.is_empty());
-    let mut base: Vec<String> = match segs.next()? {
+/// The module a path names, resolved from module `at`: the longest prefix that is a file. A
+/// path may start at the crate (`crate::`, or the crate's own name, `own`), at the parent
+/// (`super::`), here (`self::`) or at a child of this module (`child::`, as a module file's
+/// `use` of its own children reads).
+fn target_of(
+    path: &str,
+    at: &[String],
+    modules: &BTreeSet<Vec<String>>,
+    own: &str,
+) -> Option<Vec<String>> {
+    let mut segs = path.split("::").filter(|s| !s.is_empty()).peekable();
+    let first = segs.peek()?.to_string();
+    let child = [at, &[first.clone()]].concat();
+    let mut base: Vec<String> = match first.as_str() {
         "crate" => Vec::new(),
         "super" => at[..at.len().saturating_sub(1)].to_vec(),
         "self" => at.to_vec(),
+        _ if first == own => Vec::new(),
+        _ if modules.contains(&child) => at.to_vec(),
         _ => return None,
     };
-    let mut found = None;
+    if matches!(first.as_str(), "crate" | "super" | "self") || first == own {
+        segs.next();
+    }
+    // `super::Item` names the parent's own file.
+    let mut found = modules.contains(&base).then(|| base.clone());
     for s in segs {
         if s == "super" {
             base.pop();
@@ -260,6 +276,75 @@ fn target_of(path: &str, at: &[String], modules: &BTreeSet<Vec<String>>) -> Opti
         }
     }
     found
+}
+
+/// Whether a module file is a face: it only declares its children and re-exports them (and
+/// carries attributes). Its re-exports are what the module shows, not ties of its own.
+fn is_face(code: &str) -> bool {
+    let mut statements = String::new();
+    for line in code.lines() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with("#[") || l.starts_with("#![") {
+            continue;
+        }
+        statements.push_str(l);
+        statements.push(' ');
+    }
+    statements
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .all(|s| {
+            let s = ["pub(crate) ", "pub(super) ", "pub "]
+                .iter()
+                .find_map(|v| s.strip_prefix(v))
+                .unwrap_or(s);
+            (s.starts_with("mod ") && !s.contains('{')) || s.starts_with("use ")
+        })
+        && code.contains("mod ")
+}
+
+/// The modules directly below `at`, by their last name.
+fn children_of(at: &[String], modules: &BTreeSet<Vec<String>>) -> Vec<String> {
+    modules
+        .iter()
+        .filter(|m| m.len() == at.len() + 1 && m.starts_with(at))
+        .filter_map(|m| m.last().cloned())
+        .collect()
+}
+
+/// Paths written inline that start at a child module (`run::Run::new(..)` in a module file),
+/// which [`paths_named`] does not read.
+fn child_paths(code: &str, children: &[String]) -> Vec<String> {
+    let mut paths = Vec::new();
+    for child in children {
+        let head = format!("{child}::");
+        let mut rest = code;
+        while let Some(at) = rest.find(&head) {
+            let before = rest[..at].chars().last();
+            let path: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            rest = &rest[at + head.len()..];
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                paths.push(path.trim_end_matches(':').to_string());
+            }
+        }
+    }
+    paths
+}
+
+/// The crate's own name, as its code may write it (`approxy_verifier`), from the manifest
+/// next to its source folder.
+fn crate_name(src: &Path) -> String {
+    let manifest = std::fs::read_to_string(src.join("../Cargo.toml")).unwrap_or_default();
+    manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or("")
+        .replace('-', "_")
 }
 
 /// A function item's name, when the line starts one.
@@ -350,12 +435,19 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .map(|f| (module_of(src, f), f.display().to_string()))
         .collect();
     let known: BTreeSet<Vec<String>> = modules.keys().cloned().collect();
+    let own = crate_name(src);
     let mut edges = BTreeMap::new();
     for (module, file) in &modules {
         let code = code_of(&std::fs::read_to_string(file).unwrap_or_default());
-        let to: BTreeSet<String> = paths_named(&code)
+        if is_face(&code) {
+            edges.insert(file.clone(), BTreeSet::new());
+            continue;
+        }
+        let mut named = paths_named(&code);
+        named.extend(child_paths(&code, &children_of(module, &known)));
+        let to: BTreeSet<String> = named
             .iter()
-            .filter_map(|p| target_of(p, module, &known))
+            .filter_map(|p| target_of(p, module, &known, &own))
             .filter(|m| m != module)
             .filter_map(|m| modules.get(&m).cloned())
             .collect();

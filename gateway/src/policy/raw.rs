@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use approxy_verifier::cost::Pricing;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -368,16 +369,16 @@ pub enum RawPricing {
     List(RawPrice),
 }
 
-impl From<&super::Pricing> for RawPricing {
+impl From<&Pricing> for RawPricing {
     /// What a validated pricing was read from (tools that write policies).
-    fn from(p: &super::Pricing) -> Self {
+    fn from(p: &Pricing) -> Self {
         match p {
-            super::Pricing::Tokens(t) => RawPricing::List(RawPrice {
+            Pricing::Tokens(t) => RawPricing::List(RawPrice {
                 input: t.input,
                 cached_input: t.cached_input,
                 output: t.output,
             }),
-            super::Pricing::Busy(_) => RawPricing::Class("busy".into()),
+            Pricing::Busy(_) => RawPricing::Class("busy".into()),
         }
     }
 }

@@ -5,19 +5,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use approxy_verifier::cost::CacheRules;
+use approxy_verifier::cost::{BusyRates, Price, Pricing};
 use approxy_verifier::decode::JsonThresholds;
 use approxy_verifier::grammar::{Fence, JsonLayout};
 use approxy_verifier::targets::kind::{Abilities, kinds_that};
 use approxy_verifier::targets::{CacheHints, PrefixStyle};
+use approxy_verifier::verify::VerifierChoice;
 use approxy_verifier::{BailoutBudget, Correction, SpanAsk, SpanClose, TargetKind, Verification};
 
 use super::raw::{
     RawBailout, RawBusyRates, RawCache, RawCorrection, RawDraft, RawGateway, RawModel,
     RawPassthrough, RawPerKind, RawPolicy, RawPricing, RawStructuredThreshold, RawTarget,
 };
-use super::{
-    Auth, BusyRates, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
-    PassthroughPolicy, Policy, Price, Pricing, SpecialTokenText, TargetPolicy, VerifierChoice,
+use super::typed::{
+    Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
+    PassthroughPolicy, Policy, SpecialTokenText, TargetPolicy,
 };
 
 /// Whether a model overlaps drafting with target calls unless its policy says. Off: with the
