@@ -205,6 +205,13 @@ impl Account {
     }
 }
 
+/// The engine books a finished generation's spend here as soon as it ends.
+impl approxy_verifier::infer::Books for Account {
+    fn record(&self, stats: &Stats, cost: CostEstimate) {
+        Account::record(self, stats, cost);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

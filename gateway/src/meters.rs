@@ -111,6 +111,17 @@ impl Meters {
     }
 }
 
+/// The engine learns the target's rates from each finished generation through this.
+impl approxy_verifier::infer::Meter for TargetMeter {
+    fn learn(&self, stats: &Stats) {
+        TargetMeter::learn(self, stats);
+    }
+
+    fn rates(&self) -> BusyRates {
+        TargetMeter::rates(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,16 +15,13 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::cost::{CostEstimate, Pricing, Tariff, Unit, estimate as estimate_cost};
-use approxy_verifier::decode::TargetTime;
+use approxy_verifier::cost::Unit;
 use approxy_verifier::grammar::Constraint;
-use approxy_verifier::{
-    Correction, FinishReason, GenerateRequest, Stats, TokenEvent, Verification,
-};
+use approxy_verifier::infer::{self, Account};
+use approxy_verifier::{Correction, FinishReason, GenerateRequest, Stats, Verification};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
-use crate::meters::TargetMeter;
 use crate::policy::PromptKind;
 use crate::request::Endpoint;
 use crate::request::validate::ValidRequest;
@@ -60,51 +57,6 @@ struct Dial {
     threshold: f32,
     kind: PromptKind,
 }
-
-/// A finished generation and what it cost at its model's prices, computed once when it ends.
-struct Priced {
-    /// All the request's answers together (`n > 1`: summed).
-    stats: Stats,
-    /// Why each answer ended, in order.
-    finishes: Vec<Option<FinishReason>>,
-    /// In the model's price class's unit (busy: the target's seconds, as `time` counts them).
-    cost: CostEstimate,
-    /// The target's time on it, and passthrough's, at the rates learned so far.
-    time: TargetTime,
-    unit: Unit,
-}
-
-impl Priced {
-    /// Prices `stats` under `price`, first teaching `meter` what the target reported.
-    fn new(
-        stats: Stats,
-        finishes: Vec<Option<FinishReason>>,
-        price: &Pricing,
-        meter: &TargetMeter,
-    ) -> Self {
-        meter.learn(&stats);
-        let time = stats.target_time(&meter.rates());
-        let cost = match price {
-            // Both sides at the learned rates: the comparison the guard's ledger keeps must not
-            // set the target's own figures against rates that may still be the prior's.
-            Pricing::Busy(_) => CostEstimate {
-                approxy: time.at_rates,
-                passthrough: time.passthrough,
-            },
-            p => estimate_cost(&stats.spend(), p),
-        };
-        Self {
-            stats,
-            finishes,
-            cost,
-            time,
-            unit: price.unit(),
-        }
-    }
-}
-
-/// The generation task's answer.
-type Generation = tokio::task::JoinHandle<Result<Priced, approxy_verifier::EngineError>>;
 
 /// What an answer names and reports besides its tokens: its ids, its model's policy entry and
 /// the dial it ran at.
@@ -148,7 +100,7 @@ impl Answer {
     }
 }
 
-fn usage(p: &Priced, a: &Answer) -> Value {
+fn usage(p: &Account, a: &Answer) -> Value {
     let (s, cost, m, dial) = (&p.stats, p.cost, &a.model, a.dial);
     // What the engine ran with: the model's decode settings, not a second reading of its policy.
     let d = &m.decode;
@@ -257,7 +209,7 @@ fn finish_str(r: Option<FinishReason>, calls: usize) -> &'static str {
     }
 }
 
-fn record_metrics(p: &Priced, outcome: &'static str) {
+fn record_metrics(p: &Account, outcome: &'static str) {
     let (s, cost) = (&p.stats, p.cost);
     metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => outcome)
         .increment(1);
@@ -386,7 +338,7 @@ impl From<ApiError> for Failed {
 }
 
 /// One event of one of the request's answers: its index among the `n`, and the event.
-type Event = (usize, TokenEvent);
+use approxy_verifier::infer::Event;
 
 /// Runs the generation (`n` answers, one per draft lease) and answers the client.
 /// `trace` is the client's W3C trace context, sent on every target call made for it.
@@ -410,8 +362,7 @@ pub async fn approximate(
         kind: prompt_kind,
     };
     let n = drafts.len();
-    let (tx, mut rx) = mpsc::channel::<Event>(256);
-    let (meter, draft_threads) = (Arc::clone(&rt.meter), rt.draft_threads);
+    let draft_threads = rt.draft_threads;
     // A non-streamed answer is the response head, which the request's deadline bounds, so its
     // target calls wait for no retry past it. A stream's head goes out with its first token,
     // after which that deadline no longer runs; its calls keep their own.
@@ -420,37 +371,17 @@ pub async fn approximate(
     } else {
         approxy_verifier::targets::retry::current_deadline()
     };
-    let runs: Vec<_> = drafts
-        .into_iter()
-        .enumerate()
-        .map(|(i, lease)| run(&rt, &model, lease, seeded_apart(&request, i), i, tx.clone()))
-        .collect();
-    drop(tx);
-    let m2 = Arc::clone(&model);
-    let generation = async move {
-        // In this task, not spawned: the trace context and the deadline are the task's.
-        let mut merged: Option<Stats> = None;
-        let mut finishes = Vec::with_capacity(n);
-        for r in futures::future::join_all(runs).await {
-            let stats = r?;
-            finishes.push(stats.finish_reason);
-            match &mut merged {
-                Some(m) => m.absorb(stats),
-                None => merged = Some(stats),
-            }
-        }
-        let stats = merged.unwrap_or_default();
-        let priced = Priced::new(stats, finishes, &m2.policy.price, &meter);
-        // Recorded as soon as the generation ends, however the response then goes.
-        if let Some(account) = &account {
-            account.record(&priced.stats, priced.cost);
-        }
-        Ok(priced)
-    };
-    let task = tokio::spawn(approxy_verifier::targets::trace::scope(
+    let job = infer::Job {
+        request: request.clone(),
+        leases: drafts,
+        verifier: Arc::clone(&model.verifier),
+        price: model.policy.price,
+        meter: Arc::clone(&rt.meter) as Arc<dyn infer::Meter>,
+        books: account.map(|a| Arc::new(a) as Arc<dyn infer::Books>),
         trace,
-        approxy_verifier::targets::retry::within(deadline, generation),
-    ));
+        deadline,
+    };
+    let (mut rx, task) = infer::start(&rt.engine, job);
     let answer = Answer::new(&valid, &request, model, dial, (draft_threads, n));
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
@@ -502,66 +433,15 @@ pub async fn approximate(
     }
 }
 
-/// Answer `i`'s request: the first as sent, the others seeded apart (`seed + i`), so `n`
-/// answers with a seed are `n` repeatable, different answers.
-fn seeded_apart(request: &GenerateRequest, i: usize) -> GenerateRequest {
-    let mut r = request.clone();
-    r.sampling.seed = r.sampling.seed.map(|s| s.wrapping_add(i as u64));
-    r
-}
-
-/// One answer's generation on its own draft lease, its events tagged with its index. It stops
-/// as soon as the client is gone (`out` closed), which also frees the lease. Watched here
-/// rather than left to the engine's next send: during a long prefill or a target call there
-/// is no send for seconds.
-fn run(
-    rt: &Runtime,
-    model: &Arc<ModelRuntime>,
-    lease: Box<dyn approxy_verifier::Draft>,
-    request: GenerateRequest,
-    index: usize,
-    out: mpsc::Sender<Event>,
-) -> impl std::future::Future<Output = Result<Stats, approxy_verifier::EngineError>> + use<> {
-    let engine = rt.engine.clone();
-    let model = Arc::clone(model);
-    async move {
-        let left = || {
-            Err(approxy_verifier::EngineError::Draft(
-                "the client left".into(),
-            ))
-        };
-        let (tx, mut rx) = mpsc::channel::<TokenEvent>(256);
-        // `tx` goes with the engine's future and is dropped when it ends, which ends `rx`.
-        let generate = engine.generate(lease.as_ref(), model.verifier.as_ref(), request, tx);
-        tokio::pin!(generate);
-        let mut result = None;
-        loop {
-            tokio::select! {
-                r = &mut generate, if result.is_none() => result = Some(r),
-                ev = rx.recv() => match ev {
-                    Some(ev) => {
-                        if out.send((index, ev)).await.is_err() {
-                            return left();
-                        }
-                    }
-                    // Everything it sent is out, in order.
-                    None => return result.unwrap_or_else(left),
-                },
-                () = out.closed() => return left(),
-            }
-        }
-    }
-}
-
 /// Waits for the generation task; a failure is counted here, where it ends the request.
-async fn finished(task: Generation) -> Result<Priced, ApiError> {
+async fn finished(task: infer::Done) -> Result<Account, ApiError> {
     task.await.map_err(|e| ApiError::Internal(e.to_string()))?.map_err(|e| {
         metrics::counter!("approxy_requests_total", "mode" => "approximate", "outcome" => "error").increment(1);
         ApiError::from(e)
     })
 }
 
-fn complete(a: &Answer, texts: Vec<String>, p: &Priced) -> Response {
+fn complete(a: &Answer, texts: Vec<String>, p: &Account) -> Response {
     let (ids, dial, s, cost) = (&a.ids, a.dial, &p.stats, p.cost);
     record_metrics(p, "ok");
     let choices: Vec<Value> = texts
@@ -719,7 +599,7 @@ fn stream(
     answer: Answer,
     first: Option<Event>,
     mut rx: mpsc::Receiver<Event>,
-    task: Generation,
+    task: infer::Done,
     include_usage: bool,
     write_idle: Duration,
 ) -> Response {

@@ -1,7 +1,7 @@
 //! Label collection, in two modes. Teacher forcing: for each prompt, the target's own greedy
 //! answer from its API, then the draft teacher-forced over prompt + answer; at every answer
 //! position the row holds the draft's features (in the context of the answer before it, as
-//! `verify::context::along_answer` computes it for serving too) and whether the draft's top
+//! `verify::features::along_answer` computes it for serving too) and whether the draft's top
 //! token equals the target's token there. Live: the real decode loop runs with a verifier and
 //! a threshold, and the rows are the positions it visits, including those after a wrongly
 //! accepted draft token that teacher forcing never sees; each is labelled with the target's
@@ -22,7 +22,7 @@ use indicatif::ProgressBar;
 use approxy_verifier::draft::PositionOutput;
 use approxy_verifier::targets::{CacheHints, ContinuationRequest, TargetClient, TargetConfig};
 use approxy_verifier::template::ChatMessage;
-use approxy_verifier::verify::context::along_answer;
+use approxy_verifier::verify::features::along_answer;
 use approxy_verifier::{
     Draft, DraftPool, DraftWorkers, Engine, GenerateRequest, SamplingParams, Source, Tokenizer,
     Verifier,

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use approxy_verifier::targets::{ContinuationRequest, LlamaCppTarget, TargetClient};
 use approxy_verifier::verify::Features;
-use approxy_verifier::verify::context::along_answer;
+use approxy_verifier::verify::features::along_answer;
 use approxy_verifier::{
     Draft, DraftMeta, Engine, GenerateRequest, SamplingParams, Source, Tokenizer, Verifier,
 };

@@ -29,6 +29,7 @@ pub mod draft;
 pub mod error;
 pub mod grammar;
 pub mod home;
+pub mod infer;
 pub mod logits;
 pub mod sampling;
 pub mod stop;

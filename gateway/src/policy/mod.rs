@@ -18,6 +18,18 @@ pub use typed::{
 };
 pub use validate::{DEFAULT_BUDGET_WINDOW, DEFAULT_HARD_COST_CAP, parse_duration};
 
+// What the tests below (`use super::*`) read beside the policy's own names.
+#[cfg(test)]
+use approxy_verifier::{
+    Correction, TargetKind, Verification,
+    cost::CacheRules,
+    decode::JsonThresholds,
+    grammar::JsonLayout,
+    targets::{CacheHints, PrefixStyle},
+};
+#[cfg(test)]
+use std::time::Duration;
+
 impl Policy {
     /// Reads and validates a file.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {

@@ -1336,7 +1336,7 @@ fn account_table(here: &[&CallsRun], base: &ModelPolicy) -> String {
         let pair =
             |b: u64, c: u64| format!("{b} / {c} ({:+.1} %)", difference_pct(b as f64, c as f64));
         let estimate = a.estimated_usd.map_or("–".into(), |e| {
-            let from_counts = counted.cost(&base.price);
+            let from_counts = base.price.cost_of(&counted);
             format!(
                 "{:.5} / {:.5} USD ({:+.1} %)",
                 e,
@@ -1616,7 +1616,7 @@ impl GoalGroup<'_> {
                 mark(busy <= self.busy_bound)
             ));
             if let Some(e) = a.estimated_usd {
-                let d = difference_pct(e, t.tokens().cost(&base.price));
+                let d = difference_pct(e, base.price.cost_of(&t.tokens()));
                 line.push_str(&format!(
                     "; approxy's estimate {d:+.1} % from the target's counts (within 3 %: {})",
                     mark(d.abs() <= 3.0)

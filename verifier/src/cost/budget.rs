@@ -18,7 +18,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CacheRules, CallPlan, CostGuard, GuardReason, Pricing, Spend, Tariff};
+use super::pricing::Pricing;
+use super::spend::{CacheRules, CallPlan, Spend};
+use super::strict::{CostGuard, GuardReason};
+use super::tariff::Tariff;
 
 /// How many tokens of a request's own record the model's rates weigh as, in the blend.
 pub const PRIOR_TOKENS: f64 = 64.0;

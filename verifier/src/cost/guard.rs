@@ -3,7 +3,8 @@
 //! other).
 
 use super::budget::BudgetGuard;
-use super::{CallPlan, CostGuard, GuardReason, Spend};
+use super::spend::{CallPlan, Spend};
+use super::strict::{CostGuard, GuardReason};
 
 /// When approxy stops making calls and lets the target write the rest of an answer for cost.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::budget::Rates;
 use super::budget::blend;
-use super::{CostEstimate, Rates};
+use super::spend::CostEstimate;
 
 /// Slots a window is kept in: a request leaves the window up to 1/SLOTS of it early (its
 /// slot's start counts).

@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use super::BusyRates;
+use super::busy::BusyRates;
 use crate::targets::TargetTimings;
 use crate::targets::counters::TargetCounters;
 

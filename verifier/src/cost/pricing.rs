@@ -6,6 +6,7 @@
 use super::busy::BusyRates;
 use super::price::Price;
 use super::tariff::{Tariff, Unit};
+use crate::targets::counters::Tokens;
 
 /// A model's pricing, by class.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +26,14 @@ impl Pricing {
             Pricing::Tokens(p) => p,
             Pricing::Busy(r) => r,
         }
+    }
+}
+
+impl Pricing {
+    /// USD for the tokens a target's counters say it was paid for.
+    pub fn cost_of(&self, t: &Tokens) -> f64 {
+        self.input_cost(t.uncached_input + t.cached_input, t.cached_input)
+            + self.output_cost(t.output)
     }
 }
 
@@ -78,5 +87,26 @@ impl Default for Pricing {
 impl From<Price> for Pricing {
     fn from(p: Price) -> Self {
         Pricing::Tokens(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counted_tokens_are_priced_per_million() {
+        let t = Tokens {
+            uncached_input: 66,
+            cached_input: 322,
+            output: 90,
+        };
+        // Priced per million: 66 * 1 + 322 * 0.1 + 90 * 3 = 368.2.
+        let price = Price {
+            input: 1.0,
+            cached_input: 0.1,
+            output: 3.0,
+        };
+        assert!((Pricing::from(price).cost_of(&t) * 1e6 - 368.2).abs() < 1e-9);
     }
 }

@@ -1,5 +1,5 @@
 //! The answer's context as the decode loop keeps it equals the context training computes for
-//! the same answer (`verify::context::along_answer`), position by position, in every way a
+//! the same answer (`verify::features::along_answer`), position by position, in every way a
 //! token can be emitted: accepted, corrected one token at a time, corrected by a span, and
 //! accepted or corrected by a window the target scores.
 
@@ -11,7 +11,7 @@ use super::scripted_tests::{prompt, request};
 use super::*;
 use crate::testing::{DraftScript, ScriptedTarget, ScriptedWorkers, tiny_tokenizer};
 use crate::verify::Features;
-use crate::verify::context::along_answer;
+use crate::verify::features::along_answer;
 use crate::{DraftWorkers, Verifier};
 
 /// Scores like the confidence baseline, reads the context, and keeps every feature row it

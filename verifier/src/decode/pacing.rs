@@ -3,8 +3,6 @@
 
 use std::collections::VecDeque;
 
-use super::BailoutBudget;
-
 /// The last `window` accept/reject decisions.
 pub(super) struct RejectionWindow {
     budget: BailoutBudget,
@@ -77,6 +75,15 @@ impl WindowSize {
             0.5 * self.recent + 0.5 * accepted as f32
         };
     }
+}
+
+/// When to give up on drafting and let the target finish.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BailoutBudget {
+    /// Decisions looked at.
+    pub window: usize,
+    /// Bail out when more than this fraction of them were rejections.
+    pub max_rejection_rate: f32,
 }
 
 #[cfg(test)]

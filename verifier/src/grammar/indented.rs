@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use super::compact;
+use super::compact::compact;
 
 /// How a JSON answer is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,7 +321,7 @@ fn inline_refs(schema: &Value) -> Option<Value> {
     root.remove("$defs");
     root.remove("definitions");
     let out = resolve(schema, &Value::Object(root), &mut trail, &mut budget)?;
-    (out.to_string().len() <= super::MAX_SCHEMA_BYTES).then_some(out)
+    (out.to_string().len() <= super::compact::MAX_SCHEMA_BYTES).then_some(out)
 }
 
 fn resolve(

@@ -19,18 +19,18 @@ use serde_json::{Value, json};
 use crate::error::EngineError;
 use crate::tokenizer::Tokenizer;
 
+mod compact;
 pub mod fence;
 mod indented;
 pub mod place;
 pub mod tools;
 mod vocab;
 
+pub use compact::MAX_SCHEMA_BYTES;
+use compact::compact;
 pub use indented::JsonLayout;
 pub use place::{JsonPlace, Place};
 pub use tools::{Tool, ToolChoice, ToolsSpec};
-
-/// Largest schema text compiled; a larger one is refused as unsupported.
-pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// Longest a compilation may take; a schema that took longer is refused (and stays refused:
 /// the refusal is cached too).
@@ -44,21 +44,6 @@ const CACHED_GRAMMARS: usize = 256;
 /// in entries: 256 large schemas would otherwise hold hundreds of MiB (deploy/README.md,
 /// "Sizing"). A refusal keeps only its key.
 pub const CACHED_GRAMMAR_TEXT: usize = 1 << 20;
-
-/// JSON on one line under a grammar: no free whitespace, and the separators the chat models
-/// write on one line (and `json.dumps` does). Free whitespace would leave every separator to
-/// the draft's choice; fixed, the grammar forces it and no verifier or target sees it. Tool
-/// calls' arguments are written so (the chat template writes them on one line), and so are
-/// the parts of a schema [`JsonLayout::Indented`] leaves to llguidance.
-fn compact(mut schema: Value) -> Value {
-    if let Value::Object(m) = &mut schema {
-        m.insert(
-            "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-        );
-    }
-    schema
-}
 
 /// What opens and closes a JSON answer the model wraps in a Markdown fence, as llama-server's
 /// own grammar for a `response_format` lets it (`common/chat-auto-parser-generator.cpp`:

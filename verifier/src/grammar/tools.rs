@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use super::compact;
+use super::compact::compact;
 
 /// The text every call starts with: the template's opener, one token in Qwen2.5's vocabulary.
 pub const CALL_OPEN: &str = "<tool_call>\n";

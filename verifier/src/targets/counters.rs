@@ -10,7 +10,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{Pricing, Tariff};
 use crate::error::TargetError;
 
 /// What the target computed, from its counters.
@@ -100,14 +99,6 @@ pub struct Tokens {
     pub cached_input: u64,
     /// Output, used or not.
     pub output: u64,
-}
-
-impl Tokens {
-    /// USD at `price`.
-    pub fn cost(&self, price: &Pricing) -> f64 {
-        price.input_cost(self.uncached_input + self.cached_input, self.cached_input)
-            + price.output_cost(self.output)
-    }
 }
 
 /// Requests the target is working on now, when its counters say.
@@ -241,13 +232,6 @@ vllm:num_requests_running{engine=\"0\",model_name=\"qwen coder\"} 0.0
             }
         );
         assert!((d.busy_seconds() - 2.5).abs() < 1e-12);
-        // Priced per million: 66 * 1 + 322 * 0.1 + 90 * 3 = 368.2.
-        let price = crate::cost::Price {
-            input: 1.0,
-            cached_input: 0.1,
-            output: 3.0,
-        };
-        assert!((d.tokens().cost(&price.into()) * 1e6 - 368.2).abs() < 1e-9);
         Ok(())
     }
 }

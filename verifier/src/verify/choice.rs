@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{ConfidenceVerifier, LearnedVerifier, Verifier};
+use super::judge::{ConfidenceVerifier, Verifier};
+use super::learned::LearnedVerifier;
 use crate::calibration::{Calibration, Curve};
 use crate::draft::DraftMeta;
 use crate::error::EngineError;

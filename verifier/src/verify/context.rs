@@ -11,11 +11,8 @@
 //! reject decisions would not do: teacher forcing has none, and they would tie a head to the
 //! threshold it was trained at.
 
-use super::Features;
 use super::syntax::{N_SYNTAX, Syntax};
 use crate::draft::PositionOutput;
-use crate::error::EngineError;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Names of the context values, in the order [`Context::values`] returns them.
 pub const CONTEXT_NAMES: [&str; 8] = [
@@ -62,28 +59,6 @@ impl Record {
             emitted_gap: emitted - scan.max,
         }
     }
-}
-
-/// The features at every position of `answer`, each in the context of the answer before it,
-/// given the draft's output before each answer token (teacher forcing, or a recorded live
-/// answer): what the decode loop computes when it emits `answer`, position by position.
-pub fn along_answer(
-    outs: &[PositionOutput],
-    answer: &[u32],
-    tokenizer: &Tokenizer,
-) -> Result<Vec<Features>, EngineError> {
-    let mut ctx = Context::new();
-    let mut decoder = StreamDecoder::new(tokenizer.clone());
-    let mut all = Vec::with_capacity(outs.len());
-    for (out, &token) in outs.iter().zip(answer) {
-        let f = Features::from_output(out).with_context(&ctx);
-        ctx.push(
-            Some(Record::new(out, token, Some(f.entropy()))),
-            &decoder.push(token)?,
-        );
-        all.push(f);
-    }
-    Ok(all)
 }
 
 /// Follows Markdown code fences in streamed text: a line that starts (after spaces) with three

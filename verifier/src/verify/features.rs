@@ -3,10 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::context::{Context, N_CONTEXT};
+use super::context::{Context, N_CONTEXT, Record};
 use super::syntax::N_SYNTAX;
 use crate::draft::PositionOutput;
+use crate::error::EngineError;
 use crate::logits::LogitScan;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Names of the logit statistics, in the order [`Features::stats`] holds them.
 pub const STAT_NAMES: [&str; 4] = ["top1_prob", "margin", "entropy", "top1_logit"];
@@ -91,6 +93,28 @@ impl Features {
     pub fn entropy(&self) -> f32 {
         self.stats[2]
     }
+}
+
+/// The features at every position of `answer`, each in the context of the answer before it,
+/// given the draft's output before each answer token (teacher forcing, or a recorded live
+/// answer): what the decode loop computes when it emits `answer`, position by position.
+pub fn along_answer(
+    outs: &[PositionOutput],
+    answer: &[u32],
+    tokenizer: &Tokenizer,
+) -> Result<Vec<Features>, EngineError> {
+    let mut ctx = Context::new();
+    let mut decoder = StreamDecoder::new(tokenizer.clone());
+    let mut all = Vec::with_capacity(outs.len());
+    for (out, &token) in outs.iter().zip(answer) {
+        let f = Features::from_output(out).with_context(&ctx);
+        ctx.push(
+            Some(Record::new(out, token, Some(f.entropy()))),
+            &decoder.push(token)?,
+        );
+        all.push(f);
+    }
+    Ok(all)
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::Verifier;
 use super::context::CONTEXT_NAMES;
 use super::features::{Features, STAT_NAMES};
+use super::judge::Verifier;
 use super::syntax::SYNTAX_NAMES;
 use crate::draft::{DraftMeta, LEGACY_DRAFT_BUILD};
 use crate::error::EngineError;
