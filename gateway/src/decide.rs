@@ -10,6 +10,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
+use approxy_verifier::cost::Guard;
 use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle, ToolChoice, Unsupported};
 use approxy_verifier::{Draft, GenerateRequest, Verification};
 
@@ -224,31 +225,11 @@ async fn admit(
     json: &Value,
     map: &Map<String, Value>,
 ) -> Result<Admission, ApiError> {
-    // The model picks the policy, so it is the one field read before deciding.
-    let model = match map.get("model") {
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => {
-            return Err(ValidationError::Invalid {
-                param: "model".into(),
-                reason: "must be a string".into(),
-            }
-            .into());
-        }
-        None => return Err(ValidationError::Missing("model".into()).into()),
-    };
-    let Some(m) = rt.model(model) else {
+    let Some(m) = rt.model(model_name(map)?) else {
         return Ok(Admission::Passthrough(Reason::ModelWithoutPolicy));
     };
     let mp = &m.policy;
-    if mp.mode == Mode::Passthrough {
-        return Ok(Admission::Passthrough(Reason::PolicyPassthrough));
-    }
-    let kind = rt.policy.target.kind;
-    // A chat-level target continues chat answers only: a completions prompt has no messages.
-    if !kind.can_continue() || (kind.needs_messages() && endpoint == Endpoint::Completions) {
-        return Ok(Admission::Passthrough(Reason::TargetCannotContinue));
-    }
-    if let Some(r) = unsupported_feature(endpoint, map) {
+    if let Some(r) = left_to_the_target(rt, mp, endpoint, map) {
         return Ok(Admission::Passthrough(r));
     }
     let (tools, spec) = match answerable_tools(rt, endpoint, map) {
@@ -263,14 +244,8 @@ async fn admit(
         valid.auto_tools = s.tools.clone();
     }
     let requested = validate::requested_threshold(headers, mp)?;
-    match rt.tokenizer_check().await {
-        Ok(TokenizerCheck::Different(_)) => {
-            return Ok(Admission::Passthrough(Reason::TokenizerMismatch));
-        }
-        Ok(_) => {}
-        Err(e) => {
-            return fallback(mp, Reason::TokenizerCheckFailed, e).map(Admission::Passthrough);
-        }
+    if let Some(r) = tokenizers_differ(rt, mp).await? {
+        return Ok(Admission::Passthrough(r));
     }
     // Tokenizing stops past what the target's context holds (and past approxy's own limit,
     // `prompt_tokens` sees to that): a prompt's tokens beyond it are never counted.
@@ -279,8 +254,76 @@ async fn admit(
     let (valid, tokens, kind) = tokenize(&state.shared, valid, limit).await?;
     let prompt = match tokens {
         Ok(p) => p,
-        Err(e @ ValidationError::PromptTooLong { tokens, .. }) => {
-            // Past the target's context: the target would refuse it on either path.
+        Err(e) => return too_long(mp, endpoint, context, e).map(Admission::Passthrough),
+    };
+    let constraint = match structured(state, m, spec, map).await? {
+        Ok(c) => c,
+        Err(reason) => return Ok(Admission::Passthrough(reason)),
+    };
+    Ok(Admission::Admitted(Box::new(Admitted {
+        model: Arc::clone(m),
+        valid,
+        prompt,
+        kind,
+        requested,
+        constraint,
+    })))
+}
+
+/// The model the request names. It picks the policy, so it is the one field read before
+/// deciding.
+fn model_name(map: &Map<String, Value>) -> Result<&str, ValidationError> {
+    match map.get("model") {
+        Some(Value::String(s)) => Ok(s.as_str()),
+        Some(_) => Err(ValidationError::Invalid {
+            param: "model".into(),
+            reason: "must be a string".into(),
+        }),
+        None => Err(ValidationError::Missing("model".into())),
+    }
+}
+
+/// Why the target answers a request before it is even validated: the model's policy says so,
+/// the target cannot continue a partial answer, or the request asks for what the draft loop
+/// does not implement.
+fn left_to_the_target(
+    rt: &Runtime,
+    mp: &ModelPolicy,
+    endpoint: Endpoint,
+    map: &Map<String, Value>,
+) -> Option<Reason> {
+    if mp.mode == Mode::Passthrough {
+        return Some(Reason::PolicyPassthrough);
+    }
+    let kind = rt.policy.target.kind;
+    // A chat-level target continues chat answers only: a completions prompt has no messages.
+    if !kind.can_continue() || (kind.needs_messages() && endpoint == Endpoint::Completions) {
+        return Some(Reason::TargetCannotContinue);
+    }
+    unsupported_feature(endpoint, map)
+}
+
+/// Why the target answers the request after the tokenizer check: its tokenizer is not the
+/// draft's, or the check failed and the policy falls back to the target.
+async fn tokenizers_differ(rt: &Runtime, mp: &ModelPolicy) -> Result<Option<Reason>, ApiError> {
+    match rt.tokenizer_check().await {
+        Ok(TokenizerCheck::Different(_)) => Ok(Some(Reason::TokenizerMismatch)),
+        Ok(_) => Ok(None),
+        Err(e) => fallback(mp, Reason::TokenizerCheckFailed, e).map(Some),
+    }
+}
+
+/// A prompt that could not be tokenized within the limit. Past the target's context, the
+/// target would refuse it on either path, so it is the client's 400; past approxy's own
+/// limit only, the policy's fallback may pass it through.
+fn too_long(
+    mp: &ModelPolicy,
+    endpoint: Endpoint,
+    context: Option<usize>,
+    e: ValidationError,
+) -> Result<Reason, ApiError> {
+    match e {
+        e @ ValidationError::PromptTooLong { tokens, .. } => {
             if let Some(context) = context
                 && tokens >= context
             {
@@ -291,31 +334,29 @@ async fn admit(
                 }
                 .into());
             }
-            return fallback(mp, Reason::PromptTooLong, e).map(Admission::Passthrough);
+            fallback(mp, Reason::PromptTooLong, e)
         }
-        Err(e) => return Err(e.into()),
-    };
-    // Structured output and tools: the grammar is compiled before any draft work, and one the
-    // grammar engine cannot take passes through; it is never answered unconstrained.
-    let structured = match (spec, format::read(map)) {
+        e => Err(e.into()),
+    }
+}
+
+/// The grammar the answer follows, if it is structured (tools, or a `response_format`), or
+/// why the target answers instead. It is compiled before any draft work, and one the grammar
+/// engine cannot take passes through: it is never answered unconstrained.
+async fn structured(
+    state: &AppState,
+    m: &ModelRuntime,
+    tools: Option<approxy_verifier::grammar::ToolsSpec>,
+    map: &Map<String, Value>,
+) -> Result<Result<Option<Constraint>, Reason>, ApiError> {
+    let answer = match (tools, format::read(map)) {
         (Some(tools), _) => Format::Structured(GrammarSpec::Tools(tools)),
         (None, f) => f,
     };
-    let constraint = match structured {
-        Format::Structured(spec) => match constrain(state, m, spec).await? {
-            Ok(c) => Some(c),
-            Err(reason) => return Ok(Admission::Passthrough(reason)),
-        },
-        Format::Text | Format::Unknown => None,
-    };
-    Ok(Admission::Admitted(Box::new(Admitted {
-        model: Arc::clone(m),
-        valid,
-        prompt,
-        kind,
-        requested,
-        constraint,
-    })))
+    match answer {
+        Format::Structured(spec) => Ok(constrain(state, m, spec).await?.map(Some)),
+        Format::Text | Format::Unknown => Ok(Ok(None)),
+    }
 }
 
 /// The grammar a structured answer follows, or why the target answers the request instead: a
@@ -440,65 +481,16 @@ async fn plan(
         constraint,
     } = *a;
     let mp = &model.policy;
-    // The target's context, before any draft work: a prompt it cannot hold would keep a draft
-    // worker through its prefill only to fail at the first call. Passing it through would fail
-    // the same way, so it is the client's 400 on either path.
-    if let Some(context) = rt.target_facts().await.context_length {
-        let asked = prompt.len() + valid.max_tokens as usize;
-        // Some targets write until their context is full; so does any target when the limit
-        // is only the gateway's default, which the client never asked for (vLLM's own
-        // default is what the context leaves).
-        let writes_to_the_end =
-            rt.policy.target.kind.abilities().fills_context || !valid.max_tokens_given;
-        if prompt.len() >= context || (asked > context && !writes_to_the_end) {
-            return Err(ValidationError::TargetContextExceeded {
-                prompt: prompt.len(),
-                max_tokens: valid.max_tokens,
-                context,
-            }
-            .into());
-        }
-        if asked > context {
-            // As llama-server does: it writes until its context is full and stops ("length").
-            valid.max_tokens = u32::try_from(context - prompt.len()).unwrap_or(u32::MAX);
-        }
-    }
+    fit_the_target(rt, prompt.len(), &mut valid).await?;
     let shared = &state.shared;
-    // Checked before any work: the draft cannot hold more, and failing mid-answer would cost
-    // the tokens already streamed.
-    let context = shared.draft.meta().context_length;
-    if prompt.len() + valid.max_tokens as usize > context {
-        let e = ValidationError::ContextTooLong {
-            prompt: prompt.len(),
-            max_tokens: valid.max_tokens,
-            context,
-        };
+    if let Err(e) = fit_the_draft(shared, prompt.len(), &valid) {
         return fallback(mp, Reason::PromptTooLong, e).map(Decision::Passthrough);
     }
-    // Last, so a worker is held only by a request that will use it; `n` answers take `n`
-    // streams, all or none.
-    let n = map
-        .get("n")
-        .and_then(Value::as_f64)
-        .map_or(1, |n| n as usize)
-        .max(1);
-    let mut drafts = Vec::with_capacity(n);
-    for _ in 0..n {
-        match shared
-            .draft
-            .try_lease_for(prompt.len() + valid.max_tokens as usize)
-        {
-            Some(d) => drafts.push(d),
-            None => return Ok(Decision::Passthrough(Reason::DraftSaturated)),
-        }
-    }
+    let Some(drafts) = lease_drafts(shared, map, prompt.len() + valid.max_tokens as usize) else {
+        return Ok(Decision::Passthrough(Reason::DraftSaturated));
+    };
     let threshold = requested.unwrap_or_else(|| mp.threshold.get(kind));
-    let price = mp.price.at(|| rt.meter.rates());
-    let output = crate::budget::Output::of(constraint.is_some());
-    let (guard, account) =
-        shared
-            .ledgers
-            .guard(mp, price, &model.key, (kind, output), model.decode.cache);
+    let (guard, account) = cost_guard(rt, shared, &model, kind, constraint.is_some());
     let mut generation = GenerateRequest {
         prompt,
         max_tokens: valid.max_tokens,
@@ -514,7 +506,108 @@ async fn plan(
         settings: Arc::clone(&model.decode),
         constraint,
     };
-    if requested.is_some() && generation.settings.json_thresholds.is_some() {
+    own_settings(&mut generation, requested.is_some());
+    Ok(Decision::Approximate(Box::new(Approximate {
+        request: valid,
+        prompt_kind: kind,
+        generation,
+        model,
+        drafts,
+        account,
+        passable: passable(rt, &state.shared, map).is_ok(),
+    })))
+}
+
+/// Checks the target's context before any draft work: a prompt it cannot hold would keep a
+/// draft worker through its prefill only to fail at the first call. Passing it through would
+/// fail the same way, so it is the client's 400 on either path. An answer the target would
+/// cut at its context's end has its `max_tokens` cut the same way.
+async fn fit_the_target(
+    rt: &Runtime,
+    prompt: usize,
+    valid: &mut ValidRequest,
+) -> Result<(), ValidationError> {
+    let Some(context) = rt.target_facts().await.context_length else {
+        return Ok(());
+    };
+    let asked = prompt + valid.max_tokens as usize;
+    // Some targets write until their context is full; so does any target when the limit
+    // is only the gateway's default, which the client never asked for (vLLM's own
+    // default is what the context leaves).
+    let writes_to_the_end =
+        rt.policy.target.kind.abilities().fills_context || !valid.max_tokens_given;
+    if prompt >= context || (asked > context && !writes_to_the_end) {
+        return Err(ValidationError::TargetContextExceeded {
+            prompt,
+            max_tokens: valid.max_tokens,
+            context,
+        });
+    }
+    if asked > context {
+        // As llama-server does: it writes until its context is full and stops ("length").
+        valid.max_tokens = u32::try_from(context - prompt).unwrap_or(u32::MAX);
+    }
+    Ok(())
+}
+
+/// Checks the draft's context before any work: the draft cannot hold more, and failing
+/// mid-answer would cost the tokens already streamed.
+fn fit_the_draft(
+    shared: &Shared,
+    prompt: usize,
+    valid: &ValidRequest,
+) -> Result<(), ValidationError> {
+    let context = shared.draft.meta().context_length;
+    if prompt + valid.max_tokens as usize > context {
+        return Err(ValidationError::ContextTooLong {
+            prompt,
+            max_tokens: valid.max_tokens,
+            context,
+        });
+    }
+    Ok(())
+}
+
+/// The draft streams for the request's `n` answers, each for `positions`, all or none
+/// (`None`: the draft is saturated). Leased last, so a worker is held only by a request that
+/// will use it.
+fn lease_drafts(
+    shared: &Shared,
+    map: &Map<String, Value>,
+    positions: usize,
+) -> Option<Vec<Box<dyn Draft>>> {
+    let n = map
+        .get("n")
+        .and_then(Value::as_f64)
+        .map_or(1, |n| n as usize)
+        .max(1);
+    let mut drafts = Vec::with_capacity(n);
+    for _ in 0..n {
+        drafts.push(shared.draft.try_lease_for(positions)?);
+    }
+    Some(drafts)
+}
+
+/// The engine's cost guard for a request of `kind` to `model`, its target's work priced at
+/// the rates of now, and the account its spend goes to (budget guard only).
+fn cost_guard(
+    rt: &Runtime,
+    shared: &Shared,
+    model: &ModelRuntime,
+    kind: PromptKind,
+    structured: bool,
+) -> (Option<Guard>, Option<crate::budget::Account>) {
+    let mp = &model.policy;
+    let price = mp.price.at(|| rt.meter.rates());
+    let output = crate::budget::Output::of(structured);
+    shared
+        .ledgers
+        .guard(mp, price, &model.key, (kind, output), model.decode.cache)
+}
+
+/// Departs from the model's decode settings where the request calls for it.
+fn own_settings(generation: &mut GenerateRequest, threshold_requested: bool) {
+    if threshold_requested && generation.settings.json_thresholds.is_some() {
         // The client turned the dial: its threshold holds everywhere in the answer.
         generation.settings_mut().json_thresholds = None;
     }
@@ -525,13 +618,4 @@ async fn plan(
         // structured answer is corrected by the model's spans or fixed corrections instead.
         generation.settings_mut().verification = Verification::Approximate;
     }
-    Ok(Decision::Approximate(Box::new(Approximate {
-        request: valid,
-        prompt_kind: kind,
-        generation,
-        model,
-        drafts,
-        account,
-        passable: passable(rt, &state.shared, map).is_ok(),
-    })))
 }

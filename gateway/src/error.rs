@@ -122,112 +122,90 @@ impl ApiError {
         }
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
-            ApiError::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                Some("invalid_api_key"),
-            ),
-            ApiError::NotFound => (
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("not_found"),
-            ),
-            ApiError::MethodNotAllowed => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "invalid_request_error",
-                Some("method_not_allowed"),
-            ),
-            ApiError::ModelNotFound(_) => (
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("model_not_found"),
-            ),
-            ApiError::PayloadTooLarge(_) => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                Some("payload_too_large"),
-            ),
-            ApiError::UriTooLong(_) => (
-                StatusCode::URI_TOO_LONG,
-                "invalid_request_error",
-                Some("uri_too_long"),
-            ),
-            ApiError::HeadersTooLarge { .. } => (
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "invalid_request_error",
-                Some("headers_too_large"),
-            ),
-            ApiError::BodyTimeout { .. } => (
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                Some("request_timeout"),
-            ),
-            ApiError::UnsupportedMediaType(_) => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "invalid_request_error",
-                Some("unsupported_media_type"),
-            ),
-            ApiError::UnsupportedTransferCoding(_) => (
-                StatusCode::NOT_IMPLEMENTED,
-                "invalid_request_error",
-                Some("unsupported_transfer_coding"),
-            ),
-            ApiError::Overloaded => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                Some("overloaded"),
-            ),
-            ApiError::BadGateway => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                Some("target_unavailable"),
-            ),
-            ApiError::TargetTls => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                Some("target_tls_error"),
-            ),
-            ApiError::GatewayTimeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_error",
-                Some("target_timeout"),
-            ),
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound | ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
+            ApiError::Overloaded | ApiError::TargetRateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::BadGateway
+            | ApiError::TargetTls
+            | ApiError::TargetCredentials
+            | ApiError::ResponseTooLarge(_) => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+            // The target's own refusal is passed on as it said it.
             ApiError::UpstreamRejected(s)
             | ApiError::EngineCallRejected(s)
-            | ApiError::UpstreamRejectedWith { status: s, .. } => (
-                StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY),
-                "invalid_request_error",
-                Some("target_rejected"),
-            ),
-            ApiError::TargetCredentials => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                Some("target_auth_failed"),
-            ),
-            ApiError::TargetRateLimited(_) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                Some("target_rate_limited"),
-            ),
-            ApiError::ResponseTooLarge(_) => (
-                StatusCode::BAD_GATEWAY,
-                "server_error",
-                Some("response_too_large"),
-            ),
-            ApiError::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                Some("internal_error"),
-            ),
+            | ApiError::UpstreamRejectedWith { status: s, .. } => {
+                StatusCode::from_u16(*s).unwrap_or(StatusCode::BAD_GATEWAY)
+            }
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
-    /// HTTP status.
-    pub fn status(&self) -> StatusCode {
-        self.parts().0
+    /// The OpenAI error `type`, by family. A target's refusal of the request is an invalid
+    /// request, as OpenAI's own would be; the target failing is an upstream error.
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. }
+            | ApiError::NotFound
+            | ApiError::MethodNotAllowed
+            | ApiError::ModelNotFound(_)
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::UriTooLong(_)
+            | ApiError::HeadersTooLarge { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::UnsupportedTransferCoding(_)
+            | ApiError::UpstreamRejected(_)
+            | ApiError::EngineCallRejected(_)
+            | ApiError::UpstreamRejectedWith { .. } => "invalid_request_error",
+            ApiError::Unauthorized => "authentication_error",
+            ApiError::Overloaded | ApiError::TargetRateLimited(_) => "rate_limit_error",
+            ApiError::BadGateway
+            | ApiError::TargetTls
+            | ApiError::GatewayTimeout
+            | ApiError::TargetCredentials => "upstream_error",
+            ApiError::ResponseTooLarge(_) | ApiError::Internal(_) => "server_error",
+        }
+    }
+
+    /// The response's status, OpenAI `type` and `code`. A plain invalid parameter has no code:
+    /// its `param` says more. The codes are written out here, where the docs test finds them.
+    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        let code = match self {
+            ApiError::BadRequest { .. } => None,
+            ApiError::Unauthorized => Some("invalid_api_key"),
+            ApiError::NotFound => Some("not_found"),
+            ApiError::MethodNotAllowed => Some("method_not_allowed"),
+            ApiError::ModelNotFound(_) => Some("model_not_found"),
+            ApiError::PayloadTooLarge(_) => Some("payload_too_large"),
+            ApiError::UriTooLong(_) => Some("uri_too_long"),
+            ApiError::HeadersTooLarge { .. } => Some("headers_too_large"),
+            ApiError::BodyTimeout { .. } => Some("request_timeout"),
+            ApiError::UnsupportedMediaType(_) => Some("unsupported_media_type"),
+            ApiError::UnsupportedTransferCoding(_) => Some("unsupported_transfer_coding"),
+            ApiError::Overloaded => Some("overloaded"),
+            ApiError::BadGateway => Some("target_unavailable"),
+            ApiError::TargetTls => Some("target_tls_error"),
+            ApiError::GatewayTimeout => Some("target_timeout"),
+            ApiError::UpstreamRejected(_)
+            | ApiError::EngineCallRejected(_)
+            | ApiError::UpstreamRejectedWith { .. } => Some("target_rejected"),
+            ApiError::TargetCredentials => Some("target_auth_failed"),
+            ApiError::TargetRateLimited(_) => Some("target_rate_limited"),
+            ApiError::ResponseTooLarge(_) => Some("response_too_large"),
+            ApiError::Internal(_) => Some("internal_error"),
+        };
+        (self.status(), self.kind(), code)
     }
 
     /// Whose fault the error is, for metrics and alerts: `client` (a request the gateway or

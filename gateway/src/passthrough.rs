@@ -17,7 +17,7 @@ use approxy_verifier::targets::SendFailure;
 use approxy_verifier::targets::retry::{self, Verdict};
 use axum::body::Body;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -25,7 +25,7 @@ use futures::StreamExt;
 use crate::error::ApiError;
 use crate::reason::Reason;
 use crate::route::{has_dot_segments, methods_served, route_allowed};
-use crate::state::AppState;
+use crate::state::{AppState, Runtime};
 
 /// Forwards requests on routes other than chat and completions to the target.
 #[derive(Clone)]
@@ -173,6 +173,8 @@ pub async fn forward(state: &AppState, parts: Parts, bytes: Bytes, reason: Reaso
     resp
 }
 
+/// Sends the request to the target, as many times as the engine's retry policy allows, and
+/// relays the answer that stands; a failed answer becomes the gateway's error.
 async fn send(
     state: &AppState,
     parts: Parts,
@@ -181,9 +183,26 @@ async fn send(
 ) -> Result<Response, ApiError> {
     let rt = state.runtime_of(&parts.extensions);
     // A call the target's counters will count (its time is learned from them).
-    if parts.method == axum::http::Method::POST {
+    if parts.method == Method::POST {
         rt.meter.passed_through();
     }
+    let url = target_url(&rt, &parts);
+    let headers = target_headers(&rt, &parts)?;
+    let started = Instant::now();
+    let upstream = ask_target(&rt, &parts.method, &url, &headers, &bytes).await?;
+    let status = upstream.status();
+    metrics::counter!("approxy_passthrough_total", "reason" => reason).increment(1);
+    metrics::histogram!("approxy_passthrough_head_seconds").record(started.elapsed().as_secs_f64());
+    if !status.is_success() {
+        metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "upstream_error").increment(1);
+        return Err(upstream_error(upstream).await);
+    }
+    relayed(&rt, upstream)
+}
+
+/// The target's URL for the request: its path under the target's OpenAI base, its query as
+/// sent.
+fn target_url(rt: &Runtime, parts: &Parts) -> String {
     let path = parts
         .uri
         .path()
@@ -194,6 +213,11 @@ async fn send(
         url.push('?');
         url.push_str(q);
     }
+    url
+}
+
+/// The headers sent to the target: the client's that may cross, and the gateway's own key.
+fn target_headers(rt: &Runtime, parts: &Parts) -> Result<HeaderMap, ApiError> {
     let mut headers = HeaderMap::new();
     for (k, v) in &parts.headers {
         if forwarded_request_header(k) {
@@ -205,71 +229,92 @@ async fn send(
             .map_err(|_| ApiError::Internal("target key is not a valid header value".into()))?;
         headers.insert(header::AUTHORIZATION, v);
     }
-    let started = Instant::now();
-    let timeout = rt.policy.target.timeout;
-    let attempt = || async {
-        // The timeout covers the answer's head only; the body is bounded per read below, so a
-        // long stream is not cut while it flows.
-        let sent = tokio::time::timeout(
-            timeout,
-            rt.http
-                .request(parts.method.clone(), &url)
-                .headers(headers.clone())
-                .body(bytes.clone())
-                .send(),
-        )
-        .await;
-        match sent {
-            Err(_) => Err(Refused::Error(ApiError::GatewayTimeout)),
-            // A target that says when to come back is asked again then; any other answer, an
-            // error included, is the client's to see.
-            Ok(Ok(r)) => match named_wait(&r) {
-                Some(after) => Err(Refused::Wait(r, after)),
-                None => Ok(r),
-            },
-            Ok(Err(e)) => match SendFailure::of(&e) {
-                SendFailure::Tls(why) => {
-                    tracing::error!(tls = %why, "passthrough: TLS with the target failed");
-                    Err(Refused::Error(ApiError::TargetTls))
-                }
-                SendFailure::Connect { why, timed_out } => {
-                    Err(Refused::Unreachable { why, timed_out })
-                }
-                SendFailure::Timeout => Err(Refused::Error(ApiError::GatewayTimeout)),
-                SendFailure::Other(why) => {
-                    tracing::warn!(error = %why, "passthrough to target failed");
-                    Err(Refused::Error(ApiError::BadGateway))
-                }
-            },
-        }
-    };
-    let upstream = match rt
+    Ok(headers)
+}
+
+/// The target's answer, by the engine's retry policy. A 429 or 503 kept for want of retries
+/// is the client's answer; a target never reached is a timeout or a bad gateway.
+async fn ask_target(
+    rt: &Runtime,
+    method: &Method,
+    url: &str,
+    headers: &HeaderMap,
+    bytes: &Bytes,
+) -> Result<reqwest::Response, ApiError> {
+    let attempt = || try_once(rt, method, url, headers, bytes);
+    match rt
         .target_config
         .retry_policy()
         .run(attempt, Refused::verdict)
         .await
     {
-        Ok(r) | Err(Refused::Wait(r, _)) => r,
+        Ok(r) | Err(Refused::Wait(r, _)) => Ok(r),
         Err(Refused::Unreachable { why, timed_out }) => {
             tracing::warn!(error = %why, "passthrough to target failed");
-            return Err(if timed_out {
+            Err(if timed_out {
                 ApiError::GatewayTimeout
             } else {
                 ApiError::BadGateway
-            });
+            })
         }
-        Err(Refused::Error(e)) => return Err(e),
-    };
-    let status = upstream.status();
-    metrics::counter!("approxy_passthrough_total", "reason" => reason).increment(1);
-    metrics::histogram!("approxy_passthrough_head_seconds").record(started.elapsed().as_secs_f64());
-    if !status.is_success() {
-        metrics::counter!("approxy_requests_total", "mode" => "passthrough", "outcome" => "upstream_error").increment(1);
-        return Err(upstream_error(upstream).await);
+        Err(Refused::Error(e)) => Err(e),
     }
-    let mut resp = Response::builder().status(status.as_u16());
+}
+
+/// One attempt at the target. The timeout covers the answer's head only; the body is bounded
+/// per read (see [`relay`]), so a long stream is not cut while it flows.
+async fn try_once(
+    rt: &Runtime,
+    method: &Method,
+    url: &str,
+    headers: &HeaderMap,
+    bytes: &Bytes,
+) -> Result<reqwest::Response, Refused> {
+    let sent = tokio::time::timeout(
+        rt.policy.target.timeout,
+        rt.http
+            .request(method.clone(), url)
+            .headers(headers.clone())
+            .body(bytes.clone())
+            .send(),
+    )
+    .await;
+    match sent {
+        Err(_) => Err(Refused::Error(ApiError::GatewayTimeout)),
+        // A target that says when to come back is asked again then; any other answer, an
+        // error included, is the client's to see.
+        Ok(Ok(r)) => match named_wait(&r) {
+            Some(after) => Err(Refused::Wait(r, after)),
+            None => Ok(r),
+        },
+        Ok(Err(e)) => Err(unsent(&e)),
+    }
+}
+
+/// Why a request the target never answered was refused: only a failed connect is worth
+/// another try, as nothing reached the target.
+fn unsent(e: &reqwest::Error) -> Refused {
+    match SendFailure::of(e) {
+        SendFailure::Tls(why) => {
+            tracing::error!(tls = %why, "passthrough: TLS with the target failed");
+            Refused::Error(ApiError::TargetTls)
+        }
+        SendFailure::Connect { why, timed_out } => Refused::Unreachable { why, timed_out },
+        SendFailure::Timeout => Refused::Error(ApiError::GatewayTimeout),
+        SendFailure::Other(why) => {
+            tracing::warn!(error = %why, "passthrough to target failed");
+            Refused::Error(ApiError::BadGateway)
+        }
+    }
+}
+
+/// The client's response to the target's successful answer: its status, the headers that may
+/// cross, and its body relayed as it comes (see [`relay`]).
+fn relayed(rt: &Runtime, upstream: reqwest::Response) -> Result<Response, ApiError> {
+    let status = upstream.status().as_u16();
+    let mut resp = Response::builder().status(status);
     for (k, v) in upstream.headers() {
-        if returned_response_header(k, status.as_u16()) {
+        if returned_response_header(k, status) {
             resp = resp.header(k, v);
         }
     }
@@ -279,8 +324,13 @@ async fn send(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let cap = rt.policy.gateway.max_response_bytes;
-    resp.body(Body::from_stream(relay(upstream, timeout, sse, cap)))
-        .map_err(|e| ApiError::Internal(e.to_string()))
+    resp.body(Body::from_stream(relay(
+        upstream,
+        rt.policy.target.timeout,
+        sse,
+        cap,
+    )))
+    .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 /// The target's body, chunk by chunk, each read bounded by `idle` and all of it by `cap`

@@ -101,7 +101,7 @@ impl Answer {
 }
 
 fn usage(p: &Account, a: &Answer) -> Value {
-    let (s, cost, m, dial) = (&p.stats, p.cost, &a.model, a.dial);
+    let (s, m, dial) = (&p.stats, &a.model, a.dial);
     // What the engine ran with: the model's decode settings, not a second reading of its policy.
     let d = &m.decode;
     let mut u = json!({
@@ -155,49 +155,67 @@ fn usage(p: &Account, a: &Answer) -> Value {
             "target_calls_timed": s.target_calls_timed,
         }
     });
+    let usage = &mut u["approxy"];
+    add_grammar_and_calls(usage, s);
+    add_cost(usage, p, m);
+    add_times(usage, p, a.draft_threads);
+    u
+}
+
+/// The grammar's part of an answer and its calls' records.
+fn add_grammar_and_calls(u: &mut Value, s: &Stats) {
     // Every call's work, for anyone to check against the target's own account.
     // Of the draft's tokens, those the answer's grammar forced (structured output); the
     // target tokens it refused, and of those the positions the target then wrote keeping to
     // what the grammar allows.
-    u["approxy"]["forced_tokens"] = json!(s.forced_tokens);
-    u["approxy"]["grammar_refusals"] = json!(s.grammar_refusals);
-    u["approxy"]["grammar_picks"] = json!(s.grammar_picks);
+    u["forced_tokens"] = json!(s.forced_tokens);
+    u["grammar_refusals"] = json!(s.grammar_refusals);
+    u["grammar_picks"] = json!(s.grammar_picks);
     // Draft tokens sent to the target because the draft's run looped or ran long unheard.
-    u["approxy"]["loop_checks"] = json!(s.loop_checks);
-    u["approxy"]["target_call_records"] = json!(s.calls);
+    u["loop_checks"] = json!(s.loop_checks);
+    u["target_call_records"] = json!(s.calls);
     // Of the calls, the warm of the prompt (`target.cache.warm`): 0 or 1.
-    u["approxy"]["target_warms"] = json!(s.target_warms);
+    u["target_warms"] = json!(s.target_warms);
     // Of the calls, those that took a span on (`correction.ask = "fewest"`).
-    u["approxy"]["span_continuations"] = json!(s.span_continuations);
+    u["span_continuations"] = json!(s.span_continuations);
     // Of the calls, windows scored again without the target's prefix cache (stale rows at
     // cached positions: `targets::token_in`).
-    u["approxy"]["window_rescores"] = json!(s.window_rescores);
-    u["approxy"]["price_class"] = json!(m.policy.price.class());
-    u["approxy"]["cost_unit"] = json!(p.unit.name());
-    u["approxy"]["estimated_cost"] = json!(cost.approxy);
-    u["approxy"]["estimated_passthrough_cost"] = json!(cost.passthrough);
+    u["window_rescores"] = json!(s.window_rescores);
+}
+
+/// What the answer cost in its model's price class, and passthrough's cost.
+fn add_cost(u: &mut Value, p: &Account, m: &ModelRuntime) {
+    let cost = p.cost;
+    u["price_class"] = json!(m.policy.price.class());
+    u["cost_unit"] = json!(p.unit.name());
+    u["estimated_cost"] = json!(cost.approxy);
+    u["estimated_passthrough_cost"] = json!(cost.passthrough);
     if p.unit == Unit::Usd {
-        u["approxy"]["estimated_cost_usd"] = json!(cost.approxy);
-        u["approxy"]["estimated_passthrough_cost_usd"] = json!(cost.passthrough);
+        u["estimated_cost_usd"] = json!(cost.approxy);
+        u["estimated_passthrough_cost_usd"] = json!(cost.passthrough);
     }
+}
+
+/// Where the time went: the target's, the draft's cores and the verifier's.
+fn add_times(u: &mut Value, p: &Account, draft_threads: usize) {
+    let s = &p.stats;
     // The target's time, whatever the price class: its own figure for the calls it timed,
     // the learned rates for those it did not (a stream closed before its end), and the same
     // answer through passthrough at the same rates.
     let t = &p.time;
-    u["approxy"]["target_seconds"] = json!(t.spent);
-    u["approxy"]["target_seconds_measured"] = json!(t.measured);
-    u["approxy"]["target_seconds_estimated"] = json!(t.estimated);
-    u["approxy"]["target_calls_untimed"] = json!(t.untimed_calls);
-    u["approxy"]["passthrough_target_seconds"] = json!(t.passthrough);
+    u["target_seconds"] = json!(t.spent);
+    u["target_seconds_measured"] = json!(t.measured);
+    u["target_seconds_estimated"] = json!(t.estimated);
+    u["target_calls_untimed"] = json!(t.untimed_calls);
+    u["passthrough_target_seconds"] = json!(t.passthrough);
     // An upper bound on the gateway's cores the draft held: its inference time times the
     // threads each worker runs.
-    u["approxy"]["draft_core_seconds"] = json!(s.draft_time.as_secs_f64() * a.draft_threads as f64);
+    u["draft_core_seconds"] = json!(s.draft_time.as_secs_f64() * draft_threads as f64);
     // Where the time went: the draft's forward passes, the verifier, and waiting for the
     // target (the draft's work overlaps the waits when the request overlaps).
-    u["approxy"]["draft_seconds"] = json!(s.draft_time.as_secs_f64());
-    u["approxy"]["verifier_seconds"] = json!(s.verifier_time.as_secs_f64());
-    u["approxy"]["target_wait_seconds"] = json!(s.target_wait.as_secs_f64());
-    u
+    u["draft_seconds"] = json!(s.draft_time.as_secs_f64());
+    u["verifier_seconds"] = json!(s.verifier_time.as_secs_f64());
+    u["target_wait_seconds"] = json!(s.target_wait.as_secs_f64());
 }
 
 /// The finish reason: an answer that called tools and ended on its own ends in `tool_calls`.
@@ -366,11 +384,9 @@ pub async fn approximate(
     // A non-streamed answer is the response head, which the request's deadline bounds, so its
     // target calls wait for no retry past it. A stream's head goes out with its first token,
     // after which that deadline no longer runs; its calls keep their own.
-    let deadline = if valid.stream {
-        None
-    } else {
-        approxy_verifier::targets::retry::current_deadline()
-    };
+    let deadline = (!valid.stream)
+        .then(approxy_verifier::targets::retry::current_deadline)
+        .flatten();
     let job = infer::Job {
         request: request.clone(),
         leases: drafts,
@@ -417,20 +433,26 @@ pub async fn approximate(
             rt.policy.gateway.write_idle_timeout,
         ))
     } else {
-        let mut texts = vec![String::new(); n];
-        let mut last = Instant::now();
-        if let Some((i, ev)) = first {
-            texts[i].push_str(&ev.text);
-        }
-        while let Some((i, ev)) = rx.recv().await {
-            metrics::histogram!("approxy_inter_token_latency_seconds")
-                .record(last.elapsed().as_secs_f64());
-            last = Instant::now();
-            texts[i].push_str(&ev.text);
-        }
+        let texts = collect(first, rx, n).await;
         let priced = finished(task).await?;
         Ok(complete(&answer, texts, &priced))
     }
+}
+
+/// A non-streamed request's answers' texts, from the first event on.
+async fn collect(first: Option<Event>, mut rx: mpsc::Receiver<Event>, n: usize) -> Vec<String> {
+    let mut texts = vec![String::new(); n];
+    let mut last = Instant::now();
+    if let Some((i, ev)) = first {
+        texts[i].push_str(&ev.text);
+    }
+    while let Some((i, ev)) = rx.recv().await {
+        metrics::histogram!("approxy_inter_token_latency_seconds")
+            .record(last.elapsed().as_secs_f64());
+        last = Instant::now();
+        texts[i].push_str(&ev.text);
+    }
+    texts
 }
 
 /// Waits for the generation task; a failure is counted here, where it ends the request.
@@ -595,6 +617,51 @@ impl Streamed {
     }
 }
 
+/// A stream's last events once its answers have ended: each answer's finish, the usage where
+/// asked for, and `[DONE]`.
+fn stream_tail(
+    answer: &Answer,
+    answers: &mut [Streamed],
+    priced: &Account,
+    include_usage: bool,
+) -> Vec<Bytes> {
+    let ids = &answer.ids;
+    let mut out: Vec<Bytes> = Vec::new();
+    for (i, a) in answers.iter_mut().enumerate() {
+        let ended = priced.finishes.get(i).copied().flatten();
+        out.extend(a.finish(ids, i, ended).iter().map(sse));
+    }
+    if include_usage {
+        let mut u = ids.chunk(0, None, None, false);
+        u["choices"] = json!([]);
+        u["usage"] = usage(priced, answer);
+        out.push(sse(&u));
+    }
+    out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    out
+}
+
+/// The response that carries a stream's events, with the headers that say how it ran.
+fn event_stream(body_rx: mpsc::Receiver<Result<Bytes, Infallible>>, dial: Dial) -> Response {
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-approxy-mode", HeaderValue::from_static("approximate"));
+    h.insert(
+        "x-approxy-prompt-kind",
+        HeaderValue::from_static(dial.kind.name()),
+    );
+    if let Ok(v) = HeaderValue::from_str(&dial.threshold.to_string()) {
+        h.insert("x-approxy-threshold", v);
+    }
+    resp
+}
+
 fn stream(
     answer: Answer,
     first: Option<Event>,
@@ -639,19 +706,8 @@ fn stream(
         match task.await {
             Ok(Ok(priced)) => {
                 record_metrics(&priced, "ok");
-                let mut out: Vec<Bytes> = Vec::new();
-                for (i, a) in answers.iter_mut().enumerate() {
-                    let ended = priced.finishes.get(i).copied().flatten();
-                    out.extend(a.finish(ids, i, ended).iter().map(sse));
-                }
-                if include_usage {
-                    let mut u = ids.chunk(0, None, None, false);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage(&priced, &answer);
-                    out.push(sse(&u));
-                }
-                out.push(Bytes::from_static(b"data: [DONE]\n\n"));
-                for b in out {
+                let tail = stream_tail(&answer, &mut answers, &priced, include_usage);
+                for b in tail {
                     if !send_within(&body_tx, b, write_idle).await {
                         return;
                     }
@@ -670,23 +726,7 @@ fn stream(
             }
         }
     });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-approxy-mode", HeaderValue::from_static("approximate"));
-    h.insert(
-        "x-approxy-prompt-kind",
-        HeaderValue::from_static(dial.kind.name()),
-    );
-    if let Ok(v) = HeaderValue::from_str(&dial.threshold.to_string()) {
-        h.insert("x-approxy-threshold", v);
-    }
-    resp
+    event_stream(body_rx, dial)
 }
 
 #[cfg(test)]

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 
 use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
@@ -147,9 +150,6 @@ pub async fn accept_loop(
     gw: &GatewayPolicy,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::server::conn::auto::Builder;
-    use hyper_util::service::TowerToHyperService;
     let slots = Arc::new(Semaphore::new(gw.max_connections));
     let per_address = PerAddress::new(gw.max_connections_per_ip);
     let deadlines = Deadlines {
@@ -158,24 +158,7 @@ pub async fn accept_loop(
         write_idle: gw.write_idle_timeout,
     };
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    let mut builder = Builder::new(TokioExecutor::new());
-    // hyper starts its HTTP/1 header timer as soon as a kept-alive connection goes idle, so
-    // the next request's head must be complete within this of the previous answer: set to the
-    // longer deadline, or keep-alive would end at `header_timeout` instead of `idle_timeout`.
-    // The first request's deadline (`header_timeout`) is the watcher's below.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(gw.header_timeout.max(gw.idle_timeout))
-        // Past the gateway's own limit, so the refusal is its shaped 431 (`protocol_limits`).
-        .max_headers(crate::middleware::HYPER_MAX_HEADERS);
-    // Pings find a peer that went away while a stream was open (no idle deadline runs then).
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(H2_PING_INTERVAL))
-        .keep_alive_timeout(H2_PING_INTERVAL)
-        .max_concurrent_streams(H2_MAX_STREAMS);
+    let builder = connection_builder(gw);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -200,25 +183,9 @@ pub async fn accept_loop(
             tracing::debug!(peer = %peer.ip(), "connection closed: this address holds gateway.max_connections_per_ip");
             continue;
         };
-        // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks)
-        // waits on the client's delayed ACK: milliseconds per request, and per SSE token.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-        let activity = Activity::new();
-        let conn = builder
-            .serve_connection_with_upgrades(
-                TokioIo::new(tcp),
-                TowerToHyperService::new(Tracked::new(
-                    app.clone(),
-                    activity.clone(),
-                    Some(peer.ip()),
-                )),
-            )
-            .into_owned();
-        let stopping = stopping.clone();
+        let connection = connection(&builder, &app, tcp, peer, deadlines, stopping.clone());
         tokio::spawn(async move {
-            watch_connection(conn, &activity, deadlines, stopping).await;
+            connection.await;
             drop(address_slot);
             drop(slot);
         });
@@ -229,6 +196,53 @@ pub async fn accept_loop(
     // Every connection holds a slot until it ends: all of them back means all are done.
     let all = u32::try_from(gw.max_connections).unwrap_or(u32::MAX);
     let _ = slots.acquire_many(all).await;
+}
+
+/// The HTTP/1 and HTTP/2 server settings every connection is served with.
+fn connection_builder(gw: &GatewayPolicy) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    // hyper starts its HTTP/1 header timer as soon as a kept-alive connection goes idle, so
+    // the next request's head must be complete within this of the previous answer: set to the
+    // longer deadline, or keep-alive would end at `header_timeout` instead of `idle_timeout`.
+    // The first request's deadline (`header_timeout`) is the watcher's (`watch_connection`).
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(gw.header_timeout.max(gw.idle_timeout))
+        // Past the gateway's own limit, so the refusal is its shaped 431 (`protocol_limits`).
+        .max_headers(crate::middleware::HYPER_MAX_HEADERS);
+    // Pings find a peer that went away while a stream was open (no idle deadline runs then).
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(H2_PING_INTERVAL))
+        .keep_alive_timeout(H2_PING_INTERVAL)
+        .max_concurrent_streams(H2_MAX_STREAMS);
+    builder
+}
+
+/// Serving one accepted connection from `peer`, to its end (see [`watch_connection`]).
+fn connection(
+    builder: &Builder<TokioExecutor>,
+    app: &axum::Router,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    deadlines: Deadlines,
+    stopping: tokio::sync::watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // Without TCP_NODELAY a response written in pieces (headers, then streamed chunks)
+    // waits on the client's delayed ACK: milliseconds per request, and per SSE token.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY not set");
+    }
+    let activity = Activity::new();
+    let conn = builder
+        .serve_connection_with_upgrades(
+            TokioIo::new(tcp),
+            TowerToHyperService::new(Tracked::new(app.clone(), activity.clone(), Some(peer.ip()))),
+        )
+        .into_owned();
+    async move { watch_connection(conn, &activity, deadlines, stopping).await }
 }
 
 /// How often an HTTP/2 connection pings its client, and how long it waits for the answer.

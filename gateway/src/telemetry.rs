@@ -15,6 +15,7 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?;
     describe_traffic();
     describe_drafting();
+    describe_draft_workers();
     describe_passthrough();
     describe_cost();
     Ok(handle)
@@ -72,7 +73,7 @@ fn describe_traffic() {
     );
 }
 
-/// Approximate mode: the draft's workers, what the verifier accepts, and the target's share.
+/// Approximate mode: what the verifier accepts, the target's share, and the answer's pace.
 fn describe_drafting() {
     describe_counter!(
         "approxy_tokens_total",
@@ -119,6 +120,20 @@ fn describe_drafting() {
         Unit::Count,
         "Further calls a target span took because the tokens asked for did not end it"
     );
+    describe_histogram!(
+        "approxy_time_to_first_token_seconds",
+        Unit::Seconds,
+        "Time to the first output token (approximate mode)"
+    );
+    describe_histogram!(
+        "approxy_inter_token_latency_seconds",
+        Unit::Seconds,
+        "Time between output tokens (approximate mode)"
+    );
+}
+
+/// The draft's workers: how busy they are, how well their steps are batched, and their panics.
+fn describe_draft_workers() {
     describe_gauge!(
         "approxy_draft_workers",
         "Draft workers configured (1 - idle / this is the draft's saturation)"
@@ -149,16 +164,6 @@ fn describe_drafting() {
         "approxy_draft_worker_panics_total",
         Unit::Count,
         "Draft worker panics (the worker's batch is reset and it carries on)"
-    );
-    describe_histogram!(
-        "approxy_time_to_first_token_seconds",
-        Unit::Seconds,
-        "Time to the first output token (approximate mode)"
-    );
-    describe_histogram!(
-        "approxy_inter_token_latency_seconds",
-        Unit::Seconds,
-        "Time between output tokens (approximate mode)"
     );
 }
 

@@ -536,7 +536,10 @@ fn no_file_outside_tests_is_too_long() {
     for c in CRATES {
         let mut files = Vec::new();
         rust_files(&root.join(c), &mut files);
-        for f in files.iter().filter(|f| !f.to_string_lossy().ends_with("_tests.rs")) {
+        for f in files
+            .iter()
+            .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
+        {
             read += 1;
             let n = code_lines(&std::fs::read_to_string(f).unwrap_or_default());
             if n >= LONGEST_FILE {
@@ -671,8 +674,11 @@ fn the_check_sees_a_module_and_its_child_in_a_loop() {
         std::fs::write(p, text).unwrap_or_else(|e| unreachable!("{e}"));
     };
     std::fs::create_dir_all(&src).unwrap_or_else(|e| unreachable!("{e}"));
-    std::fs::write(dir.path().join("Cargo.toml"), "[package]\nname = \"my-crate\"\n")
-        .unwrap_or_else(|e| unreachable!("{e}"));
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        "[package]\nname = \"my-crate\"\n",
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
     write("lib.rs", "pub mod policy;\n");
     // A face: declares its children and re-exports them.
     write(
@@ -680,14 +686,20 @@ fn the_check_sees_a_module_and_its_child_in_a_loop() {
         "mod raw;\nmod typed;\npub use raw::Raw;\npub use typed::Policy;\n",
     );
     write("policy/typed.rs", "pub struct Policy;\n");
-    write("policy/raw.rs", "use super::typed::Policy;\npub struct Raw(Policy);\n");
+    write(
+        "policy/raw.rs",
+        "use super::typed::Policy;\npub struct Raw(Policy);\n",
+    );
     assert!(circles(&graph(&src)).is_empty());
     // The module file holds code that uses a child, and the child uses the module's own.
     write(
         "policy/mod.rs",
         "mod raw;\nuse raw::Raw;\npub struct Policy;\nfn f(_: Raw) {}\n",
     );
-    write("policy/raw.rs", "use super::Policy;\npub struct Raw(Policy);\n");
+    write(
+        "policy/raw.rs",
+        "use super::Policy;\npub struct Raw(Policy);\n",
+    );
     assert_eq!(circles(&graph(&src)).len(), 1);
     // The same tie as an inline path to the child, and back by the crate's own name.
     write(

@@ -30,22 +30,7 @@ pub use stats::Stats;
 
 // What the tests below (`use super::*`) read beside the engine's own names.
 #[cfg(test)]
-use crate::{
-    cost::{CacheRules, Guard, GuardReason, Segment, Spend},
-    draft::Draft,
-    error::EngineError,
-    grammar::Constraint,
-    sampling::{Sampler, SamplingParams},
-    targets::TargetClient,
-    template::ChatMessage,
-    tokenizer::Tokenizer,
-    verify::{AcceptanceRule, Verifier},
-};
-#[cfg(test)]
-use std::{sync::Arc, time::Duration};
-#[cfg(test)]
-use tokio::sync::mpsc;
-
+use crate::{cost::Guard, draft::Draft, error::EngineError, targets::TargetClient};
 #[cfg(test)]
 mod context_tests;
 #[cfg(test)]

@@ -46,6 +46,15 @@ pub fn check(
     body: &Map<String, Value>,
     gw: &GatewayPolicy,
 ) -> Result<(), ValidationError> {
+    answer_length(body, gw)?;
+    answer_count(endpoint, body, gw)?;
+    stop_strings(body)?;
+    logprob_counts(endpoint, body)?;
+    super::shapes::check(body)
+}
+
+/// `max_tokens` and `max_completion_tokens`, within `gateway.max_tokens_limit`.
+fn answer_length(body: &Map<String, Value>, gw: &GatewayPolicy) -> Result<(), ValidationError> {
     for field in ["max_tokens", "max_completion_tokens"] {
         if let Some(v) = present(body, field)
             && !v
@@ -58,6 +67,15 @@ pub fn check(
             ));
         }
     }
+    Ok(())
+}
+
+/// `n`, and on the completions endpoint its prompts times `n`, within `gateway.max_n`.
+fn answer_count(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+    gw: &GatewayPolicy,
+) -> Result<(), ValidationError> {
     // A float that is a whole number (1.0) counts: some clients send every number so.
     if let Some(v) = present(body, "n")
         && !v
@@ -82,30 +100,41 @@ pub fn check(
             });
         }
     }
-    if let Some(v) = present(body, "stop") {
-        let stops: Vec<&Value> = match v {
-            Value::String(_) => vec![v],
-            Value::Array(a) => a.iter().collect(),
-            _ => {
-                return Err(ValidationError::Invalid {
-                    param: "stop".into(),
-                    reason: "must be a string or an array of strings".into(),
-                });
-            }
-        };
-        if stops.len() > MAX_STOPS {
-            return Err(ValidationError::TooManyStops);
+    Ok(())
+}
+
+/// `stop`: a string or at most [`MAX_STOPS`] of them, each of 1 to [`MAX_STOP_BYTES`] bytes.
+fn stop_strings(body: &Map<String, Value>) -> Result<(), ValidationError> {
+    let Some(v) = present(body, "stop") else {
+        return Ok(());
+    };
+    let stops: Vec<&Value> = match v {
+        Value::String(_) => vec![v],
+        Value::Array(a) => a.iter().collect(),
+        _ => {
+            return Err(ValidationError::Invalid {
+                param: "stop".into(),
+                reason: "must be a string or an array of strings".into(),
+            });
         }
-        if !stops.iter().all(|s| {
-            s.as_str()
-                .is_some_and(|s| !s.is_empty() && s.len() <= MAX_STOP_BYTES)
-        }) {
-            return Err(out_of_range(
-                "stop",
-                format!("strings of 1 to {MAX_STOP_BYTES} bytes"),
-            ));
-        }
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ValidationError::TooManyStops);
     }
+    if !stops.iter().all(|s| {
+        s.as_str()
+            .is_some_and(|s| !s.is_empty() && s.len() <= MAX_STOP_BYTES)
+    }) {
+        return Err(out_of_range(
+            "stop",
+            format!("strings of 1 to {MAX_STOP_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// `top_logprobs`, and the completions endpoint's `logprobs`, within OpenAI's own bounds.
+fn logprob_counts(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(), ValidationError> {
     if let Some(v) = present(body, "top_logprobs")
         && v.as_u64().is_none_or(|n| n > MAX_TOP_LOGPROBS)
     {
@@ -124,7 +153,7 @@ pub fn check(
             format!("integers 0..={MAX_COMPLETION_LOGPROBS}"),
         ));
     }
-    super::shapes::check(body)
+    Ok(())
 }
 
 /// The bytes of a request's prompt text: every string of its messages' contents (plain and

@@ -10,6 +10,13 @@ use crate::cost::{GuardReason, Segment, Spend};
 use super::calls::{CallRecord, TargetTime, target_time};
 use super::request::FinishReason;
 
+/// `$s.field += field` for each field named.
+macro_rules! add {
+    ($s:expr; $($f:ident),* $(,)?) => {
+        $($s.$f += $f;)*
+    };
+}
+
 /// What one generation cost.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Stats {
@@ -199,49 +206,26 @@ impl Stats {
             time_to_first_token,
             spans_for_windows,
         } = o;
-        self.completion_tokens += completion_tokens;
-        self.draft_tokens += draft_tokens;
-        self.forced_tokens += forced_tokens;
-        self.grammar_refusals += grammar_refusals;
-        self.grammar_alternatives += grammar_alternatives;
-        self.grammar_picks += grammar_picks;
-        self.loop_checks += loop_checks;
-        self.target_tokens += target_tokens;
-        self.target_calls += target_calls;
-        self.target_warms += target_warms;
-        self.verifier_rejections += verifier_rejections;
+        // Counts and times add up over the answers.
+        add!(
+            self;
+            completion_tokens, draft_tokens, forced_tokens, grammar_refusals, grammar_alternatives,
+            grammar_picks, loop_checks, target_tokens, target_calls, target_warms,
+            verifier_rejections, resyncs, spans_kept, span_continuations, target_discarded_tokens,
+            target_inflight_tokens, windows, window_tokens, window_accepted, window_rescores,
+            window_relaxed_accepts, target_input_tokens, target_cacheable_input_tokens,
+            target_reported_cached_tokens, target_calls_reporting_cache, heal_retries, target_busy,
+            target_prompt_processed, target_predicted, target_calls_timed, overlap_guesses,
+            overlap_guesses_used, lookup_tokens, lookup_tokens_used, draft_time, target_wait,
+            verifier_time
+        );
+        // Any answer's flag is the request's.
         self.bailed_out |= bailed_out;
         self.cost_guard |= cost_guard;
-        self.cost_guard_reason = self.cost_guard_reason.or(cost_guard_reason);
-        self.handed_off_at = self.handed_off_at.take().or(handed_off_at);
         self.call_cap |= call_cap;
         self.spans_for_windows |= spans_for_windows;
-        self.resyncs += resyncs;
-        self.spans_kept += spans_kept;
-        self.span_continuations += span_continuations;
-        self.target_discarded_tokens += target_discarded_tokens;
-        self.target_inflight_tokens += target_inflight_tokens;
-        self.windows += windows;
-        self.window_tokens += window_tokens;
-        self.window_accepted += window_accepted;
-        self.window_rescores += window_rescores;
-        self.window_relaxed_accepts += window_relaxed_accepts;
-        self.target_input_tokens += target_input_tokens;
-        self.target_cacheable_input_tokens += target_cacheable_input_tokens;
-        self.target_reported_cached_tokens += target_reported_cached_tokens;
-        self.target_calls_reporting_cache += target_calls_reporting_cache;
-        self.heal_retries += heal_retries;
-        self.target_busy += target_busy;
-        self.target_prompt_processed += target_prompt_processed;
-        self.target_predicted += target_predicted;
-        self.target_calls_timed += target_calls_timed;
-        self.overlap_guesses += overlap_guesses;
-        self.overlap_guesses_used += overlap_guesses_used;
-        self.lookup_tokens += lookup_tokens;
-        self.lookup_tokens_used += lookup_tokens_used;
-        self.draft_time += draft_time;
-        self.target_wait += target_wait;
-        self.verifier_time += verifier_time;
+        self.cost_guard_reason = self.cost_guard_reason.or(cost_guard_reason);
+        self.handed_off_at = self.handed_off_at.take().or(handed_off_at);
         self.time_to_first_token = self.time_to_first_token.min(time_to_first_token);
         self.near_ties.extend(near_ties);
         self.accepted_runs.extend(accepted_runs);

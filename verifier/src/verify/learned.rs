@@ -91,6 +91,39 @@ pub struct LearnedVerifier {
     syntax_idx: Vec<usize>,
 }
 
+/// Where each of `names` sits in `known` (the order the verifier computes them in).
+fn positions(names: &[String], known: &[&str], what: &str) -> Result<Vec<usize>, EngineError> {
+    names
+        .iter()
+        .map(|s| {
+            known
+                .iter()
+                .position(|n| n == s)
+                .ok_or_else(|| EngineError::Artifact(format!("unknown {what} {s:?}")))
+        })
+        .collect()
+}
+
+/// Each layer takes the previous one's outputs (the first, `width` inputs), and the last gives
+/// one.
+fn check_layers(layers: &[Dense], width: usize) -> Result<(), EngineError> {
+    let bad = |m: String| Err(EngineError::Artifact(m));
+    let mut fan_in = width;
+    for (i, l) in layers.iter().enumerate() {
+        if l.weights.is_empty()
+            || l.weights.len() != l.bias.len()
+            || l.weights.iter().any(|r| r.len() != fan_in)
+        {
+            return bad(format!("layer {i} does not take {fan_in} inputs"));
+        }
+        fan_in = l.weights.len();
+    }
+    if fan_in != 1 {
+        return bad(format!("last layer has {fan_in} outputs, expected 1"));
+    }
+    Ok(())
+}
+
 impl LearnedVerifier {
     /// Loads and validates an artifact for the draft whose sha256 is `draft_sha256`, converted
     /// as `draft` says.
@@ -121,38 +154,9 @@ impl LearnedVerifier {
                 a.draft_sha256
             ));
         }
-        let stat_idx: Vec<usize> = a
-            .features
-            .stats
-            .iter()
-            .map(|s| {
-                STAT_NAMES
-                    .iter()
-                    .position(|n| n == s)
-                    .ok_or_else(|| EngineError::Artifact(format!("unknown feature {s:?}")))
-            })
-            .collect::<Result<_, _>>()?;
-        let context_idx: Vec<usize> =
-            a.features
-                .context
-                .iter()
-                .map(|s| {
-                    CONTEXT_NAMES.iter().position(|n| n == s).ok_or_else(|| {
-                        EngineError::Artifact(format!("unknown context value {s:?}"))
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-        let syntax_idx: Vec<usize> = a
-            .features
-            .syntax
-            .iter()
-            .map(|s| {
-                SYNTAX_NAMES
-                    .iter()
-                    .position(|n| n == s)
-                    .ok_or_else(|| EngineError::Artifact(format!("unknown syntax value {s:?}")))
-            })
-            .collect::<Result<_, _>>()?;
+        let stat_idx = positions(&a.features.stats, &STAT_NAMES, "feature")?;
+        let context_idx = positions(&a.features.context, &CONTEXT_NAMES, "context value")?;
+        let syntax_idx = positions(&a.features.syntax, &SYNTAX_NAMES, "syntax value")?;
         let width = stat_idx.len()
             + context_idx.len()
             + syntax_idx.len()
@@ -180,19 +184,7 @@ impl LearnedVerifier {
                 a.layers.len()
             ));
         }
-        let mut fan_in = width;
-        for (i, l) in a.layers.iter().enumerate() {
-            if l.weights.is_empty()
-                || l.weights.len() != l.bias.len()
-                || l.weights.iter().any(|r| r.len() != fan_in)
-            {
-                return bad(format!("layer {i} does not take {fan_in} inputs"));
-            }
-            fan_in = l.weights.len();
-        }
-        if fan_in != 1 {
-            return bad(format!("last layer has {fan_in} outputs, expected 1"));
-        }
+        check_layers(&a.layers, width)?;
         Ok(Self {
             artifact: a,
             stat_idx,

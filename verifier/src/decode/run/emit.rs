@@ -33,43 +33,7 @@ impl Run<'_> {
                 ))
                 .into());
             }
-            if self.emitted.is_empty() {
-                self.stats.time_to_first_token = self.started.elapsed();
-            }
-            if let Some(g) = &mut self.grammar {
-                g.consume(id)?;
-            }
-            self.emitted.push(id);
-            self.last_source = source;
-            self.stats.completion_tokens += 1;
-            // Counted here, with completion_tokens, so an end-of-sequence token (never
-            // emitted) is counted by neither and the three always add up.
-            match source {
-                Source::Draft => {
-                    self.stats.draft_tokens += 1;
-                    self.loops.draft(id);
-                }
-                Source::Grammar => {
-                    self.stats.draft_tokens += 1;
-                    self.stats.forced_tokens += 1;
-                }
-                Source::Target => {
-                    self.stats.target_tokens += 1;
-                    self.loops.target(id);
-                }
-            }
-            let delta = self.decoder.push(id)?;
-            if let Some(p) = &mut self.place {
-                p.push(&delta);
-            }
-            if let Some(ctx) = &mut self.context {
-                ctx.push(if i == 0 { first } else { None }, &delta);
-            }
-            if let Some(r) = &mut self.repeats {
-                for stop in r.feed(&delta) {
-                    self.stop.add(stop);
-                }
-            }
+            let delta = self.take(id, source, if i == 0 { first } else { None })?;
             let client = self.client_text(&delta);
             let (text, stop) = match self.stop.push(&client) {
                 StopResult::Continue(t) => (t, false),
@@ -99,6 +63,55 @@ impl Run<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// Takes `id` into the answer: the grammar, the counts by source, the loop watch, the
+    /// text decoder and what reads its text (JSON place, context, tool-call repeats). Returns
+    /// the token's text.
+    fn take(
+        &mut self,
+        id: u32,
+        source: Source,
+        record: Option<Record>,
+    ) -> Result<String, EngineError> {
+        if self.emitted.is_empty() {
+            self.stats.time_to_first_token = self.started.elapsed();
+        }
+        if let Some(g) = &mut self.grammar {
+            g.consume(id)?;
+        }
+        self.emitted.push(id);
+        self.last_source = source;
+        self.stats.completion_tokens += 1;
+        // Counted here, with completion_tokens, so an end-of-sequence token (never
+        // emitted) is counted by neither and the three always add up.
+        match source {
+            Source::Draft => {
+                self.stats.draft_tokens += 1;
+                self.loops.draft(id);
+            }
+            Source::Grammar => {
+                self.stats.draft_tokens += 1;
+                self.stats.forced_tokens += 1;
+            }
+            Source::Target => {
+                self.stats.target_tokens += 1;
+                self.loops.target(id);
+            }
+        }
+        let delta = self.decoder.push(id)?;
+        if let Some(p) = &mut self.place {
+            p.push(&delta);
+        }
+        if let Some(ctx) = &mut self.context {
+            ctx.push(record, &delta);
+        }
+        if let Some(r) = &mut self.repeats {
+            for stop in r.feed(&delta) {
+                self.stop.add(stop);
+            }
+        }
+        Ok(delta)
     }
 
     /// What of the answer's next text the client receives: all of it, but a JSON answer's

@@ -37,6 +37,18 @@ pub(super) struct SpanRule {
     pub(super) ask: SpanAsk,
 }
 
+/// Feeds the draft a span's token and those after it that have arrived, up to the fewest that
+/// could end the span (`needed` more confident ones), in one call: cheaper than one call each,
+/// and none is fed that the span may not need.
+async fn feed_arrived(
+    cursor: &mut Cursor<'_>,
+    arrived: &[u32],
+    needed: u32,
+) -> Result<(), EngineError> {
+    let n = (needed as usize + 1).min(arrived.len());
+    cursor.feed(&arrived[..n], 0).await
+}
+
 /// Where a span stands between its calls.
 pub(super) struct SpanProgress {
     /// The draft's output at the next position.
@@ -247,15 +259,8 @@ impl Run<'_> {
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
-                    // The target's best allowed token, when it said, is its answer here; the
-                    // draft goes on after it.
-                    if let Some(alt) = self.allowed_alternative(alternatives.get(i)).await? {
-                        if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
-                            return Ok(CallEnd::Span(SpanEnd::Finished(reason)));
-                        }
-                        at.out = cursor.commit(&[alt]).await?;
-                    }
-                    return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
+                    let end = self.refused_in_span(cursor, alternatives.get(i), at.out);
+                    return Ok(CallEnd::Span(end.await?));
                 }
                 at.agreeing = if confident { at.agreeing + 1 } else { 0 };
                 let seen = self.record(&at.out, token, entropy);
@@ -268,12 +273,8 @@ impl Run<'_> {
                     return Ok(CallEnd::Span(SpanEnd::Finished(reason)));
                 }
                 if cursor.ahead_output(0, token).is_none() {
-                    // This token and those after it that have arrived, up to the fewest that
-                    // could end the span (all confident), go to the draft in one call: cheaper
-                    // than one call each, and none is fed that the span may not need.
-                    let n =
-                        (rule.resync.saturating_sub(at.agreeing) as usize + 1).min(batch.len() - i);
-                    cursor.feed(&batch[i..i + n], 0).await?;
+                    feed_arrived(cursor, &batch[i..], rule.resync.saturating_sub(at.agreeing))
+                        .await?;
                 }
                 at.out = cursor.commit(&[token]).await?;
                 if at.agreeing >= rule.resync
@@ -288,14 +289,38 @@ impl Run<'_> {
             if let Some(e) = failed {
                 return Err(e.into());
             }
-            if eos && !self.refuses_end() {
-                return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Stop)));
-            }
             if eos {
-                return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
+                return Ok(CallEnd::Span(self.ended_on_eos(at.out)));
             }
         }
         Ok(CallEnd::Gave(at, got))
+    }
+
+    /// The grammar refused the span's token: the target's best allowed token, when it said,
+    /// is its answer here, and the draft goes on after it.
+    async fn refused_in_span(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        alternatives: Option<&Vec<(u32, f32)>>,
+        out: PositionOutput,
+    ) -> Result<SpanEnd, EngineError> {
+        let Some(alt) = self.allowed_alternative(alternatives).await? else {
+            return Ok(SpanEnd::Resume(out));
+        };
+        if let Some(reason) = self.emit(&[alt], Source::Target, None).await? {
+            return Ok(SpanEnd::Finished(reason));
+        }
+        Ok(SpanEnd::Resume(cursor.commit(&[alt]).await?))
+    }
+
+    /// The span's stream ended on end-of-sequence: the answer ends there, unless the grammar
+    /// refuses to end it, when the draft goes on.
+    fn ended_on_eos(&mut self, out: PositionOutput) -> SpanEnd {
+        if self.refuses_end() {
+            SpanEnd::Resume(out)
+        } else {
+            SpanEnd::Finished(FinishReason::Stop)
+        }
     }
 
     /// The tokens of a streamed chunk and of whatever else has arrived meanwhile (a fast

@@ -4,6 +4,7 @@
 use super::hand_off::HandOff;
 use super::state::Run;
 
+use crate::cost::GuardReason;
 use crate::decode::calls::CallKind;
 use crate::decode::cursor::Cursor;
 use crate::decode::cursor::OVERLAP_MAX_AHEAD;
@@ -105,15 +106,7 @@ impl Run<'_> {
         let sent = (prefix.len() + window.len()) as u64;
         let cacheable = self.cacheable_prefix(prefix.len() as u64, true);
         if let Some(reason) = self.guard_judges(window.len(), 1) {
-            self.stats.cost_guard = true;
-            self.stats.cost_guard_reason = Some(reason);
-            return match self.hand_off().await? {
-                HandOff::Finished(reason) => Ok(WindowEnd::Finished(reason)),
-                // Windows are off under a grammar, the one thing that refuses.
-                HandOff::Refused(_) => Err(EngineError::Grammar(
-                    "a grammar refused a token of a window's hand-off".into(),
-                )),
-            };
+            return self.hand_off_instead(reason).await;
         }
         let wreq = WindowRequest {
             prefix,
@@ -147,16 +140,44 @@ impl Run<'_> {
         let (accepted, own) = if sampled {
             self.accept_sampled(window, &drafted.drawn_from, &score, sampler)
         } else {
-            let kept = if self.req.settings.verification == Verification::Judged {
-                self.harmless(cursor, &start, window, &score.top, verifier)?
-            } else {
-                Vec::new()
-            };
-            self.accept_greedy(window, &score, rule, &drafted.draft_probs, &kept)
+            self.accept_greedy_judged(cursor, &start, &drafted, &score, rule, verifier)?
         };
         self.stats.window_accepted += accepted as u64;
         self.emit_window(cursor, &start, window, accepted, own)
             .await
+    }
+
+    /// The cost guard handed the rest of the answer to the target instead of this window.
+    async fn hand_off_instead(&mut self, reason: GuardReason) -> Result<WindowEnd, EngineError> {
+        self.stats.cost_guard = true;
+        self.stats.cost_guard_reason = Some(reason);
+        match self.hand_off().await? {
+            HandOff::Finished(reason) => Ok(WindowEnd::Finished(reason)),
+            // Windows are off under a grammar, the one thing that refuses.
+            HandOff::Refused(_) => Err(EngineError::Grammar(
+                "a grammar refused a token of a window's hand-off".into(),
+            )),
+        }
+    }
+
+    /// A greedy window's accepted tokens and the target's own after them; under judged
+    /// verification the verifier first keeps the draft tokens it finds harmless.
+    fn accept_greedy_judged(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        start: &PositionOutput,
+        drafted: &DraftedWindow,
+        score: &WindowScore,
+        rule: Option<AcceptanceRule>,
+        verifier: &dyn Verifier,
+    ) -> Result<(usize, u32), EngineError> {
+        let window = &drafted.tokens;
+        let kept = if self.req.settings.verification == Verification::Judged {
+            self.harmless(cursor, start, window, &score.top, verifier)?
+        } else {
+            Vec::new()
+        };
+        Ok(self.accept_greedy(window, score, rule, &drafted.draft_probs, &kept))
     }
 
     /// Counts a window's call, `sent` prompt tokens of which the cache rules say `cacheable`
