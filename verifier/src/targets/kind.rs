@@ -315,6 +315,9 @@ pub fn build(
 }
 
 #[cfg(test)]
+mod abilities_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
