@@ -2,8 +2,10 @@
 //! values and the metric's label, whichever check found it.
 
 /// Why a request passed through; [`Reason::as_str`] is the `x-approxy-passthrough-reason`
-/// header value and the metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// header value and the metric label. The names come from the variants, so that a new reason
+/// is named once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumIter)]
+#[strum(serialize_all = "snake_case")]
 pub enum Reason {
     /// Not a chat or completion request.
     Route,
@@ -52,62 +54,57 @@ pub enum Reason {
 impl Reason {
     /// The header value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Route => "route",
-            Reason::ModelWithoutPolicy => "model_without_policy",
-            Reason::PolicyPassthrough => "policy_passthrough",
-            Reason::TargetCannotContinue => "target_cannot_continue",
-            Reason::Tools => "tools",
-            Reason::Logprobs => "logprobs",
-            Reason::LogitBias => "logit_bias",
-            Reason::ResponseFormat => "response_format",
-            Reason::SchemaUnsupported => "schema_unsupported",
-            Reason::Echo => "echo",
-            Reason::Suffix => "suffix",
-            Reason::BestOf => "best_of",
-            Reason::Penalties => "penalties",
-            Reason::NonTextMessages => "non_text_messages",
-            Reason::MultiplePrompts => "multiple_prompts",
-            Reason::TokenizerMismatch => "tokenizer_mismatch",
-            Reason::DraftSaturated => "draft_saturated",
-            Reason::PromptTooLong => "prompt_too_long",
-            Reason::TokenizerCheckFailed => "tokenizer_check_failed",
-            Reason::EngineFailed => "engine_failed",
-        }
+        self.into()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strum::IntoEnumIterator;
+
+    /// Clients and dashboards match on these values: a renamed variant must not rename its
+    /// header value or metric label unnoticed.
+    #[test]
+    fn every_reason_keeps_its_name() {
+        use Reason::*;
+        let names = [
+            (Route, "route"),
+            (ModelWithoutPolicy, "model_without_policy"),
+            (PolicyPassthrough, "policy_passthrough"),
+            (TargetCannotContinue, "target_cannot_continue"),
+            (Tools, "tools"),
+            (Logprobs, "logprobs"),
+            (LogitBias, "logit_bias"),
+            (ResponseFormat, "response_format"),
+            (SchemaUnsupported, "schema_unsupported"),
+            (Echo, "echo"),
+            (Suffix, "suffix"),
+            (BestOf, "best_of"),
+            (Penalties, "penalties"),
+            (NonTextMessages, "non_text_messages"),
+            (MultiplePrompts, "multiple_prompts"),
+            (TokenizerMismatch, "tokenizer_mismatch"),
+            (DraftSaturated, "draft_saturated"),
+            (PromptTooLong, "prompt_too_long"),
+            (TokenizerCheckFailed, "tokenizer_check_failed"),
+            (EngineFailed, "engine_failed"),
+        ];
+        let all: Vec<Reason> = Reason::iter().collect();
+        assert_eq!(
+            all,
+            names.map(|(r, _)| r),
+            "every variant, once, in declaration order"
+        );
+        for (r, name) in names {
+            assert_eq!(r.as_str(), name, "{r:?}");
+        }
+    }
 
     #[test]
     fn reason_names_are_distinct_snake_case() {
-        use Reason::*;
-        let all = [
-            Route,
-            ModelWithoutPolicy,
-            PolicyPassthrough,
-            TargetCannotContinue,
-            Tools,
-            Logprobs,
-            LogitBias,
-            ResponseFormat,
-            SchemaUnsupported,
-            Echo,
-            Suffix,
-            BestOf,
-            Penalties,
-            NonTextMessages,
-            MultiplePrompts,
-            TokenizerMismatch,
-            DraftSaturated,
-            PromptTooLong,
-            TokenizerCheckFailed,
-            EngineFailed,
-        ];
-        let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), all.len());
+        let names: std::collections::BTreeSet<&str> = Reason::iter().map(Reason::as_str).collect();
+        assert_eq!(names.len(), Reason::iter().count());
         assert!(names.iter().all(|n| {
             n.chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')

@@ -1,5 +1,6 @@
 //! One test suite that every target client passes, run against the real llama-server (native
-//! and OpenAI-style endpoints), plus fault injection through a stub server.
+//! and OpenAI-style endpoints), plus fault injection through a stub server. Which kinds run
+//! where is [`contract`]'s, asked for every kind of the table.
 
 // Tests fail by panicking; helpers here are test code too.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
@@ -12,42 +13,126 @@ use std::time::{Duration, Instant};
 
 use approxy_verifier::TargetError;
 use approxy_verifier::targets::{
-    ChatPrefixTarget, Continuation, LlamaCppTarget, OpenAiCompletionsTarget, OpenAiTextTarget,
-    PrefixStyle, TargetClient, TargetConfig,
+    Continuation, LlamaCppTarget, OpenAiCompletionsTarget, PrefixStyle, TargetClient, TargetConfig,
+    TargetKind, TextSettings, build,
 };
 
-/// Every kind llama-server can stand in for: its native API, `/v1/completions` with token ids
-/// (the vllm kind's wire format) and with text, and chat completions continuing a final
-/// assistant message (its prefill).
-fn clients(url: &str) -> Vec<(&'static str, Box<dyn TargetClient>)> {
-    let mut oa = common::target_config(&format!("{url}/v1"));
-    oa.model = "target".into();
+/// A kind's client in front of a fault stub. Built directly rather than by the table's
+/// `build`, which asks for the draft's tokenizer: token-level clients never read it, and the
+/// fault tests run without the draft's files.
+type FaultClient = fn(TargetConfig) -> Box<dyn TargetClient>;
+
+/// Where the suite holds one kind's client to the contract.
+struct Contract {
+    /// llama-server speaks the kind's API, under this path of its root: the suite runs the
+    /// client the table builds against the real target.
+    on_llama_server: Option<&'static str>,
+    /// Its client, where the fault stubs below speak its wire format (llama.cpp's
+    /// `/completion`, vLLM's `/v1/completions` with token ids).
+    on_fault_stubs: Option<FaultClient>,
+    /// Where else its client is held to its wire format, for what neither of the above runs:
+    /// a file of this crate, and what it runs there.
+    elsewhere: Option<(&'static str, &'static str)>,
+}
+
+/// Every kind's entry. The match names each kind, so a kind added to the table does not
+/// compile here until it is given one.
+fn contract(kind: TargetKind) -> Contract {
+    match kind {
+        TargetKind::LlamaCpp => Contract {
+            on_llama_server: Some(""),
+            on_fault_stubs: Some(|c| {
+                Box::new(LlamaCppTarget::new(c).unwrap_or_else(|e| panic!("{e}")))
+            }),
+            elsewhere: None,
+        },
+        TargetKind::Vllm => Contract {
+            on_llama_server: Some("/v1"),
+            on_fault_stubs: Some(|c| {
+                Box::new(OpenAiCompletionsTarget::new(c).unwrap_or_else(|e| panic!("{e}")))
+            }),
+            elsewhere: Some(("tests/target_vllm.rs", "windows, against a real vLLM")),
+        },
+        TargetKind::Sglang => Contract {
+            on_llama_server: None,
+            on_fault_stubs: None,
+            elsewhere: Some((
+                "src/targets/sglang/tests.rs",
+                "a stub of SGLang's /generate",
+            )),
+        },
+        TargetKind::OpenaiText => Contract {
+            on_llama_server: Some("/v1"),
+            on_fault_stubs: None,
+            elsewhere: Some(("tests/target_text_stubs.rs", "hosted text completions")),
+        },
+        TargetKind::ChatPrefix => Contract {
+            on_llama_server: Some("/v1"),
+            on_fault_stubs: None,
+            elsewhere: Some(("tests/target_text_stubs.rs", "DeepSeek's and vLLM's chat")),
+        },
+        // Never asked to continue: its requests pass through.
+        TargetKind::OpenAiChat => Contract {
+            on_llama_server: None,
+            on_fault_stubs: None,
+            elsewhere: Some((
+                "src/targets/kind/abilities_tests.rs",
+                "its refusal to continue",
+            )),
+        },
+    }
+}
+
+#[test]
+fn every_kind_is_held_to_the_contract_somewhere() {
+    for &kind in TargetKind::ALL {
+        let c = contract(kind);
+        assert!(
+            c.on_llama_server.is_some() || c.on_fault_stubs.is_some() || c.elsewhere.is_some(),
+            "{}",
+            kind.policy_name()
+        );
+        if let Some((file, what)) = c.elsewhere {
+            let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            assert!(
+                at.is_file(),
+                "{}: {what} in {}",
+                kind.policy_name(),
+                at.display()
+            );
+        }
+    }
+}
+
+/// llama-server runs the clients of the kinds whose wire formats it speaks, whichever way a
+/// kind's entry is written.
+#[test]
+fn the_real_target_runs_every_kind_llama_server_speaks() {
+    let names: Vec<_> = clients("http://127.0.0.1:9")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["llama_cpp", "vllm", "openai_text", "chat_prefix"]);
+}
+
+/// Every kind llama-server can stand in for, built by the table: its native API,
+/// `/v1/completions` with token ids (the vllm kind's wire format) and with text, and chat
+/// completions continuing a final assistant message (its prefill).
+fn clients(url: &str) -> Vec<(&'static str, Arc<dyn TargetClient>)> {
     let tok = common::tokenizer();
-    vec![
-        (
-            "llama_cpp",
-            Box::new(
-                LlamaCppTarget::new(common::target_config(url)).unwrap_or_else(|e| panic!("{e}")),
-            ),
-        ),
-        (
-            "openai",
-            Box::new(OpenAiCompletionsTarget::new(oa.clone()).unwrap_or_else(|e| panic!("{e}"))),
-        ),
-        (
-            "openai_text",
-            Box::new(
-                OpenAiTextTarget::new(oa.clone(), tok.clone()).unwrap_or_else(|e| panic!("{e}")),
-            ),
-        ),
-        (
-            "chat_prefix",
-            Box::new(
-                ChatPrefixTarget::new(oa, tok, PrefixStyle::Prefill)
-                    .unwrap_or_else(|e| panic!("{e}")),
-            ),
-        ),
-    ]
+    let text = TextSettings {
+        prefix_style: PrefixStyle::Prefill,
+        ..TextSettings::default()
+    };
+    TargetKind::ALL
+        .iter()
+        .filter_map(|&kind| {
+            let path = contract(kind).on_llama_server?;
+            let cfg = common::target_config(&format!("{url}{path}"));
+            let client = build(kind, cfg, &tok, &text).unwrap_or_else(|e| panic!("{e}"));
+            Some((kind.policy_name(), client))
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -202,22 +287,23 @@ fn cfg(url: &str, timeout: Duration, retries: u32) -> TargetConfig {
     }
 }
 
-fn both(c: TargetConfig) -> Vec<Box<dyn TargetClient>> {
-    vec![
-        Box::new(LlamaCppTarget::new(c.clone()).unwrap_or_else(|e| panic!("{e}"))),
-        Box::new(OpenAiCompletionsTarget::new(c).unwrap_or_else(|e| panic!("{e}"))),
-    ]
+/// The kinds the fault stubs speak to, with their clients.
+fn fault_kinds() -> Vec<(&'static str, FaultClient)> {
+    TargetKind::ALL
+        .iter()
+        .filter_map(|&kind| Some((kind.policy_name(), contract(kind).on_fault_stubs?)))
+        .collect()
 }
 
 #[tokio::test]
 async fn server_errors_are_retried_then_typed() {
-    for i in 0..2 {
+    for (name, client) in fault_kinds() {
         let (url, calls) = stub(503, Duration::ZERO).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+        let c = client(cfg(&url, Duration::from_secs(5), 2));
         let r = c.continue_tokens(&common::req(vec![1, 2, 3], 1)).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 503, .. })),
-            "{r:?}"
+            "{name}: {r:?}"
         );
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
@@ -255,16 +341,16 @@ async fn rate_limited_stub(limited: u32, after: Option<&'static str>) -> (String
     (format!("http://{addr}"), calls)
 }
 
-/// One call through client `i` (of [`both`], 5 s an attempt, 2 retries) to a stub whose first
-/// answer is 429 with `Retry-After: after`, within the request `deadline` when one is given:
-/// the outcome, the stub's call count and the time taken.
+/// One call through `client` (5 s an attempt, 2 retries) to a stub whose first answer is 429
+/// with `Retry-After: after`, within the request `deadline` when one is given: the outcome,
+/// the stub's call count and the time taken.
 async fn call_rate_limited(
-    i: usize,
+    client: FaultClient,
     after: Option<&'static str>,
     deadline: Option<Duration>,
 ) -> (Result<Continuation, TargetError>, u32, Duration) {
     let (url, calls) = rate_limited_stub(1, after).await;
-    let c = &both(cfg(&url, Duration::from_secs(5), 2))[i];
+    let c = client(cfg(&url, Duration::from_secs(5), 2));
     let t = Instant::now();
     let req = common::req(vec![1], 1);
     let call = c.continue_tokens(&req);
@@ -278,9 +364,9 @@ async fn call_rate_limited(
 
 #[tokio::test]
 async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
-    for i in 0..2 {
+    for (_, client) in fault_kinds() {
         // Retry-After 1 s within a call of 3 attempts of 5 s: asked again after the wait.
-        let (r, calls, took) = call_rate_limited(i, Some("1"), None).await;
+        let (r, calls, took) = call_rate_limited(client, Some("1"), None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 400, .. })),
             "{r:?}"
@@ -288,7 +374,7 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
         assert_eq!(calls, 2);
         assert!(took >= Duration::from_secs(1), "{took:?}");
         // Retry-After 30 s does not fit its 15 s: the 429 at once.
-        let (r, calls, took) = call_rate_limited(i, Some("30"), None).await;
+        let (r, calls, took) = call_rate_limited(client, Some("30"), None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
@@ -296,7 +382,8 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
         assert_eq!(calls, 1);
         assert!(took < Duration::from_secs(1), "{took:?}");
         // Retry-After 2 s fits the call but not the request's deadline, 1 s away: at once.
-        let (r, calls, took) = call_rate_limited(i, Some("2"), Some(Duration::from_secs(1))).await;
+        let (r, calls, took) =
+            call_rate_limited(client, Some("2"), Some(Duration::from_secs(1))).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
@@ -304,7 +391,7 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
         assert_eq!(calls, 1);
         assert!(took < Duration::from_secs(1), "{took:?}");
         // A 429 that does not say when is not retried, as any 4xx.
-        let (r, calls, _) = call_rate_limited(i, None, None).await;
+        let (r, calls, _) = call_rate_limited(client, None, None).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 429, .. })),
             "{r:?}"
@@ -315,9 +402,9 @@ async fn a_rate_limit_that_says_when_is_waited_for_when_the_wait_fits() {
 
 #[tokio::test]
 async fn client_errors_are_not_retried() {
-    for i in 0..2 {
+    for (_, client) in fault_kinds() {
         let (url, calls) = stub(400, Duration::ZERO).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 3))[i];
+        let c = client(cfg(&url, Duration::from_secs(5), 3));
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(
             matches!(r, Err(TargetError::Status { status: 400, .. })),
@@ -329,9 +416,9 @@ async fn client_errors_are_not_retried() {
 
 #[tokio::test]
 async fn slow_target_times_out() {
-    for i in 0..2 {
+    for (_, client) in fault_kinds() {
         let (url, _) = stub(200, Duration::from_secs(10)).await;
-        let c = &both(cfg(&url, Duration::from_millis(200), 0))[i];
+        let c = client(cfg(&url, Duration::from_millis(200), 0));
         let t = Instant::now();
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Timeout(_))), "{r:?}");
@@ -346,7 +433,8 @@ async fn slow_target_times_out() {
 
 #[tokio::test]
 async fn refused_connection_is_unreachable() {
-    for c in both(cfg("http://127.0.0.1:9", Duration::from_secs(2), 1)) {
+    for (_, client) in fault_kinds() {
+        let c = client(cfg("http://127.0.0.1:9", Duration::from_secs(2), 1));
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Unreachable { .. })), "{r:?}");
         assert!(c.health().await.is_err());
@@ -355,9 +443,9 @@ async fn refused_connection_is_unreachable() {
 
 #[tokio::test]
 async fn malformed_answer_is_a_protocol_error() {
-    for i in 0..2 {
+    for (_, client) in fault_kinds() {
         let (url, _) = stub(200, Duration::ZERO).await;
-        let c = &both(cfg(&url, Duration::from_secs(5), 0))[i];
+        let c = client(cfg(&url, Duration::from_secs(5), 0));
         let r = c.continue_tokens(&common::req(vec![1], 1)).await;
         assert!(matches!(r, Err(TargetError::Protocol(_))), "{r:?}");
     }
@@ -412,7 +500,8 @@ async fn a_stream_that_ends_before_the_target_said_it_was_finished_is_an_error()
     use futures::StreamExt;
     for finished in [false, true] {
         let url = token_stream_stub(1, Duration::ZERO, finished).await;
-        for c in both(cfg(&url, Duration::from_secs(5), 0)) {
+        for (_, client) in fault_kinds() {
+            let c = client(cfg(&url, Duration::from_secs(5), 0));
             let items: Vec<_> = c
                 .stream_tokens(&common::req(vec![1], 1))
                 .await
@@ -471,7 +560,8 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_while_tokens_keep_coming() 
     use futures::{StreamExt, TryStreamExt};
     // 8 events 100 ms apart: 800 ms in all, against a 400 ms timeout per read.
     let url = token_stream_stub(8, Duration::from_millis(100), true).await;
-    for c in both(cfg(&url, Duration::from_millis(400), 0)) {
+    for (_, client) in fault_kinds() {
+        let c = client(cfg(&url, Duration::from_millis(400), 0));
         let chunks: Vec<_> = c
             .stream_tokens(&common::req(vec![1], 8))
             .await
@@ -484,7 +574,8 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_while_tokens_keep_coming() 
     }
     // A gap longer than the timeout is still a timeout.
     let url = token_stream_stub(2, Duration::from_millis(600), true).await;
-    for c in both(cfg(&url, Duration::from_millis(400), 0)) {
+    for (_, client) in fault_kinds() {
+        let c = client(cfg(&url, Duration::from_millis(400), 0));
         let last = c
             .stream_tokens(&common::req(vec![1], 2))
             .await

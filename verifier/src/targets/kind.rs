@@ -1,7 +1,7 @@
 //! The kinds of target a policy can name, and what each can do: the one table every other
-//! site asks. Adding a kind is its client's file plus one variant here and one arm in
-//! [`TargetKind::abilities`]; its policy name comes from the variant (strum), never from a
-//! match of names elsewhere.
+//! site asks. Adding a kind is its client's file plus, here, one variant, its row of
+//! [`Abilities`] and the arm of [`TargetKind::abilities`] that names the row; its policy name
+//! comes from the variant (strum), never from a match of names elsewhere.
 
 use std::sync::Arc;
 
@@ -107,117 +107,15 @@ impl std::fmt::Debug for Abilities {
 }
 
 impl TargetKind {
-    /// What this kind can do: the table. Every row is written out whole, so that a new field
-    /// or a new kind is decided for each kind rather than inherited.
+    /// What this kind can do: its row of the table.
     pub fn abilities(self) -> Abilities {
         match self {
-            TargetKind::LlamaCpp => Abilities {
-                continues: true,
-                text_level: false,
-                chat_prefix: false,
-                chat_template: false,
-                scores_windows: false,
-                cache_block: 1,
-                fills_context: true,
-                names_slots: true,
-                writes_after_close: true,
-                openai_suffix: "/v1",
-                // With `--metrics` (the run command starts it so).
-                counters: |base| Some(join(base, "/metrics")),
-                connect: |cfg, _, _| Ok(Arc::new(LlamaCppTarget::new(cfg)?)),
-            },
-            TargetKind::Vllm => Abilities {
-                continues: true,
-                text_level: false,
-                chat_prefix: false,
-                chat_template: false,
-                scores_windows: true,
-                cache_block: 16,
-                fills_context: false,
-                names_slots: false,
-                // It generated nothing after approxy closed a stream (policies/README.md,
-                // "Busy pricing").
-                writes_after_close: false,
-                openai_suffix: "",
-                // At the server root, beside the `/v1` the base URL names.
-                counters: |base| {
-                    let root = base.trim_end_matches('/').trim_end_matches("/v1");
-                    Some(join(root, "/metrics"))
-                },
-                connect: |cfg, _, _| Ok(Arc::new(OpenAiCompletionsTarget::new(cfg)?)),
-            },
-            TargetKind::Sglang => Abilities {
-                continues: true,
-                text_level: false,
-                chat_prefix: false,
-                chat_template: false,
-                scores_windows: true,
-                // The radix cache serves any common prefix at its default page size of 1 (a
-                // larger `--page-size` is the policy's `cache.block`).
-                cache_block: 1,
-                // It refuses a request whose prompt and `max_new_tokens` exceed the context.
-                fills_context: false,
-                names_slots: false,
-                writes_after_close: false,
-                // The base URL is the server root; its OpenAI API is under `/v1`.
-                openai_suffix: "/v1",
-                // Its `--enable-metrics` counters are named otherwise and give no compute time.
-                counters: |_| None,
-                connect: |cfg, _, _| Ok(Arc::new(SglangTarget::new(cfg)?)),
-            },
-            TargetKind::OpenaiText => Abilities {
-                continues: true,
-                text_level: true,
-                chat_prefix: false,
-                chat_template: true,
-                scores_windows: false,
-                cache_block: 1,
-                fills_context: false,
-                names_slots: false,
-                writes_after_close: false,
-                openai_suffix: "",
-                counters: |_| None,
-                connect: |cfg, tok, text| {
-                    Ok(Arc::new(
-                        OpenAiTextTarget::new(cfg, tok.clone())?
-                            .with_template(text.chat_template.clone()),
-                    ))
-                },
-            },
-            TargetKind::ChatPrefix => Abilities {
-                continues: true,
-                text_level: true,
-                chat_prefix: true,
-                chat_template: false,
-                scores_windows: false,
-                cache_block: 1,
-                fills_context: false,
-                names_slots: false,
-                writes_after_close: false,
-                openai_suffix: "",
-                counters: |_| None,
-                connect: |cfg, tok, text| {
-                    Ok(Arc::new(ChatPrefixTarget::new(
-                        cfg,
-                        tok.clone(),
-                        text.prefix_style,
-                    )?))
-                },
-            },
-            TargetKind::OpenAiChat => Abilities {
-                continues: false,
-                text_level: false,
-                chat_prefix: false,
-                chat_template: false,
-                scores_windows: false,
-                cache_block: 1,
-                fills_context: false,
-                names_slots: false,
-                writes_after_close: false,
-                openai_suffix: "",
-                counters: |_| None,
-                connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),
-            },
+            TargetKind::LlamaCpp => LLAMA_CPP,
+            TargetKind::Vllm => VLLM,
+            TargetKind::Sglang => SGLANG,
+            TargetKind::OpenaiText => OPENAI_TEXT,
+            TargetKind::ChatPrefix => CHAT_PREFIX,
+            TargetKind::OpenAiChat => OPENAI_CHAT,
         }
     }
 
@@ -254,6 +152,127 @@ impl TargetKind {
             .map_err(|_| format!("{name:?} is not one of {}", quoted(Self::NAMES)))
     }
 }
+
+// The table's rows. Each is written out whole, so that a new field or a new kind is decided
+// for each kind rather than inherited.
+
+/// [`TargetKind::LlamaCpp`].
+const LLAMA_CPP: Abilities = Abilities {
+    continues: true,
+    text_level: false,
+    chat_prefix: false,
+    chat_template: false,
+    scores_windows: false,
+    cache_block: 1,
+    fills_context: true,
+    names_slots: true,
+    writes_after_close: true,
+    openai_suffix: "/v1",
+    // With `--metrics` (the run command starts it so).
+    counters: |base| Some(join(base, "/metrics")),
+    connect: |cfg, _, _| Ok(Arc::new(LlamaCppTarget::new(cfg)?)),
+};
+
+/// [`TargetKind::Vllm`].
+const VLLM: Abilities = Abilities {
+    continues: true,
+    text_level: false,
+    chat_prefix: false,
+    chat_template: false,
+    scores_windows: true,
+    cache_block: 16,
+    fills_context: false,
+    names_slots: false,
+    // It generated nothing after approxy closed a stream (policies/README.md, "Busy
+    // pricing").
+    writes_after_close: false,
+    openai_suffix: "",
+    // At the server root, beside the `/v1` the base URL names.
+    counters: |base| {
+        let root = base.trim_end_matches('/').trim_end_matches("/v1");
+        Some(join(root, "/metrics"))
+    },
+    connect: |cfg, _, _| Ok(Arc::new(OpenAiCompletionsTarget::new(cfg)?)),
+};
+
+/// [`TargetKind::Sglang`].
+const SGLANG: Abilities = Abilities {
+    continues: true,
+    text_level: false,
+    chat_prefix: false,
+    chat_template: false,
+    scores_windows: true,
+    // The radix cache serves any common prefix at its default page size of 1 (a larger
+    // `--page-size` is the policy's `cache.block`).
+    cache_block: 1,
+    // It refuses a request whose prompt and `max_new_tokens` exceed the context.
+    fills_context: false,
+    names_slots: false,
+    writes_after_close: false,
+    // The base URL is the server root; its OpenAI API is under `/v1`.
+    openai_suffix: "/v1",
+    // Its `--enable-metrics` counters are named otherwise and give no compute time.
+    counters: |_| None,
+    connect: |cfg, _, _| Ok(Arc::new(SglangTarget::new(cfg)?)),
+};
+
+/// [`TargetKind::OpenaiText`].
+const OPENAI_TEXT: Abilities = Abilities {
+    continues: true,
+    text_level: true,
+    chat_prefix: false,
+    chat_template: true,
+    scores_windows: false,
+    cache_block: 1,
+    fills_context: false,
+    names_slots: false,
+    writes_after_close: false,
+    openai_suffix: "",
+    counters: |_| None,
+    connect: |cfg, tok, text| {
+        Ok(Arc::new(
+            OpenAiTextTarget::new(cfg, tok.clone())?.with_template(text.chat_template.clone()),
+        ))
+    },
+};
+
+/// [`TargetKind::ChatPrefix`].
+const CHAT_PREFIX: Abilities = Abilities {
+    continues: true,
+    text_level: true,
+    chat_prefix: true,
+    chat_template: false,
+    scores_windows: false,
+    cache_block: 1,
+    fills_context: false,
+    names_slots: false,
+    writes_after_close: false,
+    openai_suffix: "",
+    counters: |_| None,
+    connect: |cfg, tok, text| {
+        Ok(Arc::new(ChatPrefixTarget::new(
+            cfg,
+            tok.clone(),
+            text.prefix_style,
+        )?))
+    },
+};
+
+/// [`TargetKind::OpenAiChat`].
+const OPENAI_CHAT: Abilities = Abilities {
+    continues: false,
+    text_level: false,
+    chat_prefix: false,
+    chat_template: false,
+    scores_windows: false,
+    cache_block: 1,
+    fills_context: false,
+    names_slots: false,
+    writes_after_close: false,
+    openai_suffix: "",
+    counters: |_| None,
+    connect: |cfg, _, _| Ok(Arc::new(ChatOnlyTarget::new(cfg)?)),
+};
 
 /// The names of the kinds that have an ability, for an error message ("vllm", "a or b").
 pub fn kinds_that(has: impl Fn(&Abilities) -> bool) -> String {
@@ -294,6 +313,9 @@ pub fn build(
 ) -> Result<Arc<dyn TargetClient>, TargetError> {
     (kind.abilities().connect)(cfg, tokenizer, text)
 }
+
+#[cfg(test)]
+mod abilities_tests;
 
 #[cfg(test)]
 mod tests {
