@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 /// The Markdown files whose links are checked.
-const DOCS: [&str; 6] = [
+const DOCS: [&str; 7] = [
     "README.md",
+    "ARCHITECTURE.md",
     "policies/README.md",
     "gateway/README.md",
     "deploy/README.md",
