@@ -20,9 +20,10 @@ const PRIOR_TOKENS: f64 = 512.0;
 /// Requests a ledger holds before its cost ratio can put a model over budget.
 const MIN_REQUESTS: u64 = 8;
 
-/// The rates a model starts from, before its traffic says otherwise: spans at the shipped
-/// threshold without a guard, as `approxy bench calls` measured them (tests/README.md, 2026-11-23:
-/// HumanEval 5.5 calls and 33 target tokens per 100, held-out chat 5.8 and 87).
+/// The rates a model starts from, before its traffic says otherwise: what spans at the shipped
+/// threshold without a guard made on code and on chat under `approxy bench calls`, so that a
+/// fresh model is judged as such traffic was, not as free or as hopeless (see
+/// policies/README.md, "Guard modes").
 pub fn prior(kind: PromptKind) -> Rates {
     match kind {
         PromptKind::Code => Rates {

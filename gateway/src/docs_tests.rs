@@ -3,7 +3,8 @@
 //! accepts is in the policy reference and every key it names is accepted; every metric the
 //! gateway and the engine emit is described and in the gateway reference, and so is every
 //! error code; every target kind has its row in the policy reference; every relative link and
-//! anchor between the Markdown references resolves. Each
+//! anchor between the Markdown references resolves; the gateway reference's source layout lists
+//! every source file of every crate, and no file that is gone. Each
 //! checker is also tried on a text that breaks it, so none passes by finding nothing.
 
 // Tests fail by panicking.
@@ -15,8 +16,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 /// The Markdown files whose links are checked.
-const DOCS: [&str; 6] = [
+const DOCS: [&str; 7] = [
     "README.md",
+    "ARCHITECTURE.md",
     "policies/README.md",
     "gateway/README.md",
     "deploy/README.md",
@@ -468,4 +470,159 @@ fn the_checkers_catch_a_deliberate_omission() {
             .map(str::to_string)
             .collect()
     );
+}
+
+/// The source folders of the workspace's crates, from the root: the ones the gateway
+/// reference's source layout lists file by file.
+const SOURCE_FOLDERS: [&str; 6] = [
+    "gateway/src",
+    "gateway/cli/src",
+    "verifier/src",
+    "training/src",
+    "deploy/setup/src",
+    "tests/bench/src",
+];
+
+/// The `.rs` files under the source folders, as paths from the root.
+fn source_files() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for folder in SOURCE_FOLDERS {
+        let mut stack = vec![PathBuf::from(folder)];
+        while let Some(rel) = stack.pop() {
+            for e in std::fs::read_dir(root().join(&rel))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let p = rel.join(e.file_name());
+                if e.path().is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.insert(p.to_string_lossy().replace('\\', "/"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The files the source layout names, as paths from the root. It is the fenced block of the
+/// "Source layout" section: a line at the margin naming a source folder (`verifier/src/`)
+/// opens it; below it a line indented two spaces a level names a file (`decode.rs`) or a
+/// folder (`decode/`) of the level above. Deeper lines continue a description.
+fn listed_files(md: &str) -> BTreeSet<String> {
+    let section = md.split("\n## Source layout\n").nth(1).unwrap_or("");
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    // The open folder: the source folder, then the folders below it.
+    let mut path: Vec<String> = Vec::new();
+    for line in section.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            if line.starts_with('#') {
+                break;
+            }
+            continue;
+        }
+        let Some(word) = line.split_whitespace().next() else {
+            continue;
+        };
+        let indent = line.len() - line.trim_start().len();
+        if indent == 0 {
+            path = SOURCE_FOLDERS
+                .iter()
+                .find(|f| word.strip_suffix('/') == Some(**f))
+                .map(|f| vec![f.to_string()])
+                .unwrap_or_default();
+            continue;
+        }
+        let depth = indent / 2;
+        if path.is_empty() || indent % 2 == 1 || depth > path.len() {
+            continue;
+        }
+        path.truncate(depth);
+        if let Some(folder) = word.strip_suffix('/') {
+            path.push(folder.to_string());
+        } else if word.ends_with(".rs") {
+            out.insert(format!("{}/{word}", path.join("/")));
+        }
+    }
+    out
+}
+
+/// What the layout should say and does not: the files it lacks, and the files it lists that
+/// are gone, as one message naming each (empty when the layout is exact).
+fn layout_drift(listed: &BTreeSet<String>, present: &BTreeSet<String>) -> String {
+    let missing: Vec<&String> = present.difference(listed).collect();
+    let gone: Vec<&String> = listed.difference(present).collect();
+    let mut out = String::new();
+    if !missing.is_empty() {
+        out += "add a line for each of these, under its folder, saying what it holds:\n";
+        for f in missing {
+            out += &format!("  {f}\n");
+        }
+    }
+    if !gone.is_empty() {
+        out += "remove the line of each of these, which no longer exist:\n";
+        for f in gone {
+            out += &format!("  {f}\n");
+        }
+    }
+    out
+}
+
+#[test]
+fn the_source_layout_lists_every_source_file_and_only_those() {
+    let present = source_files();
+    assert!(
+        present.contains("verifier/src/decode/run.rs") && present.len() > 100,
+        "{present:?}"
+    );
+    let listed = listed_files(&read("gateway/README.md"));
+    let drift = layout_drift(&listed, &present);
+    assert!(
+        drift.is_empty(),
+        "gateway/README.md, \"Source layout\", is out of date:\n{drift}"
+    );
+}
+
+/// The layout checker finds a file the layout lacks and a listed file that is gone, reads
+/// nested folders, and takes neither a description's words nor another folder for a file.
+#[test]
+fn the_layout_checker_catches_a_missing_and_a_gone_file() {
+    let md = "# x\n## Source layout\n\ntext\n```\ngateway/src/     the library\n  \
+              lib.rs         its modules\n  policy/        policies\n    mod.rs       \
+              the policy\n                 kept.rs spans two lines\n  stack.rs       the \
+              stack\ngateway/          not a source folder\n  other.rs\nverifier/src/\n  \
+              decode/\n    repeats/\n      loop_tests.rs  tests\n    run.rs     a run\n```\n\
+              ## Next\n```\nverifier/src/\n  late.rs\n```\n";
+    let listed = listed_files(md);
+    let want: BTreeSet<String> = [
+        "gateway/src/lib.rs",
+        "gateway/src/policy/mod.rs",
+        "gateway/src/stack.rs",
+        "verifier/src/decode/repeats/loop_tests.rs",
+        "verifier/src/decode/run.rs",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(listed, want);
+    assert_eq!(layout_drift(&want, &want), "");
+    let mut present = want.clone();
+    present.remove("gateway/src/stack.rs");
+    present.insert("gateway/src/new.rs".to_string());
+    let drift = layout_drift(&listed, &present);
+    assert!(
+        drift.contains("add a line") && drift.contains("  gateway/src/new.rs\n"),
+        "{drift}"
+    );
+    assert!(
+        drift.contains("no longer exist") && drift.contains("  gateway/src/stack.rs\n"),
+        "{drift}"
+    );
+    assert!(!drift.contains("run.rs"), "{drift}");
 }

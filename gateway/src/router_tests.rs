@@ -1144,9 +1144,9 @@ async fn connect_from(from: [u8; 4], to: std::net::SocketAddr) -> tokio::net::Tc
     socket.connect(to).await.unwrap()
 }
 
-/// A streaming client that never reads an answer longer than the kernel's buffers (issue 46,
-/// finding 6): the gateway buffers a bounded amount, no more than the sockets hold, and drops
-/// the connection at `write_idle_timeout`, which drops the target's stream with it.
+/// A streaming client that never reads an answer longer than the kernel's buffers: the gateway
+/// buffers a bounded amount, no more than the sockets hold, and drops the connection at
+/// `write_idle_timeout`, which drops the target's stream with it.
 #[tokio::test]
 async fn a_streaming_client_that_never_reads_is_dropped_at_the_write_idle_with_bounded_buffering() {
     use std::sync::atomic::Ordering::SeqCst;
@@ -1207,7 +1207,7 @@ fn kernel_socket_bytes() -> usize {
     }
 }
 
-/// A declared `Content-Length` reserves nothing (issue 46, finding 2): clients that promise
+/// A declared `Content-Length` reserves nothing: clients that promise
 /// bodies as large as the gateway takes and then trickle them hold what they sent, and another
 /// client is served meanwhile. On a budget charged for promises, these eight took it all.
 #[tokio::test]
@@ -1367,7 +1367,7 @@ fn get(path: &str) -> Request<Body> {
 }
 
 /// A request target or headers past the gateway's limits get 414 and 431 in the OpenAI shape,
-/// with the request id (issue 46, finding 5: hyper's own refusals had no body and no id).
+/// with the request id (hyper's own refusals had no body and no id).
 #[tokio::test]
 async fn a_long_uri_or_a_header_flood_is_refused_in_the_openai_shape_with_an_id() {
     use crate::middleware::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
@@ -1536,7 +1536,7 @@ async fn the_target_is_reachable_only_on_the_routes_approxy_serves() {
             Request::post("/health").body(Body::empty()).unwrap(),
             &not_allowed,
         ),
-        // The probe's (issue 46, finding 5): these were 404.
+        // These were once 404.
         (
             Request::delete("/v1/models").body(Body::empty()).unwrap(),
             &not_allowed,
@@ -1598,7 +1598,7 @@ async fn headers_cross_only_through_allow_lists() {
     let state = Setup::new("x", 0.9, "x").state().await;
     let mut req = post("/v1/chat/completions", &chat("pt", json!({})));
     for (k, v) in [
-        // The client's credentials, whatever the header (issue 46, finding 6).
+        // The client's credentials, whatever the header.
         ("authorization", "Bearer client-secret"),
         ("x-api-key", "client-key"),
         ("api-key", "client-key"),

@@ -1,4 +1,4 @@
-"""Hardening, round 3 (issue 46), against the real llama-server target: client mistakes that
+"""Hardening against the real llama-server target: client mistakes that
 llama-server answers with a 500 are the client's 400 and never count against the target; a
 prompt of megabytes that cannot fit is refused at once, without the gateway's memory growing
 with it; completion prompt arrays share `n`'s bound; protocol refusals are in the OpenAI shape;

@@ -1,4 +1,4 @@
-"""Many streams at once (issue 47): one draft worker drafts for eight openai-client streams
+"""Many streams at once: one draft worker drafts for eight openai-client streams
 together, each in approximate mode from its first token to its last, none cut."""
 import concurrent.futures
 import json

@@ -1,4 +1,4 @@
-"""`n` > 1 in approximate mode (issue 48): `n` draft runs against the real draft and the real
+"""`n` > 1 in approximate mode: `n` draft runs against the real draft and the real
 llama-server, each on its own draft stream, seeded apart, each verified; usage sums them."""
 import json
 

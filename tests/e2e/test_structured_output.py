@@ -1,4 +1,4 @@
-"""Structured output in approximate mode (issue 48): JSON Schema from the openai SDK's
+"""Structured output in approximate mode: JSON Schema from the openai SDK's
 `chat.completions.parse` and LangChain's `with_structured_output`, JSON mode and
 `response_format: text` are answered by approxy under a grammar (llguidance over the draft's
 vocabulary), against the real draft and the real llama-server. Every answer that ends is valid

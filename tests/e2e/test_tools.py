@@ -1,4 +1,4 @@
-"""Tool calls in approximate mode (issue 48): tools are rendered by the model's chat template
+"""Tool calls in approximate mode: tools are rendered by the model's chat template
 (Qwen2.5's `<tools>` block) and a call is written under a grammar (the tool names, each tool's
 parameters as its schema), against the real draft and the real llama-server. The answer is an
 OpenAI `tool_calls` message; streamed, the SDK reassembles it from the deltas."""

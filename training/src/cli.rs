@@ -1054,7 +1054,7 @@ fn rule_section(c: &Calibration) -> String {
     s
 }
 
-/// The verifiers at the policies' budgets, and where the goal stands.
+/// The verifiers at the policies' budgets, and where the verifier's goal stands.
 fn budget_section(c: &Calibration) -> String {
     let mut s = String::new();
     if c.budgets.is_empty() {

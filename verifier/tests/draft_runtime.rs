@@ -286,7 +286,7 @@ async fn greedy(
 /// Four streams batched in one worker against the same four run alone: the same greedy
 /// tokens, or a parting only where the draft's top two were within the batch's numerical
 /// noise. (The batch runs other shapes through ONNX Runtime's int4 kernels, so its numbers
-/// differ in the last bits; the figures printed are the measurement issue 47 asks for.)
+/// differ in the last bits; the figures printed are what the many-streams goals read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_four_matches_four_runs_alone() {
     use approxy_verifier::{DraftPool, DraftWorkers};

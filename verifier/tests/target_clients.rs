@@ -174,9 +174,9 @@ async fn dropping_a_stream_stops_llama_server() {
 /// A span's stream is closed while llama-server is still generating, and it notices a token or
 /// two later. The answer's next call, sent at once, names the answer's slot: it waits for that
 /// slot and finds the whole prefix cached there, instead of taking the other slot and computing
-/// the prompt again. Without `answer` (no slot named), on the test target (2 slots, 2026-11-27),
-/// the next call found 25 of 49 prompt tokens cached in three runs of three (the other slot's
-/// system prompt).
+/// the prompt again. Without `answer` (no slot named), on the test target's two slots, the next
+/// call found only the other slot's system prompt cached (see tests/README.md, "Slots that
+/// keep an answer's cache").
 #[tokio::test]
 async fn an_answers_next_call_finds_its_prefix_in_the_slot_a_dropped_stream_held() {
     use futures::StreamExt;

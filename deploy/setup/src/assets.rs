@@ -237,7 +237,8 @@ impl DraftVariant {
 }
 
 /// The shipped draft (`models/draft-onnx`): int4 with block size 128, which the fidelity
-/// benchmark's rule picks (the same agreement as block size 32 at 27 % less time per token).
+/// benchmark's rule picks: the same agreement with the target as block size 32, in less time
+/// per token (see tests/README.md, "The draft's fidelity by conversion").
 pub const SHIPPED_DRAFT_VARIANT: DraftVariant = DraftVariant {
     name: "int4-b128-acc4",
     precision: "int4",
@@ -247,7 +248,7 @@ pub const SHIPPED_DRAFT_VARIANT: DraftVariant = DraftVariant {
 
 /// sha256 of the shipped conversion's graph, `model.onnx`: the same bytes on every CPU family
 /// tried (an AVX2-only AMD EPYC, an AVX-512 AMD EPYC and an Intel Xeon with AVX-512, AVX512-FP16
-/// and AMX flags, 2026-11-22..24). Its weights, `model.onnx.data`, are not pinned by bytes: the
+/// and AMX flags; see deploy/README.md, "What set-up accepts as the draft"). Its weights, `model.onnx.data`, are not pinned by bytes: the
 /// conversion rounds differently on the Intel machine, so set-up compares their numeric
 /// fingerprint with a committed reference instead (`fingerprint.rs`).
 pub const SHIPPED_DRAFT_ONNX_GRAPH_SHA256: (&str, &str) = (

@@ -16,7 +16,8 @@ use anyhow::Context;
 use serde::Deserialize;
 
 /// The committed reference: the shipped conversion (int4, block size 128) made on an Intel
-/// Xeon (AVX-512, AVX512-FP16, AMX flags) on 2026-11-24.
+/// Xeon (AVX-512, AVX512-FP16, AMX flags), whose weights' bytes differ from the AMD machines'
+/// (see deploy/README.md, "What set-up accepts as the draft").
 pub const REFERENCE_JSON: &str = include_str!("../draft-fingerprint.json");
 
 /// A converted draft's fingerprint, as `fingerprint_draft.py` writes it.
@@ -108,15 +109,10 @@ impl Fingerprint {
 /// How far a conversion may be from the reference and still be the same model.
 ///
 /// Derived from two conversions of the same float32 checkpoint with the same packages whose
-/// block quantiser rounds differently (`fingerprint_draft.py` on each, measured 2026-11-24):
-/// - `v·(1/s) + 8` rounded once (fused multiply-add) instead of twice: 0.26 % of the sampled
-///   int4 levels differ (79 of 30,976), each by one level; a tensor's level histogram moves by
-///   at most 0.57 % (L1 over its elements); scales and float tensors identical; logits differ
-///   by up to 2.2 and the top token changes at 3 of 106 positions, all where the reference's
-///   own top two were within 0.28;
-/// - ties rounded to even instead of away from zero: 6.6 % of the levels differ by one (the
-///   GGUF's Q5_0 values sit on a grid, so exact ties are common), histogram up to 23 %, logits
-///   up to 3.3, the top token changes at 13 of 106 positions, all within 0.93 of a tie.
+/// block quantiser rounds differently (`v·(1/s) + 8` rounded once instead of twice; ties
+/// rounded to even instead of away from zero), each measured against the reference with
+/// `fingerprint_draft.py`: such conversions are the same model and must pass. Every figure is
+/// in deploy/README.md, "What set-up accepts as the draft".
 ///
 /// Each bound is about 1.5 times the larger measurement. What stays refused (also measured):
 /// another block size or precision (the layout differs), any level moved by more than one step

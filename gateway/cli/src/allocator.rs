@@ -2,14 +2,14 @@
 //! Runtime's `malloc` as well.
 //!
 //! Why mimalloc: glibc keeps what a burst of large requests freed in its per-thread arenas (the
-//! gateway stayed at 821 MiB after an attack soak that started at 427), and it keeps the batch
-//! KV caches ONNX Runtime frees each time a stream joins or leaves the draft's batch (62 MiB
-//! more resident per concurrent stream at a 1,024-token context, where the cache itself is 27).
+//! gateway stayed far above its starting memory after an attack soak), and it keeps the batch
+//! KV caches ONNX Runtime frees each time a stream joins or leaves the draft's batch (more than
+//! twice the cache itself resident per concurrent stream).
 //!
 //! Why purge at once: mimalloc returns freed memory to the system only a second after the
-//! free, and then only at a later allocation, so an idle gateway held 120 to 155 MiB after a
-//! burst of 4 MiB prompts. Purged at once, it held none, and the draft's steps measured no
-//! slower (tests/README.md, "Many streams at once").
+//! free, and then only at a later allocation, so an idle gateway kept holding what a burst of
+//! 4 MiB prompts freed. Purged at once, it held none, and the draft's steps measured no slower
+//! (see tests/README.md, "Many streams at once", and "Soak").
 //!
 //! The only `unsafe` in the workspace lives here (the house test `unsafe_code_is_only_here`).
 

@@ -1,5 +1,5 @@
 """Writes prompts.jsonl, the copy-heavy sample of `approxy bench calls --sample copy`: prompts
-whose answers copy much of the prompt, where prompt lookup should pay (issue 47).
+whose answers copy much of the prompt, where prompt lookup should pay.
 
 - 16 code rewrites: a HumanEval problem's prompt and canonical solution, asked back with one
   small change (type hints, or a new name), the rest kept as it is. HumanEval (MIT) is the copy

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Structured output (issue 48; tests/README.md, "Structured output"): the hand-written sample in
+# Structured output (tests/README.md, "Structured output"): the hand-written sample in
 # tests/bench/structured/ (extraction and classification under JSON Schemas, JSON mode, tool calls) through
 # the shipped policy and through target-only, one llama-server, cores pinned; then what
 # compiling a schema costs. Writes tests/bench/results/structured/.

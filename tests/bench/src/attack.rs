@@ -6,11 +6,11 @@
 //!   as the gateway closes it, and the time to that close is recorded;
 //! - 64 promised-but-slow bodies (from 127.0.0.4): request headers declaring a 4 MiB body, a
 //!   byte of it, then half trickle a byte every 4 s and half stall; each expects a 408 within
-//!   the body deadlines and reconnects (issue 46: on a budget charged for promises, these made
+//!   the body deadlines and reconnects (on a budget charged for promises, these once made
 //!   every other POST a 429);
 //! - 8 clients sending 4 MiB prompts (from 127.0.0.5), one after another: `"ab " * 1398000`,
 //!   `max_tokens` 4, to a model the policy answers approximately, so each is parsed, rendered
-//!   and tokenized by the gateway (issue 46: 400 MB of memory each when tokenized whole);
+//!   and tokenized by the gateway (tokenized whole, each once took hundreds of MB);
 //! - 20 normal streaming clients (from 127.0.0.1), one request after another.
 //!
 //! The upstream is the soak's stub (OpenAI's chat completions wire format), so what is measured

@@ -3,7 +3,7 @@
 //! core layout and per injected per-call delay (a remote API's round trip), it runs:
 //! - `target-only`: the gateway in passthrough;
 //! - `default`: the shipped policy's `"*"` model as it is (spans, its guard: budget);
-//! - `strict`: the same with `guard = "strict"` (the default until 2026-11-25);
+//! - `strict`: the same with `guard = "strict"` (the earlier default, kept to compare with);
 //! - `span`: the same with the cost guard off, so the spans themselves are measured;
 //! - `span-overlap`: `span` with drafting while the target works;
 //! - `vllm-target-only`, `vllm-exact`, `vllm-exact-overlap`: vLLM serving the draft's float32
@@ -146,9 +146,10 @@ pub enum CallConfig {
     /// The shipped policy with prompt lookup proposing up to [`LOOKUP_TOKENS`] tokens.
     DefaultLookup,
     /// The shipped policy with each span asked for in one streamed call, closed where the
-    /// span ends (`correction.ask = "all"`, the default on llama-server until 2026-11-29).
+    /// span ends (`correction.ask = "all"`, the earlier default on llama-server, kept to compare
+    /// with: see tests/README.md, "What a span's calls ask for").
     DefaultStreamed,
-    /// The shipped policy with the strict guard (the default until 2026-11-25).
+    /// The shipped policy with the strict guard (the earlier default, kept to compare with).
     Strict,
     /// Spans, no cost guard.
     Span,
@@ -1463,7 +1464,7 @@ fn inflight_per_close(a: &Aggregates, counted: &Tokens) -> String {
     )
 }
 
-/// The cost issue's goals (issue 30), per llama.cpp configuration and sample, on the runs with
+/// The savings goals for API-priced targets, per llama.cpp configuration and sample, on the runs with
 /// 0 ms per call (speed: also at 200 ms): cost at DeepSeek's prices with its cache at most 0.6x
 /// target-only on HumanEval and 0.75x on chat; HumanEval pass@1 at most one problem below
 /// target-only; at 200 ms per call at least target-only's speed. And the guard's own bounds at

@@ -1,4 +1,4 @@
-//! `approxy bench concurrency`: how many users one target serves through approxy (issue 47).
+//! `approxy bench concurrency`: how many users one target serves through approxy.
 //! C concurrent clients share a sample's prompts (each takes the next one free) against one
 //! llama-server with 16 slots, through approxy's shipped policy and through approxy in
 //! passthrough, in each core layout. Per run: answers a minute, tokens a second overall, each

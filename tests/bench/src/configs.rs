@@ -24,7 +24,7 @@ pub struct Config {
     pub id: String,
     /// Table label.
     pub label: String,
-    /// The letter: a..e.
+    /// The configuration's letter in the quality table: a..e.
     pub family: char,
     /// How it is served.
     pub route: Route,

@@ -286,7 +286,7 @@ fn loop_report(
     Ok(json!(rows))
 }
 
-/// The goal for the loop's time per drafted token against the bare forward pass.
+/// The goal for the loop's time per drafted token against the bare forward pass.
 const LOOP_GOAL: f64 = 1.15;
 
 /// The shipped learned verifier, bound to the draft it names (this measurement is of its cost

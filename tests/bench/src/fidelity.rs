@@ -5,7 +5,7 @@
 //! share of positions where the draft's top token is the target's, its decode speed with each
 //! thread count, and its peak memory; its size on disk is read from its files.
 //!
-//! Which variant to ship (issue 13's rule): the most agreement per millisecond among those
+//! Which variant to ship (the fidelity rule): the most agreement per millisecond among those
 //! within 1.3x of the shipped draft's milliseconds per token, measured in the same run.
 
 use std::collections::BTreeMap;
@@ -183,7 +183,7 @@ pub fn held_out_prompts(corpus: &[CorpusPrompt], per_kind: usize) -> Vec<CorpusP
         .collect()
 }
 
-/// The variant issue 13's rule picks: within [`MAX_SLOWDOWN`] of the shipped draft's ms/token
+/// The variant the fidelity rule picks: within [`MAX_SLOWDOWN`] of the shipped draft's ms/token
 /// at `threads`, the most agreement per millisecond.
 pub fn choose(vs: &[VariantResult], threads: usize) -> Option<&VariantResult> {
     let base = vs.iter().find(|v| v.shipped)?.ms(threads)?;

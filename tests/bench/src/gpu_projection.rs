@@ -1,6 +1,6 @@
 //! What approxy's target calls would cost on a GPU-hosted target: a projection from a measured
-//! table (`tests/bench/gpu/window_cost.json`, one H200, 2026-11-26), not a measurement of approxy on
-//! a GPU. The table times one forward pass of B sequences each appending K tokens to a cached
+//! table (`tests/bench/gpu/window_cost.json`, one H200; see tests/bench/gpu/README.md), not a
+//! measurement of approxy on a GPU. The table times one forward pass of B sequences each appending K tokens to a cached
 //! context of L tokens, in decode steps (t(B, K) / t(B, 1)) and in milliseconds.
 //!
 //! A call that reads `cached` tokens from the prefix cache, prefills `prefilled` new ones and

@@ -437,8 +437,8 @@ pub async fn run(opts: &QualityOptions) -> anyhow::Result<()> {
     let logs = home.log("bench").with_extension("d");
     let scratch = home.work("bench-exec");
     // Idle connections are dropped before the servers' own 5 s keep-alive closes them: a request
-    // sent on a connection the server has just closed fails with nothing sent back (two such
-    // failures in a llama.cpp speculative run called directly, 2026-11-22).
+    // sent on a connection the server has just closed fails with nothing sent back, which
+    // would count as the configuration's failure.
     let http = reqwest::Client::builder()
         .pool_idle_timeout(approxy_verifier::targets::POOL_IDLE_TIMEOUT)
         .build()?;

@@ -136,8 +136,8 @@ pub async fn start_llama_slots(
         "-tb",
         &threads,
         // No prompt cache across requests: otherwise a configuration run after another finds
-        // the same prompts already processed (TTFT 0.25 s against 1.24 s for the same
-        // target-only run, 2026-11-23). The slot's own cache still serves a request's
+        // the same prompts already processed and looks faster than it is (see tests/README.md,
+        // "Earlier measurements", the HumanEval quality run). The slot's own cache still serves a request's
         // successive calls, as a provider's prompt cache would.
         "--cache-ram",
         "0",

@@ -1,5 +1,5 @@
 //! `approxy bench streams`: the draft's batched decode across concurrent streams in one worker
-//! (issue 47's draft goals). C streams, each after its own prompt at a set context length,
+//! (the draft's goals for many streams). C streams, each after its own prompt at a set context length,
 //! decode greedily together; for each C: all streams' tokens a second, each stream's (p50 and
 //! p10), the ratio to one stream alone, and the memory each stream adds (the process's
 //! resident memory, read while the C streams still hold their caches at their longest, and
@@ -41,7 +41,7 @@ pub struct StreamsOptions {
     pub out: Option<std::path::PathBuf>,
 }
 
-/// The context the goals are read at: the memory goal's (issue 47).
+/// The context the goals are read at: the memory goal's.
 pub const GOAL_CONTEXT: u64 = 1024;
 
 /// Distinct prompts of `context` tokens: the i-th stream's.

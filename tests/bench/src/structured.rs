@@ -1,4 +1,4 @@
-//! `approxy bench structured`: structured output (issue 48) on the hand-written sample in
+//! `approxy bench structured`: structured output on the hand-written sample in
 //! `tests/bench/structured/` (extraction and classification under JSON Schemas, JSON mode,
 //! tool calls), through the shipped policy and through target-only (llama-server constraining
 //! its own answer to the same `response_format`, or parsing its own tool calls), one

@@ -1,4 +1,4 @@
-"""Structured output sample of issue 48: extraction and classification with JSON Schemas, and
+"""The structured output sample: extraction and classification with JSON Schemas, and
 JSON mode; written by hand, no downloads.
 
 - 22 extraction prompts: a short text (invoice, job post, review, ticket, recipe, meeting notes,

@@ -30,9 +30,8 @@ pub const PRIOR_TOKENS: f64 = 64.0;
 /// request held to the ratio can only hand its answer to the target at its first rejection,
 /// and such a hand-off costs about passthrough (a little more when it is closed at a stop
 /// string, with the tokens in flight): without a margin, traffic a hair over the ratio would
-/// hold every later request to it and never come back under (measured 2026-11-26: one
-/// warm-up request put a model over budget, and all 24 HumanEval answers after it were handed
-/// off).
+/// hold every later request to it and never come back under, as one answer handed off early
+/// once did to a fresh model (see tests/README.md, "Priced by the target's time").
 pub const OVER_BUDGET_MARGIN: f64 = 0.05;
 
 /// A rate over `tokens` tokens that counted `count`, blended with `prior` weighted as `weight`

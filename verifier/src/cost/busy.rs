@@ -21,9 +21,10 @@ pub struct BusyRates {
 }
 
 impl BusyRates {
-    /// Measured on the CPU llama-server the run command starts (Qwen2.5-Coder-1.5B Q4_K_M, one
-    /// core, `approxy bench calls` target-only runs, 2026-11-25): 10.6 ms per computed prompt
-    /// token and 37.5 ms per generated one. The fixed part is learned from traffic.
+    /// The CPU llama-server the run command starts (Qwen2.5-Coder-1.5B Q4_K_M, one core), by
+    /// its own counters over `approxy bench calls` target-only runs: a prior, so that calls are
+    /// priced sensibly before the target's timings teach its real rates. The fixed part is left
+    /// to traffic. See policies/README.md, "Busy pricing: the target's time".
     pub const CPU_LLAMA_SERVER: BusyRates = BusyRates {
         prefill_ms: 10.6,
         generate_ms: 37.5,

@@ -13,10 +13,10 @@ use super::pricing::Pricing;
 use super::tariff::Tariff;
 
 /// Tokens a target generates, on average, after approxy closes its stream before the end (a
-/// span that resynced, an answer that hit a stop string): it notices only at its next write.
-/// Measured on llama-server (`approxy bench calls`, HumanEval, cores pinned, 2026-11-25): its
-/// own counters (`llamacpp:tokens_predicted_total`) exceeded the tokens that reached approxy by
-/// 1.93 to 1.96 per closed stream in every configuration (58, 24 and 104 streams).
+/// span that resynced, an answer that hit a stop string): it notices only at its next write,
+/// and those tokens are paid for though never seen. Two is what llama-server's own counters
+/// (`llamacpp:tokens_predicted_total`) showed per closed stream against the tokens that reached
+/// approxy (see tests/README.md, "What a span's calls ask for").
 pub const TOKENS_IN_FLIGHT_AT_CLOSE: u64 = 2;
 
 /// What a generation has spent so far, in tokens: all the cost model reads (the decode loop

@@ -93,8 +93,7 @@ impl Bound {
 impl DraftSession {
     /// Loads `model.onnx` from `dir` with `threads` intra-op threads. With `spin` false the
     /// threads sleep between runs instead of spin-waiting: when the draft shares cores with a
-    /// local target, spinning threads starve it (measured here: llama-server fell from about
-    /// 13 to under 2 tokens/s per slot while a draft worker spun).
+    /// local target, spinning threads starve it (see policies/README.md, `draft.spin_wait`).
     pub fn load(
         lib: &Path,
         dir: &Path,

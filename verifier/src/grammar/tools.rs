@@ -123,9 +123,9 @@ fn arguments_schema(parameters: &Value) -> Value {
 }
 
 /// Finds the calls an answer completes, so that a call repeating one of them can end the
-/// answer before it. Greedy small models loop on their calls: on the tool sample two of three
+/// answer before it. Greedy small models loop on their calls: on the tool sample most
 /// parallel-call answers (and the target's under the same grammar) wrote the same calls over
-/// and over until `max_tokens` cut them, invalid (`approxy bench structured`, 2026-11-27). A
+/// and over until `max_tokens` cut them, invalid (see tests/README.md, "Structured output"). A
 /// call identical to an earlier one, same tool and same arguments, would only return what the
 /// first returned.
 #[derive(Debug, Default)]

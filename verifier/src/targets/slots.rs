@@ -5,9 +5,8 @@
 //! target is still generating, and llama-server notices the close a token or two later. A call
 //! that comes sooner finds that slot busy, and llama-server, left to choose, gives it another:
 //! one with less of the prefix, often none (`selected slot by LRU`), so the whole prompt is
-//! computed again. Measured on 16 HumanEval answers, one client (2026-11-27, 2-core Intel
-//! Xeon): 5,292 prompt tokens computed where 2,907 were new, 19 % of the target's busy time.
-//! A call that names its slot waits for it instead (llama-server defers the task until the
+//! computed again, nearly twice the prompt tokens the calls brought (see tests/README.md,
+//! "Slots that keep an answer's cache"). A call that names its slot waits for it instead (llama-server defers the task until the
 //! slot is released), which is the few milliseconds until the close is noticed.
 //!
 //! A new answer takes the free slot whose last prefix shares the most with its prompt (a
@@ -19,9 +18,8 @@
 //! (llama-server's default), a task that names a busy slot makes llama-server save and load
 //! prompt state into that slot before deferring the task (`get_available_slot` in
 //! `tools/server/server-context.cpp`, build b1-0c1e570), so the call running there goes on from
-//! another prompt's state. Seen 2026-11-27 with 8 answers on 2 slots: another answer's call,
-//! placed by the server on a slot one answer held, wrote "```" and end-of-sequence, and the
-//! slot reported 87 tokens after a 41-token prompt and 2 generated.
+//! another prompt's state: an answer's call then writes from a prompt it never sent (see
+//! tests/README.md, "Slots that keep an answer's cache", for the case that showed it).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

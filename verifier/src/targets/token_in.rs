@@ -9,7 +9,7 @@
 //! `--enable-scale-out` (else it answers 403), and it says how many prompt tokens the cache
 //! served only with `--enable-prompt-tokens-details`.
 //!
-//! The trap (vLLM issue #42019): rows of `prompt_logprobs` at cached positions are stale,
+//! The trap (vLLM's own GitHub issue #42019): rows of `prompt_logprobs` at cached positions are stale,
 //! whatever the server held there before. Row `i` (the log-probability of token `i`) needs the
 //! logits at position `i - 1`, which are computed exactly when `i > cached_tokens`. So a window
 //! is trusted only when its first row is past `cached_tokens`; otherwise it is scored again
