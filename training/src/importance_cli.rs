@@ -4,7 +4,7 @@
 //! features along the labelled answers.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -209,15 +209,8 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
     } else {
         load_human_eval(&home.human_eval()).context("HumanEval (run `approxy setup`)")?
     };
-    let chat: HashMap<String, ChatPrompt> = if a.chat {
-        [ChatSet::Corpus, ChatSet::Instructions, ChatSet::HeldOut]
-            .into_iter()
-            .map(|set| chat_prompts(&home, &tok, &a.sources, usize::MAX, set))
-            .collect::<anyhow::Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .map(|p| (p.id.clone(), p))
-            .collect()
+    let chat = if a.chat {
+        every_chat_prompt(&home, &tok, &a.sources)?
     } else {
         HashMap::new()
     };
@@ -227,31 +220,12 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
         1,
         1,
     ))?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&labels)
-        .with_context(|| format!("reading {}", labels.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    files.sort();
+    let files = label_files(&labels)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     for f in files {
-        let stem = f
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (set, name) = match stem.strip_prefix("held-out-") {
-            Some(rest) => ("held-out", rest.to_string()),
-            None => ("train", stem.clone()),
-        };
-        // `train fit`'s loader reads shards named shard-* and live-*.
-        let file = if name.starts_with("live-") {
-            format!("{name}.safetensors")
-        } else {
-            format!("shard-{name}.safetensors")
-        };
-        let out = a.out.join(set).join(file);
+        let out = rows_path(&a.out, &f);
         if out.exists() {
             continue;
         }
@@ -283,6 +257,54 @@ pub fn run_importance_rows(a: &ImportanceRowsArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Every chat prompt a label can be on (the corpus's, the instruction set's and the held-out
+/// ones), by id.
+fn every_chat_prompt(
+    home: &Home,
+    tok: &Tokenizer,
+    sources: &ChatSources,
+) -> anyhow::Result<HashMap<String, ChatPrompt>> {
+    Ok([ChatSet::Corpus, ChatSet::Instructions, ChatSet::HeldOut]
+        .into_iter()
+        .map(|set| chat_prompts(home, tok, sources, usize::MAX, set))
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .map(|p| (p.id.clone(), p))
+        .collect())
+}
+
+/// The label files (`*.jsonl`) in `labels`, in name order.
+fn label_files(labels: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(labels)
+        .with_context(|| format!("reading {}", labels.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Where the rows of the label file `f` go under `out`: its split's directory (`held-out-`
+/// files to `held-out`, others to `train`), as a shard `train fit` reads.
+fn rows_path(out: &Path, f: &Path) -> PathBuf {
+    let stem = f
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (set, name) = match stem.strip_prefix("held-out-") {
+        Some(rest) => ("held-out", rest.to_string()),
+        None => ("train", stem.clone()),
+    };
+    // `train fit`'s loader reads shards named shard-* and live-*.
+    let file = if name.starts_with("live-") {
+        format!("{name}.safetensors")
+    } else {
+        format!("shard-{name}.safetensors")
+    };
+    out.join(set).join(file)
 }
 
 /// What labelling runs on: the draft (one worker), the llama-server target (greedy, patient,

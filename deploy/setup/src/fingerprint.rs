@@ -412,39 +412,15 @@ fn compare_logits(
         }
         for (p, (rp, xp)) in rs.positions.iter().zip(&xs.positions).enumerate() {
             c.positions += 1;
-            match &xp.at_reference_ids {
-                Some(at) if at.len() == rp.top_logits.len() => {
-                    for (a, b) in rp.top_logits.iter().zip(at) {
-                        let d = (a - b).abs();
-                        c.max_logit_diff = if d.is_nan() {
-                            f32::INFINITY
-                        } else {
-                            c.max_logit_diff.max(d)
-                        };
-                    }
-                }
-                _ => {
-                    c.problems.push(format!(
-                        "probe sequence {s} position {p}: no logits at the reference's top tokens"
-                    ));
-                    continue;
-                }
-            }
-            let (Some(&rtop), Some(&xtop)) = (rp.top_ids.first(), xp.top_ids.first()) else {
-                continue;
-            };
-            if rtop == xtop {
+            if !compare_top_logits(rp, xp, c) {
+                c.problems.push(format!(
+                    "probe sequence {s} position {p}: no logits at the reference's top tokens"
+                ));
                 continue;
             }
-            c.top1_changed += 1;
-            // The reference's margin between its top token and the candidate's; a token beyond
-            // the reference's recorded top counts as at least the whole recorded spread.
-            let first = rp.top_logits.first().copied().unwrap_or(0.0);
-            let margin = match rp.top_ids.iter().position(|&t| t == xtop) {
-                Some(i) => first - rp.top_logits[i],
-                None => first - rp.top_logits.last().copied().unwrap_or(f32::NEG_INFINITY),
+            let Some(margin) = changed_top_margin(rp, xp, c) else {
+                continue;
             };
-            c.max_changed_margin = c.max_changed_margin.max(margin);
             if margin > tol.max_tie_margin {
                 sure_changes.push(format!("sequence {s} position {p} (margin {margin:.2})"));
             }
@@ -471,6 +447,46 @@ fn compare_logits(
             100.0 * tol.max_top1_changed
         ));
     }
+}
+
+/// Folds the candidate's logits at the reference's top tokens into `c.max_logit_diff`; false
+/// when the candidate has none there to compare.
+fn compare_top_logits(rp: &PositionPrint, xp: &PositionPrint, c: &mut Comparison) -> bool {
+    match &xp.at_reference_ids {
+        Some(at) if at.len() == rp.top_logits.len() => {
+            for (a, b) in rp.top_logits.iter().zip(at) {
+                let d = (a - b).abs();
+                c.max_logit_diff = if d.is_nan() {
+                    f32::INFINITY
+                } else {
+                    c.max_logit_diff.max(d)
+                };
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// When the candidate's top token is not the reference's, counts the change in `c` and returns
+/// the reference's margin between the two.
+fn changed_top_margin(rp: &PositionPrint, xp: &PositionPrint, c: &mut Comparison) -> Option<f32> {
+    let (Some(&rtop), Some(&xtop)) = (rp.top_ids.first(), xp.top_ids.first()) else {
+        return None;
+    };
+    if rtop == xtop {
+        return None;
+    }
+    c.top1_changed += 1;
+    // The reference's margin between its top token and the candidate's; a token beyond
+    // the reference's recorded top counts as at least the whole recorded spread.
+    let first = rp.top_logits.first().copied().unwrap_or(0.0);
+    let margin = match rp.top_ids.iter().position(|&t| t == xtop) {
+        Some(i) => first - rp.top_logits[i],
+        None => first - rp.top_logits.last().copied().unwrap_or(f32::NEG_INFINITY),
+    };
+    c.max_changed_margin = c.max_changed_margin.max(margin);
+    Some(margin)
 }
 
 #[cfg(test)]

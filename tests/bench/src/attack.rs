@@ -399,18 +399,7 @@ fn write_report(
         .fold(memory.start, f64::max);
     let back = (memory.end - memory.start).abs() / memory.start.max(1.0);
     let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let pass = c(&t.normal_ok) > 0
-        && c(&t.normal_failed) == 0
-        && c(&t.normal_429) == 0
-        && c(&t.idle_late) == 0
-        && c(&t.idle_closed) > 0
-        && c(&t.slow_late) == 0
-        && c(&t.slow_other) == 0
-        && c(&t.slow_408) > 0
-        && c(&t.large_ok) > 0
-        && c(&t.large_failed) == 0
-        && peak < PEAK_RSS_MIB
-        && back <= BACK_WITHIN;
+    let pass = passed(t, peak, back);
     let report = json!({
         "benchmark": "soak",
         "phase": "attack",
@@ -451,6 +440,31 @@ fn write_report(
     std::fs::create_dir_all(&opts.out)?;
     let file = opts.out.join("soak-attack.json");
     std::fs::write(&file, serde_json::to_string_pretty(&report)? + "\n")?;
+    print_summary(elapsed, &memory, peak, t, pass);
+    Ok((file, pass))
+}
+
+/// Whether the gateway held: every normal request answered, idle connections and slow bodies
+/// cut at their deadlines, large prompts answered, and memory within its goals.
+fn passed(t: &Tally, peak: f64, back: f64) -> bool {
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    c(&t.normal_ok) > 0
+        && c(&t.normal_failed) == 0
+        && c(&t.normal_429) == 0
+        && c(&t.idle_late) == 0
+        && c(&t.idle_closed) > 0
+        && c(&t.slow_late) == 0
+        && c(&t.slow_other) == 0
+        && c(&t.slow_408) > 0
+        && c(&t.large_ok) > 0
+        && c(&t.large_failed) == 0
+        && peak < PEAK_RSS_MIB
+        && back <= BACK_WITHIN
+}
+
+/// The run's one-line summary on stdout.
+fn print_summary(elapsed: f64, memory: &Memory, peak: f64, t: &Tally, pass: bool) {
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
     println!(
         "attack: {:.0} s; normal streaming requests answered {}, refused 429 {}, failed {}; idle connections closed {} (longest {:.1} s, late or never {}); slow bodies 408 {} (longest {:.1} s, other answers {}, late or never {}); 4 MiB prompts answered {} (longest {:.1} s, failed {}); RSS {:.0} MiB at start, {:.0} at peak, {:.0} at the end ({:+.1} %): {}",
         elapsed,
@@ -473,5 +487,4 @@ fn write_report(
         (memory.end - memory.start) / memory.start.max(1.0) * 100.0,
         if pass { "PASS" } else { "FAIL" }
     );
-    Ok((file, pass))
 }

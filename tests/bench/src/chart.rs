@@ -60,73 +60,90 @@ pub fn pareto(
             |s| s.cost_usd_cached,
         ),
     ];
-    for (area, (xlabel, cost)) in [&left, &right].into_iter().zip(panels) {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .map(|x| {
-                (
-                    per_1k(cost(&x.summary), x.summary.problems),
-                    x.summary.pass_at_1,
-                )
-            })
-            .collect();
-        let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max) * 1.3 + 1e-9;
-        let mut chart = ChartBuilder::on(area)
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..xmax, 0f64..100f64)?;
-        chart
-            .configure_mesh()
-            .x_desc(xlabel)
-            .y_desc("pass@1 (%)")
-            .draw()?;
-        let front = pareto_front(&pts);
-        chart
-            .draw_series(LineSeries::new(
-                front.iter().map(|&i| pts[i]),
-                RED.mix(0.6).stroke_width(2),
-            ))?
-            .label("Pareto front")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
-        let xspan = xmax;
-        let mut placed: Vec<(f64, f64)> = Vec::new();
-        for (i, (x, p)) in rows.iter().zip(&pts).enumerate() {
-            let on_front = front.contains(&i);
-            let color = if on_front {
-                RED.to_rgba()
-            } else {
-                BLUE.mix(0.7)
-            };
-            chart.draw_series(std::iter::once(Circle::new(
-                *p,
-                if on_front { 7 } else { 5 },
-                color.filled(),
-            )))?;
-            // Points at (nearly) the same place stack their labels instead of overprinting.
-            let mut label = (p.0, p.1 + 3.5);
-            while placed
-                .iter()
-                .any(|q| (q.0 - label.0).abs() < 0.12 * xspan && (q.1 - label.1).abs() < 3.0)
-            {
-                label.1 -= 3.5;
-            }
-            placed.push(label);
-            chart.draw_series(std::iter::once(Text::new(
-                x.config.id.clone(),
-                label,
-                ("sans-serif", 14),
-            )))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()?;
+    for (area, panel) in [&left, &right].into_iter().zip(panels) {
+        cost_panel(area, panel, &rows)?;
     }
     root.present()?;
     Ok(())
+}
+
+/// One panel: pass@1 against the cost `panel` plots, the Pareto front joined, each
+/// configuration's point labelled.
+fn cost_panel(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    (xlabel, cost): CostPanel,
+    rows: &[&RunSummary],
+) -> Result<(), Err> {
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|x| {
+            (
+                per_1k(cost(&x.summary), x.summary.problems),
+                x.summary.pass_at_1,
+            )
+        })
+        .collect();
+    let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max) * 1.3 + 1e-9;
+    let mut chart = ChartBuilder::on(area)
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..xmax, 0f64..100f64)?;
+    chart
+        .configure_mesh()
+        .x_desc(xlabel)
+        .y_desc("pass@1 (%)")
+        .draw()?;
+    let front = pareto_front(&pts);
+    chart
+        .draw_series(LineSeries::new(
+            front.iter().map(|&i| pts[i]),
+            RED.mix(0.6).stroke_width(2),
+        ))?
+        .label("Pareto front")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+    let xspan = xmax;
+    let mut placed: Vec<(f64, f64)> = Vec::new();
+    for (i, (x, p)) in rows.iter().zip(&pts).enumerate() {
+        let on_front = front.contains(&i);
+        let color = if on_front {
+            RED.to_rgba()
+        } else {
+            BLUE.mix(0.7)
+        };
+        chart.draw_series(std::iter::once(Circle::new(
+            *p,
+            if on_front { 7 } else { 5 },
+            color.filled(),
+        )))?;
+        let label = place_label(&mut placed, *p, xspan);
+        chart.draw_series(std::iter::once(Text::new(
+            x.config.id.clone(),
+            label,
+            ("sans-serif", 14),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    Ok(())
+}
+
+/// Where point `p`'s label goes: above it, or lower while it would overprint one of the
+/// `placed` labels (points at nearly the same place stack their labels); the place is kept.
+fn place_label(placed: &mut Vec<(f64, f64)>, p: (f64, f64), xspan: f64) -> (f64, f64) {
+    let mut label = (p.0, p.1 + 3.5);
+    while placed
+        .iter()
+        .any(|q| (q.0 - label.0).abs() < 0.12 * xspan && (q.1 - label.1).abs() < 3.0)
+    {
+        label.1 -= 3.5;
+    }
+    placed.push(label);
+    label
 }
 
 #[cfg(test)]

@@ -521,38 +521,51 @@ pub fn markdown(r: &FidelityReport, answers: &Answers) -> String {
     s.push_str(" peak RSS | disk | agreement per ms |\n|---|---|---|---|");
     s.push_str(&"---|".repeat(threads.len() + 3));
     s.push('\n');
-    let pct = |x: Option<f64>| x.map_or("–".into(), |x| format!("{:.1} %", 100.0 * x));
     for v in &r.variants {
-        let positions = |k: &str| v.measured.agree.get(k).map_or(0, |x| x.1);
-        s.push_str(&format!(
-            "| {}{} | {} of {} | {} of {} | {} |",
-            v.name,
-            if v.shipped { " (shipped)" } else { "" },
-            pct(v.agreement(Some("code"))),
-            positions("code"),
-            pct(v.agreement(Some("chat"))),
-            positions("chat"),
-            pct(v.agreement(None)),
-        ));
-        for t in &threads {
-            s.push_str(&v.ms(*t).map_or(" – |".into(), |ms| format!(" {ms:.1} |")));
-        }
-        let per_ms = v
-            .agreement(None)
-            .zip(v.ms(most))
-            .map_or("–".into(), |(a, ms)| format!("{:.2} %", 100.0 * a / ms));
-        s.push_str(&format!(
-            " {:.2} GiB | {:.2} GiB | {per_ms} |\n",
-            v.measured.peak_rss_bytes as f64 / f64::from(1u32 << 30),
-            v.disk_bytes as f64 / f64::from(1u32 << 30),
-        ));
+        s.push_str(&variant_row(v, &threads, most));
     }
     s.push('\n');
     for v in &r.variants {
         s.push_str(&format!("- {}: {}\n", v.name, v.about));
     }
-    let shipped = r.variants.iter().find(|v| v.shipped);
-    match (choose(&r.variants, most), shipped) {
+    s.push_str(&choice_line(&r.variants, most));
+    s
+}
+
+/// A variant's row: its agreement by kind, its speed at each thread count, its memory and disk.
+fn variant_row(v: &VariantResult, threads: &[usize], most: usize) -> String {
+    let mut s = String::new();
+    let positions = |k: &str| v.measured.agree.get(k).map_or(0, |x| x.1);
+    s.push_str(&format!(
+        "| {}{} | {} of {} | {} of {} | {} |",
+        v.name,
+        if v.shipped { " (shipped)" } else { "" },
+        pct(v.agreement(Some("code"))),
+        positions("code"),
+        pct(v.agreement(Some("chat"))),
+        positions("chat"),
+        pct(v.agreement(None)),
+    ));
+    for t in threads {
+        s.push_str(&v.ms(*t).map_or(" – |".into(), |ms| format!(" {ms:.1} |")));
+    }
+    let per_ms = v
+        .agreement(None)
+        .zip(v.ms(most))
+        .map_or("–".into(), |(a, ms)| format!("{:.2} %", 100.0 * a / ms));
+    s.push_str(&format!(
+        " {:.2} GiB | {:.2} GiB | {per_ms} |\n",
+        v.measured.peak_rss_bytes as f64 / f64::from(1u32 << 30),
+        v.disk_bytes as f64 / f64::from(1u32 << 30),
+    ));
+    s
+}
+
+/// Which variant the rule picks at `most` threads, against the shipped one.
+fn choice_line(variants: &[VariantResult], most: usize) -> String {
+    let mut s = String::new();
+    let shipped = variants.iter().find(|v| v.shipped);
+    match (choose(variants, most), shipped) {
         (Some(c), Some(sh)) if c.name == sh.name => s.push_str(&format!(
             "\nThe rule (the most agreement per millisecond at {most} threads among variants within \
              {MAX_SLOWDOWN}x of the shipped draft's ms/token) keeps the shipped draft, {}.\n",
@@ -572,6 +585,11 @@ pub fn markdown(r: &FidelityReport, answers: &Answers) -> String {
         _ => s.push_str("\nNo variant could be chosen (the shipped draft was not measured).\n"),
     }
     s
+}
+
+/// A share as a percentage, or a dash when there is none.
+fn pct(x: Option<f64>) -> String {
+    x.map_or("–".into(), |x| format!("{:.1} %", 100.0 * x))
 }
 
 /// Reads a saved report, for tests/README.md.

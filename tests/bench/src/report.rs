@@ -84,38 +84,59 @@ const CALLS_SECTIONS: [(&str, &str, &str); 12] = [
 /// Rewrites the README's results section from the reports under `out`.
 pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
     let mut section = String::from("\n");
+    section.push_str(&quality_and_overhead(out, readme)?);
+    section.push_str(&calls_sections(out));
+    section.push_str(&concurrency_section(out));
+    section.push_str(&structured_and_fidelity(out));
+    replace_results(readme, &section)
+}
+
+/// The quality and overhead reports, or a line saying how to make each.
+fn quality_and_overhead(out: &Path, readme: &Path) -> anyhow::Result<String> {
+    let mut s = String::new();
     match std::fs::read(out.join("quality.json")) {
         Ok(b) => {
             let q: QualityReport = serde_json::from_slice(&b).context("quality.json")?;
-            section
-                .push_str("### Quality, speed and cost on HumanEval (`approxy bench quality`)\n\n");
-            section.push_str(&quality_markdown(&q));
-            section.push_str(&format!(
+            s.push_str("### Quality, speed and cost on HumanEval (`approxy bench quality`)\n\n");
+            s.push_str(&quality_markdown(&q));
+            s.push_str(&format!(
                 "\n![pass@1 against cost, Pareto front marked]({}/quality.png)\n\n",
                 relative(out, readme.parent().unwrap_or(Path::new("")))
             ));
         }
-        Err(_) => section.push_str("No quality results yet: run `./tests/bench/scripts/bench.sh`.\n\n"),
+        Err(_) => s.push_str("No quality results yet: run `./tests/bench/scripts/bench.sh`.\n\n"),
     }
     match std::fs::read(out.join("overhead.json")) {
         Ok(b) => {
             let o: OverheadReport = serde_json::from_slice(&b).context("overhead.json")?;
-            section.push_str("### Gateway overhead in passthrough (`approxy bench overhead`)\n\n");
-            section.push_str(&overhead_markdown(&o));
+            s.push_str("### Gateway overhead in passthrough (`approxy bench overhead`)\n\n");
+            s.push_str(&overhead_markdown(&o));
         }
-        Err(_) => section.push_str("No overhead results yet: run `./tests/bench/scripts/bench.sh`.\n"),
+        Err(_) => s.push_str("No overhead results yet: run `./tests/bench/scripts/bench.sh`.\n"),
     }
+    Ok(s)
+}
+
+/// The calls benchmark's reports: the main one and each variant's.
+fn calls_sections(out: &Path) -> String {
+    let mut s = String::new();
     // Written by `approxy bench calls` (tests/bench/scripts/bench-calls.sh) from its saved runs.
     if let Ok(calls) = std::fs::read_to_string(out.join("calls").join("calls.md")) {
-        section.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
-        section.push_str(&calls);
+        s.push_str("\n### The engine's call structure (`approxy bench calls`)\n\n");
+        s.push_str(&calls);
     }
     for (dir, title, script) in CALLS_SECTIONS {
         if let Ok(md) = std::fs::read_to_string(out.join(dir).join("calls.md")) {
-            section.push_str(&format!("\n### {title} (`{script}`)\n\n"));
-            section.push_str(&md);
+            s.push_str(&format!("\n### {title} (`{script}`)\n\n"));
+            s.push_str(&md);
         }
     }
+    s
+}
+
+/// How many users one target serves: the sweep, the draft's batched decode and its operators.
+fn concurrency_section(out: &Path) -> String {
+    let mut s = String::new();
     // Written by tests/bench/scripts/bench-concurrency.sh: `approxy bench concurrency` and `approxy bench
     // streams`.
     let conc = out.join("concurrency");
@@ -126,34 +147,42 @@ pub fn update_readme(out: &Path, readme: &Path) -> anyhow::Result<()> {
     // Written by tests/bench/scripts/draft-step-ops.sh (ONNX Runtime's profiler, from Python).
     let ops = std::fs::read_to_string(conc.join("draft-step-ops.md")).ok();
     if sweep.is_some() || streams.is_some() || ops.is_some() {
-        section.push_str(
+        s.push_str(
             "\n### How many users one target serves through approxy (`tests/bench/scripts/bench-concurrency.sh`)\n\n",
         );
         if let Some(md) = sweep {
-            section.push_str(&md);
+            s.push_str(&md);
         }
-        if let Some(s) = streams {
-            section.push_str("\n#### The draft's batched decode (`approxy bench streams`)\n\n");
-            section.push_str(&super::streams::markdown(&s));
+        if let Some(v) = streams {
+            s.push_str("\n#### The draft's batched decode (`approxy bench streams`)\n\n");
+            s.push_str(&super::streams::markdown(&v));
         }
         if let Some(md) = ops {
-            section
-                .push_str("\n#### A draft step by ONNX operator (`tests/bench/scripts/draft-step-ops.sh`)\n\n");
-            section.push_str(&md);
+            s.push_str("\n#### A draft step by ONNX operator (`tests/bench/scripts/draft-step-ops.sh`)\n\n");
+            s.push_str(&md);
         }
     }
+    s
+}
+
+/// The structured-output and draft-fidelity reports.
+fn structured_and_fidelity(out: &Path) -> String {
+    let mut s = String::new();
     // Written by `approxy bench structured` (tests/bench/scripts/bench-structured.sh).
     if let Some(md) = super::structured::load_markdown(&out.join("structured")) {
-        section.push_str("\n### Structured output (`tests/bench/scripts/bench-structured.sh`)\n\n");
-        section.push_str(&md);
+        s.push_str("\n### Structured output (`tests/bench/scripts/bench-structured.sh`)\n\n");
+        s.push_str(&md);
     }
     // Written by `approxy bench draft-fidelity` (tests/bench/scripts/bench-draft-fidelity.sh).
     if let Some(f) = super::fidelity::load_markdown(&out.join("draft-fidelity")) {
-        section.push_str(
-            "\n### The draft's fidelity by conversion (`approxy bench draft-fidelity`)\n\n",
-        );
-        section.push_str(&f);
+        s.push_str("\n### The draft's fidelity by conversion (`approxy bench draft-fidelity`)\n\n");
+        s.push_str(&f);
     }
+    s
+}
+
+/// Replaces the README's results block with `section`.
+fn replace_results(readme: &Path, section: &str) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(readme).with_context(|| format!("{}", readme.display()))?;
     let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
         anyhow::bail!("{} has no `{BEGIN}` … `{END}` block", readme.display());

@@ -540,6 +540,34 @@ struct SoakEnd<'a> {
     counts: &'a Counts,
 }
 
+/// A soak's end in the report's terms: the requests by outcome, and the gateway's draft workers
+/// and request slots once it was quiet.
+#[derive(Clone, Copy)]
+struct Totals {
+    ok: u64,
+    gone: u64,
+    failed: u64,
+    hung: u64,
+    workers: Option<u64>,
+    workers_idle_after: Option<u64>,
+    slots_free_after: Option<u64>,
+}
+
+impl Totals {
+    fn of(end: &SoakEnd<'_>) -> Self {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Self {
+            ok: c(&end.counts.ok),
+            gone: c(&end.counts.disconnected),
+            failed: c(&end.counts.failed),
+            hung: c(&end.counts.hung),
+            workers: end.after["draft_workers"].as_u64(),
+            workers_idle_after: end.after["draft_workers_idle"].as_u64(),
+            slots_free_after: end.after["request_slots_free"].as_u64(),
+        }
+    }
+}
+
 /// Judges the soak, writes its JSON report and prints its summary line; the report's path and
 /// whether every goal was met.
 fn write_report(
@@ -547,6 +575,50 @@ fn write_report(
     end: &SoakEnd<'_>,
     samples: Vec<Sample>,
 ) -> anyhow::Result<(PathBuf, bool)> {
+    let t = Totals::of(end);
+    let pass = passed(end, &t);
+    let report = report_json(opts, end, &t, pass, samples);
+    std::fs::create_dir_all(&opts.out)?;
+    let file = opts.out.join(format!(
+        "soak-{}.json",
+        report["phase"].as_str().unwrap_or("run")
+    ));
+    std::fs::write(&file, serde_json::to_string_pretty(&report)? + "\n")?;
+    print_summary(&report, end, &t, pass);
+    Ok((file, pass))
+}
+
+/// Whether every goal was met: nothing failed or hung, memory, descriptors and slots held
+/// steady after the warm-up, and the gateway came back to quiet.
+fn passed(end: &SoakEnd<'_>, t: &Totals) -> bool {
+    t.failed == 0
+        && t.hung == 0
+        && end.spreads.rss <= 0.10
+        && end.spreads.fds <= 0.10
+        && end.spreads.slots <= 0.10
+        && end.fds_after <= end.fds_before + end.fds_before / 10
+        && t.workers_idle_after == t.workers
+        && t.slots_free_after.is_some()
+        && end.slots_processing.unwrap_or(0) == 0
+}
+
+/// The soak's JSON report.
+fn report_json(
+    opts: &SoakOptions,
+    end: &SoakEnd<'_>,
+    t: &Totals,
+    pass: bool,
+    samples: Vec<Sample>,
+) -> Value {
+    let Totals {
+        ok,
+        gone,
+        failed,
+        hung,
+        workers,
+        workers_idle_after,
+        slots_free_after,
+    } = *t;
     let SoakEnd {
         elapsed,
         fds_before,
@@ -561,27 +633,7 @@ fn write_report(
         end.spreads.fds,
         end.spreads.slots,
     );
-    let counts = end.counts;
-    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let (ok, gone, failed, hung) = (
-        c(&counts.ok),
-        c(&counts.disconnected),
-        c(&counts.failed),
-        c(&counts.hung),
-    );
-    let workers_idle_after = end.after["draft_workers_idle"].as_u64();
-    let workers = end.after["draft_workers"].as_u64();
-    let slots_free_after = end.after["request_slots_free"].as_u64();
-    let pass = failed == 0
-        && hung == 0
-        && rss_spread <= 0.10
-        && fd_spread <= 0.10
-        && slots_spread <= 0.10
-        && fds_after <= fds_before + fds_before / 10
-        && workers_idle_after == workers
-        && slots_free_after.is_some()
-        && slots_processing.unwrap_or(0) == 0;
-    let report = json!({
+    json!({
         "benchmark": "soak",
         "phase": match opts.phase { SoakPhase::Passthrough => "passthrough", SoakPhase::Approximate => "approximate" },
         "command": std::env::args().collect::<Vec<_>>().join(" "),
@@ -610,13 +662,33 @@ fn write_report(
         "target_slots_processing_after": slots_processing,
         "pass": pass,
         "samples": samples,
-    });
-    std::fs::create_dir_all(&opts.out)?;
-    let file = opts.out.join(format!(
-        "soak-{}.json",
-        report["phase"].as_str().unwrap_or("run")
-    ));
-    std::fs::write(&file, serde_json::to_string_pretty(&report)? + "\n")?;
+    })
+}
+
+/// The soak's one-line summary on stdout.
+fn print_summary(report: &Value, end: &SoakEnd<'_>, t: &Totals, pass: bool) {
+    let Totals {
+        ok,
+        gone,
+        failed,
+        hung,
+        workers,
+        workers_idle_after,
+        ..
+    } = *t;
+    let SoakEnd {
+        elapsed,
+        fds_before,
+        fds_after,
+        slots_processing,
+        ..
+    } = *end;
+    let (warm, rss_spread, fd_spread, slots_spread) = (
+        end.spreads.warm,
+        end.spreads.rss,
+        end.spreads.fds,
+        end.spreads.slots,
+    );
     println!(
         "{}: {} requests in {:.0} s ({:.0}/s), {ok} completed, {gone} left by their client, {failed} failed, {hung} hung; \
          RSS spread {:.1} %, fds spread {:.1} %, free slots spread {:.1} % after {:.0} s (window means); fds quiet {fds_before} before, {fds_after} after; idle draft workers after {:?} of {:?}; target slots still processing {:?}: {}",
@@ -633,7 +705,6 @@ fn write_report(
         slots_processing,
         if pass { "PASS" } else { "FAIL" }
     );
-    Ok((file, pass))
 }
 
 /// `approxy serve` (this binary) with the policy `text`, written to `path`; and its pid.

@@ -260,11 +260,6 @@ pub fn markdown(report: &serde_json::Value) -> String {
         .as_array()
         .map(|a| a.iter().filter_map(|c| c.as_u64()).collect())
         .unwrap_or_else(|| report["context_tokens"].as_u64().into_iter().collect());
-    let row_context = |r: &serde_json::Value| {
-        r["context"]
-            .as_u64()
-            .or_else(|| report["context_tokens"].as_u64())
-    };
     let mut md = format!(
         "The draft alone, one worker on one core (`{}`), {} prompt tokens a stream, {} tokens timed; {}, {}.\n\n\
          | context | streams | tokens/s, all streams | each stream (p50 / p10) | all against one alone | each against alone | step ms (what the steps allow) | rows asked for | resident MiB, streaming / after |\n|---|---|---|---|---|---|---|---|---|\n",
@@ -279,28 +274,43 @@ pub fn markdown(report: &serde_json::Value) -> String {
         report["date"].as_str().unwrap_or(""),
     );
     for r in report["results"].as_array().into_iter().flatten() {
-        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
-        md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {} | {} | {:.0} / {:.0} |\n",
-            row_context(r).map_or("-".into(), |c| c.to_string()),
-            r["streams"],
-            f("tokens_per_second_all"),
-            f("stream_tokens_per_second_p50"),
-            f("stream_tokens_per_second_p10"),
-            f("all_vs_one_alone"),
-            f("stream_vs_alone_p50"),
-            r["step_ms"].as_f64().map_or("-".into(), |m| format!(
-                "{m:.1} ({:.2}x)",
-                r["steps_allow_vs_one_alone"].as_f64().unwrap_or(0.0)
-            )),
-            // Reports before the rows were counted have none.
-            r["rows_asked_share"]
-                .as_f64()
-                .map_or("-".into(), |s| format!("{:.1} %", 100.0 * s)),
-            f("rss_mib_streaming"),
-            f("rss_mib_after"),
-        ));
+        md.push_str(&result_row(report, r));
     }
+    md.push_str(&goals_section(report));
+    md
+}
+
+/// One result's row: its context, its streams and what they measured.
+fn result_row(report: &serde_json::Value, r: &serde_json::Value) -> String {
+    let context = r["context"]
+        .as_u64()
+        .or_else(|| report["context_tokens"].as_u64());
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    format!(
+        "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {} | {} | {:.0} / {:.0} |\n",
+        context.map_or("-".into(), |c| c.to_string()),
+        r["streams"],
+        f("tokens_per_second_all"),
+        f("stream_tokens_per_second_p50"),
+        f("stream_tokens_per_second_p10"),
+        f("all_vs_one_alone"),
+        f("stream_vs_alone_p50"),
+        r["step_ms"].as_f64().map_or("-".into(), |m| format!(
+            "{m:.1} ({:.2}x)",
+            r["steps_allow_vs_one_alone"].as_f64().unwrap_or(0.0)
+        )),
+        // Reports before the rows were counted have none.
+        r["rows_asked_share"]
+            .as_f64()
+            .map_or("-".into(), |s| format!("{:.1} %", 100.0 * s)),
+        f("rss_mib_streaming"),
+        f("rss_mib_after"),
+    )
+}
+
+/// Where each goal stands at the goals' context, and the same readings at the other contexts.
+fn goals_section(report: &serde_json::Value) -> String {
+    let mut md = String::new();
     let goals = &report["goals"];
     let read = |g: &serde_json::Value| g["measured"].as_f64();
     let shown = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));

@@ -221,15 +221,9 @@ fn agreement(reference: &str, other: &str) -> Option<f64> {
         .then(|| la.iter().filter(|(k, v)| lb.get(*k) == Some(v)).count() as f64 / la.len() as f64)
 }
 
-/// Asks the gateway for one answer as `model`, at `threshold` when given.
-async fn ask(
-    http: &reqwest::Client,
-    url: &str,
-    model: &str,
-    p: &Prompt,
-    max_tokens: u32,
-    threshold: Option<f32>,
-) -> anyhow::Result<Answer> {
+/// The chat request for prompt `p`, greedy, with whichever of the structured-output fields
+/// (response format, tools, tool choice, parallel calls) the prompt sets.
+fn request_body(p: &Prompt, model: &str, max_tokens: u32) -> Value {
     let mut body = json!({
         "model": model,
         "messages": p.messages,
@@ -248,6 +242,19 @@ async fn ask(
     if let Some(parallel) = p.parallel_tool_calls {
         body["parallel_tool_calls"] = json!(parallel);
     }
+    body
+}
+
+/// Asks the gateway for one answer as `model`, at `threshold` when given.
+async fn ask(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    p: &Prompt,
+    max_tokens: u32,
+    threshold: Option<f32>,
+) -> anyhow::Result<Answer> {
+    let body = request_body(p, model, max_tokens);
     let t = Instant::now();
     let mut req = http.post(format!("{url}/v1/chat/completions")).json(&body);
     if let Some(th) = threshold {
@@ -589,7 +596,22 @@ fn markdown(r: &Report) -> String {
         ));
     }
     s.push_str("| kind | prompts | valid: target-only | valid: approxy | approximate | fields agreeing | approxy vs target under its grammar | target under the grammar vs target-only | target-only again vs target-only | forced | draft (free) | target |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    let is_tool = |x: &Row| x.kind.starts_with("tool");
+    for kind in table_kinds(r) {
+        s.push_str(&kind_row(r, kind));
+    }
+    s.push_str(&tool_table(r));
+    s.push_str(&time_and_compile(r));
+    s
+}
+
+/// Whether a row is a tool prompt's.
+fn is_tool(x: &Row) -> bool {
+    x.kind.starts_with("tool")
+}
+
+/// The table's rows: each schema kind, then all of them, and where there are tool prompts each
+/// tool kind, all tool prompts, and everything.
+fn table_kinds(r: &Report) -> Vec<&str> {
     let mut kinds: Vec<&str> = r
         .rows
         .iter()
@@ -610,55 +632,62 @@ fn markdown(r: &Report) -> String {
         kinds.push("tools");
         kinds.push("all");
     }
-    for kind in kinds {
-        let rows: Vec<&Row> = r
-            .rows
-            .iter()
-            .filter(|x| match kind {
-                "all" => true,
-                "schemas and JSON mode" => !is_tool(x),
-                "tools" => is_tool(x),
-                k => x.kind == k,
-            })
-            .collect();
-        let n = rows.len();
-        let mean = |f: fn(&Row) -> Option<f64>| {
-            let v: Vec<f64> = rows.iter().filter_map(|x| f(x)).collect();
-            if v.is_empty() {
-                "n/a".to_string()
-            } else {
-                format!(
-                    "{:.1} % (of {} answers)",
-                    100.0 * v.iter().sum::<f64>() / v.len() as f64,
-                    v.len()
-                )
-            }
-        };
-        let sum = |f: fn(&Answer) -> u64| rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
-        let total = sum(|a| a.completion_tokens).max(1) as f64;
-        let forced = sum(|a| a.forced_tokens) as f64;
-        let draft = sum(|a| a.draft_tokens) as f64 - forced;
-        let target = sum(|a| a.target_tokens) as f64;
-        s.push_str(&format!(
-            "| {kind} | {n} | {} | {} | {} | {} | {} | {} | {} | {:.0} % | {:.0} % | {:.0} % |\n",
-            share(rows.iter().filter(|x| x.target_only.valid).count(), n),
-            share(rows.iter().filter(|x| x.approxy.valid).count(), n),
-            share(
-                rows.iter()
-                    .filter(|x| x.approxy.mode == "approximate")
-                    .count(),
-                n
-            ),
-            mean(|x| x.field_agreement),
-            mean(|x| x.grammar_agreement),
-            mean(|x| x.layout_agreement),
-            mean(|x| x.repeat_agreement),
-            100.0 * forced / total,
-            100.0 * draft / total,
-            100.0 * target / total,
-        ));
-    }
-    s.push_str(&tool_table(r));
+    kinds
+}
+
+/// The table's row for `kind` (one of [`table_kinds`]).
+fn kind_row(r: &Report, kind: &str) -> String {
+    let rows: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|x| match kind {
+            "all" => true,
+            "schemas and JSON mode" => !is_tool(x),
+            "tools" => is_tool(x),
+            k => x.kind == k,
+        })
+        .collect();
+    let n = rows.len();
+    let mean = |f: fn(&Row) -> Option<f64>| {
+        let v: Vec<f64> = rows.iter().filter_map(|x| f(x)).collect();
+        if v.is_empty() {
+            "n/a".to_string()
+        } else {
+            format!(
+                "{:.1} % (of {} answers)",
+                100.0 * v.iter().sum::<f64>() / v.len() as f64,
+                v.len()
+            )
+        }
+    };
+    let sum = |f: fn(&Answer) -> u64| rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
+    let total = sum(|a| a.completion_tokens).max(1) as f64;
+    let forced = sum(|a| a.forced_tokens) as f64;
+    let draft = sum(|a| a.draft_tokens) as f64 - forced;
+    let target = sum(|a| a.target_tokens) as f64;
+    format!(
+        "| {kind} | {n} | {} | {} | {} | {} | {} | {} | {} | {:.0} % | {:.0} % | {:.0} % |\n",
+        share(rows.iter().filter(|x| x.target_only.valid).count(), n),
+        share(rows.iter().filter(|x| x.approxy.valid).count(), n),
+        share(
+            rows.iter()
+                .filter(|x| x.approxy.mode == "approximate")
+                .count(),
+            n
+        ),
+        mean(|x| x.field_agreement),
+        mean(|x| x.grammar_agreement),
+        mean(|x| x.layout_agreement),
+        mean(|x| x.repeat_agreement),
+        100.0 * forced / total,
+        100.0 * draft / total,
+        100.0 * target / total,
+    )
+}
+
+/// Wall times, target calls and cut answers over every prompt, and the schema compiler's times.
+fn time_and_compile(r: &Report) -> String {
+    let mut s = String::new();
     let secs = |f: fn(&Row) -> f64| r.rows.iter().map(f).sum::<f64>();
     let calls = |f: fn(&Answer) -> u64| r.rows.iter().map(|x| f(&x.approxy)).sum::<u64>();
     s.push_str(&format!(
