@@ -708,7 +708,7 @@ fn the_check_sees_a_module_and_its_child_in_a_loop() {
     );
     write(
         "policy/raw.rs",
-        "pub fn g() {}\nfn h(_: my_crate::policy::Policy) {}\n",
+        "use my_crate::policy::Policy;\npub fn g() {}\nfn h(_: Policy) {}\n",
     );
     assert_eq!(circles(&graph(&src)).len(), 1);
 }

@@ -19,38 +19,27 @@
 
 pub mod assets;
 pub mod cpu;
+mod files;
 pub mod fingerprint;
 pub mod local_server;
 mod lock;
 pub mod manifest;
+mod options;
 mod process;
 mod smoke;
 mod steps;
 mod variants;
 pub mod vllm;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 pub use approxy_verifier::home::Home;
+pub use files::sha256_file;
 pub use manifest::Manifest;
+pub use options::SetupOptions;
 pub use steps::requirements_venv;
-
-/// What `approxy setup` should do.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct SetupOptions {
-    /// Keep the (large) conversion venv after converting the draft model.
-    #[arg(long)]
-    pub keep_convert_env: bool,
-    /// Also provide the vLLM test target (about 8.5 GB more; the test command uses it).
-    #[arg(long)]
-    pub vllm: bool,
-    /// Also build the draft at other precisions, for `approxy bench draft-fidelity`.
-    #[arg(long)]
-    pub draft_variants: bool,
-}
 
 /// The work of one step: provides its asset and records it in the manifest.
 type StepFn = fn(&Home, &mut Manifest, &SetupOptions, &ProgressBar) -> anyhow::Result<()>;
@@ -291,26 +280,6 @@ fn bytes_style() -> ProgressStyle {
         .unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
-/// sha256 of a file, streaming, with progress.
-pub fn sha256_file(path: &Path, pb: Option<&ProgressBar>) -> anyhow::Result<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        if let Some(pb) = pb {
-            pb.inc(n as u64);
-        }
-    }
-    Ok(format!("{:x}", h.finalize()))
-}
-
 /// The overhead benchmark's load generator (`oha`), built from crates.io on first use: the
 /// benchmark's own set-up, which the run command never waits for (it takes minutes). Under
 /// the set-up lock and recorded in the manifest like every other asset.
@@ -332,59 +301,4 @@ pub fn ensure_oha(home: &Home) -> anyhow::Result<std::path::PathBuf> {
         manifest.save(&home.root)?;
     }
     Ok(home.oha())
-}
-
-/// A unique temporary path beside `dest`, for a file written whole and checked before
-/// [`publish`] renames it into place; dropped unpublished, it is deleted, so an interrupted or
-/// refused step leaves nothing behind. A path, not an open file: a binary written there must
-/// run before it is published, and Linux will not run a file open for writing.
-pub(crate) fn temp_beside(dest: &std::path::Path) -> anyhow::Result<tempfile::TempPath> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = dest
-        .parent()
-        .ok_or_else(|| anyhow::anyhow!("{} has no parent directory", dest.display()))?;
-    std::fs::create_dir_all(dir)?;
-    Ok(tempfile::Builder::new()
-        .prefix(".approxy-")
-        // Readable by all, as a created file is (tempfile's own default is private): the
-        // container image copies the library and models, and its server runs as another user.
-        .permissions(std::fs::Permissions::from_mode(0o644))
-        .tempfile_in(dir)?
-        .into_temp_path())
-}
-
-/// Syncs the file at `tmp` to disk, then renames it to `dest`: after a crash `dest` is the old
-/// file or the whole new one.
-pub(crate) fn publish(tmp: tempfile::TempPath, dest: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::File::open(&tmp)?.sync_all()?;
-    tmp.persist(dest)?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod publish_tests {
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn a_published_file_is_whole_readable_by_all_and_leaves_no_temporary_file() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
-        let dest = dir.path().join("sub/lib.so");
-        let tmp = super::temp_beside(&dest).unwrap_or_else(|e| unreachable!("{e}"));
-        std::fs::write(&tmp, b"bytes").unwrap_or_else(|e| unreachable!("{e}"));
-        assert!(super::publish(tmp, &dest).is_ok());
-        assert_eq!(std::fs::read(&dest).ok().as_deref(), Some(&b"bytes"[..]));
-        let mode = std::fs::metadata(&dest)
-            .map(|m| m.permissions().mode())
-            .unwrap_or(0);
-        assert_eq!(mode & 0o044, 0o044, "mode {mode:o}");
-        // Dropped unpublished: nothing is left beside the destination.
-        drop(super::temp_beside(&dest));
-        let names: Vec<_> = std::fs::read_dir(dest.parent().unwrap_or(dir.path()))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert_eq!(names, ["lib.so"]);
-    }
 }

@@ -62,9 +62,9 @@ impl Manifest {
     /// file.
     pub fn save(&self, home: &Path) -> anyhow::Result<()> {
         let dest = Self::path(home);
-        let tmp = super::temp_beside(&dest)?;
+        let tmp = super::files::temp_beside(&dest)?;
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        super::publish(tmp, &dest)
+        super::files::publish(tmp, &dest)
     }
 
     /// True when `key` is recorded and all its files exist with their recorded sizes.

@@ -10,13 +10,14 @@ use indicatif::ProgressBar;
 use super::assets::{self, DRAFT_VARIANTS};
 use super::cpu::CpuFeatures;
 use super::manifest::{Asset, Manifest};
+use super::options::SetupOptions;
 use super::process::run_logged;
 use super::steps::{
     Conversion, DRAFT_ONNX_FILES, check_converted_draft, converted_draft_built_for, record, regroup,
 };
-use super::{Home, SetupOptions};
 use approxy_verifier::DraftMeta;
 use approxy_verifier::draft::DRAFT_GRAPH;
+use approxy_verifier::home::Home;
 
 /// Why the recorded variants are not the ones this build wants, if they are not: one is missing,
 /// or was converted otherwise than its name says (or before conversions recorded it).

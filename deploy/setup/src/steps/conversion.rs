@@ -8,10 +8,10 @@ use anyhow::{Context, bail};
 use indicatif::ProgressBar;
 
 use super::venv::ensure_venv;
-use crate::Home;
 use crate::assets;
 use crate::manifest::Manifest;
 use crate::process::run_logged;
+use approxy_verifier::home::Home;
 
 /// The conversion script, shipped inside the binary so setup needs only the binary itself.
 const CONVERT_SCRIPT: &str = include_str!("../../../../verifier/scripts/convert_draft_onnx.py");

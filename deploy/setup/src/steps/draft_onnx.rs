@@ -11,12 +11,14 @@ use super::conversion::{Conversion, regroup, write_work_file};
 use super::record::record;
 use crate::assets;
 use crate::cpu::{BuiltFor, CpuFeatures};
+use crate::files::sha256_file;
 use crate::fingerprint::{self, Comparison, Fingerprint, Tolerance};
 use crate::manifest::{Asset, AssetFile, Manifest};
+use crate::options::SetupOptions;
 use crate::process::run_logged;
 use crate::smoke;
-use crate::{Home, SetupOptions, sha256_file};
 use approxy_verifier::draft::DRAFT_GRAPH;
+use approxy_verifier::home::Home;
 
 const FINGERPRINT_SCRIPT: &str = include_str!("../../../../verifier/scripts/fingerprint_draft.py");
 

@@ -10,10 +10,12 @@ use super::record::record;
 use super::venv::venv;
 use crate::assets;
 use crate::cpu::{self, BuiltFor, CpuFeatures};
+use crate::files::sha256_file;
 use crate::manifest::{Asset, Manifest};
+use crate::options::SetupOptions;
 use crate::process::run_logged;
 use crate::smoke;
-use crate::{Home, SetupOptions, sha256_file};
+use approxy_verifier::home::Home;
 
 fn path_with(dir: &Path) -> std::ffi::OsString {
     let mut paths = vec![dir.to_path_buf()];
@@ -191,7 +193,7 @@ fn install_llama_server(
 ) -> anyhow::Result<PathBuf> {
     let dest = home.llama_server();
     std::fs::create_dir_all(dest.parent().context("bin path has no parent")?)?;
-    let partial = crate::temp_beside(&dest)?;
+    let partial = crate::files::temp_beside(&dest)?;
     std::fs::copy(built, &partial)?;
     pb.set_message("verifying: one token from the target model".to_string());
     match smoke::llama_server_generates(
@@ -210,6 +212,6 @@ fn install_llama_server(
             )));
         }
     }
-    crate::publish(partial, &dest)?;
+    crate::files::publish(partial, &dest)?;
     Ok(dest)
 }

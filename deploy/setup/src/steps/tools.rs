@@ -11,9 +11,10 @@ use super::venv::ensure_venv;
 use crate::assets;
 use crate::cpu::{BuiltFor, CpuFeatures};
 use crate::manifest::{Asset, Manifest};
+use crate::options::SetupOptions;
 use crate::process::run_logged;
 use crate::smoke;
-use crate::{Home, SetupOptions};
+use approxy_verifier::home::Home;
 
 /// Builds `oha` from crates.io into `bin/` (for the overhead benchmark) with the cargo that
 /// builds approxy, from its own lock file.
@@ -47,12 +48,12 @@ pub fn oha(
     )?;
     let dest = home.oha();
     std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
-    let partial = crate::temp_beside(&dest)?;
+    let partial = crate::files::temp_beside(&dest)?;
     std::fs::copy(work.join("root/bin").join(name), &partial)?;
     let cpu = CpuFeatures::current()?;
     smoke::runs(Command::new(&partial).arg("--version"), &cpu)
         .context("the oha just built does not run")?;
-    crate::publish(partial, &dest)?;
+    crate::files::publish(partial, &dest)?;
     let files = record(home, std::slice::from_ref(&dest), pb)?;
     manifest.assets.insert(
         key.into(),
@@ -150,7 +151,7 @@ fn extract_debian_tools(
     for (member, dest, sha, probe) in tools {
         std::fs::create_dir_all(dest.parent().context("no bin dir")?)?;
         std::fs::copy(root.join(member), dest)?;
-        let got = crate::sha256_file(dest, None)?;
+        let got = crate::files::sha256_file(dest, None)?;
         if got != *sha {
             let _ = std::fs::remove_file(dest);
             anyhow::bail!("{member} from {spec} has sha256 {got}, expected {sha}");

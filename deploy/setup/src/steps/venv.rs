@@ -6,8 +6,8 @@ use std::process::Command;
 use anyhow::Context;
 use indicatif::ProgressBar;
 
-use crate::Home;
 use crate::process::run_logged;
+use approxy_verifier::home::Home;
 
 pub(crate) fn python() -> String {
     std::env::var("APPROXY_PYTHON").unwrap_or_else(|_| "python3".to_string())

