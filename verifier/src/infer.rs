@@ -168,35 +168,33 @@ fn seeded_apart(request: &GenerateRequest, i: usize) -> GenerateRequest {
 /// as soon as the client is gone (`out` closed), which also frees the lease. Watched here
 /// rather than left to the engine's next send: during a long prefill or a target call there
 /// is no send for seconds.
-fn run(
+async fn run(
     engine: Engine,
     verifier: Arc<dyn Verifier>,
     lease: Box<dyn Draft>,
     request: GenerateRequest,
     index: usize,
     out: mpsc::Sender<Event>,
-) -> impl std::future::Future<Output = Result<Stats, EngineError>> + use<> {
-    async move {
-        let left = || Err(EngineError::Draft("the client left".into()));
-        let (tx, mut rx) = mpsc::channel::<TokenEvent>(EVENTS_BUFFERED);
-        // `tx` goes with the engine's future and is dropped when it ends, which ends `rx`.
-        let generate = engine.generate(lease.as_ref(), verifier.as_ref(), request, tx);
-        tokio::pin!(generate);
-        let mut result = None;
-        loop {
-            tokio::select! {
-                r = &mut generate, if result.is_none() => result = Some(r),
-                ev = rx.recv() => match ev {
-                    Some(ev) => {
-                        if out.send((index, ev)).await.is_err() {
-                            return left();
-                        }
+) -> Result<Stats, EngineError> {
+    let left = || Err(EngineError::Draft("the client left".into()));
+    let (tx, mut rx) = mpsc::channel::<TokenEvent>(EVENTS_BUFFERED);
+    // `tx` goes with the engine's future and is dropped when it ends, which ends `rx`.
+    let generate = engine.generate(lease.as_ref(), verifier.as_ref(), request, tx);
+    tokio::pin!(generate);
+    let mut result = None;
+    loop {
+        tokio::select! {
+            r = &mut generate, if result.is_none() => result = Some(r),
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    if out.send((index, ev)).await.is_err() {
+                        return left();
                     }
-                    // Everything it sent is out, in order.
-                    None => return result.unwrap_or_else(left),
-                },
-                () = out.closed() => return left(),
-            }
+                }
+                // Everything it sent is out, in order.
+                None => return result.unwrap_or_else(left),
+            },
+            () = out.closed() => return left(),
         }
     }
 }
