@@ -226,17 +226,25 @@ fn paths_named(code: &str) -> Vec<String> {
         paths.extend(expand(decl.split(';').next().unwrap_or("")));
     }
     for root in ["crate::", "super::"] {
-        let mut rest = code;
-        while let Some(at) = rest.find(root) {
-            let before = rest[..at].chars().last();
-            let path: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            rest = &rest[at + root.len()..];
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                paths.push(path.trim_end_matches(':').to_string());
-            }
+        paths.extend(inline_paths(code, root));
+    }
+    paths
+}
+
+/// The paths written inline in some code that start with `head` (`crate::`), each where `head`
+/// starts a path rather than ends a longer name.
+fn inline_paths(code: &str, head: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(head) {
+        let before = rest[..at].chars().last();
+        let path: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        rest = &rest[at + head.len()..];
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            paths.push(path.trim_end_matches(':').to_string());
         }
     }
     paths
@@ -319,23 +327,10 @@ fn children_of(at: &[String], modules: &BTreeSet<Vec<String>>) -> Vec<String> {
 /// Paths written inline that start at a child module (`run::Run::new(..)` in a module file),
 /// which [`paths_named`] does not read.
 fn child_paths(code: &str, children: &[String]) -> Vec<String> {
-    let mut paths = Vec::new();
-    for child in children {
-        let head = format!("{child}::");
-        let mut rest = code;
-        while let Some(at) = rest.find(&head) {
-            let before = rest[..at].chars().last();
-            let path: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            rest = &rest[at + head.len()..];
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                paths.push(path.trim_end_matches(':').to_string());
-            }
-        }
-    }
-    paths
+    children
+        .iter()
+        .flat_map(|child| inline_paths(code, &format!("{child}::")))
+        .collect()
 }
 
 /// The crate's own name, as its code may write it (`approxy_verifier`), from the manifest
