@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use approxy_verifier::cost::Unit;
 use approxy_verifier::grammar::Constraint;
 use approxy_verifier::infer::{self, Account};
-use approxy_verifier::{Correction, FinishReason, GenerateRequest, Stats, Verification};
+use approxy_verifier::{Correction, FinishReason, Stats, Verification};
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
@@ -78,11 +78,11 @@ struct Answer {
 }
 
 impl Answer {
-    /// The answer to `valid`, generated as `request` says, by `draft_threads` threads a worker,
-    /// `n` times.
+    /// The answer to `valid`, JSON inside a fence where `fenced`, by `draft_threads` threads a
+    /// worker, `n` times.
     fn new(
         valid: &ValidRequest,
-        request: &GenerateRequest,
+        fenced: bool,
         model: Arc<ModelRuntime>,
         dial: Dial,
         (draft_threads, n): (usize, usize),
@@ -94,7 +94,7 @@ impl Answer {
             draft_threads,
             tools: !valid.tools.is_empty(),
             bare_calls: (!valid.auto_tools.is_empty()).then(|| BareCalls::new(&valid.auto_tools)),
-            fenced: request.constraint.as_ref().is_some_and(Constraint::fenced),
+            fenced,
             n,
         }
     }
@@ -387,8 +387,9 @@ pub async fn approximate(
     let deadline = (!valid.stream)
         .then(approxy_verifier::targets::retry::current_deadline)
         .flatten();
+    let fenced = request.constraint.as_ref().is_some_and(Constraint::fenced);
     let job = infer::Job {
-        request: request.clone(),
+        request,
         leases: drafts,
         verifier: Arc::clone(&model.verifier),
         price: model.policy.price,
@@ -398,7 +399,7 @@ pub async fn approximate(
         deadline,
     };
     let (mut rx, task) = infer::start(&rt.engine, job);
-    let answer = Answer::new(&valid, &request, model, dial, (draft_threads, n));
+    let answer = Answer::new(&valid, fenced, model, dial, (draft_threads, n));
     // Wait for the first token before committing to a 200: a target that is down at the
     // first rejection then gets a proper error status instead of a broken stream.
     let first = rx.recv().await;
