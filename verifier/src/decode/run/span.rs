@@ -1,8 +1,10 @@
 //! Corrections: after a rejection the target writes a fixed number of tokens or a streamed
 //! span that ends once the draft, following it, predicts it again with confidence.
 
+use std::time::Duration;
+
 use super::hand_off::HandOff;
-use super::state::{Run, USAGE_DRAIN_LIMIT, unwritten};
+use super::state::{Run, unwritten};
 
 use futures::{FutureExt, StreamExt};
 
@@ -13,6 +15,9 @@ use crate::draft::PositionOutput;
 use crate::error::{EngineError, TargetError};
 use crate::targets::{ContinuationRequest, StreamChunk, TokenStream};
 use crate::verify::Verifier;
+
+/// Longest wait for the last event of a stream whose tokens have all arrived.
+const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// What a rejection's correction left.
 pub(super) enum Corrected {

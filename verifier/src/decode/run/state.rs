@@ -20,9 +20,6 @@ use crate::targets::{TargetClient, next_answer};
 use crate::tokenizer::StreamDecoder;
 use crate::verify::{Context, Record};
 
-/// Longest wait for the last event of a stream whose tokens have all arrived.
-pub(super) const USAGE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
-
 /// Tokens a call asked for `asked` may still generate once `arrived` have come.
 pub(super) fn unwritten(asked: u32, arrived: usize) -> u64 {
     u64::from(asked).saturating_sub(arrived as u64)
