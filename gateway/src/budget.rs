@@ -5,10 +5,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use approxy_verifier::Stats;
-use approxy_verifier::cost::{
-    BudgetGuard, CacheRules, CostEstimate, CostGuard, Guard, Ledger, Pricing, Rates, Tariff, Unit,
-};
+use approxy_verifier::infer::{BudgetGuard, CostEstimate, CostGuard, Ledger, Rates, Stats, Unit};
+use approxy_verifier::policy::{CacheRules, Pricing, Tariff};
+use approxy_verifier::request::Guard;
 
 use crate::policy::PromptKind;
 use crate::policy::{GuardPolicy, ModelPolicy};

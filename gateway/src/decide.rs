@@ -10,9 +10,10 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use approxy_verifier::cost::Guard;
-use approxy_verifier::grammar::{Constraint, GrammarSpec, JsonStyle, ToolChoice, Unsupported};
-use approxy_verifier::{Draft, GenerateRequest, Verification};
+use approxy_verifier::policy::Verification;
+use approxy_verifier::request::{
+    Constraint, Draft, GenerateRequest, GrammarSpec, Guard, JsonStyle, ToolChoice, Unsupported,
+};
 
 use crate::error::ApiError;
 use crate::policy::{Mode, ModelPolicy, PromptKind, SpecialTokenText};
@@ -128,7 +129,7 @@ async fn within_the_targets_answers(
 /// context: its text's bytes over the longest token's ([`Tokenizer::fewest_tokens`]). No
 /// tokenizer runs for it, the gateway's or the target's.
 ///
-/// [`Tokenizer::fewest_tokens`]: approxy_verifier::tokenizer::Tokenizer::fewest_tokens
+/// [`Tokenizer::fewest_tokens`]: approxy_verifier::request::Tokenizer::fewest_tokens
 async fn cannot_fit(
     state: &AppState,
     rt: &Runtime,
@@ -346,7 +347,7 @@ fn too_long(
 async fn structured(
     state: &AppState,
     m: &ModelRuntime,
-    tools: Option<approxy_verifier::grammar::ToolsSpec>,
+    tools: Option<approxy_verifier::request::ToolsSpec>,
     map: &Map<String, Value>,
 ) -> Result<Result<Option<Constraint>, Reason>, ApiError> {
     let answer = match (tools, format::read(map)) {
@@ -401,7 +402,7 @@ fn answerable_tools(
     rt: &Runtime,
     endpoint: Endpoint,
     map: &Map<String, Value>,
-) -> Result<(Vec<Value>, Option<approxy_verifier::grammar::ToolsSpec>), Reason> {
+) -> Result<(Vec<Value>, Option<approxy_verifier::request::ToolsSpec>), Reason> {
     if endpoint != Endpoint::Chat {
         return Ok((Vec::new(), None));
     }

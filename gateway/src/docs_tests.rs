@@ -398,7 +398,7 @@ fn kinds_without_a_row<'a>(names: &[&'a str], md: &str) -> Vec<&'a str> {
 
 #[test]
 fn every_target_kind_has_a_row_in_the_policy_reference() {
-    let names = approxy_verifier::TargetKind::NAMES;
+    let names = approxy_verifier::policy::TargetKind::NAMES;
     let md = read("policies/README.md");
     assert!(
         kinds_without_a_row(names, &md).is_empty(),

@@ -6,7 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use approxy_verifier::{EngineError, TargetError};
+use approxy_verifier::infer::{EngineError, TargetError};
 
 /// Errors a request can end with.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! What each target's time costs, learned from what it reports (see
-//! [`approxy_verifier::cost::BusyMeter`]): one meter per target, kept across policy reloads,
+//! [`approxy_verifier::infer::BusyMeter`]): one meter per target, kept across policy reloads,
 //! read when a busy-priced request starts and ends. It learns from the target's own counters
 //! (`/metrics`, read by `server::watch_counters`) where its kind has them, since they count every
 //! call, a stream approxy closed before its end included, which reports no timings; otherwise
@@ -9,9 +9,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use approxy_verifier::Stats;
-use approxy_verifier::cost::{BusyMeter, BusyRates};
-use approxy_verifier::targets::counters::TargetCounters;
+use approxy_verifier::infer::{BusyMeter, Stats, TargetCounters};
+use approxy_verifier::policy::BusyRates;
 
 /// One target's meter, and what its counters need.
 #[derive(Debug)]

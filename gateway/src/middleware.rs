@@ -299,7 +299,7 @@ pub async fn timeout(State(state): State<AppState>, req: Request, next: Next) ->
     // The deadline is the retries' too: no retry before the head (passthrough, or a
     // non-streamed answer) waits for a target past it.
     let deadline = tokio::time::Instant::now() + limit;
-    let run = approxy_verifier::targets::retry::with_deadline(deadline, next.run(req));
+    let run = approxy_verifier::infer::transport::with_deadline(deadline, next.run(req));
     match tokio::time::timeout_at(deadline, run).await {
         Ok(r) => r,
         Err(_) => ApiError::GatewayTimeout.into_response(),

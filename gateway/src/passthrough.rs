@@ -4,7 +4,7 @@
 //! rest). Headers cross in both directions through allow-lists; the target's errors are
 //! mapped to the gateway's. Connect failures are retried (nothing reached the target, so a
 //! retry cannot duplicate work), and so is a 429 or 503 that says when to come back, by the
-//! engine's retry policy (`approxy_verifier::targets::retry`); once the target has answered,
+//! engine's retry policy (`approxy_verifier::infer::transport`); once the target has answered,
 //! its body is relayed with a bound on each read rather than on the whole stream.
 
 use std::convert::Infallible;
@@ -13,8 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use approxy_verifier::targets::SendFailure;
-use approxy_verifier::targets::retry::{self, Verdict};
+use approxy_verifier::infer::transport::{SendFailure, Verdict, status_verdict};
 use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
@@ -150,7 +149,7 @@ fn named_wait(r: &reqwest::Response) -> Option<Duration> {
         .headers()
         .get(header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok());
-    match retry::status_verdict(r.status().as_u16(), header) {
+    match status_verdict(r.status().as_u16(), header) {
         Verdict::RetryAfter(after) => Some(after),
         Verdict::Retry | Verdict::Final => None,
     }

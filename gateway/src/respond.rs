@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use approxy_verifier::targets::trace::TraceContext;
+use approxy_verifier::infer::transport::TraceContext;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -15,10 +15,9 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use approxy_verifier::cost::Unit;
-use approxy_verifier::grammar::Constraint;
-use approxy_verifier::infer::{self, Account};
-use approxy_verifier::{Correction, FinishReason, Stats, Verification};
+use approxy_verifier::infer::{self, Account, Event, FinishReason, Stats, Unit};
+use approxy_verifier::policy::{Correction, Verification};
+use approxy_verifier::request::Constraint;
 
 use crate::decide::Approximate;
 use crate::error::ApiError;
@@ -344,7 +343,7 @@ fn sse(v: &Value) -> Bytes {
 pub enum Failed {
     /// The engine failed before its first token: nothing was sent, so the request can still
     /// go to the target (with the engine's error, for when it may not).
-    BeforeFirstToken(approxy_verifier::EngineError),
+    BeforeFirstToken(approxy_verifier::infer::EngineError),
     /// Later, or not the engine's doing.
     Error(ApiError),
 }
@@ -354,9 +353,6 @@ impl From<ApiError> for Failed {
         Failed::Error(e)
     }
 }
-
-/// One event of one of the request's answers: its index among the `n`, and the event.
-use approxy_verifier::infer::Event;
 
 /// Runs the generation (`n` answers, one per draft lease) and answers the client.
 /// `trace` is the client's W3C trace context, sent on every target call made for it.
@@ -385,7 +381,7 @@ pub async fn approximate(
     // target calls wait for no retry past it. A stream's head goes out with its first token,
     // after which that deadline no longer runs; its calls keep their own.
     let deadline = (!valid.stream)
-        .then(approxy_verifier::targets::retry::current_deadline)
+        .then(approxy_verifier::infer::transport::current_deadline)
         .flatten();
     let fenced = request.constraint.as_ref().is_some_and(Constraint::fenced);
     let job = infer::Job {

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-use approxy_verifier::template::ChatTemplate;
+use approxy_verifier::request::ChatTemplate;
 use approxy_verifier::testing::{
     DraftScript, ScriptedTarget, ScriptedWorkers, TargetFault, tiny_tokenizer,
 };
@@ -1284,7 +1284,7 @@ fn scripted_shared(draft_sha256: &str) -> Arc<Shared> {
 #[test]
 fn a_learned_verifier_serves_only_the_pair_it_was_calibrated_on() {
     let artifact = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/verifier/default.json");
-    let sha = approxy_verifier::home::DRAFT_GGUF_SHA256;
+    let sha = approxy_verifier::infer::DRAFT_GGUF_SHA256;
     // The shipped draft: int4 with block size 128.
     let shipped = shared_parts(
         ScriptedWorkers::new(DraftScript::says("hello", 0.95), 1)
@@ -2167,7 +2167,7 @@ guard = "strict"
     // request is held to the ratio per request, and its call no longer may be made.
     for _ in 0..8 {
         ledger.record(
-            approxy_verifier::cost::CostEstimate {
+            approxy_verifier::infer::CostEstimate {
                 approxy: 100.0 * passthrough,
                 passthrough: 50.0 * passthrough,
             },

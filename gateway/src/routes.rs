@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
-use approxy_verifier::targets::trace::TraceContext;
-use approxy_verifier::{EngineError, TargetError};
+use approxy_verifier::infer::transport::TraceContext;
+use approxy_verifier::infer::{EngineError, TargetError};
 
 use crate::decide::{Decision, decide};
 use crate::error::ApiError;

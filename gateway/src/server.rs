@@ -12,11 +12,10 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 
-use approxy_verifier::home::{DRAFT_GGUF_SHA256, Home};
-use approxy_verifier::targets::WindowRoute;
-use approxy_verifier::targets::counters::TargetCounters;
-use approxy_verifier::template::ChatTemplate;
-use approxy_verifier::{DraftConfig, DraftWorkers, LazyDraftPool, Tokenizer};
+use approxy_verifier::infer::{
+    DRAFT_GGUF_SHA256, DraftConfig, DraftWorkers, Home, LazyDraftPool, TargetCounters, WindowRoute,
+};
+use approxy_verifier::request::{ChatTemplate, Tokenizer};
 
 use crate::connection::{Activity, Deadlines, Overdue, PerAddress, Tracked};
 use crate::policy::{Auth, GatewayPolicy, Policy};
@@ -60,7 +59,7 @@ pub fn build_state(
         kv_bytes_per_worker: policy.draft.kv_memory_mb.saturating_mul(1 << 20),
     };
     if !model_dir
-        .join(approxy_verifier::draft::DRAFT_GRAPH)
+        .join(approxy_verifier::infer::DRAFT_GRAPH)
         .is_file()
     {
         anyhow::bail!(
@@ -450,7 +449,7 @@ pub fn reload(state: &AppState, path: &Path) -> Reloaded {
 
 /// Asks the current target how it scores windows: until it has said (it may still be
 /// starting), again after a reload brings another target, and whenever its client moves to the
-/// fallback (see `approxy_verifier::targets::token_in`); the answer goes on `/metrics`
+/// fallback (see the engine's `targets::token_in`); the answer goes on `/metrics`
 /// as `approxy_target_window_route` and in one log line (the client's). Asked at start-up,
 /// the first window of the first request is then priced at the route in use.
 async fn watch_window_route(state: AppState) {

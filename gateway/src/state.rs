@@ -8,13 +8,11 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use approxy_verifier::grammar::Grammars;
-use approxy_verifier::targets::{TargetFacts, TextSettings};
-use approxy_verifier::template::ChatTemplate;
-use approxy_verifier::{
-    DecodeSettings, DraftWorkers, Engine, EngineError, TargetClient, TargetConfig, Tokenizer,
-    Verifier,
+use approxy_verifier::infer::{
+    DecodeSettings, DraftWorkers, Engine, EngineError, Grammars, TargetClient, TargetConfig,
+    TargetFacts, Verifier,
 };
+use approxy_verifier::request::{ChatTemplate, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OnceCell, Semaphore};
 
@@ -140,21 +138,12 @@ impl Runtime {
     /// artifact cannot be used.
     pub fn build(policy: Policy, shared: &Shared) -> anyhow::Result<Self> {
         let t = &policy.target;
-        let chat_template = t
-            .chat_template
-            .as_deref()
-            .map(ChatTemplate::from_file)
-            .transpose()?
-            .map(Arc::new);
-        let text = TextSettings {
-            prefix_style: t.prefix_style,
-            chat_template,
-        };
-        let target = approxy_verifier::targets::build(
+        let target = approxy_verifier::infer::connect(
             t.kind,
             Self::target_config(&policy),
             &shared.tokenizer,
-            &text,
+            t.prefix_style,
+            t.chat_template.as_deref(),
         )?;
         Self::with_target(policy, shared, target)
     }
@@ -210,7 +199,8 @@ impl Runtime {
             ),
         }
         let target_config = Self::target_config(&policy);
-        let http = approxy_verifier::targets::http_client_builder(&target_config)?.build()?;
+        let http =
+            approxy_verifier::infer::transport::http_client_builder(&target_config)?.build()?;
         let kind = policy.target.kind;
         if !kind.can_continue() && policy.models.values().any(|m| m.mode == Mode::Approximate) {
             tracing::warn!(

@@ -14,8 +14,7 @@
 
 use std::sync::Arc;
 
-use approxy_verifier::grammar::Tool;
-use approxy_verifier::grammar::tools::{CALL_CLOSE, CALL_OPEN};
+use approxy_verifier::request::{CALL_CLOSE, CALL_OPEN, Tool};
 use serde_json::{Value, json};
 
 /// The tools an answer may call in a form of its own (bare or fenced JSON), with a check of

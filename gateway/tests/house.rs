@@ -500,6 +500,73 @@ fn no_crate_has_an_import_circle() {
     assert!(all.is_empty(), "import circles: {all:#?}");
 }
 
+/// The engine's faces: all the gateway may name of it (see `verifier/src/lib.rs`).
+const ENGINE_FACES: &[&str] = &["infer", "request", "policy"];
+
+/// The engine paths some code names (`approxy_verifier::…`, in `use` or inline) that go
+/// around its faces, by the name they reach past them with.
+fn past_the_faces(code: &str) -> Vec<String> {
+    let head = "approxy_verifier::";
+    let mut named: Vec<String> = paths_named(code)
+        .into_iter()
+        .filter(|p| p.starts_with(head))
+        .collect();
+    // Inline, a `use` of a brace group reads as the bare crate name: its paths come above.
+    named.extend(
+        inline_paths(code, head)
+            .into_iter()
+            .filter(|p| p.len() > head.len()),
+    );
+    let past: BTreeSet<String> = named
+        .into_iter()
+        .filter(|p| {
+            let face = p[head.len()..].split("::").next().unwrap_or("");
+            !ENGINE_FACES.contains(&face)
+        })
+        .collect();
+    past.into_iter().collect()
+}
+
+/// The gateway builds, runs and configures the engine through its faces alone, as TGI's
+/// router sees its backend only through `Infer` and a validated request.
+#[test]
+fn the_gateway_names_only_the_engines_faces() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("gateway/src"), &mut files);
+    let mut seen = 0;
+    let mut past = Vec::new();
+    for f in files
+        .iter()
+        .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
+    {
+        let code = code_of(&std::fs::read_to_string(f).unwrap_or_default());
+        seen += code.matches("approxy_verifier::").count();
+        past.extend(
+            past_the_faces(&code)
+                .into_iter()
+                .map(|p| format!("{}: {p}", f.display())),
+        );
+    }
+    assert!(seen > 20, "only {seen} engine paths read");
+    assert!(past.is_empty(), "{past:#?}");
+}
+
+/// The face check catches a `use` and an inline path past the faces, and lets the faces by.
+#[test]
+fn the_face_check_sees_uses_and_inline_paths() {
+    let code = "use approxy_verifier::infer::{Engine, transport::Verdict};\n\
+                use approxy_verifier::{policy::Pricing, cost::Unit};\n\
+                fn f() { approxy_verifier::targets::retry::current_deadline(); \
+                approxy_verifier::request::Tokenizer::new(); }\n";
+    assert_eq!(
+        past_the_faces(code),
+        [
+            "approxy_verifier::cost::Unit",
+            "approxy_verifier::targets::retry::current_deadline"
+        ]
+    );
+}
+
 #[test]
 fn no_function_outside_tests_is_too_long() {
     let root = workspace_root();

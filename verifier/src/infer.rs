@@ -4,20 +4,75 @@
 //! calls, the target's time, the cost). What lies between stays behind this face: the `n`
 //! runs, one per lease, seeded apart; merging their stats; pricing the answer in its class;
 //! and scoping the target calls' trace context and deadline.
+//!
+//! Beside the run, this face names what a server builds once and keeps (the engine, its
+//! draft workers and target client, the verifiers, the grammar compiler), what it keeps
+//! account with (ledgers, meters, the target's counters), and the HTTP [`transport`] the
+//! engine's target clients share with a server's passthrough. With [`crate::request`] and
+//! [`crate::policy`] it is all a server needs to name; the rest of the crate stays behind it.
 
+use std::path::Path;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::cost::{BusyRates, CostEstimate, Pricing, Tariff, Unit, answer_cost};
-use crate::decode::{Engine, FinishReason, GenerateRequest, Stats, TargetTime, TokenEvent};
+use crate::cost::{BusyRates, Pricing, Tariff, answer_cost};
+use crate::decode::{GenerateRequest, TargetTime};
 use crate::draft::Draft;
-use crate::error::EngineError;
-use crate::targets::retry;
 use crate::targets::trace::{self, TraceContext};
-use crate::verify::Verifier;
+use crate::targets::{PrefixStyle, TargetKind, TextSettings, retry};
+use crate::template::ChatTemplate;
+use crate::tokenizer::Tokenizer;
+
+// What a server builds once and keeps.
+pub use crate::decode::{DecodeSettings, Engine};
+pub use crate::draft::lazy::LazyDraftPool;
+pub use crate::draft::{DRAFT_GRAPH, DraftConfig, DraftWorkers};
+pub use crate::grammar::Grammars;
+pub use crate::home::{DRAFT_GGUF_SHA256, Home};
+pub use crate::targets::{TargetClient, TargetConfig, TargetFacts, WindowRoute};
+pub use crate::verify::Verifier;
+
+// What a run yields, and how it fails.
+pub use crate::decode::{FinishReason, Stats, TokenEvent};
+pub use crate::error::{EngineError, TargetError};
+
+// What a server keeps account with.
+pub use crate::cost::{BudgetGuard, BusyMeter, CostEstimate, CostGuard, Ledger, Rates, Unit};
+pub use crate::targets::counters::TargetCounters;
+
+/// The HTTP transport the engine's target clients use, for a server that also calls the
+/// target itself (passthrough, readiness): the same TLS settings, the same retry verdicts,
+/// and the deadline and trace context a request's calls carry.
+pub mod transport {
+    pub use crate::targets::retry::{Verdict, current_deadline, status_verdict, with_deadline};
+    pub use crate::targets::trace::TraceContext;
+    pub use crate::targets::{SendFailure, http_client_builder, load_ca_file};
+}
+
+/// Connects a client to the target of `kind` a policy names. A text-level kind re-tokenizes
+/// with the draft's `tokenizer`; `chat_template` is the target's own template file, for an
+/// `openai_text` target of another model family, read here so a bad file fails the policy's
+/// load rather than its first request.
+pub fn connect(
+    kind: TargetKind,
+    config: TargetConfig,
+    tokenizer: &Tokenizer,
+    prefix_style: PrefixStyle,
+    chat_template: Option<&Path>,
+) -> anyhow::Result<Arc<dyn TargetClient>> {
+    let chat_template = chat_template
+        .map(ChatTemplate::from_file)
+        .transpose()?
+        .map(Arc::new);
+    let text = TextSettings {
+        prefix_style,
+        chat_template,
+    };
+    Ok(crate::targets::build(kind, config, tokenizer, &text)?)
+}
 
 /// One token event of answer `.0` (of the `n` asked for).
 pub type Event = (usize, TokenEvent);

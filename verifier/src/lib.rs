@@ -2,6 +2,11 @@
 //! clients, and the sequential approximate-verification decode loop that ties them together.
 //! It knows nothing of HTTP; the gateway drives it.
 //!
+//! A server names three faces and nothing else: [`infer`] (start a generation, get its events
+//! and its account; what to build once and keep; the shared HTTP transport), [`request`] (what
+//! a validated request is made of) and [`policy`] (what a policy file names). The gateway's
+//! house test holds it to them.
+//!
 //! Layout:
 //! - `decode`: the decode loop ([`Engine::generate`]): draft, verify, call the target on rejection;
 //!   a model's [`DecodeSettings`], built once, and a request's own [`GenerateRequest`].
@@ -17,6 +22,7 @@
 //! - `calibration`: the calibration file: thresholds with their accept and false-accept rates.
 //! - `template`: chat messages to prompt text with the model's own chat template.
 //! - `tokenizer`, `stop`, `sampling`: token ids to streamed text, stop strings, the sampler.
+//! - `infer`, `request`, `policy`: the faces above.
 //! - `home`: where cached models and binaries live (`$APPROXY_HOME`).
 //! - `error`: the engine's and the target's error types.
 //! - `testing` (feature `testing`): scripted draft and target and a tiny tokenizer, for tests
@@ -31,6 +37,8 @@ pub mod grammar;
 pub mod home;
 pub mod infer;
 pub mod logits;
+pub mod policy;
+pub mod request;
 pub mod sampling;
 pub mod stop;
 pub mod targets;

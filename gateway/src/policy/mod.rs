@@ -9,8 +9,7 @@ mod validate;
 use std::path::Path;
 
 /// USD per million tokens (the engine's own type: its cost guard reads it).
-pub use approxy_verifier::cost::{BusyRates, Price, Pricing};
-pub use approxy_verifier::verify::VerifierChoice;
+pub use approxy_verifier::policy::{BusyRates, Price, Pricing, VerifierChoice};
 use raw::RawPolicy;
 pub use typed::{
     Auth, DraftPolicy, GatewayPolicy, GuardPolicy, KindThresholds, Mode, ModelPolicy,
@@ -20,12 +19,9 @@ pub use validate::{DEFAULT_BUDGET_WINDOW, DEFAULT_HARD_COST_CAP, parse_duration}
 
 // What the tests below (`use super::*`) read beside the policy's own names.
 #[cfg(test)]
-use approxy_verifier::{
-    Correction, TargetKind, Verification,
-    cost::CacheRules,
-    decode::JsonThresholds,
-    grammar::JsonLayout,
-    targets::{CacheHints, PrefixStyle},
+use approxy_verifier::policy::{
+    CacheHints, CacheRules, Correction, JsonLayout, JsonThresholds, PrefixStyle, TargetKind,
+    Verification,
 };
 #[cfg(test)]
 use std::time::Duration;
@@ -103,7 +99,7 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use approxy_verifier::SpanAsk;
+    use approxy_verifier::policy::SpanAsk;
 
     const GOOD: &str = r#"
 [target]
@@ -164,7 +160,7 @@ price = { input = 0.5, cached_input = 0.05, output = 1.5 }
             Path::new("/x/p.toml"),
         )?;
         let t = p.model("m").map(|m| m.threshold);
-        use approxy_verifier::calibration::{Curve, threshold_for, threshold_for_kind};
+        use approxy_verifier::policy::{Curve, threshold_for, threshold_for_kind};
         let k = |kind| threshold_for_kind(&calibration, kind, 0.05, Curve::Confidence);
         assert_eq!(
             t,
@@ -532,8 +528,8 @@ max_cost_ratio = -1
             ));
         }
         for (word, end) in [
-            ("expected", approxy_verifier::SpanClose::Expected),
-            ("resync", approxy_verifier::SpanClose::Resync),
+            ("expected", approxy_verifier::policy::SpanClose::Expected),
+            ("resync", approxy_verifier::policy::SpanClose::Resync),
         ] {
             assert_eq!(
                 c(with(&format!(
@@ -597,13 +593,13 @@ max_cost_ratio = -1
         assert_eq!(
             v(&relaxed(&vllm, "ratio:0.8"))?,
             Some(Verification::Relaxed(
-                approxy_verifier::verify::AcceptanceRule::Ratio(0.8)
+                approxy_verifier::policy::AcceptanceRule::Ratio(0.8)
             ))
         );
         assert_eq!(
             v(&relaxed(&vllm, "typical:0.09,0.3"))?,
             Some(Verification::Relaxed(
-                approxy_verifier::verify::AcceptanceRule::MEDUSA_TYPICAL
+                approxy_verifier::policy::AcceptanceRule::MEDUSA_TYPICAL
             ))
         );
         assert!(
@@ -639,7 +635,7 @@ max_cost_ratio = -1
                 &format!("threshold = 0.7\nwindow_max = {n}\n"),
             )
         };
-        assert_eq!(w(&vllm)?, Some(approxy_verifier::decode::WINDOW_MAX));
+        assert_eq!(w(&vllm)?, Some(approxy_verifier::policy::WINDOW_MAX));
         assert_eq!(w(&with(&vllm, 48))?, Some(48));
         assert!(w(&with(&vllm, 65)).is_err_and(|e| e.to_string().contains("4 to 64")));
         assert!(w(&with(&vllm, 3)).is_err_and(|e| e.to_string().contains("4 to 64")));

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use approxy_verifier::cost::Pricing;
+use approxy_verifier::policy::Pricing;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -5,12 +5,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use approxy_verifier::cost::{BusyRates, CacheRules, Pricing};
-use approxy_verifier::decode::JsonThresholds;
-use approxy_verifier::grammar::{Fence, JsonLayout};
-use approxy_verifier::targets::{CacheHints, PrefixStyle};
-use approxy_verifier::verify::VerifierChoice;
-use approxy_verifier::{BailoutBudget, Correction, TargetKind, Verification};
+use approxy_verifier::policy::{
+    BailoutBudget, BusyRates, CacheHints, CacheRules, Correction, Fence, JsonLayout,
+    JsonThresholds, PrefixStyle, Pricing, TargetKind, Verification, VerifierChoice,
+};
 
 use super::raw;
 
@@ -281,7 +279,7 @@ impl std::fmt::Display for KindThresholds {
     }
 }
 
-/// Which cost guard a model runs (see `approxy_verifier::cost::Guard`).
+/// Which cost guard a model runs (see `approxy_verifier::request::Guard`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GuardPolicy {
     /// Never hands off for cost.

@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use approxy_verifier::SpanClose;
-use approxy_verifier::grammar::{Fence, JsonLayout};
+use approxy_verifier::policy::{Fence, JsonLayout, SpanClose};
 
 use super::raw::{RawPerKind, RawPolicy};
 use super::typed::{KindThresholds, Policy};
@@ -142,7 +141,7 @@ impl Validator {
     fn path(&self, p: &str) -> PathBuf {
         let expanded = p.replace(
             "${APPROXY_HOME}",
-            &approxy_verifier::home::Home::from_env()
+            &approxy_verifier::infer::Home::from_env()
                 .map(|h| h.root.display().to_string())
                 .unwrap_or_default(),
         );

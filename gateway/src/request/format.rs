@@ -2,7 +2,7 @@
 //! approxy answers under a grammar; any other type, or a shape it cannot read, passes through
 //! for the target to judge.
 
-use approxy_verifier::grammar::GrammarSpec;
+use approxy_verifier::request::GrammarSpec;
 use serde_json::{Map, Value, json};
 
 /// What a request's `response_format` asks for.

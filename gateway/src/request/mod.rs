@@ -19,7 +19,7 @@ pub mod tools;
 pub mod unsupported;
 pub mod validate;
 
-use approxy_verifier::template::ChatMessage;
+use approxy_verifier::request::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

@@ -159,7 +159,7 @@ fn is_shaped(l: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use approxy_verifier::template::ChatMessage;
+    use approxy_verifier::request::ChatMessage;
 
     fn kind(s: &str) -> &'static str {
         detect_text(s).name()

@@ -8,7 +8,7 @@
 //! request lacks (the target's 400 to give), and tools asked for together with a
 //! `response_format`.
 
-use approxy_verifier::grammar::{Tool, ToolChoice, ToolsSpec};
+use approxy_verifier::request::{Tool, ToolChoice, ToolsSpec};
 use serde_json::{Map, Value};
 
 use super::limits::present as given;

@@ -3,9 +3,9 @@
 //! [`ValidationError`] that names the offending field. Requests that pass through are held to
 //! the limits in `limits` only; the target judges the rest.
 
-use approxy_verifier::SamplingParams;
-use approxy_verifier::template::{ChatMessage, ChatTemplate, Segment};
-use approxy_verifier::tokenizer::{Tokenizer, TooMany};
+use approxy_verifier::request::{
+    ChatMessage, ChatTemplate, SamplingParams, Segment, Tokenizer, TooMany,
+};
 use axum::http::HeaderMap;
 use serde_json::Value;
 
@@ -39,7 +39,7 @@ pub struct ValidRequest {
     pub tools: Vec<Value>,
     /// The tools an answer may call in a form of its own, bare or fenced JSON
     /// (`tool_choice: "auto"`; empty otherwise).
-    pub auto_tools: Vec<approxy_verifier::grammar::Tool>,
+    pub auto_tools: Vec<approxy_verifier::request::Tool>,
 }
 
 fn in_range(

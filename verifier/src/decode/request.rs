@@ -79,6 +79,8 @@ pub enum SpanAsk {
     /// call a span, but a target that notices a closed stream only at its next write goes on
     /// generating meanwhile ([`TOKENS_IN_FLIGHT_AT_CLOSE`] on llama-server), and those tokens
     /// are paid for unseen.
+    ///
+    /// [`TOKENS_IN_FLIGHT_AT_CLOSE`]: crate::cost::TOKENS_IN_FLIGHT_AT_CLOSE
     #[default]
     All,
     /// The fewest that could end the span (the agreeing tokens still missing, and the

@@ -75,6 +75,8 @@ pub struct Stats {
     /// Tokens the target is taken to have generated after approxy closed its stream before
     /// the end (a server notices a closed stream only when it next writes to it):
     /// [`TOKENS_IN_FLIGHT_AT_CLOSE`] per such stream. Never seen, paid for all the same.
+    ///
+    /// [`TOKENS_IN_FLIGHT_AT_CLOSE`]: crate::cost::TOKENS_IN_FLIGHT_AT_CLOSE
     pub target_inflight_tokens: u64,
     /// Windows the target scored.
     pub windows: u32,
@@ -90,6 +92,8 @@ pub struct Stats {
     /// Window positions where the target chose another token than the draft's by a margin
     /// below [`TIE_MARGIN`]: (position in the answer, margin in nats). A numerical tie, which
     /// batch shapes can tip either way.
+    ///
+    /// [`TIE_MARGIN`]: super::TIE_MARGIN
     #[serde(skip)]
     pub near_ties: Vec<(u32, f32)>,
     /// Input tokens sent to the target over all calls (each call re-sends the prefix).

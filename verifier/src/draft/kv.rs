@@ -28,7 +28,7 @@ pub const CAPACITY_STEP: usize = 256;
 const ROW_STEP: usize = 64;
 
 /// Positions to give each of a batch's rows when the longest needs `total`: a sixteenth to
-/// spare and at least [`ROW_STEP`], so the next steps do not copy every row again: a stream
+/// spare and at least `ROW_STEP`, so the next steps do not copy every row again: a stream
 /// that outgrows its row copies the batch (216 MiB for eight rows of 1,152 positions) at most
 /// every 64 steps. The coarser spare before (an eighth, rounded to 256) cost each stream 11 %
 /// more memory at a 1,024-token context (1,280 positions against 1,152).

@@ -39,6 +39,8 @@ pub struct Member {
 
 /// What the batch needs of a model: a cache of rows it steps together, caches of their own for
 /// the sequences parked, and a solo prefill. [`DraftSession`] is the real one; tests script one.
+///
+/// [`DraftSession`]: super::session::DraftSession
 pub trait Rows {
     /// Rows and positions per row the batch's cache holds.
     fn shape(&self) -> (usize, usize);

@@ -16,7 +16,7 @@
 //! - a stream is `data: <answer>` events and `data: [DONE]`, an error as `data: {"error":
 //!   {"message", "code"}}` before `[DONE]` (`entrypoints/http_server.py`). Its `output_ids`
 //!   are all the ids so far by default, and only the new ones under the server flag
-//!   `--incremental-streaming-output`; both are read (see [`Delivered`]).
+//!   `--incremental-streaming-output`; both are read (see `Delivered`).
 
 use async_trait::async_trait;
 use futures::StreamExt;

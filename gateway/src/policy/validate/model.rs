@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use approxy_verifier::cost::{BusyRates, Price, Pricing};
-use approxy_verifier::decode::JsonThresholds;
-use approxy_verifier::grammar::{Fence, JsonLayout};
-use approxy_verifier::targets::kind::kinds_that;
-use approxy_verifier::verify::VerifierChoice;
-use approxy_verifier::{BailoutBudget, Correction, SpanAsk, SpanClose, TargetKind, Verification};
+use approxy_verifier::policy::{
+    BailoutBudget, BusyRates, Correction, Fence, JsonLayout, JsonThresholds, Price, Pricing,
+    SpanAsk, SpanClose, TargetKind, Verification, VerifierChoice, kinds_that,
+};
 
 use crate::policy::raw::{
     RawBailout, RawCorrection, RawModel, RawPerKind, RawPricing, RawStructuredThreshold,
@@ -120,7 +118,7 @@ impl Validator {
     }
 
     pub(super) fn window_max(&mut self, f: Field, n: Option<u32>, kind: TargetKind) -> u32 {
-        use approxy_verifier::decode::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN};
+        use approxy_verifier::policy::{WINDOW_MAX, WINDOW_MAX_LIMIT, WINDOW_MIN};
         let Some(n) = n else {
             return WINDOW_MAX;
         };
@@ -234,7 +232,7 @@ impl Validator {
         far: RawPerKind,
         verifier: &VerifierChoice,
     ) -> KindThresholds {
-        use approxy_verifier::calibration::{threshold_for, threshold_for_kind};
+        use approxy_verifier::policy::{threshold_for, threshold_for_kind};
         let path = self.path(c);
         // The budget is read on the curve of the verifier this policy runs, which
         // need not be the one the file chose.
@@ -296,7 +294,7 @@ impl Validator {
                 Verification::Approximate
             }
             (Some(_), true) if relaxed.is_some() => {
-                match approxy_verifier::verify::AcceptanceRule::parse(relaxed.unwrap_or_default()) {
+                match approxy_verifier::policy::AcceptanceRule::parse(relaxed.unwrap_or_default()) {
                     Ok(rule) => Verification::Relaxed(rule),
                     Err(e) => {
                         self.err(format!("{}: {e}", f("verification")));

@@ -3,11 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use approxy_verifier::TargetKind;
-use approxy_verifier::cost::BusyRates;
-use approxy_verifier::cost::CacheRules;
-use approxy_verifier::targets::kind::{Abilities, kinds_that};
-use approxy_verifier::targets::{CacheHints, PrefixStyle};
+use approxy_verifier::policy::{
+    Abilities, BusyRates, CacheHints, CacheRules, PrefixStyle, TargetKind, kinds_that,
+};
 
 use crate::policy::raw::{RawBusyRates, RawCache, RawTarget};
 use crate::policy::typed::TargetPolicy;
@@ -52,7 +50,7 @@ impl Validator {
             self.err("target.context_length: at least 1");
         }
         if let Some(ca) = &target.ca_file {
-            if let Err(e) = approxy_verifier::targets::load_ca_file(ca) {
+            if let Err(e) = approxy_verifier::infer::transport::load_ca_file(ca) {
                 self.err(format!("target.ca_file: {e}"));
             }
             if !target.base_url.starts_with("https://") {
@@ -109,7 +107,7 @@ impl Validator {
             }
             Some(p) => {
                 let path = self.path(p);
-                if let Err(e) = approxy_verifier::template::ChatTemplate::from_file(&path) {
+                if let Err(e) = approxy_verifier::request::ChatTemplate::from_file(&path) {
                     self.err(format!("target.chat_template: {e}"));
                 }
                 Some(path)
