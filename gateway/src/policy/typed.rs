@@ -113,41 +113,23 @@ impl GatewayPolicy {
     /// next reload compares with that.
     pub fn keep_start_up_keys(&mut self, running: &GatewayPolicy) -> Vec<&'static str> {
         let mut changed = Vec::new();
-        let mut keep = |key: &'static str, differs: bool| {
-            if differs {
-                changed.push(key);
-            }
-        };
-        keep(
-            "gateway.max_concurrent_requests",
-            self.max_concurrent_requests != running.max_concurrent_requests,
+        // One line per key: the field is its key's name, compared and kept together.
+        macro_rules! keep {
+            ($($field:ident),* $(,)?) => {$(
+                if self.$field != running.$field {
+                    changed.push(concat!("gateway.", stringify!($field)));
+                    self.$field = running.$field;
+                }
+            )*};
+        }
+        keep!(
+            max_concurrent_requests,
+            max_connections,
+            max_connections_per_ip,
+            header_timeout,
+            idle_timeout,
+            write_idle_timeout,
         );
-        keep(
-            "gateway.max_connections",
-            self.max_connections != running.max_connections,
-        );
-        keep(
-            "gateway.max_connections_per_ip",
-            self.max_connections_per_ip != running.max_connections_per_ip,
-        );
-        keep(
-            "gateway.header_timeout",
-            self.header_timeout != running.header_timeout,
-        );
-        keep(
-            "gateway.idle_timeout",
-            self.idle_timeout != running.idle_timeout,
-        );
-        keep(
-            "gateway.write_idle_timeout",
-            self.write_idle_timeout != running.write_idle_timeout,
-        );
-        self.max_concurrent_requests = running.max_concurrent_requests;
-        self.max_connections = running.max_connections;
-        self.max_connections_per_ip = running.max_connections_per_ip;
-        self.header_timeout = running.header_timeout;
-        self.idle_timeout = running.idle_timeout;
-        self.write_idle_timeout = running.write_idle_timeout;
         changed
     }
 }
