@@ -11,7 +11,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -26,9 +26,11 @@ const DOCS: [&str; 7] = [
     "tests/README.md",
 ];
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+// Shared with the house test, so both read the crates the workspace manifest names.
+#[path = "../tests/support/workspace.rs"]
+mod workspace;
+
+use workspace::root;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -472,38 +474,20 @@ fn the_checkers_catch_a_deliberate_omission() {
     );
 }
 
-/// The source folders of the workspace's crates, from the root: the ones the gateway
-/// reference's source layout lists file by file.
-const SOURCE_FOLDERS: [&str; 6] = [
-    "gateway/src",
-    "gateway/cli/src",
-    "verifier/src",
-    "training/src",
-    "deploy/setup/src",
-    "tests/bench/src",
-];
-
-/// The `.rs` files under the source folders, as paths from the root.
+/// The `.rs` files of the workspace's crates, as paths from the root.
 fn source_files() -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for folder in SOURCE_FOLDERS {
-        let mut stack = vec![PathBuf::from(folder)];
-        while let Some(rel) = stack.pop() {
-            for e in std::fs::read_dir(root().join(&rel))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let p = rel.join(e.file_name());
-                if e.path().is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs") {
-                    out.insert(p.to_string_lossy().replace('\\', "/"));
-                }
-            }
-        }
+    let root = root();
+    let mut files = Vec::new();
+    for folder in workspace::source_folders() {
+        workspace::rust_files(&root.join(folder), &mut files);
     }
-    out
+    files
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(&root).unwrap_or(f);
+            rel.to_string_lossy().replace('\\', "/")
+        })
+        .collect()
 }
 
 /// The files the source layout names, as paths from the root. It is the fenced block of the
@@ -516,6 +500,7 @@ fn listed_files(md: &str) -> BTreeSet<String> {
     let mut fenced = false;
     // The open folder: the source folder, then the folders below it.
     let mut path: Vec<String> = Vec::new();
+    let folders = workspace::source_folders();
     for line in section.lines() {
         if line.trim_start().starts_with("```") {
             fenced = !fenced;
@@ -532,10 +517,10 @@ fn listed_files(md: &str) -> BTreeSet<String> {
         };
         let indent = line.len() - line.trim_start().len();
         if indent == 0 {
-            path = SOURCE_FOLDERS
+            path = folders
                 .iter()
-                .find(|f| word.strip_suffix('/') == Some(**f))
-                .map(|f| vec![f.to_string()])
+                .find(|f| word.strip_suffix('/') == Some(f.as_str()))
+                .map(|f| vec![f.clone()])
                 .unwrap_or_default();
             continue;
         }

@@ -1,5 +1,6 @@
 //! The shape of the house, read from the source of every crate in the workspace as text
-//! (comments, string and character literals and `#[cfg(test)]` items left out):
+//! (comments, string and character literals and `#[cfg(test)]` items left out); the crates are
+//! the workspace manifest's members:
 //!
 //! - no circle of imports: within a crate, the files that import one another (by `use
 //!   crate::…`, `use super::…` or a `crate::…` path in the code) form no loop. A loop is how a
@@ -13,37 +14,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The crates' source folders, from the workspace root.
-const CRATES: &[&str] = &[
-    "gateway/src",
-    "gateway/cli/src",
-    "verifier/src",
-    "training/src",
-    "deploy/setup/src",
-    "tests/bench/src",
-];
+#[path = "support/workspace.rs"]
+mod workspace;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// Every `.rs` file below `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
+use workspace::{root as workspace_root, rust_files, source_folders};
 
 /// A file's module path within its crate: `[]` for the crate root.
 fn module_of(src: &Path, file: &Path) -> Vec<String> {
@@ -491,9 +465,14 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 #[test]
 fn no_crate_has_an_import_circle() {
     let root = workspace_root();
+    let folders = source_folders();
+    assert!(
+        folders.len() > 3,
+        "crates read from the manifest: {folders:?}"
+    );
     let mut all = Vec::new();
-    for c in CRATES {
-        let g = graph(&root.join(c));
+    for c in folders {
+        let g = graph(&root.join(&c));
         assert!(g.len() > 3, "{c}: too few files read ({})", g.len());
         all.extend(circles(&g));
     }
@@ -570,7 +549,7 @@ fn the_face_check_sees_uses_and_inline_paths() {
 #[test]
 fn no_function_outside_tests_is_too_long() {
     let root = workspace_root();
-    let all: Vec<(String, usize)> = CRATES
+    let all: Vec<(String, usize)> = source_folders()
         .iter()
         .flat_map(|c| crate_functions(&root.join(c)))
         .collect();
@@ -595,9 +574,9 @@ fn no_file_outside_tests_is_too_long() {
     let root = workspace_root();
     let mut long = Vec::new();
     let mut read = 0;
-    for c in CRATES {
+    for c in source_folders() {
         let mut files = Vec::new();
-        rust_files(&root.join(c), &mut files);
+        rust_files(&root.join(&c), &mut files);
         for f in files
             .iter()
             .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
@@ -630,9 +609,9 @@ fn unsafe_code_is_only_here() {
     let root = workspace_root();
     let mut found = Vec::new();
     let mut read = 0;
-    for c in CRATES {
+    for c in source_folders() {
         let mut files = Vec::new();
-        rust_files(&root.join(c), &mut files);
+        rust_files(&root.join(&c), &mut files);
         for f in files {
             let rel = f
                 .strip_prefix(&root)
