@@ -47,6 +47,22 @@ pub async fn score_instructions(
         .collect())
 }
 
+/// Scores one configuration's answers, `(prompt id, text)`, as [`score_instructions`] scores
+/// several: `None` when none of them was scored.
+pub async fn score_run(
+    home: &Home,
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+    config: &str,
+    answers: Vec<(String, String)>,
+) -> anyhow::Result<Option<InstructionScores>> {
+    let runs = [(config.to_string(), answers)];
+    Ok(score_instructions(home, dir, scratch, &runs)
+        .await?
+        .get(config)
+        .copied())
+}
+
 /// Each instruction's strict verdict on every answer of every configuration, by configuration
 /// name and then by prompt id, in the prompt's instruction order.
 pub async fn verdicts(

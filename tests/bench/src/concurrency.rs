@@ -21,7 +21,7 @@ use approxy_setup::Home;
 use super::calls::{self, CallConfig, CallsOptions, Sample, Task};
 use super::client::{self, Ask, Generation};
 use super::humaneval::{self, Sandbox, Verdict};
-use super::instructions::{InstructionScores, score_instructions};
+use super::instructions::{InstructionScores, score_run};
 use super::servers::{self, Layout};
 use super::stats::quantile;
 use super::target_account::{self, TargetAccount};
@@ -352,13 +352,7 @@ async fn instruction_scores(
         .iter()
         .map(|a| (a.id.clone(), a.generation.text.clone()))
         .collect();
-    let runs = [(mode.to_string(), list)];
-    Ok(
-        score_instructions(ctx.home, &ctx.instructions_dir, &ctx.scratch, &runs)
-            .await?
-            .get(mode)
-            .copied(),
-    )
+    score_run(ctx.home, &ctx.instructions_dir, &ctx.scratch, mode, list).await
 }
 
 /// Runs the sweep and writes `concurrency.md` and `concurrency.json`.

@@ -16,7 +16,7 @@ use super::tasks::{Task, tasks};
 use crate::client::{self, Ask};
 use crate::delay;
 use crate::humaneval::{self, Sandbox, Verdict};
-use crate::instructions::{InstructionScores, score_instructions};
+use crate::instructions::{InstructionScores, score_run};
 use crate::servers::{self, Layout, Server};
 use crate::target_account;
 
@@ -136,10 +136,14 @@ async fn instruction_scores(
         .iter()
         .map(|p| (p.id.clone(), p.generation.text.clone()))
         .collect();
-    let runs = [(c.id().to_string(), answers)];
-    let scores =
-        score_instructions(ctx.home, &ctx.opts.instructions_dir, &ctx.scratch, &runs).await?;
-    Ok(scores.get(c.id()).copied())
+    score_run(
+        ctx.home,
+        &ctx.opts.instructions_dir,
+        &ctx.scratch,
+        c.id(),
+        answers,
+    )
+    .await
 }
 
 /// Runs the configurations one target at a time and writes `calls.json` and `calls.md`.
